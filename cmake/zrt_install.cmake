@@ -1,0 +1,16 @@
+# Install: headers under include/zrt/..., static libraries, the CLI, and a CMake package so a trainer
+# can `find_package(zrt)` and link `zrt::zrt`.
+include(CMakePackageConfigHelpers)
+include(GNUInstallDirs)
+
+set(ZRT_EXPORTED_TARGETS zrt zrt_core zrt_kernels zrt_offload zrt_runtime zrt_checkpoint)
+install(TARGETS ${ZRT_EXPORTED_TARGETS} EXPORT zrtTargets
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        INCLUDES DESTINATION include/zrt)
+install(EXPORT zrtTargets NAMESPACE zrt:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/zrt)
+configure_package_config_file(cmake/zrtConfig.cmake.in ${PROJECT_BINARY_DIR}/zrtConfig.cmake
+                              INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/zrt)
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/zrtConfigVersion.cmake COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/zrtConfig.cmake ${PROJECT_BINARY_DIR}/zrtConfigVersion.cmake
+        DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/zrt)

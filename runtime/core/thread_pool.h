@@ -1,0 +1,60 @@
+// ThreadPool: owned, named, joined worker threads (../shared/STYLE.md item 7).
+//
+// ParallelFor hands indices out dynamically to the workers *and* the calling thread, so a pool of
+// N-1 workers gives N-way parallelism and a pool of 0 workers runs everything inline. Work items must
+// not throw. Thread-safety: every method may be called from any thread, including concurrently; a
+// ParallelFor called from inside a pool task runs inline (no deadlock).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+namespace zrt {
+
+class ThreadPool {
+ public:
+  // Starts `workers` threads (>= 0) named "<name>-<i>" (15 characters at most are kept by Linux).
+  explicit ThreadPool(int workers, std::string name = "zrt-pool");
+  ~ThreadPool();  // finishes queued tasks, then joins every worker
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int workers() const { return static_cast<int>(threads_.size()); }
+
+  // Calls fn(i) for every i in [0, n), using at most `max_parallelism` threads including the caller
+  // (<= 0: all workers + caller). Returns when every call has returned.
+  void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn, int max_parallelism = 0);
+
+  // Runs fn on a worker (inline when the pool has no workers); the future carries its result.
+  template <typename F>
+  auto Submit(F&& fn) -> std::future<std::invoke_result_t<F>> {
+    using R = std::invoke_result_t<F>;
+    auto task = std::make_shared<std::packaged_task<R()>>(std::forward<F>(fn));
+    std::future<R> fut = task->get_future();
+    Enqueue([task] { (*task)(); });
+    return fut;
+  }
+
+  // Number of hardware threads, at least 1.
+  static int HardwareThreads();
+
+ private:
+  void Enqueue(std::function<void()> task);
+  void WorkerLoop();
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace zrt

@@ -1,0 +1,21 @@
+# cmake -P script: install BUILD_DIR into WORK_DIR/prefix, build PROJECT_DIR against it, run it.
+file(REMOVE_RECURSE ${WORK_DIR})
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "failed (${rc}): ${ARGN}\n${out}\n${err}")
+  endif()
+  message(STATUS "${out}")
+endfunction()
+run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix)
+# A sanitized zrt is only linkable by a sanitized program (the runtime comes from the link flags).
+set(flags "")
+if(SANITIZE STREQUAL "address+undefined")
+  set(flags "-fsanitize=address,undefined")
+elseif(SANITIZE STREQUAL "thread")
+  set(flags "-fsanitize=thread")
+endif()
+run(${CMAKE_COMMAND} -S ${PROJECT_DIR} -B ${WORK_DIR}/build -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix
+    -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS=${flags}")
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+run(${WORK_DIR}/build/consumer)
