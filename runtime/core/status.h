@@ -114,11 +114,9 @@ class [[nodiscard]] Result {
 
  public:
   Result(T value) : v_(std::in_place_index<1>, std::move(value)) {}  // NOLINT: implicit by design
-  Result(Status status) : v_(std::in_place_index<0>, std::move(status)) {  // NOLINT
-    if (std::get<0>(v_).ok()) {
-      v_.template emplace<0>(InternalError("Result constructed from an OK Status without a value"));
-    }
-  }
+  Result(Status status)  // NOLINT: implicit by design
+      : v_(std::in_place_index<0>,
+           status.ok() ? InternalError("Result constructed from an OK Status without a value") : std::move(status)) {}
   template <typename U>
     requires(std::is_constructible_v<T, U&&> && !std::is_same_v<std::remove_cvref_t<U>, T> &&
              !std::is_same_v<std::remove_cvref_t<U>, Status>)

@@ -1,0 +1,106 @@
+// AVX-512 CPU kernels (F, BW, VL, DQ + F16C): 16 floats per vector, masked tails.
+// Built with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mf16c -ffp-contract=off; called only when
+// DetectCpuIsa() says the CPU and OS support it.
+//
+// bf16 narrowing uses the integer round-to-nearest-even trick, not AVX512-BF16's vcvtneps2bf16: that
+// instruction treats subnormal inputs as zero, which would break bit-exactness with the scalar path
+// and PyTorch; the integer form costs four cheap ops per 16 elements, far below the memory time.
+#include <immintrin.h>
+
+#include "kernels/cpu_loops.h"
+
+namespace zrt::kernels::avx512 {
+namespace {
+
+using internal::kElemBf16;
+using internal::kElemF16;
+
+struct Vec {
+  __m512 v;
+  Vec() = default;
+  Vec(__m512 x) : v(x) {}                   // NOLINT: implicit by design
+  Vec(float f) : v(_mm512_set1_ps(f)) {}  // NOLINT
+};
+inline Vec operator+(Vec a, Vec b) { return _mm512_add_ps(a.v, b.v); }
+inline Vec operator-(Vec a, Vec b) { return _mm512_sub_ps(a.v, b.v); }
+inline Vec operator*(Vec a, Vec b) { return _mm512_mul_ps(a.v, b.v); }
+inline Vec operator/(Vec a, Vec b) { return _mm512_div_ps(a.v, b.v); }
+inline Vec Sqrt(Vec a) { return _mm512_sqrt_ps(a.v); }
+inline Vec Max(Vec a, Vec b) { return _mm512_max_ps(a.v, b.v); }
+inline Vec Fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a.v, b.v, c.v); }
+
+// float -> bf16 bits (RNE, NaN quieted), one 16-bit result per 32-bit lane.
+inline __m256i ToBf16(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  return _mm512_cvtepi32_epi16(r);
+}
+inline __m512 FromBf16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+
+struct Isa {
+  using V = Vec;
+  static constexpr int kWidth = 16;
+  struct Full {};
+  struct Tail {
+    __mmask16 m;
+  };
+  static Tail MakeTail(int64_t n) { return Tail{static_cast<__mmask16>((1u << n) - 1u)}; }
+
+  template <int K>
+  static Vec Load(const void* base, int64_t i, Full) {
+    if constexpr (K == kElemBf16 || K == kElemF16) {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(base) + i));
+      if constexpr (K == kElemBf16) return FromBf16(h);
+      if constexpr (K == kElemF16) return _mm512_cvtph_ps(h);
+    } else {
+      return _mm512_loadu_ps(static_cast<const float*>(base) + i);
+    }
+  }
+  template <int K>
+  static Vec Load(const void* base, int64_t i, Tail t) {
+    if constexpr (K == kElemBf16 || K == kElemF16) {
+      const __m256i h = _mm256_maskz_loadu_epi16(t.m, static_cast<const uint16_t*>(base) + i);
+      if constexpr (K == kElemBf16) return FromBf16(h);
+      if constexpr (K == kElemF16) return _mm512_cvtph_ps(h);
+    } else {
+      return _mm512_maskz_loadu_ps(t.m, static_cast<const float*>(base) + i);
+    }
+  }
+  template <int K>
+  static void Store(void* base, int64_t i, Vec x, Full) {
+    if constexpr (K == kElemBf16) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(base) + i), ToBf16(x.v));
+    } else if constexpr (K == kElemF16) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(base) + i),
+                          _mm512_cvtps_ph(x.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    } else {
+      _mm512_storeu_ps(static_cast<float*>(base) + i, x.v);
+    }
+  }
+  template <int K>
+  static void Store(void* base, int64_t i, Vec x, Tail t) {
+    if constexpr (K == kElemBf16) {
+      _mm256_mask_storeu_epi16(static_cast<uint16_t*>(base) + i, t.m, ToBf16(x.v));
+    } else if constexpr (K == kElemF16) {
+      _mm256_mask_storeu_epi16(static_cast<uint16_t*>(base) + i, t.m,
+                               _mm512_cvtps_ph(x.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    } else {
+      _mm512_mask_storeu_ps(static_cast<float*>(base) + i, t.m, x.v);
+    }
+  }
+  static double SumToDouble(Vec x) {
+    const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(x.v));
+    const __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x.v), 1)));
+    return _mm512_reduce_add_pd(_mm512_add_pd(lo, hi));
+  }
+};
+
+}  // namespace
+}  // namespace zrt::kernels::avx512
+
+namespace zrt::kernels::internal {
+const CpuKernelTable& Avx512Kernels() { return Kernels<avx512::Isa>::kTable; }
+}  // namespace zrt::kernels::internal

@@ -1,0 +1,42 @@
+// Scalar CPU kernels: the portable reference the SIMD units must match bit for bit.
+#include "kernels/cpu_loops.h"
+#include "runtime/core/dtype.h"
+
+namespace zrt::kernels::scalar {
+namespace {
+
+using internal::kElemBf16;
+using internal::kElemF16;
+
+struct Isa {
+  using V = float;
+  static constexpr int kWidth = 1;
+  struct Full {};
+  using Tail = Full;
+  static Tail MakeTail(int64_t) { return {}; }
+
+  template <int K>
+  static float Load(const void* base, int64_t i, Full) {
+    if constexpr (K == kElemBf16) return Bf16ToFloat(static_cast<const uint16_t*>(base)[i]);
+    if constexpr (K == kElemF16) return F16ToFloat(static_cast<const uint16_t*>(base)[i]);
+    if constexpr (K != kElemBf16 && K != kElemF16) return static_cast<const float*>(base)[i];
+  }
+  template <int K>
+  static void Store(void* base, int64_t i, float x, Full) {
+    if constexpr (K == kElemBf16) {
+      static_cast<uint16_t*>(base)[i] = FloatToBf16(x);
+    } else if constexpr (K == kElemF16) {
+      static_cast<uint16_t*>(base)[i] = FloatToF16(x);
+    } else {
+      static_cast<float*>(base)[i] = x;
+    }
+  }
+  static double SumToDouble(float x) { return x; }
+};
+
+}  // namespace
+}  // namespace zrt::kernels::scalar
+
+namespace zrt::kernels::internal {
+const CpuKernelTable& ScalarKernels() { return Kernels<scalar::Isa>::kTable; }
+}  // namespace zrt::kernels::internal
