@@ -11,13 +11,17 @@ function(zrt_install_headers folder)
   endforeach()
 endfunction()
 
-# zrt_add_unit_test(name src... LIBS lib...): a gtest binary beside the code; each TEST is a ctest test.
+# zrt_add_unit_test(name src... LIBS lib... [LABEL l]): a gtest binary beside the code; each TEST is a
+# ctest test, labelled `unit` unless LABEL says otherwise.
 function(zrt_add_unit_test name)
-  cmake_parse_arguments(ARG "" "" "LIBS" ${ARGN})
+  cmake_parse_arguments(ARG "" "LABEL" "LIBS" ${ARGN})
+  if(NOT ARG_LABEL)
+    set(ARG_LABEL unit)
+  endif()
   add_executable(${name} ${ARG_UNPARSED_ARGUMENTS})
   target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gtest_main zrt_test_support)
   zrt_add_warnings(${name})
-  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS unit TIMEOUT 600)
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS ${ARG_LABEL} TIMEOUT 600)
 endfunction()
 
 # zrt_add_mpi_test(name src... LIBS lib... [RANKS n...]): a gtest binary run under mpiexec once per

@@ -49,6 +49,11 @@ struct Isa {
   };
   static Tail MakeTail(int64_t n) { return Tail{static_cast<int>(n)}; }
 
+  // Prefetches element i (may lie past the end: prefetches never fault).
+  template <int K>
+  static void Prefetch(const void* base, int64_t i) {
+    __builtin_prefetch(static_cast<const char*>(base) + i * ((K == kElemBf16 || K == kElemF16) ? 2 : 4), 1, 3);
+  }
   template <int K>
   static Vec Load(const void* base, int64_t i, Full) {
     if constexpr (K == kElemBf16 || K == kElemF16) {

@@ -4,9 +4,13 @@
 //   Isa::Full, Isa::Tail        tags for a full vector / the last partial one (Isa::MakeTail(n))
 //   Isa::Load<Kind>(base, i, tag), Isa::Store<Kind>(base, i, v, tag)   kind = ElemKind
 //   Isa::SumToDouble(v)         the lanes of v summed in double
+//   Isa::Prefetch<Kind>(base, i) hint that element i is needed soon (may be a no-op)
 // Included only by the ISA translation units (cpu_scalar.cc, cpu_avx2.cc, cpu_avx512.cc); each
 // instantiates Kernels<its Isa>, whose types live in that unit's namespace.
 #pragma once
+
+
+
 
 #include <cstdint>
 
@@ -14,6 +18,12 @@
 #include "kernels/cpu_table.h"
 
 namespace zrt::kernels::internal {
+
+// Software prefetch distance of the Adam loop, in elements (1 KiB ahead per fp32 stream). Measured with
+// bench/adam on 64M-element shards, 2 threads, as a fraction of the same-traffic probe: no prefetch 0.84,
+// 256 0.98, 1024 0.95, 4096 0.82. The kernel is divider-bound in cache (2 divides + 1 sqrt per element,
+// kept for bit-exactness with PyTorch), so the loads must be in flight before the divides need them.
+inline constexpr int64_t kPrefetchElements = 256;
 
 template <class Isa>
 struct Kernels {
@@ -42,7 +52,13 @@ struct Kernels {
   template <int G, int C, bool kAms>
   static void AdamLoop(const AdamStepScalars& s, const AdamRange& r) {
     int64_t i = r.begin;
-    for (; i + W <= r.end; i += W) AdamAt<G, C, kAms>(s, r, i, typename Isa::Full{});
+    for (; i + W <= r.end; i += W) {
+      Isa::template Prefetch<kElemF32>(r.param, i + kPrefetchElements);
+      Isa::template Prefetch<G>(r.grad, i + kPrefetchElements);
+      Isa::template Prefetch<kElemF32>(r.exp_avg, i + kPrefetchElements);
+      Isa::template Prefetch<kElemF32>(r.exp_avg_sq, i + kPrefetchElements);
+      AdamAt<G, C, kAms>(s, r, i, typename Isa::Full{});
+    }
     if (i < r.end) AdamAt<G, C, kAms>(s, r, i, Isa::MakeTail(r.end - i));
   }
 

@@ -16,6 +16,8 @@ struct Isa {
   static Tail MakeTail(int64_t) { return {}; }
 
   template <int K>
+  static void Prefetch(const void*, int64_t) {}  // one element per iteration: not worth an instruction
+  template <int K>
   static float Load(const void* base, int64_t i, Full) {
     if constexpr (K == kElemBf16) return Bf16ToFloat(static_cast<const uint16_t*>(base)[i]);
     if constexpr (K == kElemF16) return F16ToFloat(static_cast<const uint16_t*>(base)[i]);

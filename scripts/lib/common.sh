@@ -1,5 +1,6 @@
 # Shared by scripts/*: install the Debian packages zrt needs, configure and build.
 # Every package here is used by the build or the suite; add one only together with its first use.
+# (scripts/bench adds python3-torch, the peer it measures against.)
 ZRT_PACKAGES=(cmake g++ make pkg-config libgtest-dev libopenmpi-dev openmpi-bin nlohmann-json3-dev libcli11-dev)
 
 zrt_root() { cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd; }

@@ -1,0 +1,157 @@
+// bench/adam: CPU AdamW throughput against the memory bandwidth it needs, measured in the same run.
+//
+// For each case (gradient dtype f32/bf16, with/without the bf16 parameter copy, 1 and 2 threads) it
+// times AdamCpu over one shard and a bandwidth probe that moves exactly the same bytes (reads p, g, m,
+// v; writes p, m, v and the copy) with trivial arithmetic. The ratio adam/probe says how close the
+// kernel is to the memory limit. The peer (torch.optim.AdamW, when Debian's python3-torch is
+// installed) is measured by bench/adam_peer.py and passed in with --peer-gelems.
+//
+//   adam_bench [--elements N] [--reps R] [--peer-gelems X] [--isa avx2|scalar]
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "kernels/adam.h"
+#include "runtime/core/device.h"
+#include "runtime/core/thread_pool.h"
+
+using namespace zrt;
+using namespace zrt::kernels;
+
+namespace {
+
+struct Buffers {
+  DeviceBuffer p, m, v, g32, g16, copy;
+};
+
+// Same traffic as the Adam step, trivial arithmetic: the achievable bandwidth for this access pattern.
+// kPrefetch adds the kernel's software prefetch; the limit reported is the faster of the two probes.
+template <bool kBf16Grad, bool kCopy, bool kPrefetch>
+void ProbeRange(Buffers& b, int64_t lo, int64_t hi) {
+  float* __restrict p = b.p.as<float>();
+  float* __restrict m = b.m.as<float>();
+  float* __restrict v = b.v.as<float>();
+  const float* __restrict g32 = b.g32.as<float>();
+  const uint16_t* __restrict g16 = b.g16.as<uint16_t>();
+  uint16_t* __restrict c = b.copy.as<uint16_t>();
+  constexpr int64_t kBlock = kPrefetch ? 16 : int64_t{1} << 40, kAhead = 256;  // no prefetch: one plain loop
+  for (int64_t blk = lo; blk < hi; blk += kBlock) {
+    if constexpr (kPrefetch) {
+      __builtin_prefetch(p + blk + kAhead, 1, 3);
+      __builtin_prefetch(m + blk + kAhead, 1, 3);
+      __builtin_prefetch(v + blk + kAhead, 1, 3);
+      __builtin_prefetch(kBf16Grad ? static_cast<const void*>(g16 + blk + kAhead) : g32 + blk + kAhead, 0, 3);
+    }
+    const int64_t end = std::min(hi, blk + kBlock);
+    for (int64_t i = blk; i < end; ++i) {
+      float g;
+      if constexpr (kBf16Grad) {
+        const uint32_t u = static_cast<uint32_t>(g16[i]) << 16;
+        std::memcpy(&g, &u, 4);
+      } else {
+        g = g32[i];
+      }
+      const float np = p[i] + g;
+      p[i] = np;
+      m[i] += g;
+      v[i] += g;
+      if constexpr (kCopy) {
+        uint32_t u;
+        std::memcpy(&u, &np, 4);
+        c[i] = static_cast<uint16_t>(u >> 16);
+      }
+    }
+  }
+}
+
+template <bool kPrefetch>
+void Probe(ThreadPool& pool, int threads, Buffers& b, int64_t n, bool bf16_grad, bool copy, int64_t chunk) {
+  const int64_t items = (n + chunk - 1) / chunk;
+  pool.ParallelFor(
+      items,
+      [&](int64_t k) {
+        const int64_t lo = k * chunk, hi = std::min(n, lo + chunk);
+        if (bf16_grad) {
+          copy ? ProbeRange<true, true, kPrefetch>(b, lo, hi) : ProbeRange<true, false, kPrefetch>(b, lo, hi);
+        } else {
+          copy ? ProbeRange<false, true, kPrefetch>(b, lo, hi) : ProbeRange<false, false, kPrefetch>(b, lo, hi);
+        }
+      },
+      threads);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t n = int64_t{256} << 20;
+  int reps = 5;
+  double peer = -1;
+  CpuIsa isa = CpuIsa::kAuto;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--isa") isa = std::string(argv[i + 1]) == "avx2" ? CpuIsa::kAvx2 : std::string(argv[i + 1]) == "scalar" ? CpuIsa::kScalar : CpuIsa::kAuto;
+    if (a == "--elements") n = std::atoll(argv[i + 1]);
+    else if (a == "--reps") reps = std::atoi(argv[i + 1]);
+    else if (a == "--peer-gelems") peer = std::atof(argv[i + 1]);
+  }
+  CpuDevice dev;
+  Buffers b;
+  auto alloc = [&](DeviceBuffer& d, size_t bytes) {
+    auto r = dev.Allocate(bytes, MemCategory::kOptimizerState, 4096);
+    if (!r.ok()) {
+      std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
+      std::exit(1);
+    }
+    d = std::move(*r);
+  };
+  const size_t un = static_cast<size_t>(n);
+  alloc(b.p, un * 4);
+  alloc(b.m, un * 4);
+  alloc(b.v, un * 4);
+  alloc(b.g32, un * 4);
+  alloc(b.g16, un * 2);
+  alloc(b.copy, un * 2);
+  ThreadPool pool(1, "bench");
+  // First touch (page faults) outside the timings, with realistic values.
+  pool.ParallelFor(static_cast<int64_t>((un + (1 << 20) - 1) >> 20), [&](int64_t k) {
+    const size_t lo = static_cast<size_t>(k) << 20, hi = std::min(un, lo + (size_t{1} << 20));
+    for (size_t i = lo; i < hi; ++i) {
+      b.p.as<float>()[i] = 0.01f * static_cast<float>(i % 97);
+      b.m.as<float>()[i] = 0;
+      b.v.as<float>()[i] = 0;
+      b.g32.as<float>()[i] = 1e-3f * static_cast<float>(i % 89) - 0.04f;
+      b.g16.as<uint16_t>()[i] = FloatToBf16(b.g32.as<float>()[i]);
+      b.copy.as<uint16_t>()[i] = 0;
+    }
+  });
+  AdamConfig cfg;
+  cfg.weight_decay = 0.01;
+  const AdamStepScalars s = *MakeAdamStepScalars(cfg, 10);
+  std::printf("bench/adam: %lld elements (%.1f GiB of fp32 state), isa %s, median of %d\n", static_cast<long long>(n),
+              12.0 * n / (1 << 30), std::string(CpuIsaName(isa == CpuIsa::kAuto ? DetectCpuIsa() : isa)).c_str(), reps);
+  std::printf("%-24s %7s %12s %10s %12s %8s\n", "case", "threads", "adam Gel/s", "adam GB/s", "probe GB/s", "ratio");
+  for (int threads : {1, 2}) {
+    for (bool bf16 : {false, true}) {
+      for (bool copy : {false, true}) {
+        AdamTensorArgs t{b.p.as<float>(), bf16 ? static_cast<const void*>(b.g16.data()) : b.g32.data(), b.m.as<float>(),
+                         b.v.as<float>(), nullptr, copy ? b.copy.data() : nullptr, n};
+        CpuKernelOptions o;
+        o.pool = &pool;
+        o.threads = threads;
+        o.isa = isa;
+        const double bytes = static_cast<double>(n) * (12 + (bf16 ? 2 : 4) + 12 + (copy ? 2 : 0));
+        const double ta = bench::MedianSeconds([&] { (void)AdamCpu(s, std::span(&t, 1), bf16 ? DType::kBF16 : DType::kF32, DType::kBF16, o); }, reps);
+        const double tp = std::min(bench::MedianSeconds([&] { Probe<false>(pool, threads, b, n, bf16, copy, o.chunk); }, reps),
+                                   bench::MedianSeconds([&] { Probe<true>(pool, threads, b, n, bf16, copy, o.chunk); }, reps));
+        const std::string name = std::string(bf16 ? "grad bf16" : "grad f32") + (copy ? " + bf16 copy" : "");
+        const double gel = n / ta / 1e9, gbs = bytes / ta / 1e9, pgbs = bytes / tp / 1e9;
+        std::printf("%-24s %7d %12.3f %10.2f %12.2f %8.2f\n", name.c_str(), threads, gel, gbs, pgbs, gbs / pgbs);
+        bench::PrintResult("adam", name + ", " + std::to_string(threads) + "t", gbs, "GB/s", pgbs, "probe GB/s",
+                           threads == 2 && !bf16 && !copy ? peer * bytes / n : -1, "torch AdamW GB/s");
+      }
+    }
+  }
+  return 0;
+}

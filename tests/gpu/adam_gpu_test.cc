@@ -1,0 +1,133 @@
+// The CUDA kernels against the CPU kernels on random data. The per-element math is shared and both
+// sides avoid FMA contraction (nvcc --fmad=false), so Adam results must agree bit for bit.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "kernels/adam_cuda.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "tests/support/reference.h"
+
+namespace zrt::kernels {
+namespace {
+
+using testing::DeviceArray;
+
+TEST(AdamCuda, MatchesCpuBitForBitOnManyTensors) {
+  ZRT_REQUIRE_GPU();
+  std::mt19937_64 rng(testing::TestSeed());
+  // Awkward sizes, more tensors than one launch holds, and a misaligned start (offset 1).
+  std::vector<int64_t> sizes = {0, 1, 15, 17, 1023, (1 << 20) + 3, 65536, 65537};
+  for (int i = 0; i < 30; ++i) sizes.push_back(static_cast<int64_t>(rng() % 5000));
+  for (bool ams : {false, true}) {
+    for (DType grad : {DType::kF32, DType::kBF16}) {
+      AdamConfig c;
+      c.lr = 1e-2;
+      c.weight_decay = 0.05;
+      c.amsgrad = ams;
+      const auto s = *MakeAdamStepScalars(c, 3, 0.5);
+      std::vector<std::vector<float>> p, m, v, vm;
+      std::vector<std::vector<uint16_t>> g16;
+      std::vector<std::vector<float>> g32;
+      for (int64_t n : sizes) {
+        const size_t k = static_cast<size_t>(n) + 1;  // +1: the tensor starts at element 1
+        p.push_back(testing::RandomFloats(k, rng));
+        m.push_back(testing::RandomFloats(k, rng, 0.01f));
+        auto vv = testing::RandomFloats(k, rng, 0.01f);
+        for (float& x : vv) x = std::abs(x);
+        v.push_back(vv);
+        vm.push_back(vv);
+        g32.push_back(testing::RandomFloats(k, rng, 0.1f));
+        std::vector<uint16_t> h(k);
+        for (size_t i = 0; i < k; ++i) h[i] = FloatToBf16(g32.back()[i]);
+        g16.push_back(h);
+      }
+      // Device copies, then CPU in place.
+      std::vector<std::unique_ptr<DeviceArray<float>>> dp, dm, dv, dvm, dg32;
+      std::vector<std::unique_ptr<DeviceArray<uint16_t>>> dg16, dcopy;
+      std::vector<AdamTensorArgs> dev_args, cpu_args;
+      std::vector<std::vector<uint16_t>> cpu_copy;
+      for (size_t t = 0; t < sizes.size(); ++t) {
+        dp.push_back(std::make_unique<DeviceArray<float>>(p[t]));
+        dm.push_back(std::make_unique<DeviceArray<float>>(m[t]));
+        dv.push_back(std::make_unique<DeviceArray<float>>(v[t]));
+        dvm.push_back(std::make_unique<DeviceArray<float>>(vm[t]));
+        dg32.push_back(std::make_unique<DeviceArray<float>>(g32[t]));
+        dg16.push_back(std::make_unique<DeviceArray<uint16_t>>(g16[t]));
+        dcopy.push_back(std::make_unique<DeviceArray<uint16_t>>(p[t].size()));
+        cpu_copy.emplace_back(p[t].size());
+        const void* dg = grad == DType::kF32 ? static_cast<const void*>(dg32[t]->get() + 1) : dg16[t]->get() + 1;
+        const void* hg = grad == DType::kF32 ? static_cast<const void*>(g32[t].data() + 1) : g16[t].data() + 1;
+        dev_args.push_back({dp[t]->get() + 1, dg, dm[t]->get() + 1, dv[t]->get() + 1, dvm[t]->get() + 1,
+                            dcopy[t]->get() + 1, sizes[t]});
+        cpu_args.push_back({p[t].data() + 1, hg, m[t].data() + 1, v[t].data() + 1, vm[t].data() + 1,
+                            cpu_copy[t].data() + 1, sizes[t]});
+      }
+      ASSERT_TRUE(AdamCuda(s, dev_args, grad, DType::kBF16).ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      ASSERT_TRUE(AdamCpu(s, cpu_args, grad, DType::kBF16).ok());
+      for (size_t t = 0; t < sizes.size(); ++t) {
+        const size_t bytes = static_cast<size_t>(sizes[t]) * 4;
+        ASSERT_EQ(0, std::memcmp(dp[t]->Download().data() + 1, p[t].data() + 1, bytes)) << "param, tensor " << t;
+        ASSERT_EQ(0, std::memcmp(dm[t]->Download().data() + 1, m[t].data() + 1, bytes)) << "exp_avg, tensor " << t;
+        ASSERT_EQ(0, std::memcmp(dv[t]->Download().data() + 1, v[t].data() + 1, bytes)) << "exp_avg_sq, tensor " << t;
+        if (ams) {
+          ASSERT_EQ(0, std::memcmp(dvm[t]->Download().data() + 1, vm[t].data() + 1, bytes)) << "vmax " << t;
+        }
+        ASSERT_EQ(0, std::memcmp(dcopy[t]->Download().data() + 1, cpu_copy[t].data() + 1, bytes / 2)) << "copy " << t;
+      }
+    }
+  }
+}
+
+TEST(AdamCuda, SkipFlagLeavesStateUntouched) {
+  ZRT_REQUIRE_GPU();
+  std::vector<float> h(5000, 0.5f);
+  DeviceArray<float> p(h), g(h), m(h), v(h);
+  DeviceArray<int> flag(std::vector<int>{1});
+  AdamTensorArgs t{p.get(), g.get(), m.get(), v.get(), nullptr, nullptr, 5000};
+  AdamCudaOptions o;
+  o.skip_flag = flag.get();
+  ASSERT_TRUE(AdamCuda(*MakeAdamStepScalars(AdamConfig{}, 1), std::span(&t, 1), DType::kF32, DType::kBF16, o).ok());
+  EXPECT_EQ(p.Download(), h);
+  EXPECT_EQ(m.Download(), h);
+  flag.Upload({0});
+  ASSERT_TRUE(AdamCuda(*MakeAdamStepScalars(AdamConfig{}, 1), std::span(&t, 1), DType::kF32, DType::kBF16, o).ok());
+  EXPECT_NE(p.Download(), h);
+}
+
+TEST(GradSumSquaresCuda, MatchesCpuAndFindsInf) {
+  ZRT_REQUIRE_GPU();
+  std::mt19937_64 rng(testing::TestSeed());
+  std::vector<std::vector<float>> host;
+  std::vector<std::unique_ptr<DeviceArray<float>>> dev;
+  std::vector<GradRef> href, dref;
+  for (int64_t n : {1, 17, 70000, (1 << 20) + 5}) {
+    host.push_back(testing::RandomFloats(static_cast<size_t>(n), rng));
+    dev.push_back(std::make_unique<DeviceArray<float>>(host.back()));
+    href.push_back({host.back().data(), n});
+    dref.push_back({dev.back()->get(), n});
+  }
+  const double want = GradSumSquaresCpu(href, DType::kF32)->sum_squares;
+  DeviceArray<char> ws(GradSumSquaresCudaWorkspace(dref));
+  DeviceArray<double> out(1);
+  DeviceArray<int> inf(std::vector<int>{0});
+  ASSERT_TRUE(GradSumSquaresCuda(dref, DType::kF32, ws.get(), GradSumSquaresCudaWorkspace(dref), out.get(), inf.get(), nullptr).ok());
+  EXPECT_NEAR(out.Download()[0], want, 1e-6 * want);
+  EXPECT_EQ(inf.Download()[0], 0);
+  // The multiplier kernel computes the same float as the host function.
+  DeviceArray<float> mult(1), norm(1);
+  ASSERT_TRUE(GradMultiplierCuda(out.get(), 1.0f, 1.0f, mult.get(), norm.get(), nullptr).ok());
+  float hn = 0;
+  EXPECT_EQ(mult.Download()[0], GradMultiplier(out.Download()[0], 1.0f, 1.0f, &hn));
+  EXPECT_EQ(norm.Download()[0], hn);
+  host[2][12345] = std::nanf("");
+  dev[2]->Upload(host[2]);
+  ASSERT_TRUE(GradSumSquaresCuda(dref, DType::kF32, ws.get(), GradSumSquaresCudaWorkspace(dref), out.get(), inf.get(), nullptr).ok());
+  EXPECT_EQ(inf.Download()[0], 1);
+}
+
+}  // namespace
+}  // namespace zrt::kernels

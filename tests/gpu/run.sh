@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Everything GPU-side in one call (the GPU machine's `run` tool; keep it under 8 minutes):
+# builds for sm_90 only, runs the GPU test suites, then the GPU benchmarks, and prints a table last.
+#   tests/gpu/run.sh [build-dir]
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+dir=${1:-build-gpu}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+
+# Build only what the GPU checks need, for this GPU's architecture.
+cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DZRT_WITH_CUDA=ON >"$dir.configure.log" 2>&1 \
+  || { tail -30 "$dir.configure.log"; exit 1; }
+cmake --build "$dir" -j "$(nproc)" --target zrt_gpu_test adam_gpu_bench adam_bench 2>&1 | tail -5
+
+status=0
+echo "== GPU tests"
+"./$dir/tests/gpu/zrt_gpu_test" || status=1
+
+echo "== GPU benchmarks"
+results=$(mktemp)
+peer=$(timeout 120 python3 tests/gpu/torch_fused_adamw.py $((256 << 20)) 20 2>/dev/null | tee /dev/stderr | awk '/^PEER_GELEMS/ {print $2}')
+timeout 120 "./$dir/bench/adam_gpu_bench" --elements $((256 << 20)) --reps 20 --peer-gelems "${peer:--1}" | tee -a "$results"
+
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+if [ "$gpus" -ge 2 ]; then
+  echo "== multi-GPU (NCCL) checks: $gpus GPUs"   # NCCL refuses two ranks on one GPU
+else
+  echo "== multi-GPU (NCCL) checks skipped: $gpus GPU(s)"
+fi
+
+echo
+echo "== summary"
+{ printf 'bench\tcase\tfigure\tunit\tlimit\tlimit is\tratio\tpeer\tpeer is\n'; grep '^RESULT' "$results" | cut -f2-; } | column -t -s $'\t'
+exit $status
