@@ -1,6 +1,7 @@
 # Shared by scripts/*: install the Debian packages zrt needs, configure and build.
 # Every package here is used by the build or the suite; add one only together with its first use.
-# (scripts/bench adds python3-torch, the peer it measures against.)
+# (scripts/bench adds python3-torch, the peer it measures against; run with /usr/bin/python3, which is
+# the interpreter Debian installs it for, whatever python3 comes first on PATH.)
 ZRT_PACKAGES=(cmake g++ make pkg-config libgtest-dev libopenmpi-dev openmpi-bin nlohmann-json3-dev libcli11-dev)
 
 zrt_root() { cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd; }
