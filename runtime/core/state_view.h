@@ -1,0 +1,44 @@
+// StateView: the engine's model and optimizer state as named flat shard buffers plus the layouts that
+// say what each element is. The checkpoint module works on this view only, so it never includes the
+// engine (../shared/DESIGN.md layers).
+//
+// Lifetime: the pointers are the engine's; a view is valid until the engine's next mutating call.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/core/dtype.h"
+#include "runtime/core/shard_layout.h"
+#include "runtime/core/tensor_spec.h"
+
+namespace zrt {
+
+// This rank's shard of one group's flat buffer: `count` = layout.shard_size() elements of `dtype`.
+struct StateBuffer {
+  std::string kind;  // "master" (fp32 weights), "exp_avg", "exp_avg_sq", "max_exp_avg_sq"
+  DType dtype = DType::kF32;
+  void* data = nullptr;
+  int64_t count = 0;
+};
+
+struct StateGroup {
+  std::string name;
+  std::vector<TensorSpec> tensors;  // in layout order
+  ShardLayout layout;               // over `tensors`, for the engine's world size
+  std::vector<StateBuffer> buffers;
+  double lr = 0;
+  double weight_decay = 0;
+};
+
+struct StateView {
+  int rank = 0;
+  int world_size = 1;
+  int stage = 0;
+  int64_t step = 0;        // optimizer steps taken (skipped ones excluded)
+  double loss_scale = 1;   // current dynamic/static loss scale
+  std::vector<StateGroup> groups;
+};
+
+}  // namespace zrt

@@ -1,0 +1,459 @@
+// ZeroEngine: orchestrates the components (layouts and buffers per group, GradBucketer,
+// ParamGatherer, LossScaler, CPU Adam) for one training step; see engine.h for the API.
+//
+// Buffers per group (E = bytes per element of the group's dtype, P = padded size, S = P / N):
+//   stage | params              | gradients                     | optimizer (fp32)
+//   0     | full P*E            | full P*E (all-reduced in place)| master, m, v: P each (layout of 1 rank)
+//   1     | full P*E            | full P*E, shard = own block    | master, m, v: S each
+//   2     | full P*E            | shard S*E (+ full P*E pooled   | master, m, v: S each
+//         |                     |   from GradBuffer to GradsReady)|
+//   3     | shard S*E (+ full   | as stage 2                    | master, m, v: S each
+//         |   pooled while gathered)|                           |
+// Step: flush buckets -> local sum of squares of the grad shards (inf if any element is inf/NaN) ->
+// one all-reduce -> skip, or multiplier = clip / (loss_scale * accum) -> Adam over each shard, the
+// updated params cast straight into this rank's block of the model params -> stages 1-2 all-gather.
+#include "runtime/engine.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+
+#include "runtime/buffer_pool.h"
+#include "runtime/core/logging.h"
+#include "runtime/core/thread_pool.h"
+#include "runtime/param_gatherer.h"
+
+namespace zrt {
+
+struct ZeroEngine::Group {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> params;
+  std::vector<TensorSpec> tensors;
+  ShardLayout layout;
+  double lr = 0, weight_decay = 0;
+  DeviceBuffer full_param, param_shard, full_grad, grad_shard;
+  DeviceBuffer master, exp_avg, exp_avg_sq, max_exp_avg_sq;
+  bool gathered = false;      // stages 0-2 bookkeeping for Release
+  bool grad_live = false;     // full gradient exists (and is zeroed) for this step
+  bool grad_reduced = false;  // reduction queued this step
+  size_t esize() const { return DTypeSize(dtype); }
+};
+
+struct ZeroEngine::Impl {
+  Impl(Device* d, int n_threads) : staging(d, MemCategory::kStaging), pool(n_threads - 1, "zrt-adam"), threads(n_threads) {}
+  BufferPool staging;
+  std::unique_ptr<GradBucketer> bucketer;
+  std::unique_ptr<ParamGatherer> gatherer;
+  ThreadPool pool;
+  int threads;  // optimizer threads, caller included
+  CommStats step_gathers;  // stages 1-2 parameter all-gathers after the step
+};
+
+namespace {
+
+uint64_t Fnv(uint64_t h, const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+uint64_t SpecHash(const TensorSpec& s, const std::string& group) {
+  uint64_t h = 1469598103934665603ull;
+  h = Fnv(h, s.name.data(), s.name.size());
+  h = Fnv(h, s.shape.data(), s.shape.size() * sizeof(int64_t));
+  h = Fnv(h, &s.dtype, sizeof(s.dtype));
+  return Fnv(h, group.data(), group.size());
+}
+
+}  // namespace
+
+ZeroEngine::ZeroEngine(Communicator* comm, Device* device, const EngineConfig& config)
+    : comm_(comm), device_(device), config_(config) {}
+ZeroEngine::~ZeroEngine() = default;
+
+Result<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Communicator* comm, Device* device, const EngineConfig& c) {
+  if (comm == nullptr || device == nullptr) return InvalidArgumentError("engine: null communicator or device");
+  if (c.stage < 0 || c.stage > 3) return InvalidArgumentError("engine: stage must be 0, 1, 2 or 3, got ", c.stage);
+  if (c.alignment < 1) return InvalidArgumentError("engine: alignment must be >= 1 element, got ", c.alignment);
+  if (c.grad_accum_steps < 1) return InvalidArgumentError("engine: grad_accum_steps must be >= 1, got ", c.grad_accum_steps);
+  if (c.max_grad_norm < 0 || !std::isfinite(c.max_grad_norm)) {
+    return InvalidArgumentError("engine: max_grad_norm must be finite and >= 0 (0 = off), got ", c.max_grad_norm);
+  }
+  if (c.prefetch_depth < 0) return InvalidArgumentError("engine: prefetch_depth must be >= 0");
+  RETURN_IF_ERROR(kernels::MakeAdamStepScalars(c.adam, 1).status(), "engine");
+  std::unique_ptr<ZeroEngine> e(new ZeroEngine(comm, device, c));
+  ASSIGN_OR_RETURN(e->scaler_, LossScaler::Create(c.loss_scale), "engine");
+  const int threads = c.optimizer_threads > 0 ? c.optimizer_threads : ThreadPool::HardwareThreads();
+  e->impl_ = std::make_unique<Impl>(device, threads);
+  return e;
+}
+
+Status ZeroEngine::AddParam(const std::string& name, const std::vector<int64_t>& shape, DType dtype,
+                            const std::string& group) {
+  if (finalized_) return FailedPreconditionError("add_param '", name, "': the engine is already finalized");
+  TensorSpec spec{name, shape, dtype};
+  RETURN_IF_ERROR(Validate(spec), "add_param");
+  if (!IsFloating(dtype)) return InvalidArgumentError("add_param '", name, "': dtype must be f32, bf16 or f16");
+  if (group.empty()) return InvalidArgumentError("add_param '", name, "': empty group name");
+  params_.push_back(std::move(spec));
+  param_groups_.push_back(group);
+  return Status();
+}
+
+Status ZeroEngine::CheckRegistration() {
+  // Rank 0's list is the reference: count first, then one hash per parameter.
+  int64_t count = static_cast<int64_t>(params_.size());
+  int64_t root_count = count;
+  RETURN_IF_ERROR(comm_->Broadcast(&root_count, sizeof(root_count), DType::kBytes, 0));
+  float mismatch = root_count == count ? 0.0f : 1.0f;
+  RETURN_IF_ERROR(comm_->AllReduce(&mismatch, &mismatch, 1, DType::kF32, ReduceOp::kMax));
+  if (mismatch != 0) {
+    return InvalidArgumentError("finalize: ranks registered different numbers of parameters (rank 0: ", root_count,
+                                ", rank ", comm_->rank(), ": ", count, ")");
+  }
+  std::vector<uint64_t> mine(params_.size()), root(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) mine[i] = root[i] = SpecHash(params_[i], param_groups_[i]);
+  RETURN_IF_ERROR(comm_->Broadcast(root.data(), root.size() * sizeof(uint64_t), DType::kBytes, 0));
+  size_t first = params_.size();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (mine[i] != root[i]) {
+      first = i;
+      break;
+    }
+  }
+  float first_f = static_cast<float>(first);  // exact below 2^24 parameters
+  RETURN_IF_ERROR(comm_->AllReduce(&first_f, &first_f, 1, DType::kF32, ReduceOp::kMin));
+  const auto f = static_cast<size_t>(first_f);
+  if (f < params_.size()) {
+    return InvalidArgumentError("finalize: parameter #", f, " differs across ranks (rank ", comm_->rank(), " has ",
+                                params_[f].ToString(), " in group '", param_groups_[f], "'",
+                                mine[f] == root[f] ? ", as rank 0 does" : ", rank 0 has something else", ")");
+  }
+  return Status();
+}
+
+Status ZeroEngine::Finalize(const InitFn& init) {
+  if (finalized_) return FailedPreconditionError("finalize: already finalized");
+  if (!init) return InvalidArgumentError("finalize: no init function");
+  RETURN_IF_ERROR(CheckRegistration());
+  std::map<std::string, int> index;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto [it, fresh] = index.try_emplace(param_groups_[i], static_cast<int>(groups_.size()));
+    if (fresh) {
+      groups_.push_back(std::make_unique<Group>());
+      groups_.back()->name = param_groups_[i];
+      groups_.back()->dtype = params_[i].dtype;
+      groups_.back()->lr = config_.adam.lr;
+      groups_.back()->weight_decay = config_.adam.weight_decay;
+    }
+    Group& g = *groups_[static_cast<size_t>(it->second)];
+    if (g.dtype != params_[i].dtype) {
+      return InvalidArgumentError("finalize: parameter '", params_[i].name, "' is ", DTypeName(params_[i].dtype),
+                                  " but group '", g.name, "' is ", DTypeName(g.dtype), " (one dtype per group)");
+    }
+    g.params.push_back(static_cast<int64_t>(i));
+    g.tensors.push_back(params_[i]);
+  }
+  RETURN_IF_ERROR(Allocate(init));
+  finalized_ = true;
+  return Status();
+}
+
+Status ZeroEngine::Allocate(const InitFn& init) {
+  const int n = config_.stage == 0 ? 1 : comm_->size();
+  const int rank = config_.stage == 0 ? 0 : comm_->rank();
+  GradBucketer::Options bo;
+  bo.bucket_bytes = config_.bucket_bytes;
+  bo.reduce_dtype = config_.reduce_dtype;
+  bo.all_reduce = config_.stage == 0;
+  ASSIGN_OR_RETURN(impl_->bucketer, GradBucketer::Create(comm_, device_, bo), "finalize");
+  std::vector<ParamGatherer::GroupRef> refs;
+  for (auto& gp : groups_) {
+    Group& g = *gp;
+    ASSIGN_OR_RETURN(g.layout, ShardLayout::Create(g.tensors, n, config_.alignment), "group '", g.name, "'");
+    const auto P = static_cast<size_t>(g.layout.padded_size()), S = static_cast<size_t>(g.layout.shard_size());
+    const std::string ctx = "allocating group '" + g.name + "'";
+    if (config_.stage <= 2) {
+      ASSIGN_OR_RETURN(g.full_param, device_->Allocate(P * g.esize(), MemCategory::kParameters), ctx);
+      RETURN_IF_ERROR(device_->Fill(g.full_param.data(), 0, P * g.esize()));
+    } else {
+      ASSIGN_OR_RETURN(g.param_shard, device_->Allocate(S * g.esize(), MemCategory::kParameters), ctx);
+    }
+    if (config_.stage <= 1) {
+      ASSIGN_OR_RETURN(g.full_grad, device_->Allocate(P * g.esize(), MemCategory::kGradients), ctx);
+    } else {
+      ASSIGN_OR_RETURN(g.grad_shard, device_->Allocate(S * g.esize(), MemCategory::kGradients), ctx);
+    }
+    for (DeviceBuffer* b : {&g.master, &g.exp_avg, &g.exp_avg_sq}) {
+      ASSIGN_OR_RETURN(*b, device_->Allocate(S * 4, MemCategory::kOptimizerState), ctx);
+      RETURN_IF_ERROR(device_->Fill(b->data(), 0, S * 4));
+    }
+    if (config_.adam.amsgrad) {
+      ASSIGN_OR_RETURN(g.max_exp_avg_sq, device_->Allocate(S * 4, MemCategory::kOptimizerState), ctx);
+      RETURN_IF_ERROR(device_->Fill(g.max_exp_avg_sq.data(), 0, S * 4));
+    }
+    // Initial values: this rank's pieces only (padding stays zero).
+    for (const ShardPiece& p : g.layout.RankPieces(rank)) {
+      init(g.params[static_cast<size_t>(p.tensor)], p.tensor_offset, p.count, g.master.as<float>() + p.shard_offset);
+    }
+    RETURN_IF_ERROR(ParamsFromMaster(g), ctx);
+    refs.push_back({g.param_shard.data(), g.dtype, &g.layout, g.name});
+  }
+  if (config_.stage == 3) {
+    impl_->gatherer = std::make_unique<ParamGatherer>(comm_, &impl_->staging, config_.max_live_gathered_bytes,
+                                                      config_.prefetch_depth);
+    impl_->gatherer->SetGroups(std::move(refs));
+  }
+  return GatherUpdatedParams();
+}
+
+Status ZeroEngine::ParamsFromMaster(Group& g) {
+  const int64_t S = g.layout.shard_size();
+  void* own = config_.stage == 3 ? g.param_shard.data()
+                                 : g.full_param.as<char>() + static_cast<size_t>(g.layout.shard_begin(config_.stage == 0 ? 0 : comm_->rank())) * g.esize();
+  kernels::CpuKernelOptions o;
+  o.pool = &impl_->pool;
+  return kernels::CastCpu(g.master.data(), DType::kF32, own, g.dtype, S, o);
+}
+
+Status ZeroEngine::GatherUpdatedParams() {
+  if (config_.stage != 1 && config_.stage != 2) return Status();
+  std::vector<CommHandle> handles;
+  for (auto& gp : groups_) {
+    Group& g = *gp;
+    const size_t S = static_cast<size_t>(g.layout.shard_size());
+    void* own = g.full_param.as<char>() + static_cast<size_t>(g.layout.shard_begin(comm_->rank())) * g.esize();
+    ASSIGN_OR_RETURN(CommHandle h, comm_->AllGatherAsync(own, g.full_param.data(), S, g.dtype), "gathering group '",
+                     g.name, "'");
+    handles.push_back(std::move(h));
+    impl_->step_gathers.gather_bytes += static_cast<int64_t>(S * g.esize()) * (comm_->size() - 1);
+    ++impl_->step_gathers.collectives;
+  }
+  for (CommHandle& h : handles) RETURN_IF_ERROR(h.Wait(), "gathering updated parameters");
+  return Status();
+}
+
+Result<ZeroEngine::Group*> ZeroEngine::Get(int group, const char* what) {
+  if (!finalized_) return FailedPreconditionError(what, ": the engine is not finalized");
+  if (group < 0 || group >= num_groups()) return NotFoundError(what, ": no group with index ", group, " (", num_groups(), " groups)");
+  return groups_[static_cast<size_t>(group)].get();
+}
+
+int ZeroEngine::num_groups() const { return static_cast<int>(groups_.size()); }
+
+Result<int> ZeroEngine::GroupIndex(const std::string& name) const {
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    if (groups_[i]->name == name) return static_cast<int>(i);
+  }
+  return NotFoundError("no group named '", name, "'");
+}
+
+Result<ZeroEngine::ParamLocation> ZeroEngine::Locate(int64_t param) const {
+  if (!finalized_) return FailedPreconditionError("locate: the engine is not finalized");
+  if (param < 0 || param >= static_cast<int64_t>(params_.size())) return NotFoundError("locate: no parameter #", param);
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    const Group& g = *groups_[gi];
+    for (size_t k = 0; k < g.params.size(); ++k) {
+      if (g.params[k] == param) {
+        return ParamLocation{static_cast<int>(gi), g.layout.tensor_offset(static_cast<int64_t>(k)), params_[static_cast<size_t>(param)].numel(), g.dtype};
+      }
+    }
+  }
+  return InternalError("locate: parameter #", param, " is in no group");
+}
+
+Result<void*> ZeroEngine::Gather(int group) {
+  ASSIGN_OR_RETURN(Group * g, Get(group, "gather"));
+  if (config_.stage == 3) return impl_->gatherer->Gather(group);
+  g->gathered = true;
+  return g->full_param.data();
+}
+
+Status ZeroEngine::Release(int group) {
+  ASSIGN_OR_RETURN(Group * g, Get(group, "release"));
+  if (config_.stage == 3) return impl_->gatherer->Release(group);
+  if (!g->gathered) return FailedPreconditionError("release: group '", g->name, "' is not gathered");
+  g->gathered = false;
+  return Status();
+}
+
+Result<void*> ZeroEngine::GradBuffer(int group) {
+  ASSIGN_OR_RETURN(Group * g, Get(group, "grad_buffer"));
+  if (g->grad_reduced && config_.stage >= 2) {
+    return FailedPreconditionError("grad_buffer: gradients of group '", g->name, "' were already reduced this step");
+  }
+  if (!g->grad_live) {
+    const size_t bytes = static_cast<size_t>(g->layout.padded_size()) * g->esize();
+    if (config_.stage >= 2) {
+      ASSIGN_OR_RETURN(g->full_grad, impl_->staging.Acquire(bytes), "gradient buffer of '", g->name, "'");
+    }
+    RETURN_IF_ERROR(device_->Fill(g->full_grad.data(), 0, bytes));
+    g->grad_live = true;
+  }
+  return g->full_grad.data();
+}
+
+Status ZeroEngine::GradsReady(int group) {
+  ASSIGN_OR_RETURN(Group * g, Get(group, "grads_ready"));
+  if (!g->grad_live) return FailedPreconditionError("grads_ready: group '", g->name, "' has no gradient buffer this step");
+  if (g->grad_reduced) return FailedPreconditionError("grads_ready: group '", g->name, "' was already reduced this step");
+  if (!sync_) return Status();  // accumulation micro-step: keep the full gradient, no communication
+  return ReduceGroup(group);
+}
+
+Status ZeroEngine::ReduceGroup(int gi) {
+  Group& g = *groups_[static_cast<size_t>(gi)];
+  void* shard = config_.stage >= 2 ? g.grad_shard.data()
+                                   : g.full_grad.as<char>() + static_cast<size_t>(g.layout.shard_begin(config_.stage == 0 ? 0 : comm_->rank())) * g.esize();
+  RETURN_IF_ERROR(impl_->bucketer->Add(g.full_grad.data(), g.dtype, g.layout, shard, g.dtype), "reducing group '", g.name, "'");
+  g.grad_reduced = true;
+  if (config_.stage >= 2) {  // the bucket holds a copy: the full gradient can go
+    impl_->staging.Release(std::move(g.full_grad));
+    g.grad_live = false;
+  }
+  return Status();
+}
+
+Result<StepResult> ZeroEngine::Step() {
+  if (!finalized_) return FailedPreconditionError("step: the engine is not finalized");
+  if (!sync_) return FailedPreconditionError("step: called in a no-sync micro-step (call SetSync(true) before the last)");
+  // Gathered parameters are about to change: drop them (stage 3 buffers go back to the pool).
+  for (int gi = 0; gi < num_groups(); ++gi) {
+    Group& g = *groups_[static_cast<size_t>(gi)];
+    if (config_.stage == 3 && impl_->gatherer->gathered(gi)) RETURN_IF_ERROR(impl_->gatherer->Release(gi));
+    g.gathered = false;
+  }
+  if (config_.stage == 3) RETURN_IF_ERROR(impl_->gatherer->EndStep(), "step");
+  // Every group takes part in the reductions, in index order, even if it got no gradient.
+  for (int gi = 0; gi < num_groups(); ++gi) {
+    Group& g = *groups_[static_cast<size_t>(gi)];
+    if (g.grad_reduced) continue;
+    if (!g.grad_live) RETURN_IF_ERROR(GradBuffer(gi).status());
+    RETURN_IF_ERROR(ReduceGroup(gi));
+  }
+  RETURN_IF_ERROR(impl_->bucketer->Flush(), "step");
+  // Whatever happens below, the next step starts from zero gradients (stage 0/1 buffers persist and
+  // are zeroed at the next GradBuffer; stage 2/3 ones already went back to the pool).
+  for (auto& gp : groups_) {
+    gp->grad_reduced = false;
+    gp->grad_live = false;
+  }
+
+  kernels::CpuKernelOptions ko;
+  ko.pool = &impl_->pool;
+  ko.threads = impl_->threads;
+  // Global sum of squares; any inf/NaN on any rank makes it inf (one all-reduce).
+  double local = 0;
+  for (auto& gp : groups_) {
+    Group& g = *gp;
+    const void* shard = config_.stage >= 2 ? g.grad_shard.data()
+                                           : g.full_grad.as<char>() + static_cast<size_t>(g.layout.shard_begin(config_.stage == 0 ? 0 : comm_->rank())) * g.esize();
+    const kernels::GradRef ref{shard, g.layout.shard_size()};
+    ASSIGN_OR_RETURN(kernels::GradStats st, kernels::GradSumSquaresCpu(std::span(&ref, 1), g.dtype, ko), "step");
+    local += st.nonfinite ? std::numeric_limits<double>::infinity() : st.sum_squares;
+  }
+  float global = static_cast<float>(local);
+  if (config_.stage != 0) RETURN_IF_ERROR(comm_->AllReduce(&global, &global, 1, DType::kF32, ReduceOp::kSum), "step: norm");
+
+  StepResult r;
+  r.loss_scale = scaler_.scale();
+  r.lr = groups_.empty() ? config_.adam.lr : groups_[0]->lr;
+  if (!std::isfinite(global)) {
+    scaler_.Update(true);
+    r.skipped = true;
+    r.grad_norm = std::numeric_limits<double>::infinity();
+    r.step = steps_;
+    ZRT_LOG(kInfo) << "step skipped: non-finite gradients (loss scale " << r.loss_scale << " -> " << scaler_.scale() << ")";
+    return r;
+  }
+  const double denom = scaler_.scale() * config_.grad_accum_steps;
+  float norm = 0;
+  const float mult = kernels::GradMultiplier(global, static_cast<float>(denom), static_cast<float>(config_.max_grad_norm), &norm);
+  r.grad_norm = norm;
+
+  for (auto& gp : groups_) {
+    Group& g = *gp;
+    kernels::AdamConfig c = config_.adam;
+    c.lr = g.lr;
+    c.weight_decay = g.weight_decay;
+    ASSIGN_OR_RETURN(kernels::AdamStepScalars s, kernels::MakeAdamStepScalars(c, steps_ + 1, mult), "step, group '", g.name, "'");
+    const int rank = config_.stage == 0 ? 0 : comm_->rank();
+    void* own = config_.stage == 3 ? g.param_shard.data()
+                                   : g.full_param.as<char>() + static_cast<size_t>(g.layout.shard_begin(rank)) * g.esize();
+    const void* grad = config_.stage >= 2 ? g.grad_shard.data()
+                                          : g.full_grad.as<char>() + static_cast<size_t>(g.layout.shard_begin(rank)) * g.esize();
+    kernels::AdamTensorArgs t{g.master.as<float>(), grad, g.exp_avg.as<float>(), g.exp_avg_sq.as<float>(),
+                              g.max_exp_avg_sq.as<float>(), g.dtype == DType::kF32 ? nullptr : own, g.layout.shard_size()};
+    RETURN_IF_ERROR(kernels::AdamCpu(s, std::span(&t, 1), g.dtype, g.dtype == DType::kF32 ? DType::kBF16 : g.dtype, ko),
+                    "step, group '", g.name, "'");
+    if (g.dtype == DType::kF32) std::memcpy(own, g.master.data(), static_cast<size_t>(g.layout.shard_size()) * 4);
+  }
+  RETURN_IF_ERROR(GatherUpdatedParams(), "step");
+  scaler_.Update(false);
+  r.step = ++steps_;
+  return r;
+}
+
+Status ZeroEngine::SetLr(int group, double lr) {
+  ASSIGN_OR_RETURN(Group * g, Get(group, "set_lr"));
+  if (!(lr >= 0) || !std::isfinite(lr)) return InvalidArgumentError("set_lr: lr must be finite and >= 0, got ", lr);
+  g->lr = lr;
+  return Status();
+}
+
+Status ZeroEngine::SetWeightDecay(int group, double wd) {
+  ASSIGN_OR_RETURN(Group * g, Get(group, "set_weight_decay"));
+  if (!(wd >= 0) || !std::isfinite(wd)) return InvalidArgumentError("set_weight_decay: must be finite and >= 0, got ", wd);
+  g->weight_decay = wd;
+  return Status();
+}
+
+StateView ZeroEngine::state_view() {
+  StateView v;
+  v.rank = comm_->rank();
+  v.world_size = comm_->size();
+  v.stage = config_.stage;
+  v.step = steps_;
+  v.loss_scale = scaler_.scale();
+  for (auto& gp : groups_) {
+    Group& g = *gp;
+    StateGroup sg;
+    sg.name = g.name;
+    sg.tensors = g.tensors;
+    sg.layout = g.layout;
+    sg.lr = g.lr;
+    sg.weight_decay = g.weight_decay;
+    const int64_t S = g.layout.shard_size();
+    sg.buffers.push_back({"master", DType::kF32, g.master.data(), S});
+    sg.buffers.push_back({"exp_avg", DType::kF32, g.exp_avg.data(), S});
+    sg.buffers.push_back({"exp_avg_sq", DType::kF32, g.exp_avg_sq.data(), S});
+    if (!g.max_exp_avg_sq.empty()) sg.buffers.push_back({"max_exp_avg_sq", DType::kF32, g.max_exp_avg_sq.data(), S});
+    v.groups.push_back(std::move(sg));
+  }
+  return v;
+}
+
+Status ZeroEngine::RefreshParamsFromMaster() {
+  if (!finalized_) return FailedPreconditionError("refresh: the engine is not finalized");
+  for (auto& gp : groups_) RETURN_IF_ERROR(ParamsFromMaster(*gp));
+  return GatherUpdatedParams();
+}
+
+MemoryTracker::Snapshot ZeroEngine::memory() const { return device_->memory().Read(); }
+
+CommStats ZeroEngine::comm_stats() const {
+  CommStats s = impl_->step_gathers;
+  if (impl_->bucketer) {
+    s.reduce_bytes += impl_->bucketer->stats().reduce_bytes;
+    s.collectives += impl_->bucketer->stats().collectives;
+  }
+  if (impl_->gatherer) {
+    s.gather_bytes += impl_->gatherer->stats().gather_bytes;
+    s.collectives += impl_->gatherer->stats().collectives;
+  }
+  return s;
+}
+
+}  // namespace zrt

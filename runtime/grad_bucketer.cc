@@ -1,0 +1,125 @@
+// Gradient buckets (see grad_bucketer.h for the rank-major layout).
+//
+// Add(group): for each slice [a, b) of the group's shard range that fits the filling bucket, copy
+// element range [shard_begin(r) + a, shard_begin(r) + b) of the full gradient into region r at
+// offset `used`, for every rank r (casting to the reduce dtype), and remember where rank-local results
+// go. A full bucket is launched (reduce-scatter of regions x used elements, or all-reduce) and the
+// other bucket becomes the filling one, after waiting for it if it is still in flight.
+// A partial bucket is compacted (regions moved to stride `used`) before launch.
+#include "runtime/grad_bucketer.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/adam.h"
+
+namespace zrt {
+
+Result<std::unique_ptr<GradBucketer>> GradBucketer::Create(Communicator* comm, Device* device, const Options& o) {
+  if (o.reduce_dtype == DType::kBytes) return InvalidArgumentError("gradient buckets: reduce dtype must be a float type");
+  const int regions = o.all_reduce ? 1 : comm->size();
+  const int64_t capacity = o.bucket_bytes / static_cast<int64_t>(DTypeSize(o.reduce_dtype)) / regions;
+  if (capacity < 1) {
+    return InvalidArgumentError("gradient buckets: bucket_bytes ", o.bucket_bytes, " is too small for ", regions,
+                                " ranks (needs at least one element per rank)");
+  }
+  std::unique_ptr<GradBucketer> g(new GradBucketer(comm, o, capacity));
+  const size_t esize = DTypeSize(o.reduce_dtype);
+  for (Bucket& b : g->buckets_) {
+    ASSIGN_OR_RETURN(b.in, device->Allocate(static_cast<size_t>(capacity * regions) * esize, MemCategory::kCommunication),
+                     "gradient bucket");
+    if (!o.all_reduce) {
+      ASSIGN_OR_RETURN(b.out, device->Allocate(static_cast<size_t>(capacity) * esize, MemCategory::kCommunication),
+                       "gradient bucket output");
+    }
+  }
+  return g;
+}
+
+Status GradBucketer::Add(const void* grad, DType grad_dtype, const ShardLayout& layout, void* shard_out, DType out_dtype) {
+  if (layout.world_size() != regions()) {
+    return InternalError("gradient bucket: layout for ", layout.world_size(), " ranks, bucket for ", regions());
+  }
+  const size_t gsize = DTypeSize(grad_dtype), rsize = DTypeSize(o_.reduce_dtype);
+  const int64_t shard = layout.shard_size();
+  for (int64_t a = 0; a < shard;) {
+    Bucket* b = &Filling();
+    if (b->used == capacity_) {
+      RETURN_IF_ERROR(Launch(*b));
+      filling_ ^= 1;
+      b = &Filling();
+      if (b->in_flight) RETURN_IF_ERROR(Complete(*b));
+    }
+    const int64_t n = std::min(shard - a, capacity_ - b->used);
+    for (int r = 0; r < regions(); ++r) {
+      const char* src = static_cast<const char*>(grad) + static_cast<size_t>(layout.shard_begin(r) + a) * gsize;
+      char* dst = b->in.as<char>() + static_cast<size_t>(r * capacity_ + b->used) * rsize;
+      RETURN_IF_ERROR(kernels::CastCpu(src, grad_dtype, dst, o_.reduce_dtype, n), "filling a gradient bucket");
+    }
+    b->dests.push_back(Dest{static_cast<char*>(shard_out) + static_cast<size_t>(a) * DTypeSize(out_dtype), out_dtype,
+                            b->used, n});
+    b->used += n;
+    a += n;
+  }
+  return Poll();
+}
+
+Status GradBucketer::Launch(Bucket& b) {
+  const size_t rsize = DTypeSize(o_.reduce_dtype);
+  const int n = regions();
+  if (b.used < capacity_) {  // compact the regions to stride `used`
+    for (int r = 1; r < n; ++r) {
+      std::memmove(b.in.as<char>() + static_cast<size_t>(r * b.used) * rsize,
+                   b.in.as<char>() + static_cast<size_t>(r * capacity_) * rsize, static_cast<size_t>(b.used) * rsize);
+    }
+  }
+  const int64_t bytes = b.used * n * static_cast<int64_t>(rsize);
+  if (o_.all_reduce) {
+    ASSIGN_OR_RETURN(b.handle, comm_->AllReduceAsync(b.in.data(), b.in.data(), static_cast<size_t>(b.used),
+                                                     o_.reduce_dtype, ReduceOp::kAvg));
+    stats_.reduce_bytes += 2 * bytes * (comm_->size() - 1) / comm_->size();
+  } else {
+    ASSIGN_OR_RETURN(b.handle, comm_->ReduceScatterAsync(b.in.data(), b.out.data(), static_cast<size_t>(b.used),
+                                                         o_.reduce_dtype, ReduceOp::kAvg));
+    stats_.reduce_bytes += bytes * (n - 1) / n;
+  }
+  ++stats_.collectives;
+  b.in_flight = true;
+  return Status();
+}
+
+Status GradBucketer::Complete(Bucket& b) {
+  RETURN_IF_ERROR(b.handle.Wait(), "reducing a gradient bucket");
+  const char* out = o_.all_reduce ? b.in.as<char>() : b.out.as<char>();
+  const size_t rsize = DTypeSize(o_.reduce_dtype);
+  for (const Dest& d : b.dests) {
+    RETURN_IF_ERROR(kernels::CastCpu(out + static_cast<size_t>(d.out_offset) * rsize, o_.reduce_dtype, d.ptr, d.dtype, d.count));
+  }
+  b.dests.clear();
+  b.used = 0;
+  b.in_flight = false;
+  return Status();
+}
+
+Status GradBucketer::Poll() {
+  for (Bucket& b : buckets_) {
+    if (!b.in_flight) continue;
+    ASSIGN_OR_RETURN(bool done, b.handle.Test(), "reducing a gradient bucket");
+    if (done) RETURN_IF_ERROR(Complete(b));
+  }
+  return Status();
+}
+
+Status GradBucketer::Flush() {
+  // Oldest first: the other bucket was launched before the filling one.
+  Bucket& other = buckets_[filling_ ^ 1];
+  if (other.in_flight) RETURN_IF_ERROR(Complete(other));
+  Bucket& b = Filling();
+  if (b.used > 0) {
+    RETURN_IF_ERROR(Launch(b));
+    RETURN_IF_ERROR(Complete(b));
+  }
+  return Status();
+}
+
+}  // namespace zrt

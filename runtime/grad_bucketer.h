@@ -1,0 +1,81 @@
+// GradBucketer: reduces full group gradients into per-rank shards with large asynchronous collectives.
+//
+// Buckets are rank-major: region r of a bucket holds, back to back, rank r's slices of every group
+// added to it, so one reduce-scatter of the bucket hands each rank exactly its own shard slices even
+// when a bucket mixes several groups (and a group larger than a bucket spans several). Stage 0 uses
+// the same code with a one-region bucket and an all-reduce. Two buckets alternate: one fills while
+// the other is in flight; results are averaged over ranks and cast into the destination shard when
+// the bucket completes (Poll or Flush).
+//
+// Every rank must add the same groups in the same order (they run the same model). Not thread-safe.
+// Source gradients may be reused as soon as Add returns (they are copied into the bucket).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "runtime/core/communicator.h"
+#include "runtime/core/device.h"
+#include "runtime/core/shard_layout.h"
+
+namespace zrt {
+
+// Bytes each rank moves, by the usual ring-algorithm volumes: all-reduce 2(N-1)/N, reduce-scatter and
+// all-gather (N-1)/N of the full buffer.
+struct CommStats {
+  int64_t reduce_bytes = 0;
+  int64_t gather_bytes = 0;
+  int64_t collectives = 0;
+};
+
+class GradBucketer {
+ public:
+  struct Options {
+    int64_t bucket_bytes = 32 << 20;  // per bucket (all ranks' regions together); two are allocated
+    DType reduce_dtype = DType::kF32;  // f32, or bf16/f16 on the wire (reductions accumulate in f32)
+    bool all_reduce = false;           // stage 0: every rank gets the whole reduced gradient
+  };
+  static Result<std::unique_ptr<GradBucketer>> Create(Communicator* comm, Device* device, const Options& options);
+
+  // Queues the reduction of a full group gradient (`grad`, dtype `grad_dtype`, laid out by `layout`)
+  // into this rank's shard `shard_out` (layout.shard_size() elements of `out_dtype`; all of it for
+  // all-reduce). `shard_out` must stay valid until Flush.
+  Status Add(const void* grad, DType grad_dtype, const ShardLayout& layout, void* shard_out, DType out_dtype);
+  // Completes whatever finished (drives MPI progress); never blocks.
+  Status Poll();
+  // Launches the partial bucket and waits for everything; afterwards every shard_out is final.
+  Status Flush();
+
+  const CommStats& stats() const { return stats_; }
+
+ private:
+  struct Dest {
+    void* ptr;
+    DType dtype;
+    int64_t out_offset;  // in the bucket's per-rank region
+    int64_t count;
+  };
+  struct Bucket {
+    DeviceBuffer in;   // regions() x capacity_ elements of reduce_dtype
+    DeviceBuffer out;  // capacity_ elements (reduce-scatter) or none (all-reduce: in place)
+    int64_t used = 0;  // elements per region
+    std::vector<Dest> dests;
+    CommHandle handle;
+    bool in_flight = false;
+  };
+
+  GradBucketer(Communicator* comm, const Options& o, int64_t capacity) : comm_(comm), o_(o), capacity_(capacity) {}
+  int regions() const { return o_.all_reduce ? 1 : comm_->size(); }
+  Status Launch(Bucket& b);
+  Status Complete(Bucket& b);
+  Bucket& Filling() { return buckets_[filling_]; }
+
+  Communicator* comm_;
+  Options o_;
+  int64_t capacity_;  // elements per region
+  Bucket buckets_[2];
+  int filling_ = 0;
+  CommStats stats_;
+};
+
+}  // namespace zrt

@@ -1,0 +1,52 @@
+// Loss scaling for fp16 training: static, or dynamic with growth, backoff, hysteresis and a minimum.
+//
+// Dynamic (torch.cuda.amp.GradScaler semantics when hysteresis = 1): an overflow step is skipped and
+// the scale multiplied by `backoff` (not below `min_scale`); after `growth_interval` consecutive good
+// steps it is multiplied by `growth`. With hysteresis h > 1, the first h-1 overflows of a run only
+// count down (DeepSpeed's delayed shift); the scale backs off at the h-th. Not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "runtime/core/status.h"
+
+namespace zrt {
+
+enum class LossScaleMode : uint8_t { kNone, kStatic, kDynamic };
+
+struct LossScaleConfig {
+  LossScaleMode mode = LossScaleMode::kNone;
+  double init_scale = 65536.0;  // also the static scale
+  double growth = 2.0;
+  double backoff = 0.5;
+  int64_t growth_interval = 2000;
+  int hysteresis = 1;
+  double min_scale = 1.0;
+};
+
+Result<LossScaleMode> ParseLossScaleMode(std::string_view s);
+
+class LossScaler {
+ public:
+  static Result<LossScaler> Create(const LossScaleConfig& c);
+  double scale() const { return scale_; }
+  // Records the outcome of a step (overflow = some gradient was inf/NaN); updates the scale.
+  void Update(bool overflow);
+  // For checkpoints: the whole state.
+  struct State {
+    double scale;
+    int64_t good_steps;
+    int hysteresis_left;
+  };
+  State state() const { return {scale_, good_steps_, hysteresis_left_}; }
+  void set_state(const State& s);
+
+ private:
+  LossScaleConfig c_;
+  double scale_ = 1.0;
+  int64_t good_steps_ = 0;
+  int hysteresis_left_ = 1;
+};
+
+}  // namespace zrt

@@ -1,0 +1,65 @@
+// ParamGatherer (stage 3): all-gathers a group's parameter shards into a pooled full buffer on
+// Gather(group) and returns the buffer to the pool on Release(group).
+//
+// Prefetch: the order of Gather calls in the first step is recorded; in later steps, after each
+// Gather the next `prefetch_depth` groups of that order are all-gathered asynchronously, as long as
+// live gathered bytes (held + in flight) stay within `max_live_bytes`. A Gather that does not follow
+// the recorded order still works (it just was not prefetched). Unused prefetches are dropped at
+// EndStep. Not thread-safe.
+#pragma once
+
+#include <vector>
+
+#include "runtime/buffer_pool.h"
+#include "runtime/core/communicator.h"
+#include "runtime/core/shard_layout.h"
+#include "runtime/grad_bucketer.h"
+
+namespace zrt {
+
+class ParamGatherer {
+ public:
+  struct GroupRef {
+    const void* shard;  // this rank's shard (layout.shard_size() elements of dtype)
+    DType dtype;
+    const ShardLayout* layout;
+    std::string name;
+  };
+  ParamGatherer(Communicator* comm, BufferPool* pool, int64_t max_live_bytes, int prefetch_depth)
+      : comm_(comm), pool_(pool), max_live_bytes_(max_live_bytes), prefetch_depth_(prefetch_depth) {}
+
+  void SetGroups(std::vector<GroupRef> groups);
+  // Full parameters of group g (padded_size elements of its dtype), valid until Release(g).
+  Result<void*> Gather(int g);
+  Status Release(int g);
+  bool gathered(int g) const { return state_[static_cast<size_t>(g)].phase == Phase::kGathered; }
+  // Ends a step: drops unused prefetches; the first call freezes the recorded order.
+  Status EndStep();
+  int64_t live_bytes() const { return live_bytes_; }
+  const CommStats& stats() const { return stats_; }
+
+ private:
+  enum class Phase { kReleased, kInFlight, kGathered };
+  struct State {
+    Phase phase = Phase::kReleased;
+    DeviceBuffer buffer;
+    CommHandle handle;
+  };
+  size_t Bytes(int g) const;
+  Status Start(int g);
+  void Prefetch(int g);
+
+  Communicator* comm_;
+  BufferPool* pool_;
+  int64_t max_live_bytes_;
+  int prefetch_depth_;
+  std::vector<GroupRef> groups_;
+  std::vector<State> state_;
+  std::vector<int> order_;  // recorded in the first step
+  bool recording_ = true;
+  size_t cursor_ = 0;  // position in order_ of the next expected Gather
+  int64_t live_bytes_ = 0;
+  CommStats stats_;
+};
+
+}  // namespace zrt
