@@ -1,0 +1,329 @@
+// IoEngine: request splitting, the io_uring backend, the thread backend (see io_engine.h).
+//
+// io_uring protocol: submitters take `mu_`, wait while `in_flight_ == queue_depth`, fill one SQE per
+// block (user_data = Block*) and submit. One reaper thread waits for CQEs; for each: a short transfer or
+// -EAGAIN/-EINTR is re-queued for its remainder (keeping its slot), anything else ends the block.
+// Shutdown: wait until nothing is in flight, then a NOP with user_data 0 tells the reaper to exit.
+#include "offload/io_engine.h"
+
+#include <fcntl.h>
+#include <liburing.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "runtime/core/logging.h"
+#include "runtime/core/thread_pool.h"
+
+namespace zrt {
+
+// ---- IoFile ----------------------------------------------------------------------------------------
+Result<IoFile> IoFile::Open(const std::string& path, Mode mode, bool direct) {
+  int flags = O_CLOEXEC;
+  switch (mode) {
+    case Mode::kRead: flags |= O_RDONLY; break;
+    case Mode::kReadWrite: flags |= O_RDWR; break;
+    case Mode::kCreate: flags |= O_RDWR | O_CREAT | O_TRUNC; break;
+  }
+  IoFile f;
+  f.path_ = path;
+  f.fd_ = UniqueFd(::open(path.c_str(), flags, 0644));
+  if (!f.fd_.valid()) return ErrnoStatus(errno, "opening " + path);
+  if (direct) {
+    // O_DIRECT is refused by some filesystems (tmpfs: EINVAL): then everything goes buffered.
+    f.direct_ = UniqueFd(::open(path.c_str(), (flags & ~(O_CREAT | O_TRUNC)) | O_DIRECT));
+  }
+  return f;
+}
+
+Result<int64_t> IoFile::Size() const {
+  struct stat st;
+  if (::fstat(fd_.get(), &st) != 0) return ErrnoStatus(errno, "stat " + path_);
+  return static_cast<int64_t>(st.st_size);
+}
+
+Status IoFile::Sync() const {
+  if (::fsync(fd_.get()) != 0) return ErrnoStatus(errno, "fsync " + path_);
+  return Status();
+}
+
+Status IoFile::Truncate(int64_t size) const {
+  if (::ftruncate(fd_.get(), size) != 0) return ErrnoStatus(errno, "truncating " + path_);
+  return Status();
+}
+
+Status IoFile::Close() && {
+  Status d = std::move(direct_).Close();
+  Status b = std::move(fd_).Close();
+  if (!b.ok()) return b.WithContext(path_);
+  return d.ok() ? d : d.WithContext(path_);
+}
+
+// ---- IoRequest -------------------------------------------------------------------------------------
+void IoRequest::BlockDone(Status s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!s.ok() && status_.ok()) status_ = std::move(s);
+  if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) cv_.notify_all();
+}
+
+Status IoRequest::Wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return pending_.load(std::memory_order_acquire) == 0; });
+  return status_;
+}
+
+// ---- IoEngine (common) -----------------------------------------------------------------------------
+void IoEngine::Finish(Block& b, Status s) {
+  if (!s.ok()) {
+    std::lock_guard<std::mutex> lock(error_mu_);
+    if (sticky_.ok()) sticky_ = s;
+  }
+  b.request->BlockDone(std::move(s));
+}
+
+int IoEngine::Fault(Block& b, size_t* len) const {
+  *len = b.len - b.done;
+  int err = 0;
+#if defined(ZRT_FAULT_INJECTION)
+  if (options_.fault) {
+    // EAGAIN and EINTR are retried, as they are from the kernel.
+    do {
+      *len = b.len - b.done;
+      err = options_.fault(b.write, b.offset + static_cast<int64_t>(b.done), len);
+    } while (err == EAGAIN || err == EINTR);
+  }
+#endif
+  // O_DIRECT needs position, address and length aligned; a remainder after a short transfer may not
+  // be: it continues through the buffered descriptor.
+  const auto pos = static_cast<uint64_t>(b.offset) + b.done;
+  const auto addr = reinterpret_cast<uintptr_t>(b.buf + b.done);
+  if (b.fd == b.file->direct_fd() && ((pos | addr | *len) % kIoAlignment) != 0) b.fd = b.file->fd();
+  return err;
+}
+
+Status IoEngine::BlockError(const Block& b, int err) {
+  return ErrnoStatus(err, internal::StrCat(b.write ? "writing " : "reading ", b.len - b.done, " bytes at offset ",
+                                           b.offset + static_cast<int64_t>(b.done), " of ", b.file->path()));
+}
+
+Result<IoHandle> IoEngine::Issue(const IoFile& f, char* buf, size_t len, int64_t offset, bool write) {
+  {
+    std::lock_guard<std::mutex> lock(error_mu_);
+    if (!sticky_.ok()) return std::exchange(sticky_, Status()).WithContext("an earlier request failed");
+  }
+  if (offset < 0) return InvalidArgumentError("negative file offset ", offset, " for ", f.path());
+  if (len > 0 && buf == nullptr) return InvalidArgumentError("null buffer for ", f.path());
+  // Parts: [direct-aligned middle] through O_DIRECT, the rest buffered.
+  struct Part {
+    int fd;
+    size_t begin, end;
+  };
+  std::vector<Part> parts;
+  const auto addr = reinterpret_cast<uintptr_t>(buf);
+  const bool direct = f.direct_fd() >= 0 && addr % kIoAlignment == 0 && offset % static_cast<int64_t>(kIoAlignment) == 0;
+  const size_t aligned = direct ? len / kIoAlignment * kIoAlignment : 0;
+  if (aligned > 0) parts.push_back({f.direct_fd(), 0, aligned});
+  if (aligned < len) parts.push_back({f.fd(), aligned, len});
+  const size_t block = static_cast<size_t>(std::max<int64_t>(options_.block_bytes, static_cast<int64_t>(kIoAlignment)));
+  int blocks = 0;
+  for (const Part& p : parts) blocks += static_cast<int>((p.end - p.begin + block - 1) / block);
+  auto req = std::make_shared<IoRequest>(blocks);
+  for (const Part& p : parts) {
+    for (size_t b = p.begin; b < p.end; b += block) {
+      auto blk = std::make_unique<Block>(Block{req, &f, p.fd, buf + b, std::min(block, p.end - b), offset + static_cast<int64_t>(b), write});
+      Submit(std::move(blk));
+    }
+  }
+  return IoHandle(std::move(req));
+}
+
+Result<IoHandle> IoEngine::Read(const IoFile& f, void* buf, size_t len, int64_t offset) {
+  return Issue(f, static_cast<char*>(buf), len, offset, false);
+}
+Result<IoHandle> IoEngine::Write(const IoFile& f, const void* buf, size_t len, int64_t offset) {
+  return Issue(f, const_cast<char*>(static_cast<const char*>(buf)), len, offset, true);  // never written through
+}
+Status IoEngine::ReadSync(const IoFile& f, void* buf, size_t len, int64_t offset) {
+  ASSIGN_OR_RETURN(IoHandle h, Read(f, buf, len, offset));
+  return h.Wait();
+}
+Status IoEngine::WriteSync(const IoFile& f, const void* buf, size_t len, int64_t offset) {
+  ASSIGN_OR_RETURN(IoHandle h, Write(f, buf, len, offset));
+  return h.Wait();
+}
+
+namespace {
+
+// ---- io_uring backend ------------------------------------------------------------------------------
+class UringEngine final : public IoEngine {
+ public:
+  static Result<std::unique_ptr<IoEngine>> Create(const IoOptions& o) {
+    std::unique_ptr<UringEngine> e(new UringEngine(o));
+    const int rc = io_uring_queue_init(static_cast<unsigned>(std::max(o.queue_depth, 1)) + 1, &e->ring_, 0);
+    if (rc < 0) return ErrnoStatus(-rc, "io_uring_queue_init");
+    e->ring_ok_ = true;
+    e->reaper_ = std::thread([p = e.get()] { p->Reap(); });
+    pthread_setname_np(e->reaper_.native_handle(), "zrt-io-reap");
+    return std::unique_ptr<IoEngine>(std::move(e));
+  }
+  ~UringEngine() override {
+    if (!ring_ok_) return;
+    std::unique_lock<std::mutex> lock(mu_);
+    space_.wait(lock, [this] { return in_flight_ == 0; });
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    io_uring_prep_nop(sqe);
+    io_uring_sqe_set_data(sqe, nullptr);  // the reaper's stop signal
+    io_uring_submit(&ring_);
+    lock.unlock();
+    reaper_.join();
+    io_uring_queue_exit(&ring_);
+  }
+  std::string_view backend() const override { return "io_uring"; }
+
+ protected:
+  void Submit(std::unique_ptr<Block> b) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    space_.wait(lock, [this] { return in_flight_ < std::max(options_.queue_depth, 1); });
+    ++in_flight_;
+    Prep(b.release());
+  }
+
+ private:
+  explicit UringEngine(const IoOptions& o) : IoEngine(o) {}
+
+  // Under mu_. Issues the remainder of a block (or fails it through the fault hook).
+  void Prep(Block* b) {
+    size_t len = 0;
+    if (const int err = Fault(*b, &len); err != 0) {
+      --in_flight_;
+      space_.notify_all();
+      Finish(*b, BlockError(*b, err));
+      delete b;
+      return;
+    }
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);  // never null: the ring has queue_depth + 1 entries
+    if (b->write) {
+      io_uring_prep_write(sqe, b->fd, b->buf + b->done, static_cast<unsigned>(len), static_cast<uint64_t>(b->offset) + b->done);
+    } else {
+      io_uring_prep_read(sqe, b->fd, b->buf + b->done, static_cast<unsigned>(len), static_cast<uint64_t>(b->offset) + b->done);
+    }
+    io_uring_sqe_set_data(sqe, b);
+    io_uring_submit(&ring_);
+  }
+
+  void Reap() {
+    for (;;) {
+      io_uring_cqe* cqe = nullptr;
+      const int rc = io_uring_wait_cqe(&ring_, &cqe);
+      if (rc == -EINTR) continue;
+      if (rc < 0) {
+        ZRT_LOG(kError) << "io_uring_wait_cqe failed: " << ErrnoStatus(-rc, "");
+        continue;
+      }
+      auto* b = static_cast<Block*>(io_uring_cqe_get_data(cqe));
+      const int res = cqe->res;
+      io_uring_cqe_seen(&ring_, cqe);
+      if (b == nullptr) return;  // shutdown NOP
+      Complete(b, res);
+    }
+  }
+
+  void Complete(Block* b, int res) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (res == -EAGAIN || res == -EINTR || (res > 0 && b->done + static_cast<size_t>(res) < b->len)) {
+      if (res > 0) b->done += static_cast<size_t>(res);
+      Prep(b);  // same slot
+      return;
+    }
+    --in_flight_;
+    space_.notify_all();
+    lock.unlock();
+    Status s;
+    if (res < 0) {
+      s = BlockError(*b, -res);
+    } else if (res == 0 && b->len > b->done) {
+      s = DataLossError("unexpected end of file reading ", b->len - b->done, " bytes at offset ",
+                        b->offset + static_cast<int64_t>(b->done), " of ", b->file->path());
+    }
+    Finish(*b, std::move(s));
+    delete b;
+  }
+
+  io_uring ring_{};
+  bool ring_ok_ = false;
+  std::thread reaper_;
+  std::mutex mu_;
+  std::condition_variable space_;
+  int in_flight_ = 0;
+};
+
+// ---- thread-pool backend ---------------------------------------------------------------------------
+class ThreadEngine final : public IoEngine {
+ public:
+  explicit ThreadEngine(const IoOptions& o) : IoEngine(o), pool_(std::max(o.threads, 1), "zrt-io") {}
+  ~ThreadEngine() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    space_.wait(lock, [this] { return in_flight_ == 0; });
+  }
+  std::string_view backend() const override { return "threads"; }
+
+ protected:
+  void Submit(std::unique_ptr<Block> b) override {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      space_.wait(lock, [this] { return in_flight_ < std::max(options_.queue_depth, 1); });
+      ++in_flight_;
+    }
+    (void)pool_.Submit([this, blk = std::shared_ptr<Block>(std::move(b))] {
+      Finish(*blk, Transfer(*blk));
+      std::lock_guard<std::mutex> lock(mu_);
+      --in_flight_;
+      space_.notify_all();
+    });
+  }
+
+ private:
+  Status Transfer(Block& b) {
+    while (b.done < b.len) {
+      size_t len = 0;
+      if (const int err = Fault(b, &len); err != 0) return BlockError(b, err);
+      const off_t off = static_cast<off_t>(b.offset + static_cast<int64_t>(b.done));
+      const ssize_t n = b.write ? ::pwrite(b.fd, b.buf + b.done, len, off) : ::pread(b.fd, b.buf + b.done, len, off);
+      if (n < 0) {
+        if (errno == EINTR || errno == EAGAIN) continue;
+        return BlockError(b, errno);
+      }
+      if (n == 0 && !b.write) {
+        return DataLossError("unexpected end of file reading ", b.len - b.done, " bytes at offset ", off, " of ", b.file->path());
+      }
+      b.done += static_cast<size_t>(n);
+    }
+    return Status();
+  }
+
+  ThreadPool pool_;
+  std::mutex mu_;
+  std::condition_variable space_;
+  int in_flight_ = 0;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<IoEngine>> IoEngine::Create(const IoOptions& o) {
+  if (o.queue_depth < 1) return InvalidArgumentError("io engine: queue_depth must be >= 1, got ", o.queue_depth);
+  if (o.block_bytes < 1) return InvalidArgumentError("io engine: block_bytes must be >= 1, got ", o.block_bytes);
+  if (o.backend != IoOptions::Backend::kThreads) {
+    auto e = UringEngine::Create(o);
+    if (e.ok()) {
+      ZRT_LOG(kDebug) << "io engine: io_uring, queue depth " << o.queue_depth;
+      return e;
+    }
+    if (o.backend == IoOptions::Backend::kUring) return e.status().WithContext("io engine: io_uring requested");
+    ZRT_LOG(kInfo) << "io engine: io_uring unavailable (" << e.status() << "); using the pread/pwrite thread pool";
+  }
+  return std::unique_ptr<IoEngine>(new ThreadEngine(o));
+}
+
+}  // namespace zrt
