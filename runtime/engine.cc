@@ -417,6 +417,8 @@ StateView ZeroEngine::state_view() {
   v.stage = config_.stage;
   v.step = steps_;
   v.loss_scale = scaler_.scale();
+  v.scaler_good_steps = scaler_.state().good_steps;
+  v.scaler_hysteresis_left = scaler_.state().hysteresis_left;
   for (auto& gp : groups_) {
     Group& g = *gp;
     StateGroup sg;
@@ -433,6 +435,13 @@ StateView ZeroEngine::state_view() {
     v.groups.push_back(std::move(sg));
   }
   return v;
+}
+
+Status ZeroEngine::Restore(int64_t step, const LossScaler::State& scaler) {
+  if (step < 0) return InvalidArgumentError("restore: negative step ", step);
+  steps_ = step;
+  scaler_.set_state(scaler);
+  return RefreshParamsFromMaster();
 }
 
 Status ZeroEngine::RefreshParamsFromMaster() {

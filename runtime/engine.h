@@ -105,8 +105,8 @@ class ZeroEngine {
   StateView state_view();
   // After restoring master/moments through state_view() buffers: re-derive the model parameters.
   Status RefreshParamsFromMaster();
-  LossScaler& loss_scaler() { return scaler_; }
-  void set_steps(int64_t s) { steps_ = s; }
+  // After a checkpoint load: the step counter and loss scaler state, then RefreshParamsFromMaster.
+  Status Restore(int64_t step, const LossScaler::State& scaler);
 
   MemoryTracker::Snapshot memory() const;
   // Communication bytes this rank moved so far (reductions and parameter gathers).

@@ -32,11 +32,17 @@ class LogMessage {
  private:
   std::ostringstream os_;
 };
+// Turns `stream << ...` into a void expression (operator& binds looser than <<), so ZRT_LOG is one
+// expression: safe as the body of an unbraced if, and its operands are not evaluated when disabled.
+struct LogVoidify {
+  void operator&(std::ostream&) {}
+};
 }  // namespace internal
 
 }  // namespace zrt
 
-#define ZRT_LOG(level)                                      \
-  if (!::zrt::LogEnabled(::zrt::LogLevel::level)) {         \
-  } else                                                    \
-    ::zrt::internal::LogMessage(::zrt::LogLevel::level, __FILE__, __LINE__).stream()
+#define ZRT_LOG(level)                                 \
+  !::zrt::LogEnabled(::zrt::LogLevel::level)           \
+      ? (void)0                                        \
+      : ::zrt::internal::LogVoidify() &                \
+            ::zrt::internal::LogMessage(::zrt::LogLevel::level, __FILE__, __LINE__).stream()

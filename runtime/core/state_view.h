@@ -38,6 +38,8 @@ struct StateView {
   int stage = 0;
   int64_t step = 0;        // optimizer steps taken (skipped ones excluded)
   double loss_scale = 1;   // current dynamic/static loss scale
+  int64_t scaler_good_steps = 0;    // dynamic loss scaler's counters
+  int scaler_hysteresis_left = 1;
   std::vector<StateGroup> groups;
 };
 

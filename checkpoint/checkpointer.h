@@ -1,0 +1,102 @@
+// Checkpointer: asynchronous, sharded, checksummed, crash-safe saves (../shared/DESIGN.md
+// "Checkpoints"; the on-disk format is docs/checkpoint-format.md).
+//
+//   auto ck = Checkpointer::Create(comm, device, {.root = "/ckpt"});   // collective; cleans dead saves
+//   ck->SaveAsync(engine->state_view(), trainer_state);  // collective; stalls only for the snapshot
+//   ... training continues while a background thread compresses, checksums and writes ...
+//   ck->Wait();  // collective; commits: the checkpoint becomes complete, `latest` moves, retention runs
+//
+// Policy for a SaveAsync while a save is in flight: it first waits for and commits that save (never
+// two in flight, never a skipped request). A save of a step that already has a complete checkpoint
+// is dropped (the existing one is kept: it cannot be replaced without a window where neither is whole).
+//
+// Errors: a failed background write is returned by the Wait()/SaveAsync() that commits it, on every
+// rank (the same message: the failing rank's, or "failed on rank r"). The previous complete
+// checkpoint is untouched. Thread-safety: one thread at a time (the trainer's); the writer thread
+// does no collective communication.
+#pragma once
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/format.h"
+#include "offload/io_engine.h"
+#include "runtime/core/communicator.h"
+#include "runtime/core/device.h"
+#include "runtime/core/state_view.h"
+
+namespace zrt::ckpt {
+
+struct CheckpointOptions {
+  std::string root;
+  CompressOptions compression;
+  int64_t chunk_elements = 1 << 20;  // elements per chunk (the unit of checksums and partial reads)
+  int keep_last = 0;                 // retention: keep the newest K complete checkpoints (0: keep all)
+  int64_t keep_every = 0;            // ... and also every step that is a multiple of this (0: none)
+  IoOptions io;
+#if defined(ZRT_FAULT_INJECTION)
+  // Test builds only: called before "fsync", "rename" and "commit" with the path; a nonzero errno fails
+  // that operation.
+  std::function<int(std::string_view op, const std::string& path)> fault;
+#endif
+};
+
+struct SaveStats {
+  int64_t step = -1;
+  double stall_seconds = 0;       // SaveAsync's snapshot time (what training waited for)
+  double write_seconds = 0;       // background: encode + write + fsync of this rank's files
+  int64_t raw_bytes = 0;          // this rank's state bytes
+  int64_t stored_bytes = 0;       // after compression
+  std::string dir;                // the committed directory (empty if not committed)
+};
+
+class Checkpointer {
+ public:
+  static Result<std::unique_ptr<Checkpointer>> Create(Communicator* comm, Device* device, const CheckpointOptions& o);
+  // Waits for a write in flight (without committing: that needs all ranks; the save stays a .tmp
+  // directory, removed by the next Create).
+  ~Checkpointer();
+
+  Status SaveAsync(const StateView& state, const nlohmann::json& trainer_state = nlohmann::json::object());
+  Status Wait();
+  bool in_flight() const { return pending_; }
+  const SaveStats& last_stats() const { return stats_; }
+  const CheckpointOptions& options() const { return o_; }
+
+ private:
+  struct Job;
+  Checkpointer(Communicator* comm, Device* device, const CheckpointOptions& o);
+  Status Commit();
+  void WriterLoop();
+  Status WriteFiles(Job& job);
+  Status Fault(std::string_view op, const std::string& path) const;
+  Status RemoveOld();
+
+  Communicator* comm_;
+  Device* device_;
+  CheckpointOptions o_;
+  std::unique_ptr<IoEngine> io_;
+  DeviceBuffer staging_;  // reused: this rank's shards, snapshotted
+  std::unique_ptr<Job> job_;
+  bool pending_ = false;  // a save awaits commit
+  SaveStats stats_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool has_work_ = false, work_done_ = false, stop_ = false;
+  Status work_status_;
+  std::thread writer_;
+};
+
+// Preemption: after InstallPreemptionHandler(), SIGTERM or SIGUSR1 sets a process-wide flag (the one
+// piece of global state a signal handler needs). PreemptionRequested is collective: true on every
+// rank if any rank got the signal, so all take the final checkpoint at the same step boundary.
+void InstallPreemptionHandler();
+Result<bool> PreemptionRequested(Communicator* comm);
+
+}  // namespace zrt::ckpt

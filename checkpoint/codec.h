@@ -1,0 +1,34 @@
+// Chunk encoding: optional byte-grouping (each element's bytes split into planes, so exponents sit
+// together) then zstd; a chunk that does not shrink is stored raw. xxh3-64 over the stored bytes.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "runtime/core/status.h"
+
+namespace zrt::ckpt {
+
+enum class Codec : uint8_t { kRaw = 0, kZstd = 1, kByteGroupZstd = 2 };
+std::string_view CodecName(Codec c);  // "raw", "zstd", "bg+zstd"
+Result<Codec> ParseCodec(std::string_view name);
+
+struct CompressOptions {
+  Codec codec = Codec::kRaw;  // off by default: the disk outruns zstd on model state (DESIGN.md)
+  int level = 1;
+};
+
+// Encodes `bytes` of elements of `elem_size` bytes into `out` and returns the codec used (kRaw when
+// compression is off or does not shrink the chunk; then `out` is left empty and the caller writes
+// `raw` itself). `scratch` is reused between calls.
+Result<Codec> EncodeChunk(const void* raw, size_t bytes, size_t elem_size, const CompressOptions& options,
+                          std::vector<char>* scratch, std::vector<char>* out);
+
+// Decodes a stored chunk into exactly `raw_bytes` bytes at `raw_out`. DataLoss on any inconsistency.
+Status DecodeChunk(Codec codec, const void* stored, size_t stored_bytes, void* raw_out, size_t raw_bytes,
+                   size_t elem_size, std::vector<char>* scratch);
+
+uint64_t Checksum(const void* data, size_t bytes);  // xxh3-64
+
+}  // namespace zrt::ckpt

@@ -1,0 +1,98 @@
+// The checkpoint format, version 1 (docs/checkpoint-format.md is the normative description).
+//
+//   ROOT/step-00001200/             a complete checkpoint (the directory is renamed here only after
+//     manifest.json                 every rank's files are durable; writing happens in
+//     rank-00000.data, ...          ROOT/step-00001200.tmp-<nonce>/)
+//     rank-00000.index.json, ...
+//   ROOT/latest                     advisory: the name of the newest committed checkpoint
+//
+// The manifest and each index are JSON objects with a "checksum" member: xxh3-64 of the object's
+// compact serialization without that member (keys sorted). Every data chunk has its own xxh3-64.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/codec.h"
+#include "runtime/core/dtype.h"
+#include "runtime/core/shard_layout.h"
+
+namespace zrt::ckpt {
+
+inline constexpr int kFormatVersion = 1;
+inline constexpr std::string_view kFormatName = "zrt-checkpoint";
+
+struct TensorEntry {
+  std::string name;
+  std::vector<int64_t> shape;
+  DType dtype = DType::kF32;  // the model's dtype (state is fp32)
+  int64_t offset = 0;         // in the group's flat buffer
+  int64_t numel = 0;
+};
+
+struct GroupEntry {
+  std::string name;
+  double lr = 0, weight_decay = 0;
+  int64_t alignment = 1;
+  std::vector<TensorEntry> tensors;
+  std::vector<std::string> kinds;  // state kinds saved: "master", "exp_avg", "exp_avg_sq", ...
+};
+
+struct Manifest {
+  std::string nonce;  // shared by the manifest and every index of one save
+  int64_t step = 0;
+  int world_size = 1;  // ranks of the job that saved
+  int shards = 1;      // distinct shards (= rank files): world_size, or 1 for stage 0
+  int stage = 0;
+  std::string zrt_version;
+  int64_t created_unix = 0;
+  int64_t chunk_elements = 1 << 20;
+  double loss_scale = 1;
+  int64_t scaler_good_steps = 0;
+  int scaler_hysteresis_left = 1;
+  nlohmann::json trainer_state = nlohmann::json::object();
+  std::vector<GroupEntry> groups;
+};
+
+struct ChunkEntry {
+  int group = 0;
+  int kind = 0;             // index into the group's kinds
+  int64_t elem_offset = 0;  // first element, within the rank's shard
+  int64_t elements = 0;
+  int64_t file_offset = 0;
+  int64_t stored_bytes = 0;
+  Codec codec = Codec::kRaw;
+  uint64_t xxh3 = 0;
+};
+
+struct RankIndex {
+  std::string nonce;
+  int64_t step = 0;
+  int rank = 0;
+  int shards = 1;
+  std::string data_file;
+  int64_t data_bytes = 0;
+  std::vector<ChunkEntry> chunks;
+};
+
+std::string StepDirName(int64_t step);           // "step-00001200"
+Result<int64_t> ParseStepDirName(std::string_view name);  // NotFound unless exactly step-<digits>
+std::string DataFileName(int rank);              // "rank-00003.data"
+std::string IndexFileName(int rank);             // "rank-00003.index.json"
+inline constexpr std::string_view kManifestFile = "manifest.json";
+inline constexpr std::string_view kLatestFile = "latest";
+
+std::string EncodeManifest(const Manifest& m);
+// `where` names the file in errors.
+Result<Manifest> DecodeManifest(std::string_view text, const std::string& where);
+std::string EncodeIndex(const RankIndex& r);
+Result<RankIndex> DecodeIndex(std::string_view text, const std::string& where);
+
+// The layout a group had when saved (shards ranks, the saved alignment).
+Result<ShardLayout> SavedLayout(const Manifest& m, int group);
+
+}  // namespace zrt::ckpt

@@ -1,0 +1,21 @@
+// Small durable-filesystem helpers for the checkpoint module (errors name the path).
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "runtime/core/status.h"
+
+namespace zrt::ckpt {
+
+// Writes `content` to dir/name through dir/name.tmp: write, fsync, close, rename. The caller fsyncs
+// the directory when the name must be durable.
+Status WriteFileDurably(const std::string& dir, const std::string& name, std::string_view content);
+Status FsyncDir(const std::string& dir);
+Result<std::string> ReadWholeFile(const std::string& path);
+Status RenamePath(const std::string& from, const std::string& to);
+Status MakeDirs(const std::string& dir);
+// Removes a tree; a missing path is not an error.
+Status RemoveTree(const std::string& path);
+
+}  // namespace zrt::ckpt

@@ -1,0 +1,378 @@
+#include "checkpoint/reader.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <list>
+#include <map>
+
+#include "checkpoint/fs_util.h"
+#include "runtime/core/logging.h"
+
+namespace zrt::ckpt {
+
+namespace fs = std::filesystem;
+
+Result<Manifest> ReadManifest(const std::string& dir) {
+  const std::string path = dir + "/" + std::string(kManifestFile);
+  ASSIGN_OR_RETURN(std::string text, ReadWholeFile(path));
+  return DecodeManifest(text, path);
+}
+
+Result<RankIndex> ReadIndex(const std::string& dir, int rank) {
+  const std::string path = dir + "/" + IndexFileName(rank);
+  ASSIGN_OR_RETURN(std::string text, ReadWholeFile(path));
+  ASSIGN_OR_RETURN(RankIndex r, DecodeIndex(text, path));
+  if (r.rank != rank) return DataLossError(path, ": index of rank ", r.rank, " under the name of rank ", rank);
+  return r;
+}
+
+namespace {
+
+struct AlignedBytes {
+  explicit AlignedBytes(size_t n) : p(static_cast<char*>(std::aligned_alloc(kIoAlignment, (n / kIoAlignment + 1) * kIoAlignment))) {}
+  ~AlignedBytes() { std::free(p); }
+  AlignedBytes(const AlignedBytes&) = delete;
+  AlignedBytes& operator=(const AlignedBytes&) = delete;
+  char* p;
+};
+
+// "tensors a, b, c" overlapping elements [begin, end) of `rank`'s shard.
+std::string TensorsIn(const Manifest& m, const ShardLayout& l, int group, int rank, int64_t begin, int64_t end) {
+  std::string out;
+  int named = 0;
+  for (const ShardPiece& p : l.RankPieces(rank)) {
+    if (p.shard_offset + p.count <= begin || p.shard_offset >= end) continue;
+    if (named == 3) {
+      out += ", ...";
+      break;
+    }
+    out += (named++ ? ", " : "") + m.groups[static_cast<size_t>(group)].tensors[static_cast<size_t>(p.tensor)].name;
+  }
+  return named ? "tensors " + out : "padding only";
+}
+
+std::string ChunkName(const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k) {
+  const ChunkEntry& c = r.chunks[k];
+  const GroupEntry& g = m.groups[static_cast<size_t>(c.group)];
+  return internal::StrCat(r.data_file, " chunk ", k, " (group '", g.name, "', ",
+                          c.kind >= 0 && c.kind < static_cast<int>(g.kinds.size()) ? g.kinds[static_cast<size_t>(c.kind)] : "?",
+                          ", elements ", c.elem_offset, "..", c.elem_offset + c.elements, ", ",
+                          TensorsIn(m, l, c.group, r.rank, c.elem_offset, c.elem_offset + c.elements), ")");
+}
+
+// Reads, checks and decodes chunk k of a rank's data file into `out` (elements floats).
+Status ReadChunk(IoEngine& io, const IoFile& f, const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k,
+                 std::vector<float>* out, std::vector<char>* scratch, int64_t* bytes_read) {
+  const ChunkEntry& c = r.chunks[k];
+  AlignedBytes buf(static_cast<size_t>(c.stored_bytes));
+  RETURN_IF_ERROR(io.ReadSync(f, buf.p, static_cast<size_t>(c.stored_bytes), c.file_offset), ChunkName(m, l, r, k));
+  *bytes_read += c.stored_bytes;
+  if (Checksum(buf.p, static_cast<size_t>(c.stored_bytes)) != c.xxh3) {
+    return DataLossError(f.path(), ": ", ChunkName(m, l, r, k), ": checksum mismatch (the data is corrupt)");
+  }
+  out->resize(static_cast<size_t>(c.elements));
+  RETURN_IF_ERROR(DecodeChunk(c.codec, buf.p, static_cast<size_t>(c.stored_bytes), out->data(),
+                              static_cast<size_t>(c.elements) * 4, 4, scratch),
+                  f.path(), ": ", ChunkName(m, l, r, k));
+  return Status();
+}
+
+}  // namespace
+
+Status CheckComplete(const std::string& dir, VerifyLevel level, std::vector<std::string>* problems) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return NotFoundError(dir, ": not a directory");
+  auto m = ReadManifest(dir);
+  if (!m.ok()) {
+    problems->push_back(std::string(m.status().message()));
+    return Status();
+  }
+  std::vector<ShardLayout> layouts;
+  for (int g = 0; g < static_cast<int>(m->groups.size()); ++g) {
+    auto l = SavedLayout(*m, g);
+    if (!l.ok()) {
+      problems->push_back(std::string(l.status().message()));
+      return Status();
+    }
+    layouts.push_back(std::move(*l));
+  }
+  auto io = IoEngine::Create(IoOptions{});
+  for (int r = 0; r < m->shards; ++r) {
+    auto idx = ReadIndex(dir, r);
+    if (!idx.ok()) {
+      problems->push_back(idx.status().code() == StatusCode::kNotFound
+                              ? IndexFileName(r) + ": missing (rank " + std::to_string(r) + " did not finish)"
+                              : std::string(idx.status().message()));
+      continue;
+    }
+    if (idx->nonce != m->nonce || idx->step != m->step || idx->shards != m->shards) {
+      problems->push_back(IndexFileName(r) + ": belongs to another save (nonce/step/shards disagree with the manifest)");
+      continue;
+    }
+    const std::string data = dir + "/" + idx->data_file;
+    const auto size = fs::file_size(data, ec);
+    if (ec) {
+      problems->push_back(idx->data_file + ": missing");
+      continue;
+    }
+    if (static_cast<int64_t>(size) != idx->data_bytes) {
+      problems->push_back(internal::StrCat(idx->data_file, ": ", size, " bytes, the index says ", idx->data_bytes, " (truncated?)"));
+      continue;
+    }
+    // Every (group, kind) shard is covered exactly once by its chunks.
+    std::map<std::pair<int, int>, std::vector<std::pair<int64_t, int64_t>>> cover;
+    for (const ChunkEntry& c : idx->chunks) cover[{c.group, c.kind}].push_back({c.elem_offset, c.elements});
+    for (int g = 0; g < static_cast<int>(m->groups.size()); ++g) {
+      for (int k = 0; k < static_cast<int>(m->groups[static_cast<size_t>(g)].kinds.size()); ++k) {
+        auto& v = cover[{g, k}];
+        std::sort(v.begin(), v.end());
+        int64_t at = 0;
+        for (const auto& [off, n] : v) {
+          if (off != at) break;
+          at += n;
+        }
+        if (at != layouts[static_cast<size_t>(g)].shard_size()) {
+          problems->push_back(internal::StrCat(IndexFileName(r), ": group '", m->groups[static_cast<size_t>(g)].name, "' ",
+                                               m->groups[static_cast<size_t>(g)].kinds[static_cast<size_t>(k)],
+                                               " is not covered by its chunks"));
+        }
+      }
+    }
+    if (level == VerifyLevel::kFull && io.ok()) {
+      auto f = IoFile::Open(data, IoFile::Mode::kRead);
+      if (!f.ok()) {
+        problems->push_back(std::string(f.status().message()));
+        continue;
+      }
+      std::vector<float> chunk;
+      std::vector<char> scratch;
+      int64_t bytes = 0;
+      // The alignment padding between chunks is covered too: it must read as zeros.
+      std::vector<std::pair<int64_t, int64_t>> spans;
+      for (const ChunkEntry& c : idx->chunks) spans.push_back({c.file_offset, c.file_offset + c.stored_bytes});
+      std::sort(spans.begin(), spans.end());
+      int64_t at = 0;
+      for (const auto& [b, e] : spans) {
+        if (b > at) {
+          std::vector<char> gap(static_cast<size_t>(b - at));
+          Status rs = (*io)->ReadSync(*f, gap.data(), gap.size(), at);
+          if (!rs.ok() || std::any_of(gap.begin(), gap.end(), [](char c) { return c != 0; })) {
+            problems->push_back(internal::StrCat(idx->data_file, ": padding bytes ", at, "..", b,
+                                                 " between chunks are not zero (corrupt)"));
+          }
+        }
+        at = std::max(at, e);
+      }
+      for (size_t k = 0; k < idx->chunks.size(); ++k) {
+        const int g = idx->chunks[k].group;
+        if (g < 0 || g >= static_cast<int>(layouts.size())) {
+          problems->push_back(internal::StrCat(idx->data_file, " chunk ", k, ": unknown group ", g));
+          continue;
+        }
+        Status s = ReadChunk(**io, *f, *m, layouts[static_cast<size_t>(g)], *idx, k, &chunk, &scratch, &bytes);
+        if (!s.ok()) problems->push_back(std::string(s.message()));
+      }
+    }
+  }
+  return Status();
+}
+
+Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, VerifyLevel level) {
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return NotFoundError(root, ": no such checkpoint root directory");
+  std::vector<CheckpointInfo> out;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    if (!e.is_directory()) continue;
+    const std::string name = e.path().filename().string();
+    const size_t tmp = name.find(".tmp-");
+    auto step = ParseStepDirName(tmp == std::string::npos ? name : name.substr(0, tmp));
+    if (!step.ok()) continue;
+    CheckpointInfo info;
+    info.dir = e.path().string();
+    info.step = *step;
+    for (const auto& f : fs::directory_iterator(e.path(), ec)) {
+      if (f.is_regular_file()) info.bytes += static_cast<int64_t>(f.file_size());
+    }
+    if (auto m = ReadManifest(info.dir); m.ok()) {
+      info.world_size = m->world_size;
+      info.stage = m->stage;
+      info.created_unix = m->created_unix;
+    }
+    if (tmp != std::string::npos) {
+      info.in_progress = true;
+      info.problem = "being written, or a save that died (removed at the next start)";
+    } else {
+      std::vector<std::string> problems;
+      Status s = CheckComplete(info.dir, level, &problems);
+      info.complete = s.ok() && problems.empty();
+      if (!s.ok()) info.problem = std::string(s.message());
+      if (!problems.empty()) info.problem = problems.front() + (problems.size() > 1 ? internal::StrCat(" (+", problems.size() - 1, " more)") : "");
+    }
+    out.push_back(std::move(info));
+  }
+  if (ec) return ErrnoStatus(ec.value(), "listing " + root);
+  std::sort(out.begin(), out.end(), [](const CheckpointInfo& a, const CheckpointInfo& b) {
+    return a.step != b.step ? a.step > b.step : a.complete > b.complete;
+  });
+  return out;
+}
+
+Result<std::string> FindLatestComplete(const std::string& root, VerifyLevel level) {
+  ASSIGN_OR_RETURN(auto list, ListCheckpoints(root, level));
+  std::string skipped;
+  for (const CheckpointInfo& c : list) {
+    if (c.complete) {
+      if (!skipped.empty()) ZRT_LOG(kWarn) << "checkpoint: skipped newer incomplete ones:" << skipped;
+      return c.dir;
+    }
+    skipped += " " + fs::path(c.dir).filename().string() + " (" + c.problem + ")";
+  }
+  return NotFoundError("no complete checkpoint under ", root, skipped.empty() ? "" : ":" + skipped);
+}
+
+// ---- Load ------------------------------------------------------------------------------------------
+namespace {
+
+class ShardSource {
+ public:
+  ShardSource(std::string dir, const Manifest& m, IoEngine& io) : dir_(std::move(dir)), m_(m), io_(io) {
+    for (int g = 0; g < static_cast<int>(m.groups.size()); ++g) layouts_.push_back(*SavedLayout(m, g));
+  }
+  const ShardLayout& layout(int g) const { return layouts_[static_cast<size_t>(g)]; }
+  int64_t bytes_read() const { return bytes_read_; }
+
+  // Copies elements [begin, begin+count) of saved rank `rank`'s shard of (group, kind) into dst.
+  Status Read(int rank, int group, int kind, int64_t begin, int64_t count, float* dst) {
+    ASSIGN_OR_RETURN(Rank * r, Open(rank));
+    const auto& list = r->by_kind[{group, kind}];  // chunk indices sorted by elem_offset
+    auto it = std::upper_bound(list.begin(), list.end(), begin,
+                               [&](int64_t v, size_t k) { return v < r->index.chunks[k].elem_offset; });
+    if (it == list.begin()) return DataLossError(r->index.data_file, ": no chunk holds element ", begin);
+    --it;
+    for (int64_t at = begin; at < begin + count; ++it) {
+      if (it == list.end()) return DataLossError(r->index.data_file, ": no chunk holds element ", at);
+      const size_t k = *it;
+      const ChunkEntry& c = r->index.chunks[k];
+      ASSIGN_OR_RETURN(const std::vector<float>* data, Decoded(*r, k));
+      const int64_t lo = std::max(at, c.elem_offset), hi = std::min(begin + count, c.elem_offset + c.elements);
+      if (lo != at) return DataLossError(r->index.data_file, ": chunks leave a gap at element ", at);
+      std::memcpy(dst + (lo - begin), data->data() + (lo - c.elem_offset), static_cast<size_t>(hi - lo) * 4);
+      at = hi;
+    }
+    return Status();
+  }
+
+ private:
+  struct Rank {
+    RankIndex index;
+    IoFile file;
+    std::map<std::pair<int, int>, std::vector<size_t>> by_kind;
+  };
+  Result<Rank*> Open(int rank) {
+    auto it = ranks_.find(rank);
+    if (it != ranks_.end()) return it->second.get();
+    auto r = std::make_unique<Rank>();
+    ASSIGN_OR_RETURN(r->index, ReadIndex(dir_, rank));
+    if (r->index.nonce != m_.nonce) return DataLossError(dir_, "/", IndexFileName(rank), ": belongs to another save than the manifest");
+    ASSIGN_OR_RETURN(r->file, IoFile::Open(dir_ + "/" + r->index.data_file, IoFile::Mode::kRead));
+    for (size_t k = 0; k < r->index.chunks.size(); ++k) r->by_kind[{r->index.chunks[k].group, r->index.chunks[k].kind}].push_back(k);
+    for (auto& [key, v] : r->by_kind) {
+      std::sort(v.begin(), v.end(), [&](size_t a, size_t b) { return r->index.chunks[a].elem_offset < r->index.chunks[b].elem_offset; });
+    }
+    return (ranks_[rank] = std::move(r)).get();
+  }
+  // A few decoded chunks stay cached: consecutive pieces usually fall in the same chunk.
+  Result<const std::vector<float>*> Decoded(Rank& r, size_t k) {
+    for (auto it = cache_.begin(); it != cache_.end(); ++it) {
+      if (it->rank == r.index.rank && it->chunk == k) {
+        cache_.splice(cache_.begin(), cache_, it);
+        return &cache_.front().data;
+      }
+    }
+    Cached c{r.index.rank, k, {}};
+    const int g = r.index.chunks[k].group;
+    if (g < 0 || g >= static_cast<int>(layouts_.size())) return DataLossError(r.index.data_file, ": chunk ", k, " names unknown group ", g);
+    RETURN_IF_ERROR(ReadChunk(io_, r.file, m_, layouts_[static_cast<size_t>(g)], r.index, k, &c.data, &scratch_, &bytes_read_));
+    cache_.push_front(std::move(c));
+    if (cache_.size() > 4) cache_.pop_back();
+    return &cache_.front().data;
+  }
+  struct Cached {
+    int rank;
+    size_t chunk;
+    std::vector<float> data;
+  };
+  std::string dir_;
+  const Manifest& m_;
+  IoEngine& io_;
+  std::vector<ShardLayout> layouts_;
+  std::map<int, std::unique_ptr<Rank>> ranks_;
+  std::list<Cached> cache_;
+  std::vector<char> scratch_;
+  int64_t bytes_read_ = 0;
+};
+
+}  // namespace
+
+Result<LoadResult> Load(const std::string& dir, const StateView& target, const LoadOptions& options) {
+  ASSIGN_OR_RETURN(Manifest m, ReadManifest(dir), "loading checkpoint");
+  ASSIGN_OR_RETURN(auto io, IoEngine::Create(options.io), "loading checkpoint");
+  std::map<std::string, std::pair<int, int>> where;  // tensor name -> (group, tensor)
+  for (int g = 0; g < static_cast<int>(m.groups.size()); ++g) {
+    for (int t = 0; t < static_cast<int>(m.groups[static_cast<size_t>(g)].tensors.size()); ++t) {
+      where[m.groups[static_cast<size_t>(g)].tensors[static_cast<size_t>(t)].name] = {g, t};
+    }
+  }
+  std::vector<ShardLayout> saved;
+  for (int g = 0; g < static_cast<int>(m.groups.size()); ++g) {
+    ASSIGN_OR_RETURN(ShardLayout l, SavedLayout(m, g), dir);
+    saved.push_back(std::move(l));
+  }
+  ShardSource src(dir, m, *io);
+  for (const StateGroup& tg : target.groups) {
+    const int rank = tg.layout.world_size() == 1 ? 0 : target.rank;
+    for (const StateBuffer& b : tg.buffers) {
+      std::memset(b.data, 0, static_cast<size_t>(b.count) * DTypeSize(b.dtype));  // padding, and skipped kinds
+      if (options.params_only && b.kind != "master") continue;
+      if (b.dtype != DType::kF32) return InvalidArgumentError("load: state '", b.kind, "' must be f32");
+      for (const ShardPiece& p : tg.layout.RankPieces(rank)) {
+        const TensorSpec& spec = tg.tensors[static_cast<size_t>(p.tensor)];
+        auto w = where.find(spec.name);
+        if (w == where.end()) return NotFoundError("load: tensor '", spec.name, "' is not in checkpoint ", dir);
+        const auto [g, t] = w->second;
+        const GroupEntry& ge = m.groups[static_cast<size_t>(g)];
+        const TensorEntry& te = ge.tensors[static_cast<size_t>(t)];
+        if (te.numel != spec.numel()) {
+          return InvalidArgumentError("load: tensor '", spec.name, "' has ", te.numel, " elements in ", dir, ", the model has ",
+                                      spec.numel(), " (", spec.ToString(), ")");
+        }
+        const auto kind = std::find(ge.kinds.begin(), ge.kinds.end(), b.kind);
+        if (kind == ge.kinds.end()) {
+          if (b.kind == "master") return DataLossError("load: checkpoint ", dir, " has no master weights for group '", ge.name, "'");
+          ZRT_LOG(kWarn) << "load: checkpoint has no " << b.kind << " for tensor " << spec.name << "; it starts at zero";
+          continue;
+        }
+        float* dst = static_cast<float*>(b.data) + p.shard_offset;
+        for (const ShardPiece& op : saved[static_cast<size_t>(g)].Locate(t, p.tensor_offset, p.tensor_offset + p.count)) {
+          RETURN_IF_ERROR(src.Read(op.rank, g, static_cast<int>(kind - ge.kinds.begin()), op.shard_offset, op.count,
+                                   dst + (op.tensor_offset - p.tensor_offset)),
+                          "loading tensor '", spec.name, "' (", b.kind, ") from ", dir);
+        }
+      }
+    }
+  }
+  LoadResult r;
+  r.step = m.step;
+  r.trainer_state = m.trainer_state;
+  r.loss_scale = m.loss_scale;
+  r.scaler_good_steps = m.scaler_good_steps;
+  r.scaler_hysteresis_left = m.scaler_hysteresis_left;
+  r.saved_world_size = m.world_size;
+  r.saved_stage = m.stage;
+  r.bytes_read = src.bytes_read();
+  return r;
+}
+
+}  // namespace zrt::ckpt

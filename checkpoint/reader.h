@@ -1,0 +1,71 @@
+// Reading checkpoints: completeness, listing, finding the newest complete one, and loading this rank's
+// state from a checkpoint saved by any number of ranks at any stage (reshard on load).
+//
+// Load reads only the chunks that overlap this rank's new shard, verifies each chunk's checksum,
+// decompresses, and copies the overlapping elements; no collective communication (every rank loads
+// independently). Tensors are matched by name, so the grouping and alignment may differ too.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/format.h"
+#include "offload/io_engine.h"
+#include "runtime/core/state_view.h"
+
+namespace zrt::ckpt {
+
+enum class VerifyLevel {
+  kMetadata,  // manifest and indexes exist, parse, pass their checksums and agree; data file sizes
+  kFull,      // + every chunk read back, checksummed and decoded
+};
+
+// Appends a line per problem ("rank-00002.index.json: missing", "rank-00001.data chunk 17 (group
+// 'layer0', exp_avg, tensors w1..w3): checksum mismatch"). OK with problems empty = complete.
+// A non-OK status means the check itself could not run (e.g. the directory is unreadable).
+Status CheckComplete(const std::string& dir, VerifyLevel level, std::vector<std::string>* problems);
+
+struct CheckpointInfo {
+  std::string dir;
+  int64_t step = -1;
+  bool complete = false;
+  bool in_progress = false;   // a .tmp directory: a save being written, or one that died
+  std::string problem;        // why not complete (the first problem)
+  int world_size = 0;
+  int stage = -1;
+  int64_t bytes = 0;          // on disk
+  int64_t created_unix = 0;
+};
+
+// Every checkpoint directory under root, newest step first.
+Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, VerifyLevel level = VerifyLevel::kMetadata);
+// The newest complete checkpoint's directory; NotFound when there is none. Incomplete or corrupt
+// ones are skipped (with kFull, so are ones with a bad chunk).
+Result<std::string> FindLatestComplete(const std::string& root, VerifyLevel level = VerifyLevel::kMetadata);
+
+Result<Manifest> ReadManifest(const std::string& dir);
+Result<RankIndex> ReadIndex(const std::string& dir, int rank);
+
+struct LoadOptions {
+  bool params_only = false;  // load fp32 master weights only; moments start at zero (fine-tuning)
+  IoOptions io;
+};
+
+struct LoadResult {
+  int64_t step = 0;
+  nlohmann::json trainer_state;
+  double loss_scale = 1;
+  int64_t scaler_good_steps = 0;
+  int scaler_hysteresis_left = 1;
+  int saved_world_size = 1;
+  int saved_stage = 0;
+  int64_t bytes_read = 0;
+};
+
+// Fills `target`'s buffers (this rank's shards) from the checkpoint in `dir`. Errors name the file,
+// chunk and tensor; on error the target buffers may be partly written (the engine must not step).
+Result<LoadResult> Load(const std::string& dir, const StateView& target, const LoadOptions& options = {});
+
+}  // namespace zrt::ckpt
