@@ -1,0 +1,232 @@
+// charlm: a character-level language model trained with zrt end to end, on Debian's word list.
+//
+//   mpirun -n 4 charlm --stage 3 --steps 400 --ckpt /tmp/charlm-ckpt --every 50
+//
+// Each rank draws its own micro-batch; the data a rank sees at a step depends only on (seed, step,
+// rank), so a run restarted from a checkpoint continues exactly as if nothing had happened (with the
+// same number of ranks: bit for bit; with another number it continues from the same state). On
+// start it resumes from the newest complete checkpoint under --ckpt; SIGTERM/SIGUSR1 make it save at
+// the next step boundary and exit.
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include "checkpoint/checkpointer.h"
+#include "checkpoint/reader.h"
+#include "examples/charlm/model.h"
+#include "runtime/core/logging.h"
+#include "runtime/core/mpi_communicator.h"
+#include "runtime/engine.h"
+
+using namespace zrt;
+
+namespace {
+
+uint64_t Mix(uint64_t x) {  // splitmix64: the data order, independent of the world size's history
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+float Uniform(uint64_t key) { return static_cast<float>((Mix(key) >> 11) * 0x1.0p-53) * 2.0f - 1.0f; }
+
+int Fail(const Status& s) {
+  std::fprintf(stderr, "charlm: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"charlm: a character-level language model trained with zrt"};
+  int stage = 3, batch = 64, print_every = 25, every = 0, keep_last = 3, threads = 1;
+  int64_t steps = 400;
+  double lr = 1e-2;
+  uint64_t seed = 1234;
+  std::string ckpt_root, dump, words_path = "/usr/share/dict/words";
+  charlm::Dims dims;
+  app.add_option("--stage", stage, "ZeRO stage 0-3")->check(CLI::Range(0, 3));
+  app.add_option("--steps", steps, "optimizer steps in total (a resumed run counts from its checkpoint)");
+  app.add_option("--batch", batch, "examples per rank per step");
+  app.add_option("--lr", lr, "peak learning rate");
+  app.add_option("--hidden", dims.hidden, "hidden units");
+  app.add_option("--seed", seed, "data order and initialisation");
+  app.add_option("--ckpt", ckpt_root, "checkpoint root (resume from its newest complete checkpoint)");
+  app.add_option("--every", every, "save a checkpoint every N steps (0: only at the end)");
+  app.add_option("--keep-last", keep_last, "keep the newest N checkpoints");
+  app.add_option("--print-every", print_every, "log the loss every N steps");
+  app.add_option("--dump", dump, "write the final parameters (raw float32) to this file");
+  app.add_option("--words", words_path, "word list (one word per line)");
+  app.add_option("--threads", threads, "optimizer threads per rank");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+
+  auto session = MpiSession::Init(&argc, &argv);
+  if (!session.ok()) return Fail(session.status());
+  auto comm_or = MpiCommunicator::Create(MPI_COMM_WORLD);
+  if (!comm_or.ok()) return Fail(comm_or.status());
+  MpiCommunicator& comm = **comm_or;
+  const int rank = comm.rank(), world = comm.size();
+
+  std::vector<std::string> words;
+  {
+    std::ifstream in(words_path);
+    if (!in) return Fail(NotFoundError("cannot read the word list ", words_path, " (apt-get install wamerican)"));
+    for (std::string w; std::getline(in, w);) words.push_back(w);
+  }
+  const std::vector<charlm::Example> data = charlm::BuildExamples(words);
+  if (data.empty()) return Fail(InvalidArgumentError("no usable words in ", words_path));
+
+  CpuDevice device;
+  EngineConfig cfg;
+  cfg.stage = stage;
+  cfg.adam.lr = lr;
+  cfg.adam.weight_decay = 1e-4;
+  cfg.max_grad_norm = 1.0;
+  cfg.optimizer_threads = threads;
+  cfg.bucket_bytes = 1 << 20;
+  auto engine_or = ZeroEngine::Create(&comm, &device, cfg);
+  if (!engine_or.ok()) return Fail(engine_or.status());
+  ZeroEngine& engine = **engine_or;
+  const int in = charlm::kContext * dims.dim;
+  Status st;
+  st = engine.AddParam("embed", {charlm::kVocab, dims.dim}, DType::kF32, "embed");
+  if (st.ok()) st = engine.AddParam("w1", {dims.hidden, in}, DType::kF32, "hidden");
+  if (st.ok()) st = engine.AddParam("b1", {dims.hidden}, DType::kF32, "hidden");
+  if (st.ok()) st = engine.AddParam("w2", {charlm::kVocab, dims.hidden}, DType::kF32, "out");
+  if (st.ok()) st = engine.AddParam("b2", {charlm::kVocab}, DType::kF32, "out");
+  if (!st.ok()) return Fail(st);
+  const float scale[] = {0.5f, 1.0f / std::sqrt(static_cast<float>(in)), 0.0f, 0.5f / std::sqrt(static_cast<float>(dims.hidden)), 0.0f};
+  st = engine.Finalize([&](int64_t p, int64_t off, int64_t n, float* out) {
+    for (int64_t i = 0; i < n; ++i) out[i] = scale[p] * Uniform(seed * 977 + static_cast<uint64_t>(p) * 1000003 + static_cast<uint64_t>(off + i));
+  });
+  if (!st.ok()) return Fail(st);
+
+  std::unique_ptr<ckpt::Checkpointer> ck;
+  std::string resumed_from;
+  if (!ckpt_root.empty()) {
+    ckpt::CheckpointOptions co;
+    co.root = ckpt_root;
+    co.keep_last = keep_last;
+    auto ck_or = ckpt::Checkpointer::Create(&comm, &device, co);
+    if (!ck_or.ok()) return Fail(ck_or.status());
+    ck = std::move(*ck_or);
+    ckpt::InstallPreemptionHandler();
+    auto latest = ckpt::FindLatestComplete(ckpt_root);
+    if (latest.ok()) {
+      auto r = ckpt::Load(*latest, engine.state_view());
+      if (!r.ok()) return Fail(r.status());
+      if (r->trainer_state.value("seed", uint64_t{0}) != seed) {
+        return Fail(InvalidArgumentError("checkpoint ", *latest, " was trained with seed ", r->trainer_state.value("seed", uint64_t{0})));
+      }
+      st = engine.Restore(r->step, {r->loss_scale, r->scaler_good_steps, r->scaler_hysteresis_left});
+      if (!st.ok()) return Fail(st);
+      resumed_from = *latest;
+      if (rank == 0) {
+        std::printf("resumed from %s: step %lld, saved by %d rank(s) at stage %d, now %d rank(s) at stage %d\n",
+                    latest->c_str(), static_cast<long long>(r->step), r->saved_world_size, r->saved_stage, world, stage);
+      }
+    } else if (latest.status().code() != StatusCode::kNotFound) {
+      return Fail(latest.status());
+    }
+  }
+  if (rank == 0 && resumed_from.empty()) {
+    std::printf("charlm: %zu examples from %zu words, %d ranks, stage %d, %lld steps\n", data.size(), words.size(), world,
+                stage, static_cast<long long>(steps));
+  }
+
+  std::vector<charlm::Example> mb(static_cast<size_t>(batch));
+  double last_loss = 0, stall_total = 0;
+  int saves = 0;
+  auto save = [&](int64_t step) -> Status {
+    nlohmann::json ts = {{"seed", seed}, {"examples_seen", step * batch * world}, {"lr", lr}};
+    RETURN_IF_ERROR(ck->SaveAsync(engine.state_view(), ts));
+    stall_total += ck->last_stats().stall_seconds;
+    ++saves;
+    return Status();
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  while (engine.steps() < steps) {
+    const int64_t step = engine.steps();
+    for (int k = 0; k < batch; ++k) {
+      mb[static_cast<size_t>(k)] = data[Mix(seed ^ Mix(static_cast<uint64_t>(step) * 4099 + static_cast<uint64_t>(rank) * 131 + static_cast<uint64_t>(k))) % data.size()];
+    }
+    // Linear warm-up over 20 steps, then linear decay to 10% at the end.
+    const double frac = static_cast<double>(step) / static_cast<double>(std::max<int64_t>(steps, 1));
+    const double lr_now = lr * std::min(1.0, (step + 1) / 20.0) * (1.0 - 0.9 * frac);
+    for (int g = 0; g < engine.num_groups(); ++g) (void)engine.SetLr(g, lr_now);
+    // Forward + backward need every group's parameters and gradients.
+    float* base[3];
+    float* grad[3];
+    for (int g = 0; g < 3; ++g) {
+      auto b = engine.Gather(g);
+      auto gb = engine.GradBuffer(g);
+      if (!b.ok() || !gb.ok()) return Fail(b.ok() ? gb.status() : b.status());
+      base[g] = static_cast<float*>(*b);
+      grad[g] = static_cast<float*>(*gb);
+    }
+    auto at = [&](float** bufs, int64_t param) { auto l = engine.Locate(param); return bufs[l->group] + l->offset; };
+    const charlm::Tensors p{at(base, 0), at(base, 1), at(base, 2), at(base, 3), at(base, 4)};
+    charlm::Tensors gr{at(grad, 0), at(grad, 1), at(grad, 2), at(grad, 3), at(grad, 4)};
+    double loss = charlm::ForwardBackward(dims, p, mb.data(), batch, &gr);
+    for (int g = 2; g >= 0; --g) {
+      if (!(st = engine.Release(g)).ok() || !(st = engine.GradsReady(g)).ok()) return Fail(st);
+    }
+    auto r = engine.Step();
+    if (!r.ok()) return Fail(r.status());
+    float l = static_cast<float>(loss);
+    if (!(st = comm.AllReduce(&l, &l, 1, DType::kF32, ReduceOp::kAvg)).ok()) return Fail(st);
+    last_loss = l;
+    if (rank == 0 && (r->step % print_every == 0 || r->step == steps)) {
+      std::printf("step %5lld  loss %.4f  grad norm %.3f  lr %.2e\n", static_cast<long long>(r->step), l, r->grad_norm, lr_now);
+      std::fflush(stdout);
+    }
+    if (ck && every > 0 && r->step % every == 0 && r->step < steps) {
+      if (!(st = save(r->step)).ok()) return Fail(st);
+    }
+    if (ck) {
+      auto pre = ckpt::PreemptionRequested(&comm);
+      if (pre.ok() && *pre) {
+        if (rank == 0) std::printf("preempted: saving step %lld and exiting\n", static_cast<long long>(r->step));
+        if (!(st = save(r->step)).ok() || !(st = ck->Wait()).ok()) return Fail(st);
+        return 0;
+      }
+    }
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (ck) {
+    if (!(st = save(engine.steps())).ok() || !(st = ck->Wait()).ok()) return Fail(st);
+  }
+
+  // Final parameters (gathered) for sampling and the optional dump.
+  std::vector<float> all;
+  float* base[3];
+  for (int g = 0; g < 3; ++g) base[g] = static_cast<float*>(*engine.Gather(g));
+  for (int64_t p = 0; p < 5; ++p) {
+    auto l = engine.Locate(p);
+    all.insert(all.end(), base[l->group] + l->offset, base[l->group] + l->offset + l->numel);
+  }
+  if (rank == 0) {
+    auto at = [&](int64_t param) { auto l = engine.Locate(param); return base[l->group] + l->offset; };
+    const charlm::Tensors p{at(0), at(1), at(2), at(3), at(4)};
+    std::printf("generated words:");
+    for (int i = 0; i < 10; ++i) std::printf(" %s", charlm::Sample(dims, p, seed + static_cast<uint64_t>(i)).c_str());
+    std::printf("\n");
+    if (!dump.empty()) {
+      std::ofstream out(dump, std::ios::binary | std::ios::trunc);
+      out.write(reinterpret_cast<const char*>(all.data()), static_cast<std::streamsize>(all.size() * 4));
+    }
+    std::printf("SUMMARY steps=%lld final_loss=%.4f checkpoints=%d stall_per_save_ms=%.3f resumed_from=%s seconds=%.1f\n",
+                static_cast<long long>(engine.steps()), last_loss, saves, saves ? 1e3 * stall_total / saves : 0.0,
+                resumed_from.empty() ? "-" : resumed_from.c_str(), seconds);
+  }
+  for (int g = 0; g < 3; ++g) (void)engine.Release(g);
+  return 0;
+}

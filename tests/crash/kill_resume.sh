@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Resume-after-failure, end to end (DESIGN.md: "a job killed at any instant restarts from the newest
+# complete checkpoint and continues exactly as if nothing had happened").
+#   1. baseline: a 4-rank charlm run, uninterrupted, dumps its final parameters;
+#   2. the same run, SIGKILLed (one rank, at random moments, saves every few steps so kills land
+#      mid-save too) KILLS times and restarted each time: the final parameters must be bit-identical;
+#   3. preemption: SIGUSR1 to one rank makes every rank save at the next step boundary and exit 0;
+#   4. a 4-rank run killed, then resumed on 2 ranks (resharded) runs to the end.
+# usage: kill_resume.sh CHARLM WORKDIR [KILLS]
+set -euo pipefail
+bin=$1; work=$2; kills=${3:-4}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_btl_vader_single_copy_mechanism=none ZRT_LOG_LEVEL=warn
+mpi() { local n=$1; shift; mpirun -n "$n" --oversubscribe --bind-to none "$@"; }
+steps=240
+args=(--steps $steps --stage 3 --batch 32 --every 4 --keep-last 2 --print-every 100000)
+rm -rf "$work"; mkdir -p "$work"
+RANDOM=${ZRT_TEST_SEED:-$$}
+
+echo "== baseline (uninterrupted)"
+mpi 4 "$bin" "${args[@]}" --ckpt "$work/base" --dump "$work/base.bin" > "$work/base.log"
+tail -1 "$work/base.log"
+
+echo "== killed $kills times, restarted each time"
+killed=0
+for attempt in $(seq 1 $((kills * 3))); do
+  [ $killed -ge $kills ] && break
+  mpi 4 "$bin" "${args[@]}" --ckpt "$work/run" --dump "$work/run.bin" > "$work/run.$attempt.log" 2>&1 &
+  job=$!
+  sleep "0.$((RANDOM % 9 + 3))"
+  victim=$(pgrep -f "charlm.*$work/run " | shuf -n 1 --random-source=<(yes "$RANDOM") || true)
+  if [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null; then
+    killed=$((killed + 1))
+    echo "   attempt $attempt: killed rank process $victim ($(ls "$work/run" 2>/dev/null | tr '\n' ' '))"
+  fi
+  wait $job || true
+  rm -f "$work/run.bin"  # only a run that finishes cleanly may leave the dump
+done
+[ $killed -ge 1 ] || { echo "FAIL: never managed to kill a rank"; exit 1; }
+mpi 4 "$bin" "${args[@]}" --ckpt "$work/run" --dump "$work/run.bin" > "$work/run.final.log"
+tail -1 "$work/run.final.log"
+grep -q "resumed_from=$work/run/step-" "$work/run.final.log" || { echo "FAIL: the final run did not resume"; exit 1; }
+cmp "$work/base.bin" "$work/run.bin" || { echo "FAIL: the killed-and-resumed run differs from the baseline"; exit 1; }
+echo "   final parameters identical to the uninterrupted run"
+
+echo "== preemption (SIGUSR1 to one rank)"
+mpi 4 "$bin" "${args[@]}" --ckpt "$work/pre" > "$work/pre.log" 2>&1 &
+job=$!
+sleep 0.8
+pkill -USR1 -f "charlm.*$work/pre" -n || true
+wait $job || { echo "FAIL: a preempted run must exit 0"; cat "$work/pre.log"; exit 1; }
+if grep -q "^preempted" "$work/pre.log"; then
+  grep "^preempted" "$work/pre.log"
+  mpi 4 "$bin" "${args[@]}" --ckpt "$work/pre" --dump "$work/pre.bin" > "$work/pre.final.log"
+  cmp "$work/base.bin" "$work/pre.bin" || { echo "FAIL: the preempted-and-resumed run differs"; exit 1; }
+  echo "   resumed after preemption; identical to the uninterrupted run"
+else
+  echo "   (the run finished before the signal arrived)"
+fi
+
+echo "== killed on 4 ranks, resumed on 2"
+mpi 4 "$bin" "${args[@]}" --ckpt "$work/reshard" > "$work/reshard.log" 2>&1 &
+job=$!
+sleep 0.8
+pkill -9 -f "charlm.*$work/reshard" -n || true
+wait $job || true
+mpi 2 "$bin" "${args[@]}" --ckpt "$work/reshard" > "$work/reshard.final.log"
+grep -h "^resumed from" "$work/reshard.final.log" || true
+tail -1 "$work/reshard.final.log"
+grep -q "SUMMARY steps=$steps" "$work/reshard.final.log" || { echo "FAIL: the 2-rank resume did not finish"; exit 1; }
+echo "PASS"
