@@ -1,10 +1,10 @@
 // Save protocol (crash-safe; see checkpointer.h and docs/checkpoint-format.md):
 //   SaveAsync (collective)  rank 0 draws a nonce and broadcasts it; every rank snapshots its shards into
 //                           reusable staging memory (4 KiB-aligned per buffer) and hands the job over.
-//   writer thread (per rank) into ROOT/step-N.tmp-<nonce>/: chunks encoded (optional byte-grouping +
-//                           zstd), xxh3-64 each, written through the IoEngine to rank-r.data.tmp,
-//                           fsync, rename; rank 0 writes manifest.json; the rank's index is written
-//                           last; fsync the directory. No collective communication here.
+//   writer thread (per rank) into ROOT/step-N.tmp-<nonce>/: WriteShard (shard_writer.h): chunks
+//                           encoded (optional byte-grouping + zstd), xxh3-64 each, written through the
+//                           IoEngine to rank-r.data.tmp, fsync, rename, then the rank's index;
+//                           rank 0 writes manifest.json; fsync the directory. No collective here.
 //   Commit (collective, at the next Wait/SaveAsync)
 //                           ranks agree on success (one all-reduce); rank 0 re-reads the manifest and
 //                           every index (they must exist and agree), renames the directory to
@@ -21,6 +21,7 @@
 
 #include "checkpoint/fs_util.h"
 #include "checkpoint/reader.h"
+#include "checkpoint/shard_writer.h"
 #include "runtime/core/logging.h"
 #include "runtime/core/version.h"
 
@@ -235,61 +236,17 @@ Status Checkpointer::WriteFiles(Job& job) {
   const Manifest& m = job.manifest;
   const std::string ctx = "writing checkpoint step " + std::to_string(m.step);
   if (job.shard_rank >= 0) {
-    RankIndex index;
-    index.nonce = m.nonce;
-    index.step = m.step;
-    index.rank = job.shard_rank;
-    index.shards = m.shards;
-    index.data_file = DataFileName(job.shard_rank);
-    const std::string tmp = job.tmp_dir + "/" + index.data_file + ".tmp";
-    ASSIGN_OR_RETURN(IoFile f, IoFile::Open(tmp, IoFile::Mode::kCreate), ctx);
-    // Compressed chunks need their own buffers until written; keep a bounded window in flight.
-    struct InFlight {
-      IoHandle handle;
-      std::vector<char> buf;
-    };
-    std::vector<InFlight> window;
-    std::vector<char> scratch;
-    int64_t file_off = 0;
-    auto drain = [&](size_t keep) -> Status {
-      while (window.size() > keep) {
-        RETURN_IF_ERROR(window.front().handle.Wait());
-        window.erase(window.begin());
-      }
-      return Status();
-    };
-    for (const Job::Piece& p : job.pieces) {
-      for (int64_t e = 0; e < p.elements; e += m.chunk_elements) {
-        const int64_t n = std::min(m.chunk_elements, p.elements - e);
-        const char* raw = p.data + e * 4;
-        const size_t raw_bytes = static_cast<size_t>(n) * 4;
-        InFlight w;
-        ASSIGN_OR_RETURN(Codec codec, EncodeChunk(raw, raw_bytes, 4, o_.compression, &scratch, &w.buf), ctx);
-        const char* stored = codec == Codec::kRaw ? raw : w.buf.data();
-        const size_t stored_bytes = codec == Codec::kRaw ? raw_bytes : w.buf.size();
-        if (codec == Codec::kRaw) file_off = AlignUp(file_off);  // raw chunks stay O_DIRECT-able
-        ChunkEntry c{p.group, p.kind, e, n, file_off, static_cast<int64_t>(stored_bytes), codec, Checksum(stored, stored_bytes)};
-        ASSIGN_OR_RETURN(w.handle, io_->Write(f, stored, stored_bytes, file_off), ctx);
-        window.push_back(std::move(w));
-        RETURN_IF_ERROR(drain(16), ctx);
-        index.chunks.push_back(c);
-        file_off += static_cast<int64_t>(stored_bytes);
-        stats_.stored_bytes += static_cast<int64_t>(stored_bytes);
-      }
-    }
-    RETURN_IF_ERROR(drain(0), ctx);
-    index.data_bytes = file_off;
-    RETURN_IF_ERROR(Fault("fsync", tmp), ctx);
-    RETURN_IF_ERROR(f.Sync(), ctx);
-    RETURN_IF_ERROR(std::move(f).Close(), ctx);
-    RETURN_IF_ERROR(Fault("rename", tmp), ctx);
-    RETURN_IF_ERROR(RenamePath(tmp, job.tmp_dir + "/" + index.data_file), ctx);
-    if (comm_->rank() == 0) RETURN_IF_ERROR(WriteFileDurably(job.tmp_dir, std::string(kManifestFile), EncodeManifest(m)), ctx);
-    // The index last: its presence says this rank's data is durable.
-    RETURN_IF_ERROR(WriteFileDurably(job.tmp_dir, IndexFileName(job.shard_rank), EncodeIndex(index)), ctx);
-  } else if (comm_->rank() == 0) {
-    RETURN_IF_ERROR(WriteFileDurably(job.tmp_dir, std::string(kManifestFile), EncodeManifest(m)), ctx);
+    std::vector<ShardPiece32> pieces;
+    for (const Job::Piece& p : job.pieces) pieces.push_back({p.group, p.kind, reinterpret_cast<const float*>(p.data), p.elements});
+    std::function<int(std::string_view, const std::string&)> fault;
+#if defined(ZRT_FAULT_INJECTION)
+    fault = o_.fault;
+#endif
+    ShardWriteStats ws;
+    RETURN_IF_ERROR(WriteShard(*io_, job.tmp_dir, m, job.shard_rank, pieces, o_.compression, fault, &ws), ctx);
+    stats_.stored_bytes = ws.stored_bytes;
   }
+  if (comm_->rank() == 0) RETURN_IF_ERROR(WriteFileDurably(job.tmp_dir, std::string(kManifestFile), EncodeManifest(m)), ctx);
   return FsyncDir(job.tmp_dir).WithContext(ctx);
 }
 

@@ -1,0 +1,70 @@
+#include "checkpoint/shard_writer.h"
+
+#include "checkpoint/fs_util.h"
+
+namespace zrt::ckpt {
+
+Status WriteShard(IoEngine& io, const std::string& dir, const Manifest& m, int rank, const std::vector<ShardPiece32>& pieces,
+                  const CompressOptions& compression, const std::function<int(std::string_view, const std::string&)>& fault,
+                  ShardWriteStats* stats) {
+  constexpr int64_t kAlign = static_cast<int64_t>(kIoAlignment);
+  auto check = [&](std::string_view op, const std::string& path) -> Status {
+    if (fault) {
+      if (const int err = fault(op, path); err != 0) return ErrnoStatus(err, std::string(op) + " " + path);
+    }
+    return Status();
+  };
+  RankIndex index;
+  index.nonce = m.nonce;
+  index.step = m.step;
+  index.rank = rank;
+  index.shards = m.shards;
+  index.data_file = DataFileName(rank);
+  const std::string tmp = dir + "/" + index.data_file + ".tmp";
+  ASSIGN_OR_RETURN(IoFile f, IoFile::Open(tmp, IoFile::Mode::kCreate));
+  // Compressed chunks need their own buffers until written: a bounded window stays in flight.
+  struct InFlight {
+    IoHandle handle;
+    std::vector<char> buf;
+  };
+  std::vector<InFlight> window;
+  std::vector<char> scratch;
+  int64_t file_off = 0;
+  auto drain = [&](size_t keep) -> Status {
+    while (window.size() > keep) {
+      RETURN_IF_ERROR(window.front().handle.Wait());
+      window.erase(window.begin());
+    }
+    return Status();
+  };
+  for (const ShardPiece32& p : pieces) {
+    for (int64_t e = 0; e < p.elements; e += m.chunk_elements) {
+      const int64_t n = std::min(m.chunk_elements, p.elements - e);
+      const char* raw = reinterpret_cast<const char*>(p.data + e);
+      const size_t raw_bytes = static_cast<size_t>(n) * 4;
+      InFlight w;
+      ASSIGN_OR_RETURN(Codec codec, EncodeChunk(raw, raw_bytes, 4, compression, &scratch, &w.buf));
+      const char* stored = codec == Codec::kRaw ? raw : w.buf.data();
+      const size_t stored_bytes = codec == Codec::kRaw ? raw_bytes : w.buf.size();
+      if (codec == Codec::kRaw) file_off = (file_off + kAlign - 1) / kAlign * kAlign;  // raw chunks stay O_DIRECT-able
+      index.chunks.push_back(ChunkEntry{p.group, p.kind, e, n, file_off, static_cast<int64_t>(stored_bytes), codec,
+                                        Checksum(stored, stored_bytes)});
+      ASSIGN_OR_RETURN(w.handle, io.Write(f, stored, stored_bytes, file_off));
+      window.push_back(std::move(w));
+      RETURN_IF_ERROR(drain(16));
+      file_off += static_cast<int64_t>(stored_bytes);
+      if (stats) stats->stored_bytes += static_cast<int64_t>(stored_bytes);
+    }
+  }
+  RETURN_IF_ERROR(drain(0));
+  index.data_bytes = file_off;
+  RETURN_IF_ERROR(check("fsync", tmp));
+  RETURN_IF_ERROR(f.Sync());
+  RETURN_IF_ERROR(std::move(f).Close());
+  RETURN_IF_ERROR(check("rename", tmp));
+  RETURN_IF_ERROR(RenamePath(tmp, dir + "/" + index.data_file));
+  // The index last: its presence says this rank's data is durable.
+  return WriteFileDurably(dir, IndexFileName(rank), EncodeIndex(index));
+}
+
+}  // namespace zrt::ckpt
