@@ -1,0 +1,325 @@
+#include "tools/lib/ckpt_commands.h"
+
+#include <algorithm>
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+#include <iomanip>
+#include <limits>
+#include <map>
+#include <random>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/fs_util.h"
+#include "checkpoint/reader.h"
+#include "checkpoint/shard_writer.h"
+#include "runtime/core/device.h"
+
+namespace zrt::tools {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace zrt::ckpt;
+
+namespace {
+
+std::string Age(int64_t created) {
+  if (created <= 0) return "-";
+  const int64_t s = static_cast<int64_t>(std::time(nullptr)) - created;
+  std::ostringstream os;
+  if (s < 120) os << s << "s";
+  else if (s < 7200) os << s / 60 << "m";
+  else if (s < 172800) os << s / 3600 << "h";
+  else os << s / 86400 << "d";
+  return os.str();
+}
+
+// A one-shard view of group g of a checkpoint (its tensors, its alignment), with a buffer per kind.
+struct GroupView {
+  StateView view;
+  std::vector<std::vector<float>> data;  // per kind
+};
+
+Result<GroupView> LoadGroup(const std::string& dir, const Manifest& m, int g, const std::vector<std::string>& kinds) {
+  const GroupEntry& ge = m.groups[static_cast<size_t>(g)];
+  GroupView gv;
+  StateGroup sg;
+  sg.name = ge.name;
+  std::vector<int64_t> numels;
+  for (const TensorEntry& t : ge.tensors) {
+    sg.tensors.push_back(TensorSpec{t.name, t.shape, t.dtype});
+    numels.push_back(t.numel);
+  }
+  ASSIGN_OR_RETURN(sg.layout, ShardLayout::Create(numels, 1, ge.alignment));
+  gv.data.resize(kinds.size());
+  for (size_t k = 0; k < kinds.size(); ++k) {
+    gv.data[k].resize(static_cast<size_t>(sg.layout.shard_size()));
+    sg.buffers.push_back({kinds[k], DType::kF32, gv.data[k].data(), sg.layout.shard_size()});
+  }
+  gv.view.groups.push_back(std::move(sg));
+  RETURN_IF_ERROR(Load(dir, gv.view).status());
+  return gv;
+}
+
+struct Stats {
+  double min = std::numeric_limits<double>::infinity(), max = -std::numeric_limits<double>::infinity();
+  double sum = 0, sumsq = 0;
+  int64_t n = 0, nan = 0, inf = 0;
+  void Add(float x) {
+    if (std::isnan(x)) return void(++nan);
+    if (std::isinf(x)) return void(++inf);
+    min = std::min(min, static_cast<double>(x));
+    max = std::max(max, static_cast<double>(x));
+    sum += x;
+    sumsq += static_cast<double>(x) * x;
+    ++n;
+  }
+  double mean() const { return n ? sum / n : 0; }
+  double stddev() const { return n ? std::sqrt(std::max(0.0, sumsq / n - mean() * mean())) : 0; }
+};
+
+}  // namespace
+
+Status CkptLs(const std::string& root, bool as_json, std::ostream& out) {
+  ASSIGN_OR_RETURN(auto list, ListCheckpoints(root));
+  if (as_json) {
+    json j = json::array();
+    for (const auto& c : list) {
+      j.push_back({{"dir", c.dir}, {"step", c.step}, {"complete", c.complete}, {"in_progress", c.in_progress},
+                   {"problem", c.problem}, {"world_size", c.world_size}, {"stage", c.stage}, {"bytes", c.bytes},
+                   {"created_unix", c.created_unix}});
+    }
+    out << j.dump(1) << "\n";
+    return Status();
+  }
+  if (list.empty()) {
+    out << "no checkpoints under " << root << "\n";
+    return Status();
+  }
+  out << std::left << std::setw(36) << "checkpoint" << std::setw(12) << "status" << std::right << std::setw(9) << "step"
+      << std::setw(7) << "ranks" << std::setw(7) << "stage" << std::setw(13) << "size" << std::setw(7) << "age" << "  problem\n";
+  for (const auto& c : list) {
+    out << std::left << std::setw(36) << fs::path(c.dir).filename().string() << std::setw(12)
+        << (c.complete ? "complete" : c.in_progress ? "in progress" : "INCOMPLETE") << std::right << std::setw(9) << c.step
+        << std::setw(7) << c.world_size << std::setw(7) << c.stage << std::setw(13) << FormatBytes(c.bytes) << std::setw(7)
+        << Age(c.created_unix) << "  " << c.problem << "\n";
+  }
+  return Status();
+}
+
+Status CkptInspect(const std::string& dir, const std::string& tensor, bool stats, bool as_json, std::ostream& out) {
+  ASSIGN_OR_RETURN(Manifest m, ReadManifest(dir), "inspect");
+  // Stored vs raw bytes per kind, from the indexes.
+  std::map<std::string, std::pair<int64_t, int64_t>> ratio;
+  for (int r = 0; r < m.shards; ++r) {
+    ASSIGN_OR_RETURN(RankIndex idx, ReadIndex(dir, r), "inspect");
+    for (const ChunkEntry& c : idx.chunks) {
+      if (c.group < 0 || c.group >= static_cast<int>(m.groups.size())) return DataLossError(IndexFileName(r), ": bad group");
+      const auto& kinds = m.groups[static_cast<size_t>(c.group)].kinds;
+      auto& [raw, stored] = ratio[c.kind >= 0 && c.kind < static_cast<int>(kinds.size()) ? kinds[static_cast<size_t>(c.kind)] : "?"];
+      raw += c.elements * 4;
+      stored += c.stored_bytes;
+    }
+  }
+  json j;
+  j["dir"] = dir;
+  j["format_version"] = kFormatVersion;
+  j["step"] = m.step;
+  j["world_size"] = m.world_size;
+  j["shards"] = m.shards;
+  j["stage"] = m.stage;
+  j["zrt_version"] = m.zrt_version;
+  j["trainer_state"] = m.trainer_state;
+  j["loss_scale"] = m.loss_scale;
+  for (const auto& [kind, rs] : ratio) j["compression"][kind] = {{"raw_bytes", rs.first}, {"stored_bytes", rs.second}};
+  json groups = json::array();
+  for (int g = 0; g < static_cast<int>(m.groups.size()); ++g) {
+    const GroupEntry& ge = m.groups[static_cast<size_t>(g)];
+    ASSIGN_OR_RETURN(ShardLayout l, SavedLayout(m, g));
+    json jg = {{"name", ge.name}, {"lr", ge.lr}, {"weight_decay", ge.weight_decay}, {"kinds", ge.kinds},
+               {"padded_size", l.padded_size()}, {"shard_size", l.shard_size()}};
+    std::vector<std::string> kinds = {"master"};
+    std::unique_ptr<GroupView> gv;
+    json tensors = json::array();
+    for (size_t t = 0; t < ge.tensors.size(); ++t) {
+      const TensorEntry& te = ge.tensors[t];
+      if (!tensor.empty() && te.name.find(tensor) == std::string::npos) continue;
+      json jt = {{"name", te.name}, {"shape", te.shape}, {"dtype", DTypeName(te.dtype)}, {"numel", te.numel},
+                 {"bytes", te.numel * static_cast<int64_t>(DTypeSize(te.dtype))}, {"offset", te.offset}};
+      if (stats) {
+        if (!gv) {
+          ASSIGN_OR_RETURN(GroupView loaded, LoadGroup(dir, m, g, kinds), "inspect --stats");
+          gv = std::make_unique<GroupView>(std::move(loaded));
+        }
+        Stats s;
+        const float* p = gv->data[0].data() + gv->view.groups[0].layout.tensor_offset(static_cast<int64_t>(t));
+        for (int64_t i = 0; i < te.numel; ++i) s.Add(p[i]);
+        jt["stats"] = {{"min", s.n ? s.min : 0.0}, {"max", s.n ? s.max : 0.0}, {"mean", s.mean()}, {"std", s.stddev()},
+                       {"l2", std::sqrt(s.sumsq)}, {"nan", s.nan}, {"inf", s.inf}};
+      }
+      tensors.push_back(std::move(jt));
+    }
+    jg["tensors"] = std::move(tensors);
+    groups.push_back(std::move(jg));
+  }
+  j["groups"] = std::move(groups);
+  if (as_json) {
+    out << j.dump(1) << "\n";
+    return Status();
+  }
+  out << "checkpoint " << dir << "\n  format v" << kFormatVersion << ", step " << m.step << ", saved by " << m.world_size
+      << " rank(s) at stage " << m.stage << " (" << m.shards << " shard file(s)), zrt " << m.zrt_version << "\n";
+  out << "  trainer state: " << m.trainer_state.dump() << "\n";
+  for (const auto& [kind, rs] : ratio) {
+    out << "  " << std::left << std::setw(16) << kind << std::right << FormatBytes(rs.first) << " -> " << FormatBytes(rs.second)
+        << std::fixed << std::setprecision(2) << "  (ratio " << (rs.second ? static_cast<double>(rs.first) / rs.second : 0.0) << ")\n"
+        << std::defaultfloat << std::setprecision(6);
+  }
+  for (const json& jg : j["groups"]) {
+    out << "  group '" << jg["name"].get<std::string>() << "': lr " << jg["lr"].get<double>() << ", " << jg["tensors"].size()
+        << " tensor(s), padded " << jg["padded_size"].get<int64_t>() << " elements, " << m.shards << " x "
+        << jg["shard_size"].get<int64_t>() << " per shard\n";
+    for (const json& jt : jg["tensors"]) {
+      std::ostringstream shape;
+      shape << jt["shape"].dump();
+      out << "    " << std::left << std::setw(24) << jt["name"].get<std::string>() << std::setw(18) << shape.str() << std::setw(6)
+          << jt["dtype"].get<std::string>() << std::right << std::setw(12) << FormatBytes(jt["bytes"].get<int64_t>());
+      if (jt.contains("stats")) {
+        const json& s = jt["stats"];
+        out << std::scientific << std::setprecision(3) << "  min " << s["min"].get<double>() << " max " << s["max"].get<double>()
+            << " mean " << s["mean"].get<double>() << " std " << s["std"].get<double>() << " l2 " << s["l2"].get<double>()
+            << " nan " << s["nan"].get<int64_t>() << " inf " << s["inf"].get<int64_t>() << std::defaultfloat;
+      }
+      out << "\n";
+    }
+  }
+  return Status();
+}
+
+Status CkptVerify(const std::string& dir, bool as_json, std::ostream& out) {
+  std::vector<std::string> problems;
+  RETURN_IF_ERROR(CheckComplete(dir, VerifyLevel::kFull, &problems), "verify");
+  int64_t chunks = 0;
+  if (problems.empty()) {
+    ASSIGN_OR_RETURN(Manifest m, ReadManifest(dir));
+    for (int r = 0; r < m.shards; ++r) chunks += static_cast<int64_t>(ReadIndex(dir, r)->chunks.size());
+  }
+  if (as_json) {
+    out << json{{"dir", dir}, {"ok", problems.empty()}, {"problems", problems}, {"chunks_verified", chunks}}.dump(1) << "\n";
+  } else if (problems.empty()) {
+    out << "OK: " << dir << ": manifest, indexes and " << chunks << " chunks verified\n";
+  } else {
+    for (const std::string& p : problems) out << "BAD: " << p << "\n";
+  }
+  if (!problems.empty()) return DataLossError(dir, ": ", problems.size(), " problem(s): ", problems.front());
+  return Status();
+}
+
+Status CkptReshard(const std::string& dir, const std::string& out_root, int world_size, std::ostream& out) {
+  if (world_size < 1) return InvalidArgumentError("reshard: world size must be >= 1, got ", world_size);
+  ASSIGN_OR_RETURN(Manifest m, ReadManifest(dir), "reshard");
+  std::vector<std::string> problems;
+  RETURN_IF_ERROR(CheckComplete(dir, VerifyLevel::kMetadata, &problems));
+  if (!problems.empty()) return DataLossError("reshard: ", dir, " is not complete: ", problems.front());
+  Manifest nm = m;
+  std::random_device rd;
+  char nonce[17];
+  std::snprintf(nonce, sizeof(nonce), "%08x%08x", rd(), rd());
+  nm.nonce = nonce;
+  nm.world_size = world_size;
+  nm.shards = m.stage == 0 ? 1 : world_size;
+  nm.created_unix = static_cast<int64_t>(std::time(nullptr));
+  const std::string final_dir = out_root + "/" + StepDirName(m.step), tmp = final_dir + ".tmp-" + nm.nonce;
+  if (fs::exists(final_dir)) return AlreadyExistsError("reshard: ", final_dir, " exists");
+  RETURN_IF_ERROR(MakeDirs(tmp));
+  ASSIGN_OR_RETURN(auto io, IoEngine::Create(IoOptions{}));
+  CpuDevice device;
+  auto fail = [&](Status s) {
+    (void)RemoveTree(tmp).ok();
+    return s.WithContext("reshard");
+  };
+  for (int r = 0; r < nm.shards; ++r) {
+    StateView view;
+    view.rank = r;
+    view.world_size = nm.shards;
+    std::vector<DeviceBuffer> bufs;
+    std::vector<ShardPiece32> pieces;
+    for (int g = 0; g < static_cast<int>(m.groups.size()); ++g) {
+      const GroupEntry& ge = m.groups[static_cast<size_t>(g)];
+      StateGroup sg;
+      sg.name = ge.name;
+      std::vector<int64_t> numels;
+      for (const TensorEntry& t : ge.tensors) {
+        sg.tensors.push_back(TensorSpec{t.name, t.shape, t.dtype});
+        numels.push_back(t.numel);
+      }
+      auto layout = ShardLayout::Create(numels, nm.shards, ge.alignment);
+      if (!layout.ok()) return fail(layout.status());
+      sg.layout = *layout;
+      for (size_t k = 0; k < ge.kinds.size(); ++k) {
+        auto b = device.Allocate(static_cast<size_t>(sg.layout.shard_size()) * 4, MemCategory::kStaging, kIoAlignment);
+        if (!b.ok()) return fail(b.status());
+        sg.buffers.push_back({ge.kinds[k], DType::kF32, b->data(), sg.layout.shard_size()});
+        pieces.push_back({g, static_cast<int>(k), b->as<float>(), sg.layout.shard_size()});
+        bufs.push_back(std::move(*b));
+      }
+      view.groups.push_back(std::move(sg));
+    }
+    if (auto l = Load(dir, view); !l.ok()) return fail(l.status());
+    if (Status s = WriteShard(*io, tmp, nm, r, pieces, CompressOptions{}, nullptr, nullptr); !s.ok()) return fail(s);
+    out << "  shard " << r + 1 << "/" << nm.shards << " written\n";
+  }
+  if (Status s = WriteFileDurably(tmp, std::string(kManifestFile), EncodeManifest(nm)); !s.ok()) return fail(s);
+  problems.clear();
+  if (Status s = CheckComplete(tmp, VerifyLevel::kMetadata, &problems); !s.ok() || !problems.empty()) {
+    return fail(s.ok() ? DataLossError(problems.front()) : s);
+  }
+  RETURN_IF_ERROR(FsyncDir(tmp));
+  RETURN_IF_ERROR(RenamePath(tmp, final_dir));
+  RETURN_IF_ERROR(FsyncDir(out_root));
+  RETURN_IF_ERROR(WriteFileDurably(out_root, std::string(kLatestFile), StepDirName(m.step) + "\n"));
+  out << "resharded " << dir << " (" << m.world_size << " ranks) -> " << final_dir << " (" << world_size << " ranks)\n";
+  return Status();
+}
+
+Status CkptDiff(const std::string& a, const std::string& b, bool as_json, std::ostream& out) {
+  ASSIGN_OR_RETURN(Manifest ma, ReadManifest(a), "diff");
+  ASSIGN_OR_RETURN(Manifest mb, ReadManifest(b), "diff");
+  json rows = json::array();
+  double worst = 0;
+  for (int g = 0; g < static_cast<int>(ma.groups.size()); ++g) {
+    const GroupEntry& ge = ma.groups[static_cast<size_t>(g)];
+    ASSIGN_OR_RETURN(GroupView va, LoadGroup(a, ma, g, ge.kinds), "diff: ", a);
+    ASSIGN_OR_RETURN(GroupView vb, LoadGroup(b, ma, g, ge.kinds), "diff: ", b);  // matched by tensor name
+    for (size_t t = 0; t < ge.tensors.size(); ++t) {
+      for (size_t k = 0; k < ge.kinds.size(); ++k) {
+        const int64_t off = va.view.groups[0].layout.tensor_offset(static_cast<int64_t>(t));
+        double max_abs = 0, max_rel = 0;
+        for (int64_t i = 0; i < ge.tensors[t].numel; ++i) {
+          const double x = va.data[k][static_cast<size_t>(off + i)], y = vb.data[k][static_cast<size_t>(off + i)];
+          const double d = std::abs(x - y);
+          max_abs = std::max(max_abs, d);
+          if (d > 0) max_rel = std::max(max_rel, d / std::max({std::abs(x), std::abs(y), 1e-30}));
+        }
+        worst = std::max(worst, max_abs);
+        rows.push_back({{"tensor", ge.tensors[t].name}, {"kind", ge.kinds[k]}, {"max_abs", max_abs}, {"max_rel", max_rel}});
+      }
+    }
+  }
+  if (as_json) {
+    out << json{{"a", a}, {"b", b}, {"step_a", ma.step}, {"step_b", mb.step}, {"tensors", rows}}.dump(1) << "\n";
+    return Status();
+  }
+  out << "diff " << a << " (step " << ma.step << ") vs " << b << " (step " << mb.step << ")\n";
+  for (const json& r : rows) {
+    out << "  " << std::left << std::setw(24) << r["tensor"].get<std::string>() << std::setw(16) << r["kind"].get<std::string>()
+        << std::right << std::scientific << std::setprecision(3) << " max abs " << r["max_abs"].get<double>() << "  max rel "
+        << r["max_rel"].get<double>() << std::defaultfloat << "\n";
+  }
+  out << (worst == 0 ? "identical\n" : "differ\n");
+  return Status();
+}
+
+}  // namespace zrt::tools

@@ -1,0 +1,45 @@
+// The `zrt ckpt ...` and `zrt plan` commands as library functions: each writes its report to `out`
+// and returns a Status (OK, or the problem; the CLI maps it to exit code 1). Unit-tested without argv.
+#pragma once
+
+#include <ostream>
+#include <string>
+
+#include "runtime/core/status.h"
+
+namespace zrt::tools {
+
+// Checkpoints under a root: complete or not (and why), step, size, age, ranks, stage.
+Status CkptLs(const std::string& root, bool json, std::ostream& out);
+
+// Format version, world size, stage, groups and tensors, state kinds, compression ratio per kind,
+// trainer state. `tensor` filters to names containing it; `stats` streams per-tensor statistics of
+// the fp32 master weights (one tensor in memory at a time).
+Status CkptInspect(const std::string& dir, const std::string& tensor, bool stats, bool json, std::ostream& out);
+
+// Re-reads every chunk and checks every checksum and the manifest's consistency. DataLoss listing the
+// problems (each names the file, chunk and tensors) when anything is wrong.
+Status CkptVerify(const std::string& dir, bool json, std::ostream& out);
+
+// Writes a new complete checkpoint in `out_dir` (a root: the step directory goes inside) laid out for
+// `world_size` ranks; one new shard in memory at a time.
+Status CkptReshard(const std::string& dir, const std::string& out_root, int world_size, std::ostream& out);
+
+// Per-tensor (and per state kind) max absolute / relative difference between two checkpoints.
+Status CkptDiff(const std::string& a, const std::string& b, bool json, std::ostream& out);
+
+struct PlanInput {
+  double params = 0;  // or from the transformer shape:
+  int layers = 0, hidden = 0, heads = 0, vocab = 0;
+  int64_t seq = 0, batch = 1;  // micro-batch per device
+  int gpus = 1;
+  int stage = 3;
+  std::string offload = "none";  // none | cpu | nvme
+  int param_bytes = 2;           // bf16/f16 = 2, f32 = 4
+  double gpu_mem_gib = 80;
+  double step_seconds = 0;       // to derive the bandwidth that hides communication
+  double tokens = 0, tflops = 0, power_watts = 0;
+};
+Status Plan(const PlanInput& in, bool json, std::ostream& out);
+
+}  // namespace zrt::tools
