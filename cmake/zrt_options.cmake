@@ -4,7 +4,8 @@
 function(zrt_add_warnings target)
   target_compile_options(${target} PRIVATE
     $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wold-style-cast
-      -Wcast-align -Woverloaded-virtual -Wimplicit-fallthrough>)
+      -Wcast-align -Woverloaded-virtual -Wimplicit-fallthrough
+      -Wno-missing-field-initializers>)  # designated initializers of option structs are idiomatic
   if(ZRT_WERROR)
     target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Werror>)
   endif()
