@@ -41,7 +41,7 @@ Status BroadcastStatus(Communicator* comm, const Status& s, int root) {
   if (comm->rank() == root) {
     buf[0] = static_cast<char>(s.code());
     const std::string_view m = s.message();
-    std::memcpy(buf + 1, m.data(), std::min(m.size(), sizeof(buf) - 2));
+    if (!m.empty()) std::memcpy(buf + 1, m.data(), std::min(m.size(), sizeof(buf) - 2));  // OK has no text (null data)
   }
   RETURN_IF_ERROR(comm->Broadcast(buf, sizeof(buf), DType::kBytes, root), "sharing the checkpoint status");
   const auto code = static_cast<StatusCode>(buf[0]);
@@ -271,7 +271,7 @@ Status Checkpointer::Commit() {
     Status s = BroadcastStatus(comm_, local, static_cast<int>(failing));
     if (comm_->rank() == 0) (void)RemoveTree(job.tmp_dir).ok();
     if (!local.ok()) return local;
-    return Status(s.code(), internal::StrCat("checkpoint of step ", job.manifest.step, " failed on rank ",
+    return Status(s.code(), ::zrt::internal::StrCat("checkpoint of step ", job.manifest.step, " failed on rank ",
                                              static_cast<int>(failing), ": ", s.message()));
   }
   Status s;

@@ -1,6 +1,9 @@
 #include "checkpoint/format.h"
 
+#include <climits>
+#include <cstdint>
 #include <cstdio>
+#include <stdexcept>
 
 namespace zrt::ckpt {
 namespace {
@@ -13,12 +16,7 @@ std::string Hex(uint64_t v) {
   return b;
 }
 
-// Adds "checksum" over the compact dump of the object without it.
-std::string Seal(json j) {
-  const std::string body = j.dump();
-  j["checksum"] = "xxh3:" + Hex(Checksum(body.data(), body.size()));
-  return j.dump(1) + "\n";
-}
+using internal::Seal;
 
 Result<json> Open(std::string_view text, const std::string& where) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -29,11 +27,50 @@ Result<json> Open(std::string_view text, const std::string& where) {
   const std::string body = j.dump();
   const std::string got = "xxh3:" + Hex(Checksum(body.data(), body.size()));
   if (got != want) return DataLossError(where, ": checksum mismatch (stored ", want, ", computed ", got, ")");
-  if (j.value("format", "") != kFormatName) return DataLossError(where, ": not a zrt checkpoint file");
-  if (j.value("version", 0) != kFormatVersion) {
-    return DataLossError(where, ": format version ", j.value("version", 0), " (this zrt reads ", kFormatVersion, ")");
+  // Found by the fuzzer: json::value() throws when the member exists with another type.
+  const json& format = j.contains("format") ? j["format"] : json();
+  const json& version = j.contains("version") ? j["version"] : json();
+  if (!format.is_string() || format.get<std::string>() != kFormatName) return DataLossError(where, ": not a zrt checkpoint file");
+  if (!version.is_number_integer() || version.get<int64_t>() != kFormatVersion) {
+    return DataLossError(where, ": format version ", version.dump(), " (this zrt reads ", kFormatVersion, ")");
   }
   return j;
+}
+
+// Strict typed access (the fuzzer found that nlohmann converts an out-of-range float to int with
+// undefined behaviour): integers must be JSON integers in range, strings strings, arrays arrays.
+struct FieldError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+const json& At(const json& o, const char* name) {
+  if (!o.is_object() || !o.contains(name)) throw FieldError(std::string("missing member '") + name + "'");
+  return o[name];
+}
+int64_t I64(const json& v, const char* name) {
+  if (!v.is_number_integer()) throw FieldError(std::string(name) + " is not an integer");
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) throw FieldError(std::string(name) + " is out of range");
+  return v.get<int64_t>();
+}
+int I32(const json& v, const char* name) {
+  const int64_t x = I64(v, name);
+  if (x < INT32_MIN || x > INT32_MAX) throw FieldError(std::string(name) + " is out of range");
+  return static_cast<int>(x);
+}
+double F64(const json& v, const char* name) {
+  if (!v.is_number()) throw FieldError(std::string(name) + " is not a number");
+  return v.get<double>();
+}
+std::string Str(const json& v, const char* name) {
+  if (!v.is_string()) throw FieldError(std::string(name) + " is not a string");
+  return v.get<std::string>();
+}
+const json& Arr(const json& v, const char* name) {
+  if (!v.is_array()) throw FieldError(std::string(name) + " is not an array");
+  return v;
+}
+const json& Item(const json& a, size_t i, const char* name) {
+  if (!a.is_array() || i >= a.size()) throw FieldError(std::string(name) + " is too short");
+  return a[i];
 }
 
 // nlohmann throws on type errors; the library must not: convert at the boundary.
@@ -47,6 +84,16 @@ auto Guard(const std::string& where, F&& f) -> decltype(f()) {
 }
 
 }  // namespace
+
+namespace internal {
+// Adds "checksum" over the compact dump of the object without it.
+std::string Seal(json j) {
+  j.erase("checksum");
+  const std::string body = j.dump();
+  j["checksum"] = "xxh3:" + Hex(Checksum(body.data(), body.size()));
+  return j.dump(1) + "\n";
+}
+}  // namespace internal
 
 std::string StepDirName(int64_t step) {
   char b[32];
@@ -108,36 +155,37 @@ Result<Manifest> DecodeManifest(std::string_view text, const std::string& where)
   ASSIGN_OR_RETURN(json j, Open(text, where));
   return Guard(where, [&]() -> Result<Manifest> {
     Manifest m;
-    m.nonce = j.at("nonce").get<std::string>();
-    m.step = j.at("step").get<int64_t>();
-    m.world_size = j.at("world_size").get<int>();
-    m.shards = j.at("shards").get<int>();
-    m.stage = j.at("stage").get<int>();
-    m.zrt_version = j.at("zrt_version").get<std::string>();
-    m.created_unix = j.at("created_unix").get<int64_t>();
-    m.chunk_elements = j.at("chunk_elements").get<int64_t>();
-    const json& e = j.at("engine");
-    m.loss_scale = e.at("loss_scale").get<double>();
-    m.scaler_good_steps = e.at("scaler_good_steps").get<int64_t>();
-    m.scaler_hysteresis_left = e.at("scaler_hysteresis_left").get<int>();
-    m.trainer_state = j.at("trainer_state");
+    m.nonce = Str(At(j, "nonce"), "nonce");
+    m.step = I64(At(j, "step"), "step");
+    m.world_size = I32(At(j, "world_size"), "world_size");
+    m.shards = I32(At(j, "shards"), "shards");
+    m.stage = I32(At(j, "stage"), "stage");
+    m.zrt_version = Str(At(j, "zrt_version"), "zrt_version");
+    m.created_unix = I64(At(j, "created_unix"), "created_unix");
+    m.chunk_elements = I64(At(j, "chunk_elements"), "chunk_elements");
+    const json& e = At(j, "engine");
+    m.loss_scale = F64(At(e, "loss_scale"), "loss_scale");
+    m.scaler_good_steps = I64(At(e, "scaler_good_steps"), "scaler_good_steps");
+    m.scaler_hysteresis_left = I32(At(e, "scaler_hysteresis_left"), "scaler_hysteresis_left");
+    m.trainer_state = At(j, "trainer_state");
     if (m.shards < 1 || m.world_size < 1 || m.chunk_elements < 1 || m.step < 0) {
       return DataLossError(where, ": nonsense sizes (shards ", m.shards, ", world_size ", m.world_size, ")");
     }
-    for (const json& g : j.at("groups")) {
+    for (const json& g : Arr(At(j, "groups"), "groups")) {
       GroupEntry ge;
-      ge.name = g.at("name").get<std::string>();
-      ge.lr = g.at("lr").get<double>();
-      ge.weight_decay = g.at("weight_decay").get<double>();
-      ge.alignment = g.at("alignment").get<int64_t>();
-      ge.kinds = g.at("kinds").get<std::vector<std::string>>();
-      for (const json& t : g.at("tensors")) {
+      ge.name = Str(At(g, "name"), "group name");
+      ge.lr = F64(At(g, "lr"), "lr");
+      ge.weight_decay = F64(At(g, "weight_decay"), "weight_decay");
+      ge.alignment = I64(At(g, "alignment"), "alignment");
+      for (const json& k : Arr(At(g, "kinds"), "kinds")) ge.kinds.push_back(Str(k, "kind"));
+      for (const json& t : Arr(At(g, "tensors"), "tensors")) {
         TensorEntry te;
-        te.name = t.at("name").get<std::string>();
-        te.shape = t.at("shape").get<std::vector<int64_t>>();
-        ASSIGN_OR_RETURN(te.dtype, ParseDType(t.at("dtype").get<std::string>()), where, ": tensor '", te.name, "'");
-        te.offset = t.at("offset").get<int64_t>();
-        te.numel = t.at("numel").get<int64_t>();
+        te.name = Str(At(t, "name"), "tensor name");
+        for (const json& d : Arr(At(t, "shape"), "shape")) te.shape.push_back(I64(d, "shape"));
+        ASSIGN_OR_RETURN(te.dtype, ParseDType(Str(At(t, "dtype"), "dtype")), where, ": tensor '", te.name, "'");
+        te.offset = I64(At(t, "offset"), "offset");
+        te.numel = I64(At(t, "numel"), "numel");
+        if (te.offset < 0 || te.numel < 0) return DataLossError(where, ": tensor '", te.name, "' has a negative offset or size");
         ge.tensors.push_back(std::move(te));
       }
       m.groups.push_back(std::move(ge));
@@ -171,23 +219,28 @@ Result<RankIndex> DecodeIndex(std::string_view text, const std::string& where) {
   ASSIGN_OR_RETURN(json j, Open(text, where));
   return Guard(where, [&]() -> Result<RankIndex> {
     RankIndex r;
-    r.nonce = j.at("nonce").get<std::string>();
-    r.step = j.at("step").get<int64_t>();
-    r.rank = j.at("rank").get<int>();
-    r.shards = j.at("shards").get<int>();
-    r.data_file = j.at("data_file").get<std::string>();
-    r.data_bytes = j.at("data_bytes").get<int64_t>();
-    for (const json& c : j.at("chunks")) {
+    r.nonce = Str(At(j, "nonce"), "nonce");
+    r.step = I64(At(j, "step"), "step");
+    r.rank = I32(At(j, "rank"), "rank");
+    r.shards = I32(At(j, "shards"), "shards");
+    r.data_file = Str(At(j, "data_file"), "data_file");
+    r.data_bytes = I64(At(j, "data_bytes"), "data_bytes");
+    for (const json& c : Arr(At(j, "chunks"), "chunks")) {
       ChunkEntry e;
-      e.group = c.at(0).get<int>();
-      e.kind = c.at(1).get<int>();
-      e.elem_offset = c.at(2).get<int64_t>();
-      e.elements = c.at(3).get<int64_t>();
-      e.file_offset = c.at(4).get<int64_t>();
-      e.stored_bytes = c.at(5).get<int64_t>();
-      ASSIGN_OR_RETURN(e.codec, ParseCodec(c.at(6).get<std::string>()), where);
-      e.xxh3 = std::stoull(c.at(7).get<std::string>(), nullptr, 16);
-      if (e.elements < 0 || e.stored_bytes < 0 || e.file_offset < 0 || e.file_offset + e.stored_bytes > r.data_bytes) {
+      e.group = I32(Item(c, 0, "chunk"), "chunk group");
+      e.kind = I32(Item(c, 1, "chunk"), "chunk kind");
+      e.elem_offset = I64(Item(c, 2, "chunk"), "chunk elem_offset");
+      e.elements = I64(Item(c, 3, "chunk"), "chunk elements");
+      e.file_offset = I64(Item(c, 4, "chunk"), "chunk file_offset");
+      e.stored_bytes = I64(Item(c, 5, "chunk"), "chunk stored_bytes");
+      ASSIGN_OR_RETURN(e.codec, ParseCodec(Str(Item(c, 6, "chunk"), "chunk codec")), where);
+      const std::string hex = Str(Item(c, 7, "chunk"), "chunk checksum");
+      if (hex.empty() || hex.size() > 16 || hex.find_first_not_of("0123456789abcdef") != std::string::npos) {
+        return DataLossError(where, ": bad chunk checksum '", hex, "'");
+      }
+      e.xxh3 = std::stoull(hex, nullptr, 16);
+      if (e.elements < 0 || e.elem_offset < 0 || e.stored_bytes < 0 || e.file_offset < 0 ||
+          e.stored_bytes > r.data_bytes || e.file_offset > r.data_bytes - e.stored_bytes) {
         return DataLossError(where, ": chunk outside the data file");
       }
       r.chunks.push_back(e);

@@ -92,6 +92,11 @@ Result<Manifest> DecodeManifest(std::string_view text, const std::string& where)
 std::string EncodeIndex(const RankIndex& r);
 Result<RankIndex> DecodeIndex(std::string_view text, const std::string& where);
 
+namespace internal {
+// Adds the "checksum" member to a JSON object and serialises it (what Encode* do); for tools and fuzzers.
+std::string Seal(nlohmann::json j);
+}  // namespace internal
+
 // The layout a group had when saved (shards ranks, the saved alignment).
 Result<ShardLayout> SavedLayout(const Manifest& m, int group);
 

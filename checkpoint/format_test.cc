@@ -65,6 +65,17 @@ TEST(Format, CorruptionIsDetectedAndNamed) {
   EXPECT_EQ(SavedLayout(*dec, 0).status().code(), StatusCode::kDataLoss);
 }
 
+TEST(Format, WrongMemberTypesAreDataLossNotACrash) {
+  // Regression (found by tests/fuzz): a sealed object whose "format" or "version" has another type.
+  for (const char* bad : {R"({"format": 7, "version": 1})", R"({"format": "zrt-checkpoint", "version": "1"})",
+                          R"({"format": "zrt-checkpoint", "version": 1, "nonce": 5})",
+                          R"({"format": "zrt-checkpoint", "version": 1, "chunks": [[1, 2]]})"}) {
+    const std::string text = internal::Seal(nlohmann::json::parse(bad));
+    EXPECT_EQ(DecodeManifest(text, "m").status().code(), StatusCode::kDataLoss) << bad;
+    EXPECT_EQ(DecodeIndex(text, "i").status().code(), StatusCode::kDataLoss) << bad;
+  }
+}
+
 TEST(Format, IndexRoundTripAndBounds) {
   RankIndex r;
   r.nonce = "n";

@@ -56,7 +56,7 @@ std::string TensorsIn(const Manifest& m, const ShardLayout& l, int group, int ra
 std::string ChunkName(const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k) {
   const ChunkEntry& c = r.chunks[k];
   const GroupEntry& g = m.groups[static_cast<size_t>(c.group)];
-  return internal::StrCat(r.data_file, " chunk ", k, " (group '", g.name, "', ",
+  return ::zrt::internal::StrCat(r.data_file, " chunk ", k, " (group '", g.name, "', ",
                           c.kind >= 0 && c.kind < static_cast<int>(g.kinds.size()) ? g.kinds[static_cast<size_t>(c.kind)] : "?",
                           ", elements ", c.elem_offset, "..", c.elem_offset + c.elements, ", ",
                           TensorsIn(m, l, c.group, r.rank, c.elem_offset, c.elem_offset + c.elements), ")");
@@ -118,7 +118,7 @@ Status CheckComplete(const std::string& dir, VerifyLevel level, std::vector<std:
       continue;
     }
     if (static_cast<int64_t>(size) != idx->data_bytes) {
-      problems->push_back(internal::StrCat(idx->data_file, ": ", size, " bytes, the index says ", idx->data_bytes, " (truncated?)"));
+      problems->push_back(::zrt::internal::StrCat(idx->data_file, ": ", size, " bytes, the index says ", idx->data_bytes, " (truncated?)"));
       continue;
     }
     // Every (group, kind) shard is covered exactly once by its chunks.
@@ -134,7 +134,7 @@ Status CheckComplete(const std::string& dir, VerifyLevel level, std::vector<std:
           at += n;
         }
         if (at != layouts[static_cast<size_t>(g)].shard_size()) {
-          problems->push_back(internal::StrCat(IndexFileName(r), ": group '", m->groups[static_cast<size_t>(g)].name, "' ",
+          problems->push_back(::zrt::internal::StrCat(IndexFileName(r), ": group '", m->groups[static_cast<size_t>(g)].name, "' ",
                                                m->groups[static_cast<size_t>(g)].kinds[static_cast<size_t>(k)],
                                                " is not covered by its chunks"));
         }
@@ -159,7 +159,7 @@ Status CheckComplete(const std::string& dir, VerifyLevel level, std::vector<std:
           std::vector<char> gap(static_cast<size_t>(b - at));
           Status rs = (*io)->ReadSync(*f, gap.data(), gap.size(), at);
           if (!rs.ok() || std::any_of(gap.begin(), gap.end(), [](char c) { return c != 0; })) {
-            problems->push_back(internal::StrCat(idx->data_file, ": padding bytes ", at, "..", b,
+            problems->push_back(::zrt::internal::StrCat(idx->data_file, ": padding bytes ", at, "..", b,
                                                  " between chunks are not zero (corrupt)"));
           }
         }
@@ -168,7 +168,7 @@ Status CheckComplete(const std::string& dir, VerifyLevel level, std::vector<std:
       for (size_t k = 0; k < idx->chunks.size(); ++k) {
         const int g = idx->chunks[k].group;
         if (g < 0 || g >= static_cast<int>(layouts.size())) {
-          problems->push_back(internal::StrCat(idx->data_file, " chunk ", k, ": unknown group ", g));
+          problems->push_back(::zrt::internal::StrCat(idx->data_file, " chunk ", k, ": unknown group ", g));
           continue;
         }
         Status s = ReadChunk(**io, *f, *m, layouts[static_cast<size_t>(g)], *idx, k, &chunk, &scratch, &bytes);
@@ -208,7 +208,7 @@ Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, Ver
       Status s = CheckComplete(info.dir, level, &problems);
       info.complete = s.ok() && problems.empty();
       if (!s.ok()) info.problem = std::string(s.message());
-      if (!problems.empty()) info.problem = problems.front() + (problems.size() > 1 ? internal::StrCat(" (+", problems.size() - 1, " more)") : "");
+      if (!problems.empty()) info.problem = problems.front() + (problems.size() > 1 ? ::zrt::internal::StrCat(" (+", problems.size() - 1, " more)") : "");
     }
     out.push_back(std::move(info));
   }
@@ -230,6 +230,29 @@ Result<std::string> FindLatestComplete(const std::string& root, VerifyLevel leve
     skipped += " " + fs::path(c.dir).filename().string() + " (" + c.problem + ")";
   }
   return NotFoundError("no complete checkpoint under ", root, skipped.empty() ? "" : ":" + skipped);
+}
+
+Status PlanReshard(const Manifest& m, int new_shards, const std::function<void(const ReshardRead&)>& visit) {
+  if (new_shards < 1) return InvalidArgumentError("reshard plan: new shard count must be >= 1, got ", new_shards);
+  for (int g = 0; g < static_cast<int>(m.groups.size()); ++g) {
+    ASSIGN_OR_RETURN(ShardLayout old_l, SavedLayout(m, g));
+    std::vector<int64_t> numels;
+    for (const TensorEntry& t : m.groups[static_cast<size_t>(g)].tensors) numels.push_back(t.numel);
+    ASSIGN_OR_RETURN(ShardLayout new_l, ShardLayout::Create(numels, new_shards, old_l.alignment()));
+    // Only real elements need reading: [0, end of the last tensor) in flat coordinates.
+    const int64_t end = numels.empty() ? 0 : new_l.tensor_offset(new_l.num_tensors() - 1) + numels.back();
+    int old_r = 0;
+    for (int r = 0; r < new_shards; ++r) {
+      const int64_t b = new_l.shard_begin(r), e = std::min(new_l.shard_end(r), end);
+      if (b >= e) break;
+      while (old_l.shard_end(old_r) <= b) ++old_r;
+      for (int o = old_r; o < old_l.world_size() && old_l.shard_begin(o) < e; ++o) {
+        const int64_t lo = std::max(b, old_l.shard_begin(o)), hi = std::min(e, old_l.shard_end(o));
+        visit(ReshardRead{r, o, g, lo - b, lo - old_l.shard_begin(o), hi - lo});
+      }
+    }
+  }
+  return Status();
 }
 
 // ---- Load ------------------------------------------------------------------------------------------

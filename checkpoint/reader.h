@@ -6,6 +6,7 @@
 // independently). Tensors are matched by name, so the grouping and alignment may differ too.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,21 @@ Result<std::string> FindLatestComplete(const std::string& root, VerifyLevel leve
 
 Result<Manifest> ReadManifest(const std::string& dir);
 Result<RankIndex> ReadIndex(const std::string& dir, int rank);
+
+// One contiguous read of a reshard: elements [old_offset, old_offset + count) of saved shard
+// `old_rank` of `group` land at [new_offset, ...) of new shard `new_rank`.
+struct ReshardRead {
+  int new_rank;
+  int old_rank;
+  int group;
+  int64_t new_offset;
+  int64_t old_offset;
+  int64_t count;
+};
+// Visits every read an M-shard layout (same alignment as saved) needs from the checkpoint described
+// by `m`, without touching data: with equal alignment every tensor keeps its flat offset, so the plan
+// is the intersection of old and new shard boundaries, O(groups x (old + new shards)) in all.
+Status PlanReshard(const Manifest& m, int new_shards, const std::function<void(const ReshardRead&)>& visit);
 
 struct LoadOptions {
   bool params_only = false;  // load fp32 master weights only; moments start at zero (fine-tuning)

@@ -1,0 +1,201 @@
+// bench/checkpoint (under mpirun; ./scripts/bench runs it on 4 ranks with fio's figures): a bf16 + Adam
+// model at stage 3.
+//   stall per save        vs a plain memcpy of the same bytes into already-touched memory
+//   write throughput      all ranks' bytes / slowest rank's background write time, vs fio seq write
+//   step slowdown         training steps while a save is in flight vs without
+//   load, reshard-load    N -> N and N -> 2 ranks, bytes read / time, vs fio seq read
+//   compression           ratio and MB/s per core, plain zstd vs byte-grouped, for bf16 weights and
+//                         fp32 master / moments (zstd level 1)
+//   reshard plan          1T parameters, 100k tensors, 16384 -> 12288 ranks, metadata only
+//
+//   mpirun -n 4 checkpoint_bench --dir DIR [--params P] [--fio-write-mbps W] [--fio-read-mbps R]
+#include <mpi.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include "bench/bench_util.h"
+#include "checkpoint/checkpointer.h"
+#include "checkpoint/reader.h"
+#include "runtime/core/mpi_communicator.h"
+#include "runtime/engine.h"
+
+using namespace zrt;
+using namespace zrt::ckpt;
+
+namespace {
+double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+double MaxOver(Communicator& c, double v) {
+  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  (void)c;
+  return v;
+}
+double SumOver(double v) {
+  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  return v;
+}
+std::unique_ptr<ZeroEngine> MakeEngine(Communicator* comm, Device* dev, int stage, int64_t params, int groups) {
+  EngineConfig cfg;
+  cfg.stage = stage;
+  cfg.optimizer_threads = 1;
+  auto e = ZeroEngine::Create(comm, dev, cfg).value();
+  for (int g = 0; g < groups; ++g) (void)e->AddParam("w" + std::to_string(g), {params / groups}, DType::kBF16, "l" + std::to_string(g));
+  (void)e->Finalize([](int64_t p, int64_t off, int64_t n, float* out) {
+    for (int64_t i = 0; i < n; ++i) out[i] = 0.02f * std::sin(0.001f * static_cast<float>(off + i) + static_cast<float>(p));
+  });
+  return e;
+}
+void Step(ZeroEngine& e, int64_t n_per_group) {
+  for (int g = e.num_groups() - 1; g >= 0; --g) {
+    (void)e.Gather(g);
+    auto* h = static_cast<uint16_t*>(*e.GradBuffer(g));
+    for (int64_t i = 0; i < n_per_group; i += 4096) h[i] = FloatToBf16(1e-3f);
+    (void)e.Release(g);
+    (void)e.GradsReady(g);
+  }
+  (void)e.Step();
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto session = MpiSession::Init(&argc, &argv).value();
+  int64_t params = 500'000'000;
+  int groups = 16;
+  double fio_w = -1, fio_r = -1;
+  std::string dir = "/tmp/zrt-ckpt-bench";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--params") params = std::atoll(argv[i + 1]);
+    else if (a == "--dir") dir = argv[i + 1];
+    else if (a == "--fio-write-mbps") fio_w = std::atof(argv[i + 1]);
+    else if (a == "--fio-read-mbps") fio_r = std::atof(argv[i + 1]);
+  }
+  auto comm = MpiCommunicator::Create().value();
+  const int rank = comm->rank(), n = comm->size();
+  if (rank == 0) std::filesystem::remove_all(dir);
+  comm->Barrier().IgnoreError();
+  CpuDevice dev;
+  auto e = MakeEngine(comm.get(), &dev, 3, params, groups);
+  const int64_t per_group = params / groups;
+  CheckpointOptions co;
+  co.root = dir;
+  co.keep_last = 2;
+  auto ck = Checkpointer::Create(comm.get(), &dev, co).value();
+  // Warm-up save (allocates and touches the staging memory once).
+  Step(*e, per_group);
+  (void)ck->SaveAsync(e->state_view());
+  (void)ck->Wait();
+
+  // memcpy baseline: the same bytes into touched memory.
+  int64_t bytes = 0;
+  for (const StateGroup& g : e->state_view().groups) {
+    for (const StateBuffer& b : g.buffers) bytes += b.count * 4;
+  }
+  std::vector<char> sink(static_cast<size_t>(bytes), 1);
+  double t = Now();
+  int64_t off = 0;
+  for (const StateGroup& g : e->state_view().groups) {
+    for (const StateBuffer& b : g.buffers) {
+      std::memcpy(sink.data() + off, b.data, static_cast<size_t>(b.count) * 4);
+      off += b.count * 4;
+    }
+  }
+  const double memcpy_s = MaxOver(*comm, Now() - t);
+
+  // Step time without a save, then with a save in flight.
+  const int k = 3;
+  comm->Barrier().IgnoreError();
+  t = Now();
+  for (int i = 0; i < k; ++i) Step(*e, per_group);
+  const double plain = MaxOver(*comm, Now() - t) / k;
+  Step(*e, per_group);
+  comm->Barrier().IgnoreError();
+  (void)ck->SaveAsync(e->state_view());
+  const double stall = MaxOver(*comm, ck->last_stats().stall_seconds);
+  t = Now();
+  for (int i = 0; i < k; ++i) Step(*e, per_group);
+  const double busy = MaxOver(*comm, Now() - t) / k;
+  Status w = ck->Wait();
+  const double write_s = MaxOver(*comm, ck->last_stats().write_seconds);
+  const double total_bytes = SumOver(static_cast<double>(ck->last_stats().stored_bytes));
+  const std::string latest = *FindLatestComplete(dir);
+
+  // Load N -> N, then N -> 2.
+  auto e2 = MakeEngine(comm.get(), &dev, 3, params, groups);
+  comm->Barrier().IgnoreError();
+  t = Now();
+  auto lr = Load(latest, e2->state_view());
+  const double load_s = MaxOver(*comm, Now() - t);
+  const double load_bytes = SumOver(lr.ok() ? static_cast<double>(lr->bytes_read) : 0.0);
+  e2.reset();
+  double reshard_s = 0, reshard_bytes = 0;
+  {
+    auto sub = comm->Split(rank < 2 ? 0 : -1, rank).value();
+    double s = 0, b = 0;
+    if (sub) {
+      auto e3 = MakeEngine(sub.get(), &dev, 3, params, groups);
+      t = Now();
+      auto r = Load(latest, e3->state_view());
+      s = Now() - t;
+      b = r.ok() ? static_cast<double>(r->bytes_read) : 0;
+    }
+    reshard_s = MaxOver(*comm, s);
+    reshard_bytes = SumOver(b);
+  }
+  if (rank == 0) {
+    std::printf("bench/checkpoint: %.0fM bf16 parameters + Adam, stage 3, %d ranks, %s per rank of fp32 state\n", params / 1e6, n,
+                FormatBytes(bytes).c_str());
+    std::printf("  stall per save      %8.3f s   memcpy of the same bytes %8.3f s   ratio %.2f (target <= 1.2)\n", stall,
+                memcpy_s, stall / memcpy_s);
+    const double wmb = total_bytes / write_s / 1e6;
+    std::printf("  background write    %8.0f MB/s (all ranks)   fio seq write %8.0f MB/s   ratio %.2f (target >= 0.85)%s\n", wmb,
+                fio_w, fio_w > 0 ? wmb / fio_w : 0.0, w.ok() ? "" : "  [save FAILED]");
+    std::printf("  step time           %8.3f s plain, %8.3f s with a save in flight: slowdown %.1f%% (target < 10%%)\n", plain,
+                busy, 100.0 * (busy / plain - 1));
+    const double lmb = load_bytes / load_s / 1e6, rmb = reshard_bytes / reshard_s / 1e6;
+    std::printf("  load %d -> %d         %8.0f MB/s   reshard-load %d -> 2 %8.0f MB/s   fio seq read %8.0f MB/s\n", n, n, lmb, n, rmb,
+                fio_r);
+    bench::PrintResult("checkpoint", "stall per save", stall, "s", memcpy_s, "memcpy s");
+    bench::PrintResult("checkpoint", "background write", wmb, "MB/s", fio_w, "fio seq write MB/s");
+    bench::PrintResult("checkpoint", "step with save in flight", busy, "s", plain, "step without save s");
+    bench::PrintResult("checkpoint", "load N->N", lmb, "MB/s", fio_r, "fio seq read MB/s");
+    bench::PrintResult("checkpoint", "reshard-load N->2", rmb, "MB/s", fio_r, "fio seq read MB/s");
+
+    // Compression of real state: master (fp32), moments (fp32), weights (bf16).
+    const StateView v = e->state_view();
+    const StateBuffer& master = v.groups[0].buffers[0];
+    const StateBuffer& moment = v.groups[0].buffers[2];
+    const size_t take = static_cast<size_t>(std::min<int64_t>(master.count, 16 << 20));
+    std::vector<uint16_t> bf16(take);
+    for (size_t i = 0; i < take; ++i) bf16[i] = FloatToBf16(static_cast<const float*>(master.data)[i]);
+    struct Case {
+      const char* name;
+      const void* data;
+      size_t bytes, esize;
+    } cases[] = {{"bf16 weights", bf16.data(), take * 2, 2}, {"fp32 master", master.data, take * 4, 4},
+                 {"fp32 exp_avg_sq", moment.data, take * 4, 4}};
+    std::vector<char> scratch, out;
+    for (const Case& c : cases) {
+      for (Codec codec : {Codec::kZstd, Codec::kByteGroupZstd}) {
+        const double t0 = Now();
+        size_t stored = 0;
+        for (size_t o = 0; o < c.bytes; o += size_t{4} << 20) {
+          const size_t len = std::min(c.bytes - o, size_t{4} << 20);
+          auto used = EncodeChunk(static_cast<const char*>(c.data) + o, len, c.esize, {codec, 1}, &scratch, &out);
+          stored += used.ok() && *used != Codec::kRaw ? out.size() : len;
+        }
+        const double secs = Now() - t0;
+        std::printf("  compress %-16s %-8s ratio %.2f  %6.0f MB/s per core\n", c.name, std::string(CodecName(codec)).c_str(),
+                    static_cast<double>(c.bytes) / stored, c.bytes / secs / 1e6);
+        char what[96];
+        std::snprintf(what, sizeof(what), "compress %s %s (%.0f MB/s/core)", c.name, std::string(CodecName(codec)).c_str(),
+                      c.bytes / secs / 1e6);
+        bench::PrintResult("checkpoint", what, static_cast<double>(c.bytes) / stored, "x smaller", 0, "-");
+      }
+    }
+    std::filesystem::remove_all(dir);
+  }
+  return 0;
+}
