@@ -42,6 +42,18 @@ int main(int argc, char** argv) {
   reshard->add_option("DIR", dir, "checkpoint directory")->required();
   reshard->add_option("OUT", out_dir, "output root (the step directory is created inside)")->required();
   reshard->add_option("--world-size", world, "ranks of the new layout")->required()->check(CLI::PositiveNumber);
+  std::string states = "params", xdtype = "f32";
+  int stage = 3;
+  CLI::App* exp = ckpt->add_subcommand("export", "consolidated, unsharded tensors in one HDF5 file");
+  exp->add_option("DIR", dir, "checkpoint directory")->required();
+  exp->add_option("OUT", out_dir, "output .h5 file")->required();
+  exp->add_option("--states", states, "params | all (with the optimizer state)");
+  exp->add_option("--dtype", xdtype, "f32 | bf16");
+  CLI::App* imp = ckpt->add_subcommand("import", "an HDF5 file of tensors into a checkpoint for M ranks");
+  imp->add_option("IN", dir, "input .h5 file")->required();
+  imp->add_option("OUT", out_dir, "output root (the step directory is created inside)")->required();
+  imp->add_option("--world-size", world, "ranks of the new layout")->required()->check(CLI::PositiveNumber);
+  imp->add_option("--stage", stage, "stage recorded (0 gives one shard file)")->check(CLI::Range(0, 3));
   CLI::App* diff = ckpt->add_subcommand("diff", "per-tensor max abs/rel difference of two checkpoints");
   diff->add_option("A", dir, "checkpoint directory")->required();
   diff->add_option("B", other, "checkpoint directory")->required();
@@ -82,6 +94,8 @@ int main(int argc, char** argv) {
   if (*verify) return Report(zrt::tools::CkptVerify(dir, json, std::cout));
   if (*reshard) return Report(zrt::tools::CkptReshard(dir, out_dir, world, std::cout));
   if (*diff) return Report(zrt::tools::CkptDiff(dir, other, json, std::cout));
+  if (*exp) return Report(zrt::tools::CkptExport(dir, out_dir, states, xdtype, std::cout));
+  if (*imp) return Report(zrt::tools::CkptImport(dir, out_dir, world, stage, std::cout));
   if (*plan) {
     if (dtype == "f32" || dtype == "fp32") pi.param_bytes = 4;
     else if (dtype != "bf16" && dtype != "f16" && dtype != "fp16") return Report(zrt::InvalidArgumentError("plan: unknown --dtype ", dtype));

@@ -146,6 +146,7 @@ class [[nodiscard]] Result {
 // RETURN_IF_ERROR(expr)                   returns the Status of `expr` if it is not OK
 // RETURN_IF_ERROR(expr, "ctx ", x, ...)  same, with "ctx x...: " prepended (built only on error)
 // ASSIGN_OR_RETURN(lhs, expr [, ctx...]) evaluates a Result, returns its error or assigns the value
+//                                        (several statements: brace it under an if)
 #define ZRT_CONCAT_INNER(a, b) a##b
 #define ZRT_CONCAT(a, b) ZRT_CONCAT_INNER(a, b)
 

@@ -3,7 +3,8 @@
 # (scripts/bench adds python3-torch, the peer it measures against; run with /usr/bin/python3, which is
 # the interpreter Debian installs it for, whatever python3 comes first on PATH.)
 ZRT_PACKAGES=(cmake g++ make pkg-config libgtest-dev libopenmpi-dev openmpi-bin nlohmann-json3-dev libcli11-dev
-              liburing-dev libzstd-dev libxxhash-dev wamerican clang libclang-rt-14-dev)
+              liburing-dev libzstd-dev libxxhash-dev wamerican clang libclang-rt-14-dev
+              libhdf5-dev python3-h5py)
 
 zrt_root() { cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd; }
 

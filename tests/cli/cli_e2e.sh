@@ -21,6 +21,7 @@ step="$work/ck/step-00000060"
 expect 0 "$zrt" ckpt ls "$work/ck";              grep -q "step-00000060 *complete" "$work/out.txt" || fail "ls"
 expect 0 "$zrt" ckpt ls --json "$work/ck";       python3 -c "import json,sys; d=json.load(open('$work/out.txt')); assert d[0]['complete'] and d[0]['world_size']==3" || fail "ls --json"
 expect 0 "$zrt" ckpt inspect "$step" --stats;    grep -q "w1 .*min .*max .*nan 0 inf 0" "$work/out.txt" || fail "inspect --stats"
+expect 0 "$zrt" ckpt inspect --json "$step" --stats;  cp "$work/out.txt" "$work/inspect.json"
 expect 0 "$zrt" ckpt inspect --json "$step" --tensor w2
 python3 -c "import json; d=json.load(open('$work/out.txt')); t=[t['name'] for g in d['groups'] for t in g['tensors']]; assert t==['w2'], t; assert d['trainer_state']['seed']==1234" || fail "inspect --json --tensor"
 expect 0 "$zrt" ckpt verify "$step"
@@ -33,6 +34,47 @@ mpirun -n 2 --oversubscribe --bind-to none "$charlm" --steps 80 --stage 3 --prin
   || fail "resume from the resharded checkpoint"
 grep -q "resumed from $work/re2/step-00000060" "$work/resume.log" || fail "did not resume from the resharded copy"
 grep -q "SUMMARY steps=80" "$work/resume.log" || fail "resumed run did not finish"
+
+# HDF5: export (read back with h5py), import for another world size, identical state.
+expect 0 "$zrt" ckpt export "$step" "$work/model.h5" --states all
+/usr/bin/python3 - "$work/model.h5" "$work/inspect.json" <<'PY' || fail "h5py read-back"
+import json, sys, math, h5py
+f = h5py.File(sys.argv[1], "r")
+assert f.attrs["step"] == 60 and f.attrs["world_size"] == 3, dict(f.attrs)
+assert json.loads(f.attrs["trainer_state"])["seed"] == 1234
+w1 = f["params/w1"]
+assert w1.shape == (128, 96) and w1.dtype == "float32", (w1.shape, w1.dtype)
+assert set(f["optimizer"].keys()) == {"exp_avg", "exp_avg_sq"}, list(f["optimizer"].keys())
+assert f["optimizer/exp_avg_sq/w1"].shape == (128, 96)
+assert float(f["optimizer/exp_avg_sq/w1"][...].min()) >= 0
+stats = {t["name"]: t["stats"] for g in json.load(open(sys.argv[2]))["groups"] for t in g["tensors"]}
+l2 = math.sqrt(float((w1[...].astype("float64") ** 2).sum()))
+assert abs(l2 - stats["w1"]["l2"]) <= 1e-5 * l2, (l2, stats["w1"]["l2"])
+print("h5py read-back OK: w1", w1.shape, "l2", round(l2, 4))
+PY
+expect 0 "$zrt" ckpt import "$work/model.h5" "$work/imp" --world-size 4
+expect 0 "$zrt" ckpt verify "$work/imp/step-00000060"
+expect 0 "$zrt" ckpt diff "$step" "$work/imp/step-00000060";  grep -q "^identical" "$work/out.txt" || fail "export -> import changed the state"
+expect 0 "$zrt" ckpt export "$step" "$work/model_bf16.h5" --dtype bf16
+/usr/bin/python3 -c "import h5py; d=h5py.File('$work/model_bf16.h5')['params/w2']; assert d.dtype=='uint16' and d.attrs['zrt_dtype']==b'bf16' or d.attrs['zrt_dtype']=='bf16'" || fail "bf16 export"
+# A file made elsewhere (h5py, no zrt attributes) imports too; a wrong layout is refused clearly.
+/usr/bin/python3 - "$work" <<'PY'
+import sys, numpy as np, h5py
+with h5py.File(sys.argv[1] + "/foreign.h5", "w") as f:
+    f["params/a"] = np.arange(12, dtype="float32").reshape(3, 4)
+    f["params/b"] = np.ones(5, dtype="float64")
+with h5py.File(sys.argv[1] + "/wrong.h5", "w") as f:
+    f["weights/a"] = np.zeros(3, dtype="float32")
+with h5py.File(sys.argv[1] + "/ints.h5", "w") as f:
+    f["params/a"] = np.zeros(3, dtype="int32")
+PY
+expect 0 "$zrt" ckpt import "$work/foreign.h5" "$work/foreign" --world-size 3
+expect 0 "$zrt" ckpt inspect --json "$work/foreign/step-00000000" --stats
+/usr/bin/python3 -c "import json; d=json.load(open('$work/out.txt')); t={t['name']:t for g in d['groups'] for t in g['tensors']}; assert t['a']['stats']['max']==11 and t['b']['stats']['mean']==1, t" || fail "foreign import"
+expect 1 "$zrt" ckpt import "$work/wrong.h5" "$work/w" --world-size 2;  grep -q "no /params group" "$work/err.txt" || fail "wrong layout message"
+expect 1 "$zrt" ckpt import "$work/ints.h5" "$work/w" --world-size 2;   grep -q "not floating point" "$work/err.txt" || fail "int dataset message"
+expect 1 "$zrt" ckpt import "$work/nope.h5" "$work/w" --world-size 2
+expect 1 "$zrt" ckpt export "$step" "$work/x.h5" --states some
 
 # Problems: exit 1 with a message naming what is wrong.
 cp -r "$step" "$work/bad"

@@ -12,7 +12,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include "checkpoint/fs_util.h"
+#include "checkpoint/hdf5_io.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/shard_writer.h"
 #include "runtime/core/device.h"
@@ -80,7 +83,42 @@ struct Stats {
   double stddev() const { return n ? std::sqrt(std::max(0.0, sumsq / n - mean() * mean())) : 0; }
 };
 
+// A progress bar on stderr when it is a terminal; nothing otherwise (logs, pipes, tests).
+ProgressFn TtyProgress(const std::string& what) {
+  if (!::isatty(STDERR_FILENO)) return nullptr;
+  return [what](int64_t done, int64_t total) {
+    const int width = 30, filled = total > 0 ? static_cast<int>(width * done / total) : width;
+    std::fprintf(stderr, "\r%s [%s%s] %lld/%lld", what.c_str(), std::string(static_cast<size_t>(filled), '#').c_str(),
+                 std::string(static_cast<size_t>(width - filled), ' ').c_str(), static_cast<long long>(done), static_cast<long long>(total));
+    if (done >= total) std::fprintf(stderr, "\n");
+  };
+}
+
 }  // namespace
+
+Status CkptExport(const std::string& dir, const std::string& out_h5, const std::string& states, const std::string& dtype,
+                  std::ostream& out) {
+  ExportOptions o;
+  if (states != "params" && states != "all") return InvalidArgumentError("export: --states must be params or all, got '", states, "'");
+  o.all_states = states == "all";
+  if (dtype == "bf16") {
+    o.dtype = DType::kBF16;
+  } else if (dtype != "f32") {
+    return InvalidArgumentError("export: --dtype must be f32 or bf16, got '", dtype, "'");
+  }
+  RETURN_IF_ERROR(ExportHdf5(dir, out_h5, o, TtyProgress("exporting")));
+  out << "exported " << dir << " -> " << out_h5 << " (" << states << ", " << dtype << ")\n";
+  return Status();
+}
+
+Status CkptImport(const std::string& in_h5, const std::string& out_root, int world_size, int stage, std::ostream& out) {
+  ImportOptions o;
+  o.world_size = world_size;
+  o.stage = stage;
+  RETURN_IF_ERROR(ImportHdf5(in_h5, out_root, o, TtyProgress("importing")));
+  out << "imported " << in_h5 << " -> " << out_root << " (" << world_size << " ranks, stage " << stage << ")\n";
+  return Status();
+}
 
 Status CkptLs(const std::string& root, bool as_json, std::ostream& out) {
   ASSIGN_OR_RETURN(auto list, ListCheckpoints(root));
@@ -236,6 +274,7 @@ Status CkptReshard(const std::string& dir, const std::string& out_root, int worl
   RETURN_IF_ERROR(MakeDirs(tmp));
   ASSIGN_OR_RETURN(auto io, IoEngine::Create(IoOptions{}));
   CpuDevice device;
+  const ProgressFn progress = TtyProgress("resharding");
   auto fail = [&](Status s) {
     (void)RemoveTree(tmp).ok();
     return s.WithContext("reshard");
@@ -269,7 +308,7 @@ Status CkptReshard(const std::string& dir, const std::string& out_root, int worl
     }
     if (auto l = Load(dir, view); !l.ok()) return fail(l.status());
     if (Status s = WriteShard(*io, tmp, nm, r, pieces, CompressOptions{}, nullptr, nullptr); !s.ok()) return fail(s);
-    out << "  shard " << r + 1 << "/" << nm.shards << " written\n";
+    if (progress) progress(r + 1, nm.shards);
   }
   if (Status s = WriteFileDurably(tmp, std::string(kManifestFile), EncodeManifest(nm)); !s.ok()) return fail(s);
   problems.clear();

@@ -25,6 +25,13 @@ Status CkptVerify(const std::string& dir, bool json, std::ostream& out);
 // `world_size` ranks; one new shard in memory at a time.
 Status CkptReshard(const std::string& dir, const std::string& out_root, int world_size, std::ostream& out);
 
+// Consolidated, unsharded tensors in one HDF5 file (/params/<name>, /optimizer/<kind>/<name> with
+// states == "all"), streamed one group at a time; dtype "f32" or "bf16".
+Status CkptExport(const std::string& dir, const std::string& out_h5, const std::string& states, const std::string& dtype,
+                  std::ostream& out);
+// An HDF5 file (as exported, or /params/* datasets from elsewhere) into a checkpoint for M ranks.
+Status CkptImport(const std::string& in_h5, const std::string& out_root, int world_size, int stage, std::ostream& out);
+
 // Per-tensor (and per state kind) max absolute / relative difference between two checkpoints.
 Status CkptDiff(const std::string& a, const std::string& b, bool json, std::ostream& out);
 

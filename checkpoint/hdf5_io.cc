@@ -1,0 +1,372 @@
+#include "checkpoint/hdf5_io.h"
+
+#include <hdf5.h>
+
+#include <algorithm>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <map>
+#include <random>
+
+#include "checkpoint/fs_util.h"
+#include "checkpoint/reader.h"
+#include "checkpoint/shard_writer.h"
+#include "runtime/core/device.h"
+#include "runtime/core/logging.h"
+
+namespace zrt::ckpt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Owned hid_t (files, groups, datasets, spaces, types, attributes, property lists).
+class Hid {
+ public:
+  Hid() = default;
+  explicit Hid(hid_t h, herr_t (*close)(hid_t)) : h_(h), close_(close) {}
+  Hid(Hid&& o) noexcept : h_(std::exchange(o.h_, -1)), close_(o.close_) {}
+  Hid& operator=(Hid&& o) noexcept {
+    Reset();
+    h_ = std::exchange(o.h_, -1);
+    close_ = o.close_;
+    return *this;
+  }
+  ~Hid() { Reset(); }
+  hid_t get() const { return h_; }
+  bool ok() const { return h_ >= 0; }
+  void Reset() {
+    if (h_ >= 0 && close_) close_(h_);
+    h_ = -1;
+  }
+
+ private:
+  hid_t h_ = -1;
+  herr_t (*close_)(hid_t) = nullptr;
+};
+
+Status H5Error(const std::string& what) { return IoError("HDF5: ", what); }
+
+Status WriteAttr(hid_t obj, const char* name, hid_t mem_type, hid_t file_type, const void* value) {
+  Hid space(H5Screate(H5S_SCALAR), H5Sclose);
+  Hid attr(H5Acreate2(obj, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  if (!attr.ok() || H5Awrite(attr.get(), mem_type, value) < 0) return H5Error(std::string("writing attribute ") + name);
+  return Status();
+}
+Status AttrInt(hid_t obj, const char* name, int64_t v) { return WriteAttr(obj, name, H5T_NATIVE_INT64, H5T_STD_I64LE, &v); }
+Status AttrDouble(hid_t obj, const char* name, double v) { return WriteAttr(obj, name, H5T_NATIVE_DOUBLE, H5T_IEEE_F64LE, &v); }
+Status AttrStr(hid_t obj, const char* name, const std::string& v) {
+  Hid type(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(type.get(), std::max<size_t>(v.size(), 1));
+  H5Tset_strpad(type.get(), H5T_STR_NULLPAD);
+  std::string padded = v.empty() ? std::string(1, '\0') : v;
+  return WriteAttr(obj, name, type.get(), type.get(), padded.data());
+}
+
+bool HasAttr(hid_t obj, const char* name) { return H5Aexists(obj, name) > 0; }
+Result<int64_t> ReadAttrInt(hid_t obj, const char* name) {
+  Hid a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  int64_t v = 0;
+  if (!a.ok() || H5Aread(a.get(), H5T_NATIVE_INT64, &v) < 0) return DataLossError("attribute ", name, " is not an integer");
+  return v;
+}
+Result<double> ReadAttrDouble(hid_t obj, const char* name) {
+  Hid a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  double v = 0;
+  if (!a.ok() || H5Aread(a.get(), H5T_NATIVE_DOUBLE, &v) < 0) return DataLossError("attribute ", name, " is not a number");
+  return v;
+}
+Result<std::string> ReadAttrStr(hid_t obj, const char* name) {
+  Hid a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  Hid type(H5Aget_type(a.get()), H5Tclose);
+  if (!a.ok() || H5Tget_class(type.get()) != H5T_STRING) return DataLossError("attribute ", name, " is not a string");
+  if (H5Tis_variable_str(type.get()) > 0) {
+    char* s = nullptr;
+    Hid mem(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(mem.get(), H5T_VARIABLE);
+    if (H5Aread(a.get(), mem.get(), &s) < 0 || s == nullptr) return DataLossError("attribute ", name, " unreadable");
+    std::string out(s);
+    H5free_memory(s);
+    return out;
+  }
+  std::string out(H5Tget_size(type.get()), '\0');
+  if (H5Aread(a.get(), type.get(), out.data()) < 0) return DataLossError("attribute ", name, " unreadable");
+  out.resize(strnlen(out.data(), out.size()));
+  return out;
+}
+
+// A one-shard view of group g (all its tensors, its alignment) with one buffer per kind.
+struct Loaded {
+  StateView view;
+  std::vector<std::vector<float>> data;
+};
+Result<Loaded> LoadGroup(const std::string& dir, const Manifest& m, int g, const std::vector<std::string>& kinds) {
+  const GroupEntry& ge = m.groups[static_cast<size_t>(g)];
+  Loaded l;
+  StateGroup sg;
+  sg.name = ge.name;
+  std::vector<int64_t> numels;
+  for (const TensorEntry& t : ge.tensors) {
+    sg.tensors.push_back(TensorSpec{t.name, t.shape, t.dtype});
+    numels.push_back(t.numel);
+  }
+  ASSIGN_OR_RETURN(sg.layout, ShardLayout::Create(numels, 1, ge.alignment));
+  l.data.resize(kinds.size());
+  for (size_t k = 0; k < kinds.size(); ++k) {
+    l.data[k].resize(static_cast<size_t>(sg.layout.shard_size()));
+    sg.buffers.push_back({kinds[k], DType::kF32, l.data[k].data(), sg.layout.shard_size()});
+  }
+  l.view.groups.push_back(std::move(sg));
+  RETURN_IF_ERROR(Load(dir, l.view).status());
+  return l;
+}
+
+}  // namespace
+
+Status ExportHdf5(const std::string& dir, const std::string& out_path, const ExportOptions& o, const ProgressFn& progress) {
+  if (o.dtype != DType::kF32 && o.dtype != DType::kBF16) return InvalidArgumentError("export: --dtype must be f32 or bf16");
+  ASSIGN_OR_RETURN(Manifest m, ReadManifest(dir), "export");
+  std::vector<std::string> problems;
+  RETURN_IF_ERROR(CheckComplete(dir, VerifyLevel::kMetadata, &problems));
+  if (!problems.empty()) return DataLossError("export: ", dir, " is not complete: ", problems.front());
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // errors come back as Status, not printed
+  const std::string tmp = out_path + ".tmp";
+  Hid file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  if (!file.ok()) return IoError("export: cannot create ", tmp);
+  Hid lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+  H5Pset_create_intermediate_group(lcpl.get(), 1);
+  RETURN_IF_ERROR(AttrStr(file.get(), "zrt_format", "zrt-hdf5"));
+  RETURN_IF_ERROR(AttrInt(file.get(), "version", 1));
+  RETURN_IF_ERROR(AttrInt(file.get(), "step", m.step));
+  RETURN_IF_ERROR(AttrInt(file.get(), "world_size", m.world_size));
+  RETURN_IF_ERROR(AttrInt(file.get(), "stage", m.stage));
+  RETURN_IF_ERROR(AttrDouble(file.get(), "loss_scale", m.loss_scale));
+  RETURN_IF_ERROR(AttrStr(file.get(), "trainer_state", m.trainer_state.dump()));
+  int64_t order = 0, total = 0, done = 0;
+  for (const GroupEntry& ge : m.groups) total += static_cast<int64_t>(ge.tensors.size());
+  for (int g = 0; g < static_cast<int>(m.groups.size()); ++g) {
+    const GroupEntry& ge = m.groups[static_cast<size_t>(g)];
+    std::vector<std::string> kinds = {"master"};
+    if (o.all_states) {
+      for (const std::string& k : ge.kinds) {
+        if (k != "master") kinds.push_back(k);
+      }
+    }
+    ASSIGN_OR_RETURN(Loaded l, LoadGroup(dir, m, g, kinds), "export");
+    for (size_t t = 0; t < ge.tensors.size(); ++t, ++order) {
+      const TensorEntry& te = ge.tensors[t];
+      std::vector<hsize_t> dims(te.shape.begin(), te.shape.end());
+      Hid space(dims.empty() ? H5Screate(H5S_SCALAR) : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
+      const int64_t off = l.view.groups[0].layout.tensor_offset(static_cast<int64_t>(t));
+      for (size_t k = 0; k < kinds.size(); ++k) {
+        const std::string path = (kinds[k] == "master" ? "/params/" : "/optimizer/" + kinds[k] + "/") + te.name;
+        const bool bf16 = o.dtype == DType::kBF16;
+        Hid ds(H5Dcreate2(file.get(), path.c_str(), bf16 ? H5T_STD_U16LE : H5T_IEEE_F32LE, space.get(), lcpl.get(), H5P_DEFAULT,
+                          H5P_DEFAULT),
+               H5Dclose);
+        if (!ds.ok()) return H5Error("creating " + path + " in " + tmp);
+        const float* src = l.data[k].data() + off;
+        herr_t rc;
+        if (bf16) {
+          std::vector<uint16_t> h(static_cast<size_t>(te.numel));
+          for (size_t i = 0; i < h.size(); ++i) h[i] = FloatToBf16(src[i]);
+          rc = H5Dwrite(ds.get(), H5T_NATIVE_UINT16, H5S_ALL, H5S_ALL, H5P_DEFAULT, h.data());
+          if (rc >= 0) RETURN_IF_ERROR(AttrStr(ds.get(), "zrt_dtype", "bf16"));
+        } else {
+          rc = H5Dwrite(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, src);
+        }
+        if (rc < 0) return H5Error("writing " + path + " in " + tmp);
+        RETURN_IF_ERROR(AttrStr(ds.get(), "group", ge.name));
+        RETURN_IF_ERROR(AttrInt(ds.get(), "order", order));
+        RETURN_IF_ERROR(AttrDouble(ds.get(), "lr", ge.lr));
+        RETURN_IF_ERROR(AttrDouble(ds.get(), "weight_decay", ge.weight_decay));
+        RETURN_IF_ERROR(AttrStr(ds.get(), "model_dtype", std::string(DTypeName(te.dtype))));
+      }
+      if (progress) progress(++done, total);
+    }
+  }
+  if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0) return H5Error("flushing " + tmp);
+  file.Reset();
+  return RenamePath(tmp, out_path);
+}
+
+namespace {
+
+struct InTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  DType model_dtype = DType::kF32;
+  std::string group = "default";
+  int64_t order = 0;
+  double lr = 0, weight_decay = 0;
+};
+
+// Reads a whole dataset as float (float32/float64/float16, or uint16 bf16 with zrt_dtype = bf16).
+Result<std::vector<float>> ReadTensor(hid_t file, const std::string& path, int64_t numel, const std::string& where) {
+  Hid ds(H5Dopen2(file, path.c_str(), H5P_DEFAULT), H5Dclose);
+  if (!ds.ok()) return DataLossError(where, ": dataset ", path, " is missing");
+  Hid type(H5Dget_type(ds.get()), H5Tclose);
+  std::vector<float> out(static_cast<size_t>(numel));
+  if (numel == 0) return out;
+  const H5T_class_t cls = H5Tget_class(type.get());
+  herr_t rc = -1;
+  if (cls == H5T_FLOAT) {
+    rc = H5Dread(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data());  // HDF5 converts
+  } else if (cls == H5T_INTEGER && H5Tget_size(type.get()) == 2 && HasAttr(ds.get(), "zrt_dtype")) {
+    std::vector<uint16_t> h(out.size());
+    rc = H5Dread(ds.get(), H5T_NATIVE_UINT16, H5S_ALL, H5S_ALL, H5P_DEFAULT, h.data());
+    for (size_t i = 0; i < h.size(); ++i) out[i] = Bf16ToFloat(h[i]);
+  } else {
+    return InvalidArgumentError(where, ": dataset ", path, " is not floating point (unexpected layout)");
+  }
+  if (rc < 0) return IoError(where, ": reading ", path);
+  return out;
+}
+
+}  // namespace
+
+Status ImportHdf5(const std::string& in_path, const std::string& out_root, const ImportOptions& o, const ProgressFn& progress) {
+  if (o.world_size < 1) return InvalidArgumentError("import: --world-size must be >= 1");
+  if (o.stage < 0 || o.stage > 3) return InvalidArgumentError("import: --stage must be 0..3");
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  if (!fs::exists(in_path)) return NotFoundError("import: ", in_path, " does not exist");
+  Hid file(H5Fopen(in_path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!file.ok()) return DataLossError("import: ", in_path, " is not an HDF5 file");
+  Hid params(H5Gopen2(file.get(), "/params", H5P_DEFAULT), H5Gclose);
+  if (!params.ok()) return InvalidArgumentError("import: ", in_path, " has no /params group (unexpected layout)");
+  // The tensors: every dataset directly under /params.
+  std::vector<InTensor> tensors;
+  H5G_info_t info;
+  H5Gget_info(params.get(), &info);
+  for (hsize_t i = 0; i < info.nlinks; ++i) {
+    char name[1024];
+    if (H5Lget_name_by_idx(params.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof(name), H5P_DEFAULT) < 0) continue;
+    Hid ds(H5Dopen2(params.get(), name, H5P_DEFAULT), H5Dclose);
+    if (!ds.ok()) return InvalidArgumentError("import: /params/", name, " in ", in_path, " is not a dataset (unexpected layout)");
+    InTensor t;
+    t.name = name;
+    t.order = static_cast<int64_t>(i);
+    Hid space(H5Dget_space(ds.get()), H5Sclose);
+    const int rank = H5Sget_simple_extent_ndims(space.get());
+    std::vector<hsize_t> dims(static_cast<size_t>(std::max(rank, 0)));
+    if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+    t.shape.assign(dims.begin(), dims.end());
+    if (HasAttr(ds.get(), "group")) {
+      ASSIGN_OR_RETURN(t.group, ReadAttrStr(ds.get(), "group"), in_path, ": ", name);
+    }
+    if (HasAttr(ds.get(), "order")) {
+      ASSIGN_OR_RETURN(t.order, ReadAttrInt(ds.get(), "order"), in_path, ": ", name);
+    }
+    if (HasAttr(ds.get(), "lr")) {
+      ASSIGN_OR_RETURN(t.lr, ReadAttrDouble(ds.get(), "lr"), in_path, ": ", name);
+    }
+    if (HasAttr(ds.get(), "weight_decay")) {
+      ASSIGN_OR_RETURN(t.weight_decay, ReadAttrDouble(ds.get(), "weight_decay"), in_path, ": ", name);
+    }
+    if (HasAttr(ds.get(), "model_dtype")) {
+      ASSIGN_OR_RETURN(std::string d, ReadAttrStr(ds.get(), "model_dtype"), in_path, ": ", name);
+      ASSIGN_OR_RETURN(t.model_dtype, ParseDType(d), in_path, ": ", name);
+    }
+    tensors.push_back(std::move(t));
+  }
+  if (tensors.empty()) return InvalidArgumentError("import: ", in_path, " has no tensors under /params");
+  std::sort(tensors.begin(), tensors.end(), [](const InTensor& a, const InTensor& b) { return a.order < b.order; });
+  // Optimizer state kinds present for every tensor.
+  std::vector<std::string> kinds = {"master"};
+  for (const char* k : {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}) {
+    int have = 0;
+    for (const InTensor& t : tensors) have += H5Lexists(file.get(), ("/optimizer/" + std::string(k) + "/" + t.name).c_str(), H5P_DEFAULT) > 0;
+    if (have == static_cast<int>(tensors.size())) kinds.push_back(k);
+    else if (have > 0) return InvalidArgumentError("import: /optimizer/", k, " in ", in_path, " covers only some tensors");
+  }
+  Manifest m;
+  char nonce[17];
+  std::random_device rd;
+  std::snprintf(nonce, sizeof(nonce), "%08x%08x", rd(), rd());
+  m.nonce = nonce;
+  m.world_size = o.world_size;
+  m.shards = o.stage == 0 ? 1 : o.world_size;
+  m.stage = o.stage;
+  m.zrt_version = "import";
+  m.created_unix = static_cast<int64_t>(std::time(nullptr));
+  if (HasAttr(file.get(), "step")) {
+    ASSIGN_OR_RETURN(m.step, ReadAttrInt(file.get(), "step"), in_path);
+  }
+  if (HasAttr(file.get(), "loss_scale")) {
+    ASSIGN_OR_RETURN(m.loss_scale, ReadAttrDouble(file.get(), "loss_scale"), in_path);
+  }
+  if (HasAttr(file.get(), "trainer_state")) {
+    ASSIGN_OR_RETURN(std::string ts, ReadAttrStr(file.get(), "trainer_state"), in_path);
+    m.trainer_state = nlohmann::json::parse(ts, nullptr, false);
+    if (m.trainer_state.is_discarded()) return DataLossError("import: ", in_path, ": trainer_state is not JSON");
+  }
+  std::map<std::string, int> gindex;
+  for (const InTensor& t : tensors) {
+    auto [it, fresh] = gindex.try_emplace(t.group, static_cast<int>(m.groups.size()));
+    if (fresh) m.groups.push_back({t.group, t.lr, t.weight_decay, o.alignment, {}, kinds});
+    GroupEntry& ge = m.groups[static_cast<size_t>(it->second)];
+    TensorSpec spec{t.name, t.shape, t.model_dtype};
+    RETURN_IF_ERROR(Validate(spec), "import: ", in_path);
+    ge.tensors.push_back({t.name, t.shape, t.model_dtype, 0, spec.numel()});
+  }
+  std::vector<ShardLayout> layouts;
+  for (GroupEntry& ge : m.groups) {
+    std::vector<int64_t> numels;
+    for (const TensorEntry& te : ge.tensors) numels.push_back(te.numel);
+    ASSIGN_OR_RETURN(ShardLayout l, ShardLayout::Create(numels, m.shards, ge.alignment), "import");
+    for (size_t t = 0; t < ge.tensors.size(); ++t) ge.tensors[t].offset = l.tensor_offset(static_cast<int64_t>(t));
+    layouts.push_back(std::move(l));
+  }
+  const std::string final_dir = out_root + "/" + StepDirName(m.step), tmp = final_dir + ".tmp-" + m.nonce;
+  if (fs::exists(final_dir)) return AlreadyExistsError("import: ", final_dir, " exists");
+  RETURN_IF_ERROR(MakeDirs(tmp));
+  ASSIGN_OR_RETURN(auto io, IoEngine::Create(IoOptions{}));
+  CpuDevice device;
+  auto fail = [&](Status s) {
+    (void)RemoveTree(tmp).ok();
+    return s.WithContext("import");
+  };
+  // One new shard at a time; the last tensor read stays cached (consecutive shards share it).
+  std::string cached_path;
+  std::vector<float> cached;
+  for (int r = 0; r < m.shards; ++r) {
+    std::vector<DeviceBuffer> bufs;
+    std::vector<ShardPiece32> pieces;
+    for (int g = 0; g < static_cast<int>(m.groups.size()); ++g) {
+      const GroupEntry& ge = m.groups[static_cast<size_t>(g)];
+      const ShardLayout& l = layouts[static_cast<size_t>(g)];
+      for (size_t k = 0; k < kinds.size(); ++k) {
+        auto b = device.Allocate(static_cast<size_t>(l.shard_size()) * 4, MemCategory::kStaging, kIoAlignment);
+        if (!b.ok()) return fail(b.status());
+        std::memset(b->data(), 0, static_cast<size_t>(l.shard_size()) * 4);
+        for (const ShardPiece& p : l.RankPieces(r)) {
+          const TensorEntry& te = ge.tensors[static_cast<size_t>(p.tensor)];
+          const std::string path = (kinds[k] == "master" ? "/params/" : "/optimizer/" + kinds[k] + "/") + te.name;
+          if (path != cached_path) {
+            auto data = ReadTensor(file.get(), path, te.numel, in_path);
+            if (!data.ok()) return fail(data.status());
+            cached = std::move(*data);
+            cached_path = path;
+          }
+          std::memcpy(b->as<float>() + p.shard_offset, cached.data() + p.tensor_offset, static_cast<size_t>(p.count) * 4);
+        }
+        pieces.push_back({g, static_cast<int>(k), b->as<float>(), l.shard_size()});
+        bufs.push_back(std::move(*b));
+      }
+    }
+    if (Status s = WriteShard(*io, tmp, m, r, pieces, CompressOptions{}, nullptr, nullptr); !s.ok()) return fail(s);
+    if (progress) progress(r + 1, m.shards);
+  }
+  if (Status s = WriteFileDurably(tmp, std::string(kManifestFile), EncodeManifest(m)); !s.ok()) return fail(s);
+  std::vector<std::string> problems;
+  if (Status s = CheckComplete(tmp, VerifyLevel::kMetadata, &problems); !s.ok() || !problems.empty()) {
+    return fail(s.ok() ? DataLossError(problems.front()) : s);
+  }
+  RETURN_IF_ERROR(FsyncDir(tmp));
+  RETURN_IF_ERROR(RenamePath(tmp, final_dir));
+  RETURN_IF_ERROR(FsyncDir(out_root));
+  return WriteFileDurably(out_root, std::string(kLatestFile), StepDirName(m.step) + "\n");
+}
+
+}  // namespace zrt::ckpt
