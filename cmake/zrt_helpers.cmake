@@ -55,6 +55,7 @@ set(ZRT_MPI_TEST_ENV
   "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_mpi_yield_when_idle=1;OMPI_MCA_btl_vader_single_copy_mechanism=none;OMPI_MCA_rmaps_base_oversubscribe=1;ZRT_LOG_LEVEL=warn")
 if(ZRT_SANITIZE STREQUAL "address+undefined")
   # Open MPI's plugins are dlclose()d at MPI_Finalize, so their leftovers show as "<unknown module>"
-  # leaks that no suppression can name. Leak checking stays on in the unit tests (same code, no MPI).
+  # leaks that no suppression can name (with op-selection, hwloc and NCCL start-up allocations). Leak
+  # checking stays on in the unit tests (same code, no MPI). Used by every test that launches MPI.
   list(APPEND ZRT_MPI_TEST_ENV "ASAN_OPTIONS=protect_shadow_gap=0:allocator_may_return_null=1:detect_leaks=0")
 endif()
