@@ -42,6 +42,9 @@ int main(int argc, char** argv) {
   reshard->add_option("DIR", dir, "checkpoint directory")->required();
   reshard->add_option("OUT", out_dir, "output root (the step directory is created inside)")->required();
   reshard->add_option("--world-size", world, "ranks of the new layout")->required()->check(CLI::PositiveNumber);
+  int rstage = -1, rthreads = 1;
+  reshard->add_option("--stage", rstage, "stage to record (default: as saved; 0 gives one shard file)")->check(CLI::Range(0, 3));
+  reshard->add_option("--threads", rthreads, "shards built at once (memory: one new shard each)")->check(CLI::PositiveNumber);
   std::string states = "params", xdtype = "f32";
   int stage = 3;
   CLI::App* exp = ckpt->add_subcommand("export", "consolidated, unsharded tensors in one HDF5 file");
@@ -92,7 +95,7 @@ int main(int argc, char** argv) {
   if (*ls) return Report(zrt::tools::CkptLs(root, json, std::cout));
   if (*inspect) return Report(zrt::tools::CkptInspect(dir, tensor, stats, json, std::cout));
   if (*verify) return Report(zrt::tools::CkptVerify(dir, json, std::cout));
-  if (*reshard) return Report(zrt::tools::CkptReshard(dir, out_dir, world, std::cout));
+  if (*reshard) return Report(zrt::tools::CkptReshard(dir, out_dir, world, std::cout, rstage, rthreads));
   if (*diff) return Report(zrt::tools::CkptDiff(dir, other, json, std::cout));
   if (*exp) return Report(zrt::tools::CkptExport(dir, out_dir, states, xdtype, std::cout));
   if (*imp) return Report(zrt::tools::CkptImport(dir, out_dir, world, stage, std::cout));

@@ -1,6 +1,7 @@
 #include "tools/lib/ckpt_commands.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <ctime>
 #include <filesystem>
@@ -19,6 +20,7 @@
 #include "checkpoint/reader.h"
 #include "checkpoint/shard_writer.h"
 #include "runtime/core/device.h"
+#include "runtime/core/thread_pool.h"
 
 namespace zrt::tools {
 
@@ -178,6 +180,17 @@ Status CkptInspect(const std::string& dir, const std::string& tensor, bool stats
     ASSIGN_OR_RETURN(ShardLayout l, SavedLayout(m, g));
     json jg = {{"name", ge.name}, {"lr", ge.lr}, {"weight_decay", ge.weight_decay}, {"kinds", ge.kinds},
                {"padded_size", l.padded_size()}, {"shard_size", l.shard_size()}};
+    // Layout per rank: its flat range and the tensors (pieces) it holds.
+    json ranks = json::array();
+    for (int r = 0; r < m.shards && r < 64; ++r) {
+      json pieces = json::array();
+      for (const ShardPiece& p : l.RankPieces(r)) {
+        pieces.push_back({{"tensor", ge.tensors[static_cast<size_t>(p.tensor)].name}, {"tensor_offset", p.tensor_offset},
+                          {"shard_offset", p.shard_offset}, {"count", p.count}});
+      }
+      ranks.push_back({{"rank", r}, {"begin", l.shard_begin(r)}, {"end", l.shard_end(r)}, {"pieces", std::move(pieces)}});
+    }
+    jg["ranks"] = std::move(ranks);
     std::vector<std::string> kinds = {"master"};
     std::unique_ptr<GroupView> gv;
     json tensors = json::array();
@@ -219,6 +232,15 @@ Status CkptInspect(const std::string& dir, const std::string& tensor, bool stats
     out << "  group '" << jg["name"].get<std::string>() << "': lr " << jg["lr"].get<double>() << ", " << jg["tensors"].size()
         << " tensor(s), padded " << jg["padded_size"].get<int64_t>() << " elements, " << m.shards << " x "
         << jg["shard_size"].get<int64_t>() << " per shard\n";
+    for (const json& jr : jg["ranks"]) {
+      out << "    rank " << jr["rank"].get<int>() << ": [" << jr["begin"].get<int64_t>() << ", " << jr["end"].get<int64_t>() << ")";
+      for (const json& p : jr["pieces"]) {
+        out << "  " << p["tensor"].get<std::string>() << "[" << p["tensor_offset"].get<int64_t>() << ".."
+            << p["tensor_offset"].get<int64_t>() + p["count"].get<int64_t>() << ")";
+      }
+      out << "\n";
+    }
+    if (m.shards > 64) out << "    (" << m.shards - 64 << " more ranks)\n";
     for (const json& jt : jg["tensors"]) {
       std::ostringstream shape;
       shape << jt["shape"].dump();
@@ -255,8 +277,11 @@ Status CkptVerify(const std::string& dir, bool as_json, std::ostream& out) {
   return Status();
 }
 
-Status CkptReshard(const std::string& dir, const std::string& out_root, int world_size, std::ostream& out) {
+Status CkptReshard(const std::string& dir, const std::string& out_root, int world_size, std::ostream& out, int stage,
+                   int threads) {
   if (world_size < 1) return InvalidArgumentError("reshard: world size must be >= 1, got ", world_size);
+  if (stage > 3) return InvalidArgumentError("reshard: stage must be 0..3, got ", stage);
+  if (threads < 1) return InvalidArgumentError("reshard: threads must be >= 1, got ", threads);
   ASSIGN_OR_RETURN(Manifest m, ReadManifest(dir), "reshard");
   std::vector<std::string> problems;
   RETURN_IF_ERROR(CheckComplete(dir, VerifyLevel::kMetadata, &problems));
@@ -267,7 +292,8 @@ Status CkptReshard(const std::string& dir, const std::string& out_root, int worl
   std::snprintf(nonce, sizeof(nonce), "%08x%08x", rd(), rd());
   nm.nonce = nonce;
   nm.world_size = world_size;
-  nm.shards = m.stage == 0 ? 1 : world_size;
+  if (stage >= 0) nm.stage = stage;
+  nm.shards = nm.stage == 0 ? 1 : world_size;
   nm.created_unix = static_cast<int64_t>(std::time(nullptr));
   const std::string final_dir = out_root + "/" + StepDirName(m.step), tmp = final_dir + ".tmp-" + nm.nonce;
   if (fs::exists(final_dir)) return AlreadyExistsError("reshard: ", final_dir, " exists");
@@ -279,7 +305,8 @@ Status CkptReshard(const std::string& dir, const std::string& out_root, int worl
     (void)RemoveTree(tmp).ok();
     return s.WithContext("reshard");
   };
-  for (int r = 0; r < nm.shards; ++r) {
+  // Each new shard: load the ranges it needs (only the overlapping chunks), then write it.
+  auto one_shard = [&](int r) -> Status {
     StateView view;
     view.rank = r;
     view.world_size = nm.shards;
@@ -294,21 +321,28 @@ Status CkptReshard(const std::string& dir, const std::string& out_root, int worl
         sg.tensors.push_back(TensorSpec{t.name, t.shape, t.dtype});
         numels.push_back(t.numel);
       }
-      auto layout = ShardLayout::Create(numels, nm.shards, ge.alignment);
-      if (!layout.ok()) return fail(layout.status());
-      sg.layout = *layout;
+      ASSIGN_OR_RETURN(sg.layout, ShardLayout::Create(numels, nm.shards, ge.alignment));
       for (size_t k = 0; k < ge.kinds.size(); ++k) {
-        auto b = device.Allocate(static_cast<size_t>(sg.layout.shard_size()) * 4, MemCategory::kStaging, kIoAlignment);
-        if (!b.ok()) return fail(b.status());
-        sg.buffers.push_back({ge.kinds[k], DType::kF32, b->data(), sg.layout.shard_size()});
-        pieces.push_back({g, static_cast<int>(k), b->as<float>(), sg.layout.shard_size()});
-        bufs.push_back(std::move(*b));
+        ASSIGN_OR_RETURN(DeviceBuffer b, device.Allocate(static_cast<size_t>(sg.layout.shard_size()) * 4, MemCategory::kStaging, kIoAlignment));
+        sg.buffers.push_back({ge.kinds[k], DType::kF32, b.data(), sg.layout.shard_size()});
+        pieces.push_back({g, static_cast<int>(k), b.as<float>(), sg.layout.shard_size()});
+        bufs.push_back(std::move(b));
       }
       view.groups.push_back(std::move(sg));
     }
-    if (auto l = Load(dir, view); !l.ok()) return fail(l.status());
-    if (Status s = WriteShard(*io, tmp, nm, r, pieces, CompressOptions{}, nullptr, nullptr); !s.ok()) return fail(s);
-    if (progress) progress(r + 1, nm.shards);
+    RETURN_IF_ERROR(Load(dir, view).status());
+    return WriteShard(*io, tmp, nm, r, pieces, CompressOptions{}, nullptr, nullptr);
+  };
+  std::vector<Status> results(static_cast<size_t>(nm.shards));
+  std::atomic<int64_t> done{0};
+  ThreadPool pool(std::min(threads, nm.shards) - 1, "zrt-reshard");
+  pool.ParallelFor(nm.shards, [&](int64_t r) {
+    results[static_cast<size_t>(r)] = one_shard(static_cast<int>(r));
+    const int64_t d = ++done;
+    if (progress) progress(d, nm.shards);
+  });
+  for (const Status& s : results) {
+    if (!s.ok()) return fail(s);
   }
   if (Status s = WriteFileDurably(tmp, std::string(kManifestFile), EncodeManifest(nm)); !s.ok()) return fail(s);
   problems.clear();

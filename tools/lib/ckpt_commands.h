@@ -22,8 +22,10 @@ Status CkptInspect(const std::string& dir, const std::string& tensor, bool stats
 Status CkptVerify(const std::string& dir, bool json, std::ostream& out);
 
 // Writes a new complete checkpoint in `out_dir` (a root: the step directory goes inside) laid out for
-// `world_size` ranks; one new shard in memory at a time.
-Status CkptReshard(const std::string& dir, const std::string& out_root, int world_size, std::ostream& out);
+// `world_size` ranks (stage < 0: keep the saved stage; stage 0 gives one shard file); `threads` shards
+// are built at once (memory: that many new shards).
+Status CkptReshard(const std::string& dir, const std::string& out_root, int world_size, std::ostream& out, int stage = -1,
+                   int threads = 1);
 
 // Consolidated, unsharded tensors in one HDF5 file (/params/<name>, /optimizer/<kind>/<name> with
 // states == "all"), streamed one group at a time; dtype "f32" or "bf16".
