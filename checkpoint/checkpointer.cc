@@ -63,7 +63,6 @@ struct Checkpointer::Job {
     int64_t elements;
   };
   std::vector<Piece> pieces;
-  bool skip = false;  // a complete checkpoint of this step exists: nothing written, nothing committed
 };
 
 Checkpointer::Checkpointer(Communicator* comm, Device* device, const CheckpointOptions& o)
@@ -145,13 +144,17 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
   const double t0 = Now();
   auto job = std::make_unique<Job>();
   Manifest& m = job->manifest;
-  // The nonce ties the manifest and every index of this save together.
-  char nonce[17] = {};
+  // One broadcast from rank 0: the nonce (it ties the manifest and every index of this save together)
+  // and whether a complete checkpoint of this step already exists (then it is kept as it is).
+  char nonce[18] = {};
   if (comm_->rank() == 0) {
     std::random_device rd;
-    std::snprintf(nonce, sizeof(nonce), "%08x%08x", rd(), static_cast<unsigned>(std::time(nullptr)));
+    std::snprintf(nonce, 17, "%08x%08x", rd(), static_cast<unsigned>(std::time(nullptr)));
+    nonce[17] = fs::exists(o_.root + "/" + StepDirName(state.step)) ? 1 : 0;
   }
   RETURN_IF_ERROR(comm_->Broadcast(nonce, sizeof(nonce), DType::kBytes, 0), "checkpoint nonce");
+  const bool skip = nonce[17] != 0;
+  nonce[17] = 0;
   m.nonce = nonce;
   m.step = state.step;
   m.world_size = state.world_size;
@@ -185,10 +188,6 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
   stats_ = SaveStats{};
   stats_.step = m.step;
 
-  // A complete checkpoint of this step is kept as it is (rank 0 decides for everyone).
-  char skip = 0;
-  if (comm_->rank() == 0) skip = fs::exists(job->final_dir) ? 1 : 0;
-  RETURN_IF_ERROR(comm_->Broadcast(&skip, 1, DType::kBytes, 0));
   if (skip) {
     ZRT_LOG(kInfo) << "checkpoint: " << job->final_dir << " exists; not saving step " << m.step << " again";
     return Status();

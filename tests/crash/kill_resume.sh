@@ -12,6 +12,15 @@ bin=$1; work=$2; kills=${3:-4}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_btl_vader_single_copy_mechanism=none ZRT_LOG_LEVEL=warn
 mpi() { local n=$1; shift; mpirun -n "$n" --oversubscribe --bind-to none "$@"; }
+# Waits (up to 120 s) until a checkpoint has been committed under $1 or job $2 ended, so the random
+# kill below lands after there is something to resume from, however slow the build (sanitizers).
+wait_for_checkpoint() {
+  for _ in $(seq 1 1200); do
+    [ -f "$1/latest" ] && return 0
+    kill -0 "$2" 2>/dev/null || return 0
+    sleep 0.1
+  done
+}
 steps=240
 args=(--steps $steps --stage 3 --batch 32 --every 4 --keep-last 2 --print-every 100000)
 rm -rf "$work"; mkdir -p "$work"
@@ -27,7 +36,8 @@ for attempt in $(seq 1 $((kills * 3))); do
   [ $killed -ge $kills ] && break
   mpi 4 "$bin" "${args[@]}" --ckpt "$work/run" --dump "$work/run.bin" > "$work/run.$attempt.log" 2>&1 &
   job=$!
-  sleep "0.$((RANDOM % 9 + 3))"
+  wait_for_checkpoint "$work/run" $job
+  sleep "0.$((RANDOM % 6))"
   victim=$(pgrep -f "charlm.*$work/run " | shuf -n 1 --random-source=<(yes "$RANDOM") || true)
   if [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null; then
     killed=$((killed + 1))
@@ -46,7 +56,7 @@ echo "   final parameters identical to the uninterrupted run"
 echo "== preemption (SIGUSR1 to one rank)"
 mpi 4 "$bin" "${args[@]}" --ckpt "$work/pre" > "$work/pre.log" 2>&1 &
 job=$!
-sleep 0.8
+wait_for_checkpoint "$work/pre" $job
 pkill -USR1 -f "charlm.*$work/pre" -n || true
 wait $job || { echo "FAIL: a preempted run must exit 0"; cat "$work/pre.log"; exit 1; }
 if grep -q "^preempted" "$work/pre.log"; then
@@ -61,7 +71,7 @@ fi
 echo "== killed on 4 ranks, resumed on 2"
 mpi 4 "$bin" "${args[@]}" --ckpt "$work/reshard" > "$work/reshard.log" 2>&1 &
 job=$!
-sleep 0.8
+wait_for_checkpoint "$work/reshard" $job
 pkill -9 -f "charlm.*$work/reshard" -n || true
 wait $job || true
 mpi 2 "$bin" "${args[@]}" --ckpt "$work/reshard" > "$work/reshard.final.log"
