@@ -96,7 +96,8 @@ TEST_F(CkptCommands, ReshardDiffExportImportAgree) {
   ASSERT_TRUE(CkptExport(dir_, root_ + "/x.h5", "all", "f32", e).ok());
   ASSERT_TRUE(CkptImport(root_ + "/x.h5", root_ + "/imp", 2, 3, i).ok());
   ASSERT_TRUE(CkptDiff(dir_, root_ + "/imp/step-00000042", true, d).ok());
-  for (const auto& row : nlohmann::json::parse(d.str())["tensors"]) EXPECT_EQ(row["max_abs"], 0.0) << row.dump();
+  const auto diff = nlohmann::json::parse(d.str());  // keep it alive: the loop iterates a sub-object
+  for (const auto& row : diff["tensors"]) EXPECT_EQ(row["max_abs"], 0.0) << row.dump();
 }
 
 TEST_F(CkptCommands, ProblemsAreStatuses) {
