@@ -96,32 +96,6 @@ Result<std::string> ReadAttrStr(hid_t obj, const char* name) {
   return out;
 }
 
-// A one-shard view of group g (all its tensors, its alignment) with one buffer per kind.
-struct Loaded {
-  StateView view;
-  std::vector<std::vector<float>> data;
-};
-Result<Loaded> LoadGroup(const std::string& dir, const Manifest& m, int g, const std::vector<std::string>& kinds) {
-  const GroupEntry& ge = m.groups[static_cast<size_t>(g)];
-  Loaded l;
-  StateGroup sg;
-  sg.name = ge.name;
-  std::vector<int64_t> numels;
-  for (const TensorEntry& t : ge.tensors) {
-    sg.tensors.push_back(TensorSpec{t.name, t.shape, t.dtype});
-    numels.push_back(t.numel);
-  }
-  ASSIGN_OR_RETURN(sg.layout, ShardLayout::Create(numels, 1, ge.alignment));
-  l.data.resize(kinds.size());
-  for (size_t k = 0; k < kinds.size(); ++k) {
-    l.data[k].resize(static_cast<size_t>(sg.layout.shard_size()));
-    sg.buffers.push_back({kinds[k], DType::kF32, l.data[k].data(), sg.layout.shard_size()});
-  }
-  l.view.groups.push_back(std::move(sg));
-  RETURN_IF_ERROR(Load(dir, l.view).status());
-  return l;
-}
-
 }  // namespace
 
 Status ExportHdf5(const std::string& dir, const std::string& out_path, const ExportOptions& o, const ProgressFn& progress) {
@@ -153,7 +127,7 @@ Status ExportHdf5(const std::string& dir, const std::string& out_path, const Exp
         if (k != "master") kinds.push_back(k);
       }
     }
-    ASSIGN_OR_RETURN(Loaded l, LoadGroup(dir, m, g, kinds), "export");
+    ASSIGN_OR_RETURN(WholeGroup l, LoadWholeGroup(dir, m, g, kinds), "export");
     for (size_t t = 0; t < ge.tensors.size(); ++t, ++order) {
       const TensorEntry& te = ge.tensors[t];
       std::vector<hsize_t> dims(te.shape.begin(), te.shape.end());

@@ -255,6 +255,22 @@ Status PlanReshard(const Manifest& m, int new_shards, const std::function<void(c
   return Status();
 }
 
+Result<StateGroup> GroupForShards(const Manifest& m, int group, int shards) {
+  if (group < 0 || group >= static_cast<int>(m.groups.size())) return InvalidArgumentError("no group #", group);
+  const GroupEntry& ge = m.groups[static_cast<size_t>(group)];
+  StateGroup sg;
+  sg.name = ge.name;
+  sg.lr = ge.lr;
+  sg.weight_decay = ge.weight_decay;
+  std::vector<int64_t> numels;
+  for (const TensorEntry& t : ge.tensors) {
+    sg.tensors.push_back(TensorSpec{t.name, t.shape, t.dtype});
+    numels.push_back(t.numel);
+  }
+  ASSIGN_OR_RETURN(sg.layout, ShardLayout::Create(numels, shards, ge.alignment), "group '", ge.name, "'");
+  return sg;
+}
+
 // ---- Load ------------------------------------------------------------------------------------------
 namespace {
 
@@ -396,6 +412,19 @@ Result<LoadResult> Load(const std::string& dir, const StateView& target, const L
   r.saved_stage = m.stage;
   r.bytes_read = src.bytes_read();
   return r;
+}
+
+Result<WholeGroup> LoadWholeGroup(const std::string& dir, const Manifest& m, int group, const std::vector<std::string>& kinds) {
+  WholeGroup w;
+  ASSIGN_OR_RETURN(StateGroup sg, GroupForShards(m, group, 1));
+  w.data.resize(kinds.size());
+  for (size_t k = 0; k < kinds.size(); ++k) {
+    w.data[k].resize(static_cast<size_t>(sg.layout.shard_size()));
+    sg.buffers.push_back({kinds[k], DType::kF32, w.data[k].data(), sg.layout.shard_size()});
+  }
+  w.view.groups.push_back(std::move(sg));
+  RETURN_IF_ERROR(Load(dir, w.view).status());
+  return w;
 }
 
 }  // namespace zrt::ckpt

@@ -64,6 +64,17 @@ struct ReshardRead {
 // is the intersection of old and new shard boundaries, O(groups x (old + new shards)) in all.
 Status PlanReshard(const Manifest& m, int new_shards, const std::function<void(const ReshardRead&)>& visit);
 
+// Group g of a checkpoint described for a layout of `shards` ranks (tensors and layout; no buffers).
+Result<StateGroup> GroupForShards(const Manifest& m, int group, int shards);
+
+// Group g loaded whole (a one-shard view), one fp32 buffer per kind: tools that stream a checkpoint
+// one group at a time (inspect --stats, diff, export).
+struct WholeGroup {
+  StateView view;                        // one group; its layout gives each tensor's offset
+  std::vector<std::vector<float>> data;  // per kind, in `kinds` order
+};
+Result<WholeGroup> LoadWholeGroup(const std::string& dir, const Manifest& m, int group, const std::vector<std::string>& kinds);
+
 struct LoadOptions {
   bool params_only = false;  // load fp32 master weights only; moments start at zero (fine-tuning)
   IoOptions io;

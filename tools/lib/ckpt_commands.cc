@@ -41,33 +41,6 @@ std::string Age(int64_t created) {
   return os.str();
 }
 
-// A one-shard view of group g of a checkpoint (its tensors, its alignment), with a buffer per kind.
-struct GroupView {
-  StateView view;
-  std::vector<std::vector<float>> data;  // per kind
-};
-
-Result<GroupView> LoadGroup(const std::string& dir, const Manifest& m, int g, const std::vector<std::string>& kinds) {
-  const GroupEntry& ge = m.groups[static_cast<size_t>(g)];
-  GroupView gv;
-  StateGroup sg;
-  sg.name = ge.name;
-  std::vector<int64_t> numels;
-  for (const TensorEntry& t : ge.tensors) {
-    sg.tensors.push_back(TensorSpec{t.name, t.shape, t.dtype});
-    numels.push_back(t.numel);
-  }
-  ASSIGN_OR_RETURN(sg.layout, ShardLayout::Create(numels, 1, ge.alignment));
-  gv.data.resize(kinds.size());
-  for (size_t k = 0; k < kinds.size(); ++k) {
-    gv.data[k].resize(static_cast<size_t>(sg.layout.shard_size()));
-    sg.buffers.push_back({kinds[k], DType::kF32, gv.data[k].data(), sg.layout.shard_size()});
-  }
-  gv.view.groups.push_back(std::move(sg));
-  RETURN_IF_ERROR(Load(dir, gv.view).status());
-  return gv;
-}
-
 struct Stats {
   double min = std::numeric_limits<double>::infinity(), max = -std::numeric_limits<double>::infinity();
   double sum = 0, sumsq = 0;
@@ -192,7 +165,7 @@ Status CkptInspect(const std::string& dir, const std::string& tensor, bool stats
     }
     jg["ranks"] = std::move(ranks);
     std::vector<std::string> kinds = {"master"};
-    std::unique_ptr<GroupView> gv;
+    std::unique_ptr<WholeGroup> gv;
     json tensors = json::array();
     for (size_t t = 0; t < ge.tensors.size(); ++t) {
       const TensorEntry& te = ge.tensors[t];
@@ -201,8 +174,8 @@ Status CkptInspect(const std::string& dir, const std::string& tensor, bool stats
                  {"bytes", te.numel * static_cast<int64_t>(DTypeSize(te.dtype))}, {"offset", te.offset}};
       if (stats) {
         if (!gv) {
-          ASSIGN_OR_RETURN(GroupView loaded, LoadGroup(dir, m, g, kinds), "inspect --stats");
-          gv = std::make_unique<GroupView>(std::move(loaded));
+          ASSIGN_OR_RETURN(WholeGroup loaded, LoadWholeGroup(dir, m, g, kinds), "inspect --stats");
+          gv = std::make_unique<WholeGroup>(std::move(loaded));
         }
         Stats s;
         const float* p = gv->data[0].data() + gv->view.groups[0].layout.tensor_offset(static_cast<int64_t>(t));
@@ -314,14 +287,7 @@ Status CkptReshard(const std::string& dir, const std::string& out_root, int worl
     std::vector<ShardPiece32> pieces;
     for (int g = 0; g < static_cast<int>(m.groups.size()); ++g) {
       const GroupEntry& ge = m.groups[static_cast<size_t>(g)];
-      StateGroup sg;
-      sg.name = ge.name;
-      std::vector<int64_t> numels;
-      for (const TensorEntry& t : ge.tensors) {
-        sg.tensors.push_back(TensorSpec{t.name, t.shape, t.dtype});
-        numels.push_back(t.numel);
-      }
-      ASSIGN_OR_RETURN(sg.layout, ShardLayout::Create(numels, nm.shards, ge.alignment));
+      ASSIGN_OR_RETURN(StateGroup sg, GroupForShards(m, g, nm.shards));
       for (size_t k = 0; k < ge.kinds.size(); ++k) {
         ASSIGN_OR_RETURN(DeviceBuffer b, device.Allocate(static_cast<size_t>(sg.layout.shard_size()) * 4, MemCategory::kStaging, kIoAlignment));
         sg.buffers.push_back({ge.kinds[k], DType::kF32, b.data(), sg.layout.shard_size()});
@@ -364,8 +330,8 @@ Status CkptDiff(const std::string& a, const std::string& b, bool as_json, std::o
   double worst = 0;
   for (int g = 0; g < static_cast<int>(ma.groups.size()); ++g) {
     const GroupEntry& ge = ma.groups[static_cast<size_t>(g)];
-    ASSIGN_OR_RETURN(GroupView va, LoadGroup(a, ma, g, ge.kinds), "diff: ", a);
-    ASSIGN_OR_RETURN(GroupView vb, LoadGroup(b, ma, g, ge.kinds), "diff: ", b);  // matched by tensor name
+    ASSIGN_OR_RETURN(WholeGroup va, LoadWholeGroup(a, ma, g, ge.kinds), "diff: ", a);
+    ASSIGN_OR_RETURN(WholeGroup vb, LoadWholeGroup(b, ma, g, ge.kinds), "diff: ", b);  // matched by tensor name
     for (size_t t = 0; t < ge.tensors.size(); ++t) {
       for (size_t k = 0; k < ge.kinds.size(); ++k) {
         const int64_t off = va.view.groups[0].layout.tensor_offset(static_cast<int64_t>(t));
