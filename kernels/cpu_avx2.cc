@@ -90,7 +90,7 @@ struct Isa {
     const size_t elem = (K == kElemBf16 || K == kElemF16) ? 2 : 4;
     std::memcpy(static_cast<char*>(base) + static_cast<size_t>(i) * elem, buf, static_cast<size_t>(t.n) * elem);
   }
-  static double SumToDouble(Vec x) {
+  static double LaneSumF64(Vec x) {
     const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x.v));
     const __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(x.v, 1));
     const __m256d s = _mm256_add_pd(lo, hi);

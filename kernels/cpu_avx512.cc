@@ -96,7 +96,7 @@ struct Isa {
       _mm512_mask_storeu_ps(static_cast<float*>(base) + i, t.m, x.v);
     }
   }
-  static double SumToDouble(Vec x) {
+  static double LaneSumF64(Vec x) {
     const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(x.v));
     const __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x.v), 1)));
     return _mm512_reduce_add_pd(_mm512_add_pd(lo, hi));

@@ -3,7 +3,7 @@
 //   Isa::kWidth                 elements per V
 //   Isa::Full, Isa::Tail        tags for a full vector / the last partial one (Isa::MakeTail(n))
 //   Isa::Load<Kind>(base, i, tag), Isa::Store<Kind>(base, i, v, tag)   kind = ElemKind
-//   Isa::SumToDouble(v)         the lanes of v summed in double
+//   Isa::LaneSumF64(v)         the lanes of v summed in double
 //   Isa::Prefetch<Kind>(base, i) hint that element i is needed soon (may be a no-op)
 // Included only by the ISA translation units (cpu_scalar.cc, cpu_avx2.cc, cpu_avx512.cc); each
 // instantiates Kernels<its Isa>, whose types live in that unit's namespace.
@@ -102,7 +102,7 @@ struct Kernels {
       acc = acc + x * x;
       nf = nf + x * V(0.0f);
       if (++k == kFlush) {
-        total += Isa::SumToDouble(acc);
+        total += Isa::LaneSumF64(acc);
         acc = V(0.0f);
         k = 0;
       }
@@ -112,8 +112,8 @@ struct Kernels {
       acc = acc + x * x;
       nf = nf + x * V(0.0f);
     }
-    total += Isa::SumToDouble(acc);
-    const double nfsum = Isa::SumToDouble(nf);
+    total += Isa::LaneSumF64(acc);
+    const double nfsum = Isa::LaneSumF64(nf);
     *sum = total;
     *nonfinite = nfsum != nfsum;
   }

@@ -33,7 +33,7 @@ struct Isa {
       static_cast<float*>(base)[i] = x;
     }
   }
-  static double SumToDouble(float x) { return x; }
+  static double LaneSumF64(float x) { return x; }
 };
 
 }  // namespace
