@@ -209,13 +209,22 @@ Status ZeroEngine::Allocate(const InitFn& init) {
   return GatherUpdatedParams();
 }
 
+void* ZeroEngine::OwnParams(Group& g) const {
+  if (config_.stage == 3) return g.param_shard.data();
+  const int rank = config_.stage == 0 ? 0 : comm_->rank();  // stage 0's layout has one "rank"
+  return g.full_param.as<char>() + static_cast<size_t>(g.layout.shard_begin(rank)) * g.esize();
+}
+
+void* ZeroEngine::GradShard(Group& g) const {
+  if (config_.stage >= 2) return g.grad_shard.data();
+  const int rank = config_.stage == 0 ? 0 : comm_->rank();
+  return g.full_grad.as<char>() + static_cast<size_t>(g.layout.shard_begin(rank)) * g.esize();
+}
+
 Status ZeroEngine::ParamsFromMaster(Group& g) {
-  const int64_t S = g.layout.shard_size();
-  void* own = config_.stage == 3 ? g.param_shard.data()
-                                 : g.full_param.as<char>() + static_cast<size_t>(g.layout.shard_begin(config_.stage == 0 ? 0 : comm_->rank())) * g.esize();
   kernels::CpuKernelOptions o;
   o.pool = &impl_->pool;
-  return kernels::CastCpu(g.master.data(), DType::kF32, own, g.dtype, S, o);
+  return kernels::CastCpu(g.master.data(), DType::kF32, OwnParams(g), g.dtype, g.layout.shard_size(), o);
 }
 
 Status ZeroEngine::GatherUpdatedParams() {
@@ -224,8 +233,7 @@ Status ZeroEngine::GatherUpdatedParams() {
   for (auto& gp : groups_) {
     Group& g = *gp;
     const size_t S = static_cast<size_t>(g.layout.shard_size());
-    void* own = g.full_param.as<char>() + static_cast<size_t>(g.layout.shard_begin(comm_->rank())) * g.esize();
-    ASSIGN_OR_RETURN(CommHandle h, comm_->AllGatherAsync(own, g.full_param.data(), S, g.dtype), "gathering group '",
+    ASSIGN_OR_RETURN(CommHandle h, comm_->AllGatherAsync(OwnParams(g), g.full_param.data(), S, g.dtype), "gathering group '",
                      g.name, "'");
     handles.push_back(std::move(h));
     impl_->step_gathers.gather_bytes += static_cast<int64_t>(S * g.esize()) * (comm_->size() - 1);
@@ -305,9 +313,7 @@ Status ZeroEngine::GradsReady(int group) {
 
 Status ZeroEngine::ReduceGroup(int gi) {
   Group& g = *groups_[static_cast<size_t>(gi)];
-  void* shard = config_.stage >= 2 ? g.grad_shard.data()
-                                   : g.full_grad.as<char>() + static_cast<size_t>(g.layout.shard_begin(config_.stage == 0 ? 0 : comm_->rank())) * g.esize();
-  RETURN_IF_ERROR(impl_->bucketer->Add(g.full_grad.data(), g.dtype, g.layout, shard, g.dtype), "reducing group '", g.name, "'");
+  RETURN_IF_ERROR(impl_->bucketer->Add(g.full_grad.data(), g.dtype, g.layout, GradShard(g), g.dtype), "reducing group '", g.name, "'");
   g.grad_reduced = true;
   if (config_.stage >= 2) {  // the bucket holds a copy: the full gradient can go
     impl_->staging.Release(std::move(g.full_grad));
@@ -348,9 +354,7 @@ Result<StepResult> ZeroEngine::Step() {
   double local = 0;
   for (auto& gp : groups_) {
     Group& g = *gp;
-    const void* shard = config_.stage >= 2 ? g.grad_shard.data()
-                                           : g.full_grad.as<char>() + static_cast<size_t>(g.layout.shard_begin(config_.stage == 0 ? 0 : comm_->rank())) * g.esize();
-    const kernels::GradRef ref{shard, g.layout.shard_size()};
+    const kernels::GradRef ref{GradShard(g), g.layout.shard_size()};
     ASSIGN_OR_RETURN(kernels::GradStats st, kernels::GradSumSquaresCpu(std::span(&ref, 1), g.dtype, ko), "step");
     local += st.nonfinite ? std::numeric_limits<double>::infinity() : st.sum_squares;
   }
@@ -379,12 +383,8 @@ Result<StepResult> ZeroEngine::Step() {
     c.lr = g.lr;
     c.weight_decay = g.weight_decay;
     ASSIGN_OR_RETURN(kernels::AdamStepScalars s, kernels::MakeAdamStepScalars(c, steps_ + 1, mult), "step, group '", g.name, "'");
-    const int rank = config_.stage == 0 ? 0 : comm_->rank();
-    void* own = config_.stage == 3 ? g.param_shard.data()
-                                   : g.full_param.as<char>() + static_cast<size_t>(g.layout.shard_begin(rank)) * g.esize();
-    const void* grad = config_.stage >= 2 ? g.grad_shard.data()
-                                          : g.full_grad.as<char>() + static_cast<size_t>(g.layout.shard_begin(rank)) * g.esize();
-    kernels::AdamTensorArgs t{g.master.as<float>(), grad, g.exp_avg.as<float>(), g.exp_avg_sq.as<float>(),
+    void* own = OwnParams(g);
+    kernels::AdamTensorArgs t{g.master.as<float>(), GradShard(g), g.exp_avg.as<float>(), g.exp_avg_sq.as<float>(),
                               g.max_exp_avg_sq.as<float>(), g.dtype == DType::kF32 ? nullptr : own, g.layout.shard_size()};
     RETURN_IF_ERROR(kernels::AdamCpu(s, std::span(&t, 1), g.dtype, g.dtype == DType::kF32 ? DType::kBF16 : g.dtype, ko),
                     "step, group '", g.name, "'");

@@ -119,6 +119,10 @@ class ZeroEngine {
   Status CheckRegistration();
   Status Allocate(const InitFn& init);
   Status ParamsFromMaster(Group& g);  // cast master shard into the model params of this rank
+  // This rank's block of the group's model parameters (stage 3: the parameter shard) and of its
+  // reduced gradient (stages 0-1: inside the full gradient; 2-3: the gradient shard).
+  void* OwnParams(Group& g) const;
+  void* GradShard(Group& g) const;
   Status GatherUpdatedParams();
   Status ReduceGroup(int g);
   Result<Group*> Get(int group, const char* what);
