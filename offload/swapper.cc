@@ -1,0 +1,331 @@
+#include "offload/swapper.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "runtime/core/logging.h"
+
+namespace zrt {
+namespace {
+
+constexpr int64_t kAlign = static_cast<int64_t>(kIoAlignment);
+constexpr int64_t kSubGroupQuantum = 4096;  // elements: every sub-group starts 4 KiB-aligned for any element size
+
+int64_t AlignUp(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// Removes swap files a killed process left behind (scratch by definition).
+Status ClearStale(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return ErrnoStatus(errno, "opening " + dir);
+  Status s;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.size() > 4 && name.compare(name.size() - 4, 4, ".swp") == 0) {
+      const std::string path = dir + "/" + name;
+      if (::unlink(path.c_str()) != 0 && errno != ENOENT && s.ok()) s = ErrnoStatus(errno, "removing stale swap file " + path);
+    }
+  }
+  ::closedir(d);
+  return s;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<StateSwapper>> StateSwapper::Create(const SwapperOptions& o, std::vector<SwapRegion> regions,
+                                                           std::vector<SwapStream> streams, IoEngine* io, HostMemory* host) {
+  if (io == nullptr || host == nullptr) return InvalidArgumentError("swapper: null I/O engine or host memory");
+  if (streams.empty()) return InvalidArgumentError("swapper: no streams");
+  if (o.buffer_sets < 1) return InvalidArgumentError("swapper: buffer_sets must be >= 1, got ", o.buffer_sets);
+  if (o.sub_group_elements < 0) return InvalidArgumentError("offload.sub_group_elements must be >= 0, got ", o.sub_group_elements);
+  struct stat st {};
+  if (o.dir.empty()) return InvalidArgumentError("offload.nvme_dir is empty: NVMe offload needs a directory for its swap files");
+  if (::stat(o.dir.c_str(), &st) != 0) {
+    return NotFoundError("offload.nvme_dir '", o.dir, "': ", std::strerror(errno), " (the directory must exist)");
+  }
+  if (!S_ISDIR(st.st_mode)) return InvalidArgumentError("offload.nvme_dir '", o.dir, "' is not a directory");
+
+  std::unique_ptr<StateSwapper> s(new StateSwapper());
+  s->io_ = io;
+  s->regions_ = std::move(regions);
+  s->streams_ = std::move(streams);
+  int64_t bytes_per_element = 0;
+  for (const SwapStream& st2 : s->streams_) {
+    if (st2.element_bytes == 0 || kAlign % static_cast<int64_t>(st2.element_bytes) != 0) {
+      return InvalidArgumentError("swapper: stream '", st2.name, "' has element size ", st2.element_bytes);
+    }
+    bytes_per_element += static_cast<int64_t>(st2.element_bytes);
+  }
+  int64_t largest = kSubGroupQuantum;
+  for (const SwapRegion& r : s->regions_) {
+    if (r.elements < 0) return InvalidArgumentError("swapper: region '", r.name, "' has ", r.elements, " elements");
+    largest = std::max(largest, AlignUp(r.elements, kSubGroupQuantum));
+  }
+
+  // Sub-group size: asked for (rounded up to the quantum), or the largest the budget allows.
+  const int64_t per_sub_group_element = bytes_per_element * o.buffer_sets;
+  int64_t sg = 0;
+  if (o.sub_group_elements > 0) {
+    sg = std::min(AlignUp(o.sub_group_elements, kSubGroupQuantum), largest);
+  } else {
+    sg = std::min(SwapperOptions::kMaxAutoSubGroup, largest);
+    if (host->budget() > 0) {
+      const int64_t room = host->budget() - host->used();
+      sg = std::min(sg, room / per_sub_group_element / kSubGroupQuantum * kSubGroupQuantum);
+    }
+  }
+  if (sg < kSubGroupQuantum || !host->Fits(sg * per_sub_group_element)) {
+    const int64_t shown = std::max(sg, kSubGroupQuantum);
+    return InvalidArgumentError(host->setting(), " = ", FormatBytes(host->budget()), " (", FormatBytes(host->used()),
+                                " already used) cannot hold ", o.buffer_sets, " buffer sets of one sub-group: ",
+                                "offload.sub_group_elements = ", shown, " x ", bytes_per_element, " bytes per element x ",
+                                o.buffer_sets, " = ", FormatBytes(shown * per_sub_group_element),
+                                "; raise the budget or lower the sub-group size (at least ", kSubGroupQuantum, " elements)");
+  }
+  s->sub_group_ = sg;
+
+  // The rank's directory: locked, cleared of a dead process's files.
+  s->rank_dir_ = o.dir + "/zrt-swap.rank" + std::to_string(o.rank);
+  if (::mkdir(s->rank_dir_.c_str(), 0755) != 0 && errno != EEXIST) {
+    return ErrnoStatus(errno, "offload.nvme_dir: creating " + s->rank_dir_);
+  }
+  const std::string lock_path = s->rank_dir_ + "/lock";
+  s->lock_ = UniqueFd(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  if (!s->lock_.valid()) return ErrnoStatus(errno, "offload: opening " + lock_path);
+  if (::flock(s->lock_.get(), LOCK_EX | LOCK_NB) != 0) {
+    return FailedPreconditionError("offload: swap directory ", s->rank_dir_, " is in use by another live process (",
+                                   lock_path, " is locked); give each job its own offload.nvme_dir");
+  }
+  RETURN_IF_ERROR(ClearStale(s->rank_dir_), "offload");
+
+  // Space first, for an error that says how much is missing; fallocate below catches races.
+  int64_t need = 0;
+  for (size_t r = 0; r < s->regions_.size(); ++r) {
+    for (size_t k = 0; k < s->streams_.size(); ++k) need += static_cast<int64_t>(s->RegionBytes(static_cast<int>(r), static_cast<int>(k)));
+  }
+  struct statvfs vfs {};
+  if (::statvfs(s->rank_dir_.c_str(), &vfs) == 0) {
+    const auto avail = static_cast<int64_t>(vfs.f_bavail) * static_cast<int64_t>(vfs.f_frsize);
+    if (need > avail) {
+      return IoError("offload: no space for the swap files in ", s->rank_dir_, ": they need ", FormatBytes(need), ", the filesystem has ",
+                     FormatBytes(avail), " free");
+    }
+  }
+  for (size_t r = 0; r < s->regions_.size(); ++r) {
+    for (size_t k = 0; k < s->streams_.size(); ++k) {
+      const std::string path = s->rank_dir_ + "/" + std::to_string(r) + "." + s->streams_[k].name + ".swp";
+      ASSIGN_OR_RETURN(IoFile f, IoFile::Open(path, IoFile::Mode::kCreate), "offload: swap file for ", s->regions_[r].name);
+      const auto size = static_cast<off_t>(s->RegionBytes(static_cast<int>(r), static_cast<int>(k)));
+      if (size > 0) {
+        const int rc = ::posix_fallocate(f.fd(), 0, size);
+        if (rc == EOPNOTSUPP || rc == EINVAL) {
+          RETURN_IF_ERROR(f.Truncate(size), "offload: sizing ", path);
+        } else if (rc != 0) {
+          return ErrnoStatus(rc, "offload: reserving " + FormatBytes(size) + " for swap file " + path);
+        }
+      }
+      s->files_.push_back(std::move(f));
+    }
+  }
+  // Buffer sets, zeroed (the rounded-up tails of the last sub-groups are written as they are).
+  s->sets_.resize(static_cast<size_t>(o.buffer_sets));
+  for (auto& set : s->sets_) {
+    for (const SwapStream& st2 : s->streams_) {
+      const auto bytes = static_cast<size_t>(sg) * st2.element_bytes;
+      ASSIGN_OR_RETURN(DeviceBuffer b, host->Allocate(bytes, MemCategory::kStaging, kIoAlignment), "offload buffer sets");
+      RETURN_IF_ERROR(host->Fill(b.data(), 0, bytes));
+      set.push_back(std::move(b));
+    }
+  }
+  ZRT_LOG(kInfo) << "offload: " << FormatBytes(need) << " of swap files in " << s->rank_dir_ << " (" << io->backend() << "), "
+                 << o.buffer_sets << " buffer sets of " << sg << " elements = " << FormatBytes(s->host_bytes()) << " of "
+                 << host->name() << " memory";
+  return s;
+}
+
+StateSwapper::~StateSwapper() {
+  for (IoFile& f : files_) {
+    const std::string path = f.path();
+    (void)std::move(f).Close();
+    ::unlink(path.c_str());
+  }
+  if (lock_.valid()) {
+    ::unlink((rank_dir_ + "/lock").c_str());
+    lock_.Reset();
+    ::rmdir(rank_dir_.c_str());  // only if empty
+  }
+}
+
+size_t StateSwapper::RegionBytes(int region, int stream) const {
+  return static_cast<size_t>(AlignUp(regions_[static_cast<size_t>(region)].elements *
+                                         static_cast<int64_t>(streams_[static_cast<size_t>(stream)].element_bytes),
+                                     kAlign));
+}
+
+int64_t StateSwapper::host_bytes() const {
+  int64_t b = 0;
+  for (const auto& set : sets_) {
+    for (const DeviceBuffer& d : set) b += static_cast<int64_t>(d.size());
+  }
+  return b;
+}
+
+int64_t StateSwapper::file_bytes() const {
+  int64_t b = 0;
+  for (size_t r = 0; r < regions_.size(); ++r) {
+    for (size_t k = 0; k < streams_.size(); ++k) b += static_cast<int64_t>(RegionBytes(static_cast<int>(r), static_cast<int>(k)));
+  }
+  return b;
+}
+
+const std::string& StateSwapper::file_path(int region, int stream) const {
+  return files_[static_cast<size_t>(region) * streams_.size() + static_cast<size_t>(stream)].path();
+}
+
+Status StateSwapper::CheckFiles() const {
+  for (const IoFile& f : files_) {
+    struct stat st {};
+    if (::fstat(f.fd(), &st) != 0) return ErrnoStatus(errno, "offload: swap file " + f.path());
+    if (st.st_nlink == 0) {
+      return FailedPreconditionError("offload: swap file ", f.path(), " was removed while in use (the directory ",
+                                     rank_dir_, " must be left alone while training); restart from a checkpoint");
+    }
+  }
+  return Status();
+}
+
+Status StateSwapper::CheckRange(int region, int stream, int64_t offset, int64_t count) const {
+  if (region < 0 || region >= static_cast<int>(regions_.size())) return InvalidArgumentError("swapper: no region ", region);
+  if (stream < 0 || stream >= static_cast<int>(streams_.size())) return InvalidArgumentError("swapper: no stream ", stream);
+  const int64_t n = regions_[static_cast<size_t>(region)].elements;
+  if (offset < 0 || count < 0 || offset > n || count > n - offset) {
+    return InvalidArgumentError("swapper: elements [", offset, ", ", offset + count, ") outside region '",
+                                regions_[static_cast<size_t>(region)].name, "' of ", n);
+  }
+  return Status();
+}
+
+Status StateSwapper::Read(int region, int stream, int64_t offset, int64_t count, void* out) {
+  RETURN_IF_ERROR(CheckRange(region, stream, offset, count));
+  const auto es = static_cast<int64_t>(streams_[static_cast<size_t>(stream)].element_bytes);
+  const IoFile& f = files_[static_cast<size_t>(region) * streams_.size() + static_cast<size_t>(stream)];
+  return io_->ReadSync(f, out, static_cast<size_t>(count * es), offset * es);
+}
+
+Status StateSwapper::Write(int region, int stream, int64_t offset, int64_t count, const void* in) {
+  RETURN_IF_ERROR(CheckRange(region, stream, offset, count));
+  const auto es = static_cast<int64_t>(streams_[static_cast<size_t>(stream)].element_bytes);
+  const IoFile& f = files_[static_cast<size_t>(region) * streams_.size() + static_cast<size_t>(stream)];
+  return io_->WriteSync(f, in, static_cast<size_t>(count * es), offset * es);
+}
+
+Result<IoHandle> StateSwapper::ReadRegionAsync(int region, int stream, void* out) {
+  RETURN_IF_ERROR(CheckRange(region, stream, 0, 0));
+  const IoFile& f = files_[static_cast<size_t>(region) * streams_.size() + static_cast<size_t>(stream)];
+  return io_->Read(f, out, RegionBytes(region, stream), 0);
+}
+
+Status StateSwapper::Stream(std::span<const SwapAccess> access, const UpdateFn& fn, SwapStats* stats) {
+  if (access.size() != streams_.size()) {
+    return InvalidArgumentError("swapper: ", access.size(), " access modes for ", streams_.size(), " streams");
+  }
+  RETURN_IF_ERROR(CheckFiles());
+  const double t0 = Now();
+  SwapStats local;
+  struct Item {
+    int region;
+    int64_t offset, count;
+  };
+  std::vector<Item> items;
+  for (size_t r = 0; r < regions_.size(); ++r) {
+    for (int64_t off = 0; off < regions_[r].elements; off += sub_group_) {
+      items.push_back({static_cast<int>(r), off, std::min(sub_group_, regions_[r].elements - off)});
+    }
+  }
+  const size_t nsets = sets_.size();
+  std::vector<std::vector<IoHandle>> reads(nsets), writes(nsets);
+  // Every buffer must be idle before returning, error or not.
+  auto wait_all = [&](std::vector<IoHandle>& hs) -> Status {
+    Status first;
+    for (IoHandle& h : hs) {
+      Status s = h.Wait();
+      if (first.ok() && !s.ok()) first = std::move(s);
+    }
+    hs.clear();
+    return first;
+  };
+  auto drain = [&]() {
+    for (size_t k = 0; k < nsets; ++k) {
+      (void)wait_all(reads[k]);
+      (void)wait_all(writes[k]);
+    }
+  };
+  auto issue = [&](size_t i, bool write) -> Status {
+    const Item& it = items[i];
+    const size_t set = i % nsets;
+    for (size_t k = 0; k < streams_.size(); ++k) {
+      const SwapAccess a = access[k];
+      const bool want = write ? (a == SwapAccess::kWrite || a == SwapAccess::kReadWrite)
+                              : (a == SwapAccess::kRead || a == SwapAccess::kReadWrite);
+      if (!want) continue;
+      const auto es = static_cast<int64_t>(streams_[k].element_bytes);
+      const IoFile& f = files_[static_cast<size_t>(it.region) * streams_.size() + k];
+      // Whole 4 KiB blocks: the file is padded to them, so every transfer goes O_DIRECT.
+      const auto len = static_cast<size_t>(AlignUp(it.count * es, kAlign));
+      void* buf = sets_[set][k].data();
+      if (write) {
+        ASSIGN_OR_RETURN(IoHandle h, io_->Write(f, buf, len, it.offset * es), "offload: writing ", f.path());
+        writes[set].push_back(std::move(h));
+        local.bytes_written += static_cast<int64_t>(len);
+      } else {
+        ASSIGN_OR_RETURN(IoHandle h, io_->Read(f, buf, len, it.offset * es), "offload: reading ", f.path());
+        reads[set].push_back(std::move(h));
+        local.bytes_read += static_cast<int64_t>(len);
+      }
+    }
+    return Status();
+  };
+  auto run = [&]() -> Status {
+    if (!items.empty()) RETURN_IF_ERROR(issue(0, false));
+    std::vector<void*> data(streams_.size());
+    for (size_t i = 0; i < items.size(); ++i) {
+      const size_t set = i % nsets;
+      double tw = Now();
+      if (i + 1 < items.size()) {
+        // The next sub-group's set was last written by sub-group i+1-nsets: that write must be done.
+        RETURN_IF_ERROR(wait_all(writes[(i + 1) % nsets]));
+        if (nsets > 1) RETURN_IF_ERROR(issue(i + 1, false));
+      }
+      RETURN_IF_ERROR(wait_all(reads[set]));
+      RETURN_IF_ERROR(wait_all(writes[set]));  // one buffer set: its previous write
+      double tu = Now();
+      local.wait_seconds += tu - tw;
+      for (size_t k = 0; k < streams_.size(); ++k) data[k] = access[k] == SwapAccess::kNone ? nullptr : sets_[set][k].data();
+      RETURN_IF_ERROR(fn(Window{items[i].region, items[i].offset, items[i].count, data}));
+      local.update_seconds += Now() - tu;
+      RETURN_IF_ERROR(issue(i, true));
+      if (nsets == 1 && i + 1 < items.size()) {  // no overlap possible: write, then read the next
+        RETURN_IF_ERROR(wait_all(writes[set]));
+        RETURN_IF_ERROR(issue(i + 1, false));
+      }
+    }
+    const double tw = Now();
+    for (size_t k = 0; k < nsets; ++k) RETURN_IF_ERROR(wait_all(writes[k]));
+    local.wait_seconds += Now() - tw;
+    return Status();
+  };
+  Status s = run();
+  drain();
+  local.seconds = Now() - t0;
+  if (stats) *stats = local;
+  return s;
+}
+
+}  // namespace zrt
