@@ -35,18 +35,6 @@ constexpr int64_t kAlign = static_cast<int64_t>(kIoAlignment);
 int64_t AlignUp(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
-// Sends `s` from `root` to every rank (code + message).
-Status BroadcastStatus(Communicator* comm, const Status& s, int root) {
-  char buf[4096] = {};
-  if (comm->rank() == root) {
-    buf[0] = static_cast<char>(s.code());
-    const std::string_view m = s.message();
-    if (!m.empty()) std::memcpy(buf + 1, m.data(), std::min(m.size(), sizeof(buf) - 2));  // OK has no text (null data)
-  }
-  RETURN_IF_ERROR(comm->Broadcast(buf, sizeof(buf), DType::kBytes, root), "sharing the checkpoint status");
-  const auto code = static_cast<StatusCode>(buf[0]);
-  return code == StatusCode::kOk ? Status() : Status(code, std::string(buf + 1));
-}
 
 std::atomic<int> g_preempted{0};
 void OnPreemptSignal(int) { g_preempted.store(1, std::memory_order_relaxed); }
@@ -59,8 +47,9 @@ struct Checkpointer::Job {
   int shard_rank = -1;  // -1: this rank holds no distinct shard (stage 0, rank > 0)
   struct Piece {
     int group, kind;
-    const char* data;
+    const char* data;  // in staging_, or null: read through `read` (state not resident)
     int64_t elements;
+    std::function<Status(int64_t offset, int64_t count, void* out)> read;
   };
   std::vector<Piece> pieces;
 };
@@ -194,11 +183,20 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
   }
   RETURN_IF_ERROR(MakeDirs(job->tmp_dir), "checkpoint of step ", m.step);
 
-  // Snapshot this rank's shards (the only part of the save training waits for).
+  // Snapshot this rank's shards (the only part of the save training waits for). State that is not
+  // resident (NVMe offload) is not copied: it is streamed from where it lives into the files now, before
+  // SaveAsync returns (the next step would change it), through O(chunk) memory.
+  bool streamed = false;
   if (job->shard_rank >= 0) {
     int64_t bytes = 0;
     for (const StateGroup& g : state.groups) {
-      for (const StateBuffer& b : g.buffers) bytes += AlignUp(b.count * static_cast<int64_t>(DTypeSize(b.dtype)));
+      for (const StateBuffer& b : g.buffers) {
+        if (b.resident()) {
+          bytes += AlignUp(b.count * static_cast<int64_t>(DTypeSize(b.dtype)));
+        } else {
+          streamed = true;
+        }
+      }
     }
     if (staging_.size() < static_cast<size_t>(bytes)) {
       staging_.Reset();
@@ -212,12 +210,31 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
         const StateBuffer& b = g.buffers[k];
         if (b.dtype != DType::kF32) return InvalidArgumentError("checkpoint: state '", b.kind, "' must be f32");
         const size_t nbytes = static_cast<size_t>(b.count) * 4;
-        std::memcpy(staging_.as<char>() + off, b.data, nbytes);
-        job->pieces.push_back({static_cast<int>(gi), static_cast<int>(k), staging_.as<char>() + off, b.count});
         stats_.raw_bytes += static_cast<int64_t>(nbytes);
+        if (!b.resident()) {
+          if (!b.read) return InvalidArgumentError("checkpoint: state '", b.kind, "' of group '", g.name, "' is not resident and has no read");
+          job->pieces.push_back({static_cast<int>(gi), static_cast<int>(k), nullptr, b.count, b.read});
+          continue;
+        }
+        if (nbytes != 0) std::memcpy(staging_.as<char>() + off, b.data, nbytes);
+        job->pieces.push_back({static_cast<int>(gi), static_cast<int>(k), staging_.as<char>() + off, b.count, {}});
         off += AlignUp(static_cast<int64_t>(nbytes));
       }
     }
+  }
+  if (streamed) {
+    const double tw = Now();
+    Status s = WriteFiles(*job);
+    stats_.write_seconds = Now() - tw;
+    stats_.stall_seconds = Now() - t0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      job_ = std::move(job);
+      work_status_ = std::move(s);
+      work_done_ = true;  // Commit (at Wait or the next SaveAsync) agrees on it and renames, as usual
+    }
+    pending_ = true;
+    return Status();
   }
   stats_.stall_seconds = Now() - t0;
   {
@@ -236,7 +253,7 @@ Status Checkpointer::WriteFiles(Job& job) {
   const std::string ctx = "writing checkpoint step " + std::to_string(m.step);
   if (job.shard_rank >= 0) {
     std::vector<ShardPiece32> pieces;
-    for (const Job::Piece& p : job.pieces) pieces.push_back({p.group, p.kind, reinterpret_cast<const float*>(p.data), p.elements});
+    for (const Job::Piece& p : job.pieces) pieces.push_back({p.group, p.kind, reinterpret_cast<const float*>(p.data), p.elements, p.read});
     std::function<int(std::string_view, const std::string&)> fault;
 #if defined(ZRT_FAULT_INJECTION)
     fault = o_.fault;
@@ -263,15 +280,10 @@ Status Checkpointer::Commit() {
     local = work_status_;
   }
   Job& job = *job_;
-  // Agree on success: the highest failing rank (or -1) and its message.
-  float failing = local.ok() ? -1.0f : static_cast<float>(comm_->rank());
-  RETURN_IF_ERROR(comm_->AllReduce(&failing, &failing, 1, DType::kF32, ReduceOp::kMax), "committing a checkpoint");
-  if (failing >= 0) {
-    Status s = BroadcastStatus(comm_, local, static_cast<int>(failing));
+  if (Status agreed = AgreeOnStatus(comm_, local); !agreed.ok()) {
     if (comm_->rank() == 0) (void)RemoveTree(job.tmp_dir).ok();
-    if (!local.ok()) return local;
-    return Status(s.code(), ::zrt::internal::StrCat("checkpoint of step ", job.manifest.step, " failed on rank ",
-                                             static_cast<int>(failing), ": ", s.message()));
+    if (!local.ok()) return agreed;
+    return agreed.WithContext("checkpoint of step " + std::to_string(job.manifest.step));
   }
   Status s;
   if (comm_->rank() == 0) {

@@ -378,32 +378,56 @@ Result<LoadResult> Load(const std::string& dir, const StateView& target, const L
   for (const StateGroup& tg : target.groups) {
     const int rank = tg.layout.world_size() == 1 ? 0 : target.rank;
     for (const StateBuffer& b : tg.buffers) {
-      std::memset(b.data, 0, static_cast<size_t>(b.count) * DTypeSize(b.dtype));  // padding, and skipped kinds
-      if (options.params_only && b.kind != "master") continue;
       if (b.dtype != DType::kF32) return InvalidArgumentError("load: state '", b.kind, "' must be f32");
-      for (const ShardPiece& p : tg.layout.RankPieces(rank)) {
-        const TensorSpec& spec = tg.tensors[static_cast<size_t>(p.tensor)];
-        auto w = where.find(spec.name);
-        if (w == where.end()) return NotFoundError("load: tensor '", spec.name, "' is not in checkpoint ", dir);
-        const auto [g, t] = w->second;
-        const GroupEntry& ge = m.groups[static_cast<size_t>(g)];
-        const TensorEntry& te = ge.tensors[static_cast<size_t>(t)];
-        if (te.numel != spec.numel()) {
-          return InvalidArgumentError("load: tensor '", spec.name, "' has ", te.numel, " elements in ", dir, ", the model has ",
-                                      spec.numel(), " (", spec.ToString(), ")");
+      if (!b.resident() && !b.write) return InvalidArgumentError("load: state '", b.kind, "' of group '", tg.name, "' is not resident and has no write");
+      // Resolve this buffer's pieces first (one check and one warning per tensor).
+      struct Source {
+        ShardPiece piece;  // in the target shard
+        int group, tensor, kind;
+      };
+      std::vector<Source> sources;
+      if (!options.params_only || b.kind == "master") {
+        for (const ShardPiece& p : tg.layout.RankPieces(rank)) {
+          const TensorSpec& spec = tg.tensors[static_cast<size_t>(p.tensor)];
+          auto w = where.find(spec.name);
+          if (w == where.end()) return NotFoundError("load: tensor '", spec.name, "' is not in checkpoint ", dir);
+          const auto [g, t] = w->second;
+          const GroupEntry& ge = m.groups[static_cast<size_t>(g)];
+          const TensorEntry& te = ge.tensors[static_cast<size_t>(t)];
+          if (te.numel != spec.numel()) {
+            return InvalidArgumentError("load: tensor '", spec.name, "' has ", te.numel, " elements in ", dir, ", the model has ",
+                                        spec.numel(), " (", spec.ToString(), ")");
+          }
+          const auto kind = std::find(ge.kinds.begin(), ge.kinds.end(), b.kind);
+          if (kind == ge.kinds.end()) {
+            if (b.kind == "master") return DataLossError("load: checkpoint ", dir, " has no master weights for group '", ge.name, "'");
+            ZRT_LOG(kWarn) << "load: checkpoint has no " << b.kind << " for tensor " << spec.name << "; it starts at zero";
+            continue;
+          }
+          sources.push_back({p, g, t, static_cast<int>(kind - ge.kinds.begin())});
         }
-        const auto kind = std::find(ge.kinds.begin(), ge.kinds.end(), b.kind);
-        if (kind == ge.kinds.end()) {
-          if (b.kind == "master") return DataLossError("load: checkpoint ", dir, " has no master weights for group '", ge.name, "'");
-          ZRT_LOG(kWarn) << "load: checkpoint has no " << b.kind << " for tensor " << spec.name << "; it starts at zero";
-          continue;
+      }
+      // Resident state is filled in place (one window); other state through a bounded bounce buffer
+      // written back window by window. Padding and missing kinds end up zero.
+      constexpr int64_t kWindow = int64_t{1} << 22;
+      const int64_t window = b.resident() ? std::max<int64_t>(b.count, 1) : kWindow;
+      std::vector<float> bounce(b.resident() ? 0 : static_cast<size_t>(std::min(window, b.count)));
+      for (int64_t w0 = 0; w0 < b.count; w0 += window) {
+        const int64_t w1 = std::min(b.count, w0 + window);
+        float* base = b.resident() ? static_cast<float*>(b.data) + w0 : bounce.data();  // element w0
+        std::memset(base, 0, static_cast<size_t>(w1 - w0) * 4);
+        for (const Source& src_piece : sources) {
+          const ShardPiece& p = src_piece.piece;
+          const int64_t lo = std::max(w0, p.shard_offset), hi = std::min(w1, p.shard_offset + p.count);
+          if (lo >= hi) continue;
+          const int64_t t0 = p.tensor_offset + (lo - p.shard_offset);
+          for (const ShardPiece& op : saved[static_cast<size_t>(src_piece.group)].Locate(src_piece.tensor, t0, t0 + (hi - lo))) {
+            float* dst = base + (p.shard_offset - w0) + (op.tensor_offset - p.tensor_offset);
+            RETURN_IF_ERROR(src.Read(op.rank, src_piece.group, src_piece.kind, op.shard_offset, op.count, dst),
+                            "loading tensor '", tg.tensors[static_cast<size_t>(p.tensor)].name, "' (", b.kind, ") from ", dir);
+          }
         }
-        float* dst = static_cast<float*>(b.data) + p.shard_offset;
-        for (const ShardPiece& op : saved[static_cast<size_t>(g)].Locate(t, p.tensor_offset, p.tensor_offset + p.count)) {
-          RETURN_IF_ERROR(src.Read(op.rank, g, static_cast<int>(kind - ge.kinds.begin()), op.shard_offset, op.count,
-                                   dst + (op.tensor_offset - p.tensor_offset)),
-                          "loading tensor '", spec.name, "' (", b.kind, ") from ", dir);
-        }
+        if (!b.resident()) RETURN_IF_ERROR(b.write(w0, w1 - w0, base), "loading ", b.kind, " of group '", tg.name, "'");
       }
     }
   }

@@ -1,6 +1,9 @@
 #include "checkpoint/shard_writer.h"
 
+#include <deque>
+
 #include "checkpoint/fs_util.h"
+#include "runtime/core/device.h"
 
 namespace zrt::ckpt {
 
@@ -26,37 +29,58 @@ Status WriteShard(IoEngine& io, const std::string& dir, const Manifest& m, int r
   struct InFlight {
     IoHandle handle;
     std::vector<char> buf;
+    DeviceBuffer raw;  // a chunk read from non-resident state
   };
-  std::vector<InFlight> window;
+  std::deque<InFlight> window;
   std::vector<char> scratch;
+  CpuDevice host;
   int64_t file_off = 0;
   auto drain = [&](size_t keep) -> Status {
     while (window.size() > keep) {
-      RETURN_IF_ERROR(window.front().handle.Wait());
-      window.erase(window.begin());
+      Status s = window.front().handle.Wait();
+      window.pop_front();
+      if (!s.ok()) {
+        while (!window.empty()) {  // nothing may be freed while the engine still uses it
+          (void)window.front().handle.Wait();
+          window.pop_front();
+        }
+        return s;
+      }
     }
     return Status();
   };
-  for (const ShardPiece32& p : pieces) {
-    for (int64_t e = 0; e < p.elements; e += m.chunk_elements) {
-      const int64_t n = std::min(m.chunk_elements, p.elements - e);
-      const char* raw = reinterpret_cast<const char*>(p.data + e);
-      const size_t raw_bytes = static_cast<size_t>(n) * 4;
-      InFlight w;
-      ASSIGN_OR_RETURN(Codec codec, EncodeChunk(raw, raw_bytes, 4, compression, &scratch, &w.buf));
-      const char* stored = codec == Codec::kRaw ? raw : w.buf.data();
-      const size_t stored_bytes = codec == Codec::kRaw ? raw_bytes : w.buf.size();
-      if (codec == Codec::kRaw) file_off = (file_off + kAlign - 1) / kAlign * kAlign;  // raw chunks stay O_DIRECT-able
-      index.chunks.push_back(ChunkEntry{p.group, p.kind, e, n, file_off, static_cast<int64_t>(stored_bytes), codec,
-                                        Checksum(stored, stored_bytes)});
-      ASSIGN_OR_RETURN(w.handle, io.Write(f, stored, stored_bytes, file_off));
-      window.push_back(std::move(w));
-      RETURN_IF_ERROR(drain(16));
-      file_off += static_cast<int64_t>(stored_bytes);
-      if (stats) stats->stored_bytes += static_cast<int64_t>(stored_bytes);
+  auto write_all = [&]() -> Status {
+    for (const ShardPiece32& p : pieces) {
+      for (int64_t e = 0; e < p.elements; e += m.chunk_elements) {
+        const int64_t n = std::min(m.chunk_elements, p.elements - e);
+        const size_t raw_bytes = static_cast<size_t>(n) * 4;
+        InFlight w;
+        const char* raw = p.data == nullptr ? nullptr : reinterpret_cast<const char*>(p.data + e);
+        if (raw == nullptr) {
+          if (!p.read) return InvalidArgumentError("shard piece of group ", p.group, " has neither data nor a read function");
+          ASSIGN_OR_RETURN(w.raw, host.Allocate(raw_bytes, MemCategory::kStaging, kIoAlignment));
+          RETURN_IF_ERROR(p.read(e, n, w.raw.data()), "reading state of group ", p.group, " at element ", e);
+          raw = w.raw.as<char>();
+        }
+        ASSIGN_OR_RETURN(Codec codec, EncodeChunk(raw, raw_bytes, 4, compression, &scratch, &w.buf));
+        const char* stored = codec == Codec::kRaw ? raw : w.buf.data();
+        const size_t stored_bytes = codec == Codec::kRaw ? raw_bytes : w.buf.size();
+        if (codec == Codec::kRaw) file_off = (file_off + kAlign - 1) / kAlign * kAlign;  // raw chunks stay O_DIRECT-able
+        index.chunks.push_back(ChunkEntry{p.group, p.kind, e, n, file_off, static_cast<int64_t>(stored_bytes), codec,
+                                          Checksum(stored, stored_bytes)});
+        ASSIGN_OR_RETURN(w.handle, io.Write(f, stored, stored_bytes, file_off));
+        window.push_back(std::move(w));
+        RETURN_IF_ERROR(drain(16));
+        file_off += static_cast<int64_t>(stored_bytes);
+        if (stats) stats->stored_bytes += static_cast<int64_t>(stored_bytes);
+      }
     }
+    return drain(0);
+  };
+  if (Status s = write_all(); !s.ok()) {
+    (void)drain(0);
+    return s;
   }
-  RETURN_IF_ERROR(drain(0));
   index.data_bytes = file_off;
   RETURN_IF_ERROR(check("fsync", tmp));
   RETURN_IF_ERROR(f.Sync());

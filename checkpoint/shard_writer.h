@@ -12,12 +12,14 @@
 namespace zrt::ckpt {
 
 // One state buffer of the shard: elements of (group, kind) in shard order, fp32. `data` must stay valid
-// until WriteShard returns; 4 KiB-aligned data lets raw chunks go O_DIRECT.
+// until WriteShard returns; 4 KiB-aligned data lets raw chunks go O_DIRECT. State that is not resident
+// (NVMe offload) has data == nullptr and `read`, asked for one chunk at a time (memory stays O(chunk)).
 struct ShardPiece32 {
   int group;
   int kind;
   const float* data;
   int64_t elements;
+  std::function<Status(int64_t offset, int64_t count, void* out)> read = {};
 };
 
 struct ShardWriteStats {

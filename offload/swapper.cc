@@ -56,18 +56,29 @@ Result<std::unique_ptr<StateSwapper>> StateSwapper::Create(const SwapperOptions&
   s->io_ = io;
   s->regions_ = std::move(regions);
   s->streams_ = std::move(streams);
-  int64_t bytes_per_element = 0;
   for (const SwapStream& st2 : s->streams_) {
     if (st2.element_bytes == 0 || kAlign % static_cast<int64_t>(st2.element_bytes) != 0) {
       return InvalidArgumentError("swapper: stream '", st2.name, "' has element size ", st2.element_bytes);
     }
-    bytes_per_element += static_cast<int64_t>(st2.element_bytes);
   }
   int64_t largest = kSubGroupQuantum;
-  for (const SwapRegion& r : s->regions_) {
-    if (r.elements < 0) return InvalidArgumentError("swapper: region '", r.name, "' has ", r.elements, " elements");
-    largest = std::max(largest, AlignUp(r.elements, kSubGroupQuantum));
+  std::vector<int64_t> widest(s->streams_.size(), 0);  // per stream, over regions: sizes the buffers
+  for (size_t r = 0; r < s->regions_.size(); ++r) {
+    const SwapRegion& reg = s->regions_[r];
+    if (reg.elements < 0) return InvalidArgumentError("swapper: region '", reg.name, "' has ", reg.elements, " elements");
+    if (!reg.element_bytes.empty() && reg.element_bytes.size() != s->streams_.size()) {
+      return InvalidArgumentError("swapper: region '", reg.name, "' gives ", reg.element_bytes.size(), " element sizes for ",
+                                  s->streams_.size(), " streams");
+    }
+    for (size_t k = 0; k < s->streams_.size(); ++k) {
+      const int64_t es = s->Es(r, k);
+      if (es <= 0 || kAlign % es != 0) return InvalidArgumentError("swapper: region '", reg.name, "' has element size ", es);
+      widest[k] = std::max(widest[k], es);
+    }
+    largest = std::max(largest, AlignUp(reg.elements, kSubGroupQuantum));
   }
+  int64_t bytes_per_element = 0;
+  for (size_t k = 0; k < s->streams_.size(); ++k) bytes_per_element += std::max<int64_t>(widest[k], static_cast<int64_t>(s->streams_[k].element_bytes));
 
   // Sub-group size: asked for (rounded up to the quantum), or the largest the budget allows.
   const int64_t per_sub_group_element = bytes_per_element * o.buffer_sets;
@@ -137,8 +148,8 @@ Result<std::unique_ptr<StateSwapper>> StateSwapper::Create(const SwapperOptions&
   // Buffer sets, zeroed (the rounded-up tails of the last sub-groups are written as they are).
   s->sets_.resize(static_cast<size_t>(o.buffer_sets));
   for (auto& set : s->sets_) {
-    for (const SwapStream& st2 : s->streams_) {
-      const auto bytes = static_cast<size_t>(sg) * st2.element_bytes;
+    for (size_t k = 0; k < s->streams_.size(); ++k) {
+      const auto bytes = static_cast<size_t>(sg) * static_cast<size_t>(std::max<int64_t>(widest[k], static_cast<int64_t>(s->streams_[k].element_bytes)));
       ASSIGN_OR_RETURN(DeviceBuffer b, host->Allocate(bytes, MemCategory::kStaging, kIoAlignment), "offload buffer sets");
       RETURN_IF_ERROR(host->Fill(b.data(), 0, bytes));
       set.push_back(std::move(b));
@@ -163,10 +174,14 @@ StateSwapper::~StateSwapper() {
   }
 }
 
+int64_t StateSwapper::Es(size_t region, size_t stream) const {
+  const SwapRegion& r = regions_[region];
+  return static_cast<int64_t>(r.element_bytes.empty() ? streams_[stream].element_bytes : r.element_bytes[stream]);
+}
+
 size_t StateSwapper::RegionBytes(int region, int stream) const {
-  return static_cast<size_t>(AlignUp(regions_[static_cast<size_t>(region)].elements *
-                                         static_cast<int64_t>(streams_[static_cast<size_t>(stream)].element_bytes),
-                                     kAlign));
+  const auto r = static_cast<size_t>(region), k = static_cast<size_t>(stream);
+  return static_cast<size_t>(AlignUp(regions_[r].elements * Es(r, k), kAlign));
 }
 
 int64_t StateSwapper::host_bytes() const {
@@ -186,7 +201,7 @@ int64_t StateSwapper::file_bytes() const {
 }
 
 const std::string& StateSwapper::file_path(int region, int stream) const {
-  return files_[static_cast<size_t>(region) * streams_.size() + static_cast<size_t>(stream)].path();
+  return File(static_cast<size_t>(region), static_cast<size_t>(stream)).path();
 }
 
 Status StateSwapper::CheckFiles() const {
@@ -214,22 +229,21 @@ Status StateSwapper::CheckRange(int region, int stream, int64_t offset, int64_t 
 
 Status StateSwapper::Read(int region, int stream, int64_t offset, int64_t count, void* out) {
   RETURN_IF_ERROR(CheckRange(region, stream, offset, count));
-  const auto es = static_cast<int64_t>(streams_[static_cast<size_t>(stream)].element_bytes);
-  const IoFile& f = files_[static_cast<size_t>(region) * streams_.size() + static_cast<size_t>(stream)];
+  const int64_t es = Es(static_cast<size_t>(region), static_cast<size_t>(stream));
+  const IoFile& f = File(static_cast<size_t>(region), static_cast<size_t>(stream));
   return io_->ReadSync(f, out, static_cast<size_t>(count * es), offset * es);
 }
 
 Status StateSwapper::Write(int region, int stream, int64_t offset, int64_t count, const void* in) {
   RETURN_IF_ERROR(CheckRange(region, stream, offset, count));
-  const auto es = static_cast<int64_t>(streams_[static_cast<size_t>(stream)].element_bytes);
-  const IoFile& f = files_[static_cast<size_t>(region) * streams_.size() + static_cast<size_t>(stream)];
+  const int64_t es = Es(static_cast<size_t>(region), static_cast<size_t>(stream));
+  const IoFile& f = File(static_cast<size_t>(region), static_cast<size_t>(stream));
   return io_->WriteSync(f, in, static_cast<size_t>(count * es), offset * es);
 }
 
 Result<IoHandle> StateSwapper::ReadRegionAsync(int region, int stream, void* out) {
   RETURN_IF_ERROR(CheckRange(region, stream, 0, 0));
-  const IoFile& f = files_[static_cast<size_t>(region) * streams_.size() + static_cast<size_t>(stream)];
-  return io_->Read(f, out, RegionBytes(region, stream), 0);
+  return io_->Read(File(static_cast<size_t>(region), static_cast<size_t>(stream)), out, RegionBytes(region, stream), 0);
 }
 
 Status StateSwapper::Stream(std::span<const SwapAccess> access, const UpdateFn& fn, SwapStats* stats) {
@@ -275,8 +289,8 @@ Status StateSwapper::Stream(std::span<const SwapAccess> access, const UpdateFn& 
       const bool want = write ? (a == SwapAccess::kWrite || a == SwapAccess::kReadWrite)
                               : (a == SwapAccess::kRead || a == SwapAccess::kReadWrite);
       if (!want) continue;
-      const auto es = static_cast<int64_t>(streams_[k].element_bytes);
-      const IoFile& f = files_[static_cast<size_t>(it.region) * streams_.size() + k];
+      const int64_t es = Es(static_cast<size_t>(it.region), k);
+      const IoFile& f = File(static_cast<size_t>(it.region), k);
       // Whole 4 KiB blocks: the file is padded to them, so every transfer goes O_DIRECT.
       const auto len = static_cast<size_t>(AlignUp(it.count * es, kAlign));
       void* buf = sets_[set][k].data();

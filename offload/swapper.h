@@ -35,6 +35,7 @@ namespace zrt {
 struct SwapRegion {
   std::string name;  // for errors ("group 'layer0'")
   int64_t elements = 0;
+  std::vector<size_t> element_bytes;  // per stream, where it differs from the stream's (e.g. a bf16 group's params)
 };
 
 struct SwapStream {
@@ -81,6 +82,9 @@ class StateSwapper {
   // Visits every sub-group of every region in order. access.size() == number of streams.
   Status Stream(std::span<const SwapAccess> access, const UpdateFn& fn, SwapStats* stats = nullptr);
 
+  // That every swap file is still there (Stream checks it first). Cheap: one fstat per file.
+  Status CheckFiles() const;
+
   // Random access, synchronous (checkpoints, tests): `count` elements at element `offset`.
   Status Read(int region, int stream, int64_t offset, int64_t count, void* out);
   Status Write(int region, int stream, int64_t offset, int64_t count, const void* in);
@@ -96,8 +100,9 @@ class StateSwapper {
 
  private:
   StateSwapper() = default;
-  Status CheckFiles() const;
   Status CheckRange(int region, int stream, int64_t offset, int64_t count) const;
+  int64_t Es(size_t region, size_t stream) const;  // element size
+  const IoFile& File(size_t region, size_t stream) const { return files_[region * streams_.size() + stream]; }
 
   IoEngine* io_ = nullptr;
   std::vector<SwapRegion> regions_;

@@ -49,6 +49,19 @@ struct ZeroEngine::Impl {
   ThreadPool pool;
   int threads;  // optimizer threads, caller included
   CommStats step_gathers;  // stages 1-2 parameter all-gathers after the step
+  // Offload: host memory (state with offload = host; NVMe buffer sets), and for NVMe the I/O engine
+  // and the swapper, whose streams are master, exp_avg, exp_avg_sq[, max_exp_avg_sq][, params].
+  std::unique_ptr<HostMemory> host;
+  std::unique_ptr<IoEngine> io;
+  std::unique_ptr<StateSwapper> swapper;
+  int num_streams = 0, vmax_stream = -1, param_stream = -1;
+  SwapStats swap;
+  kernels::CpuKernelOptions kernel_options() {
+    kernels::CpuKernelOptions ko;
+    ko.pool = &pool;
+    ko.threads = threads;
+    return ko;
+  }
 };
 
 namespace {
@@ -69,9 +82,27 @@ uint64_t SpecHash(const TensorSpec& s, const std::string& group) {
 
 }  // namespace
 
+Result<OffloadTarget> ParseOffloadTarget(std::string_view s) {
+  if (s == "none") return OffloadTarget::kNone;
+  if (s == "host" || s == "cpu") return OffloadTarget::kHost;
+  if (s == "nvme") return OffloadTarget::kNvme;
+  return InvalidArgumentError("offload target must be none, host or nvme, got '", s, "'");
+}
+
+std::string_view OffloadTargetName(OffloadTarget t) {
+  switch (t) {
+    case OffloadTarget::kNone: return "none";
+    case OffloadTarget::kHost: return "host";
+    case OffloadTarget::kNvme: return "nvme";
+  }
+  return "?";
+}
+
 ZeroEngine::ZeroEngine(Communicator* comm, Device* device, const EngineConfig& config)
     : comm_(comm), device_(device), config_(config) {}
-ZeroEngine::~ZeroEngine() = default;
+ZeroEngine::~ZeroEngine() {
+  groups_.clear();  // their buffers may come from impl_'s host memory, which goes with impl_
+}
 
 Result<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Communicator* comm, Device* device, const EngineConfig& c) {
   if (comm == nullptr || device == nullptr) return InvalidArgumentError("engine: null communicator or device");
@@ -83,10 +114,28 @@ Result<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Communicator* comm, Devic
   }
   if (c.prefetch_depth < 0) return InvalidArgumentError("engine: prefetch_depth must be >= 0");
   RETURN_IF_ERROR(kernels::MakeAdamStepScalars(c.adam, 1).status(), "engine");
+  const OffloadConfig& oc = c.offload;
+  if (oc.params != OffloadTarget::kNone && c.stage != 3) {
+    return InvalidArgumentError("engine: offload.params = ", OffloadTargetName(oc.params), " needs stage 3 (stage ", c.stage,
+                                " keeps full parameters on every rank)");
+  }
+  if (oc.params == OffloadTarget::kNvme && oc.optimizer != OffloadTarget::kNvme) {
+    return InvalidArgumentError("engine: offload.params = nvme needs offload.optimizer = nvme (the step writes the "
+                                "parameter shards sub-group by sub-group)");
+  }
+  if (oc.optimizer == OffloadTarget::kNvme && oc.nvme_dir.empty()) {
+    return InvalidArgumentError("engine: offload.optimizer = nvme needs offload.nvme_dir");
+  }
+  if (oc.host_budget_bytes < 0) return InvalidArgumentError("engine: offload.host_budget_bytes must be >= 0 (0 = unbounded)");
+  if (oc.sub_group_elements < 0) return InvalidArgumentError("engine: offload.sub_group_elements must be >= 0 (0 = derived)");
   std::unique_ptr<ZeroEngine> e(new ZeroEngine(comm, device, c));
   ASSIGN_OR_RETURN(e->scaler_, LossScaler::Create(c.loss_scale), "engine");
   const int threads = c.optimizer_threads > 0 ? c.optimizer_threads : ThreadPool::HardwareThreads();
   e->impl_ = std::make_unique<Impl>(device, threads);
+  e->impl_->host = HostMemory::Create(oc.host_budget_bytes, "offload.host_budget_bytes");
+  if (oc.optimizer == OffloadTarget::kNvme) {
+    ASSIGN_OR_RETURN(e->impl_->io, IoEngine::Create(oc.io), "engine: offload I/O");
+  }
   return e;
 }
 
@@ -164,12 +213,15 @@ Status ZeroEngine::Finalize(const InitFn& init) {
 Status ZeroEngine::Allocate(const InitFn& init) {
   const int n = config_.stage == 0 ? 1 : comm_->size();
   const int rank = config_.stage == 0 ? 0 : comm_->rank();
+  const OffloadConfig& oc = config_.offload;
+  Device* const state_dev = oc.optimizer == OffloadTarget::kHost ? impl_->host.get() : device_;
+  Device* const param_dev = oc.params == OffloadTarget::kHost ? impl_->host.get() : device_;
+  const bool nvme = oc.optimizer == OffloadTarget::kNvme;
   GradBucketer::Options bo;
   bo.bucket_bytes = config_.bucket_bytes;
   bo.reduce_dtype = config_.reduce_dtype;
   bo.all_reduce = config_.stage == 0;
   ASSIGN_OR_RETURN(impl_->bucketer, GradBucketer::Create(comm_, device_, bo), "finalize");
-  std::vector<ParamGatherer::GroupRef> refs;
   for (auto& gp : groups_) {
     Group& g = *gp;
     ASSIGN_OR_RETURN(g.layout, ShardLayout::Create(g.tensors, n, config_.alignment), "group '", g.name, "'");
@@ -178,35 +230,117 @@ Status ZeroEngine::Allocate(const InitFn& init) {
     if (config_.stage <= 2) {
       ASSIGN_OR_RETURN(g.full_param, device_->Allocate(P * g.esize(), MemCategory::kParameters), ctx);
       RETURN_IF_ERROR(device_->Fill(g.full_param.data(), 0, P * g.esize()));
-    } else {
-      ASSIGN_OR_RETURN(g.param_shard, device_->Allocate(S * g.esize(), MemCategory::kParameters), ctx);
+    } else if (oc.params != OffloadTarget::kNvme) {
+      ASSIGN_OR_RETURN(g.param_shard, param_dev->Allocate(S * g.esize(), MemCategory::kParameters), ctx);
     }
     if (config_.stage <= 1) {
       ASSIGN_OR_RETURN(g.full_grad, device_->Allocate(P * g.esize(), MemCategory::kGradients), ctx);
     } else {
       ASSIGN_OR_RETURN(g.grad_shard, device_->Allocate(S * g.esize(), MemCategory::kGradients), ctx);
     }
+    if (nvme) continue;  // the state lives in swap files, initialised below
     for (DeviceBuffer* b : {&g.master, &g.exp_avg, &g.exp_avg_sq}) {
-      ASSIGN_OR_RETURN(*b, device_->Allocate(S * 4, MemCategory::kOptimizerState), ctx);
-      RETURN_IF_ERROR(device_->Fill(b->data(), 0, S * 4));
+      ASSIGN_OR_RETURN(*b, state_dev->Allocate(S * 4, MemCategory::kOptimizerState), ctx);
+      RETURN_IF_ERROR(state_dev->Fill(b->data(), 0, S * 4));
     }
     if (config_.adam.amsgrad) {
-      ASSIGN_OR_RETURN(g.max_exp_avg_sq, device_->Allocate(S * 4, MemCategory::kOptimizerState), ctx);
-      RETURN_IF_ERROR(device_->Fill(g.max_exp_avg_sq.data(), 0, S * 4));
+      ASSIGN_OR_RETURN(g.max_exp_avg_sq, state_dev->Allocate(S * 4, MemCategory::kOptimizerState), ctx);
+      RETURN_IF_ERROR(state_dev->Fill(g.max_exp_avg_sq.data(), 0, S * 4));
     }
     // Initial values: this rank's pieces only (padding stays zero).
     for (const ShardPiece& p : g.layout.RankPieces(rank)) {
       init(g.params[static_cast<size_t>(p.tensor)], p.tensor_offset, p.count, g.master.as<float>() + p.shard_offset);
     }
     RETURN_IF_ERROR(ParamsFromMaster(g), ctx);
-    refs.push_back({g.param_shard.data(), g.dtype, &g.layout, g.name});
   }
+  if (nvme) RETURN_IF_ERROR(CreateSwapper(&init), "finalize");
   if (config_.stage == 3) {
+    std::vector<ParamGatherer::GroupRef> refs;
+    for (size_t gi = 0; gi < groups_.size(); ++gi) {
+      Group& g = *groups_[gi];
+      refs.push_back({g.param_shard.data(), g.dtype, &g.layout, g.name, {}, 0});
+      if (impl_->param_stream >= 0) {
+        const int region = static_cast<int>(gi), stream = impl_->param_stream;
+        refs.back().load = [sw = impl_->swapper.get(), region, stream](void* dst) { return sw->ReadRegionAsync(region, stream, dst); };
+        refs.back().load_bytes = impl_->swapper->RegionBytes(region, stream);
+      }
+    }
     impl_->gatherer = std::make_unique<ParamGatherer>(comm_, &impl_->staging, config_.max_live_gathered_bytes,
                                                       config_.prefetch_depth);
     impl_->gatherer->SetGroups(std::move(refs));
   }
   return GatherUpdatedParams();
+}
+
+Status ZeroEngine::CreateSwapper(const InitFn* init) {
+  const OffloadConfig& oc = config_.offload;
+  std::vector<SwapStream> streams = {{"master", 4}, {"exp_avg", 4}, {"exp_avg_sq", 4}};
+  if (config_.adam.amsgrad) {
+    impl_->vmax_stream = static_cast<int>(streams.size());
+    streams.push_back({"max_exp_avg_sq", 4});
+  }
+  if (oc.params == OffloadTarget::kNvme) {
+    impl_->param_stream = static_cast<int>(streams.size());
+    streams.push_back({"params", 4});
+  }
+  std::vector<SwapRegion> regions;
+  for (auto& gp : groups_) {
+    SwapRegion r{"group '" + gp->name + "'", gp->layout.shard_size(), {}};
+    if (impl_->param_stream >= 0) {
+      r.element_bytes.assign(streams.size(), 4);
+      r.element_bytes[static_cast<size_t>(impl_->param_stream)] = gp->esize();
+    }
+    regions.push_back(std::move(r));
+  }
+  SwapperOptions so;
+  so.dir = oc.nvme_dir;
+  so.rank = comm_->rank();
+  so.sub_group_elements = oc.sub_group_elements;
+  impl_->num_streams = static_cast<int>(streams.size());
+  ASSIGN_OR_RETURN(impl_->swapper, StateSwapper::Create(so, std::move(regions), std::move(streams), impl_->io.get(), impl_->host.get()));
+  // Initial state, streamed: master from `init`, zero moments, and the parameters cast from master.
+  const int rank = config_.stage == 0 ? 0 : comm_->rank();
+  std::vector<SwapAccess> access(static_cast<size_t>(impl_->num_streams), SwapAccess::kWrite);
+  return impl_->swapper->Stream(access, [&](const StateSwapper::Window& w) -> Status {
+    Group& g = *groups_[static_cast<size_t>(w.region)];
+    auto* master = static_cast<float*>(w.data[0]);
+    const auto bytes = static_cast<size_t>(w.count) * 4;
+    for (size_t k = 0; k < w.data.size(); ++k) {
+      if (static_cast<int>(k) != impl_->param_stream) std::memset(w.data[k], 0, bytes);
+    }
+    const int64_t lo = w.offset, hi = w.offset + w.count;
+    for (const ShardPiece& p : g.layout.RankPieces(rank)) {
+      const int64_t a = std::max(lo, p.shard_offset), b = std::min(hi, p.shard_offset + p.count);
+      if (a < b) (*init)(g.params[static_cast<size_t>(p.tensor)], p.tensor_offset + (a - p.shard_offset), b - a, master + (a - lo));
+    }
+    return kernels::CastCpu(master, DType::kF32, ParamsAt(g, w), g.dtype, w.count, impl_->kernel_options());
+  }, &impl_->swap);
+}
+
+void* ZeroEngine::ParamsAt(Group& g, const StateSwapper::Window& w) {
+  if (impl_->param_stream >= 0) return w.data[static_cast<size_t>(impl_->param_stream)];
+  return static_cast<char*>(OwnParams(g)) + static_cast<size_t>(w.offset) * g.esize();
+}
+
+Status ZeroEngine::StreamParamsFromMaster() {
+  std::vector<SwapAccess> access(static_cast<size_t>(impl_->num_streams), SwapAccess::kNone);
+  access[0] = SwapAccess::kRead;
+  if (impl_->param_stream >= 0) access[static_cast<size_t>(impl_->param_stream)] = SwapAccess::kWrite;
+  return impl_->swapper->Stream(access, [&](const StateSwapper::Window& w) {
+    Group& g = *groups_[static_cast<size_t>(w.region)];
+    return kernels::CastCpu(w.data[0], DType::kF32, ParamsAt(g, w), g.dtype, w.count, impl_->kernel_options());
+  }, &impl_->swap);
+}
+
+Status ZeroEngine::UpdateRange(Group& g, const kernels::AdamStepScalars& s, int64_t offset, int64_t count, float* master,
+                               float* m, float* v, float* vmax, void* params) {
+  const void* grad = static_cast<const char*>(GradShard(g)) + static_cast<size_t>(offset) * g.esize();
+  const bool f32 = g.dtype == DType::kF32;
+  kernels::AdamTensorArgs t{master, grad, m, v, vmax, f32 ? nullptr : params, count};
+  RETURN_IF_ERROR(kernels::AdamCpu(s, std::span(&t, 1), g.dtype, f32 ? DType::kBF16 : g.dtype, impl_->kernel_options()),
+                  "step, group '", g.name, "'");
+  if (f32) std::memcpy(params, master, static_cast<size_t>(count) * 4);  // fp32 models: the params are the master
+  return Status();
 }
 
 void* ZeroEngine::OwnParams(Group& g) const {
@@ -222,9 +356,7 @@ void* ZeroEngine::GradShard(Group& g) const {
 }
 
 Status ZeroEngine::ParamsFromMaster(Group& g) {
-  kernels::CpuKernelOptions o;
-  o.pool = &impl_->pool;
-  return kernels::CastCpu(g.master.data(), DType::kF32, OwnParams(g), g.dtype, g.layout.shard_size(), o);
+  return kernels::CastCpu(g.master.data(), DType::kF32, OwnParams(g), g.dtype, g.layout.shard_size(), impl_->kernel_options());
 }
 
 Status ZeroEngine::GatherUpdatedParams() {
@@ -347,9 +479,7 @@ Result<StepResult> ZeroEngine::Step() {
     gp->grad_live = false;
   }
 
-  kernels::CpuKernelOptions ko;
-  ko.pool = &impl_->pool;
-  ko.threads = impl_->threads;
+  const kernels::CpuKernelOptions ko = impl_->kernel_options();
   // Global sum of squares; any inf/NaN on any rank makes it inf (one all-reduce).
   double local = 0;
   for (auto& gp : groups_) {
@@ -377,18 +507,33 @@ Result<StepResult> ZeroEngine::Step() {
   const float mult = kernels::GradMultiplier(global, static_cast<float>(denom), static_cast<float>(config_.max_grad_norm), &norm);
   r.grad_norm = norm;
 
+  std::vector<kernels::AdamStepScalars> scalars;
   for (auto& gp : groups_) {
-    Group& g = *gp;
     kernels::AdamConfig c = config_.adam;
-    c.lr = g.lr;
-    c.weight_decay = g.weight_decay;
-    ASSIGN_OR_RETURN(kernels::AdamStepScalars s, kernels::MakeAdamStepScalars(c, steps_ + 1, mult), "step, group '", g.name, "'");
-    void* own = OwnParams(g);
-    kernels::AdamTensorArgs t{g.master.as<float>(), GradShard(g), g.exp_avg.as<float>(), g.exp_avg_sq.as<float>(),
-                              g.max_exp_avg_sq.as<float>(), g.dtype == DType::kF32 ? nullptr : own, g.layout.shard_size()};
-    RETURN_IF_ERROR(kernels::AdamCpu(s, std::span(&t, 1), g.dtype, g.dtype == DType::kF32 ? DType::kBF16 : g.dtype, ko),
-                    "step, group '", g.name, "'");
-    if (g.dtype == DType::kF32) std::memcpy(own, g.master.data(), static_cast<size_t>(g.layout.shard_size()) * 4);
+    c.lr = gp->lr;
+    c.weight_decay = gp->weight_decay;
+    ASSIGN_OR_RETURN(kernels::AdamStepScalars sc, kernels::MakeAdamStepScalars(c, steps_ + 1, mult), "step, group '", gp->name, "'");
+    scalars.push_back(sc);
+  }
+  if (impl_->swapper) {
+    // NVMe: every sub-group of every group streams through read i+1 | update i | write i-1.
+    std::vector<SwapAccess> access(static_cast<size_t>(impl_->num_streams), SwapAccess::kReadWrite);
+    if (impl_->param_stream >= 0) access[static_cast<size_t>(impl_->param_stream)] = SwapAccess::kWrite;
+    const int vs = impl_->vmax_stream;
+    // Every rank learns of a problem on any rank: first before anything changes, then after streaming.
+    RETURN_IF_ERROR(AgreeOnStatus(comm_, impl_->swapper->CheckFiles()), "step (nothing was updated)");
+    Status st = impl_->swapper->Stream(access, [&](const StateSwapper::Window& w) {
+      Group& g = *groups_[static_cast<size_t>(w.region)];
+      auto f = [&](int k) { return k < 0 ? nullptr : static_cast<float*>(w.data[static_cast<size_t>(k)]); };
+      return UpdateRange(g, scalars[static_cast<size_t>(w.region)], w.offset, w.count, f(0), f(1), f(2), f(vs), ParamsAt(g, w));
+    }, &impl_->swap);
+    RETURN_IF_ERROR(AgreeOnStatus(comm_, st), "step: the offloaded optimizer state may be partly updated; restore from a checkpoint");
+  } else {
+    for (size_t gi = 0; gi < groups_.size(); ++gi) {
+      Group& g = *groups_[gi];
+      RETURN_IF_ERROR(UpdateRange(g, scalars[gi], 0, g.layout.shard_size(), g.master.as<float>(), g.exp_avg.as<float>(),
+                                  g.exp_avg_sq.as<float>(), g.max_exp_avg_sq.as<float>(), OwnParams(g)));
+    }
   }
   RETURN_IF_ERROR(GatherUpdatedParams(), "step");
   scaler_.Update(false);
@@ -428,10 +573,22 @@ StateView ZeroEngine::state_view() {
     sg.lr = g.lr;
     sg.weight_decay = g.weight_decay;
     const int64_t S = g.layout.shard_size();
-    sg.buffers.push_back({"master", DType::kF32, g.master.data(), S});
-    sg.buffers.push_back({"exp_avg", DType::kF32, g.exp_avg.data(), S});
-    sg.buffers.push_back({"exp_avg_sq", DType::kF32, g.exp_avg_sq.data(), S});
-    if (!g.max_exp_avg_sq.empty()) sg.buffers.push_back({"max_exp_avg_sq", DType::kF32, g.max_exp_avg_sq.data(), S});
+    if (impl_->swapper) {  // not resident: reached through the swap files
+      const int region = static_cast<int>(v.groups.size());
+      for (int k = 0; k < impl_->num_streams; ++k) {
+        if (k == impl_->param_stream) continue;
+        StateBuffer b{k == 0 ? "master" : k == 1 ? "exp_avg" : k == 2 ? "exp_avg_sq" : "max_exp_avg_sq", DType::kF32, nullptr, S, {}, {}};
+        StateSwapper* sw = impl_->swapper.get();
+        b.read = [sw, region, k](int64_t off, int64_t cnt, void* out) { return sw->Read(region, k, off, cnt, out); };
+        b.write = [sw, region, k](int64_t off, int64_t cnt, const void* in) { return sw->Write(region, k, off, cnt, in); };
+        sg.buffers.push_back(std::move(b));
+      }
+    } else {
+      sg.buffers.push_back({"master", DType::kF32, g.master.data(), S, {}, {}});
+      sg.buffers.push_back({"exp_avg", DType::kF32, g.exp_avg.data(), S, {}, {}});
+      sg.buffers.push_back({"exp_avg_sq", DType::kF32, g.exp_avg_sq.data(), S, {}, {}});
+      if (!g.max_exp_avg_sq.empty()) sg.buffers.push_back({"max_exp_avg_sq", DType::kF32, g.max_exp_avg_sq.data(), S, {}, {}});
+    }
     v.groups.push_back(std::move(sg));
   }
   return v;
@@ -446,11 +603,17 @@ Status ZeroEngine::Restore(int64_t step, const LossScaler::State& scaler) {
 
 Status ZeroEngine::RefreshParamsFromMaster() {
   if (!finalized_) return FailedPreconditionError("refresh: the engine is not finalized");
-  for (auto& gp : groups_) RETURN_IF_ERROR(ParamsFromMaster(*gp));
+  if (impl_->swapper) {
+    RETURN_IF_ERROR(StreamParamsFromMaster(), "refresh");
+  } else {
+    for (auto& gp : groups_) RETURN_IF_ERROR(ParamsFromMaster(*gp));
+  }
   return GatherUpdatedParams();
 }
 
 MemoryTracker::Snapshot ZeroEngine::memory() const { return device_->memory().Read(); }
+MemoryTracker::Snapshot ZeroEngine::host_memory() const { return impl_->host->memory().Read(); }
+SwapStats ZeroEngine::swap_stats() const { return impl_->swap; }
 
 CommStats ZeroEngine::comm_stats() const {
   CommStats s = impl_->step_gathers;

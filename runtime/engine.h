@@ -27,16 +27,36 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernels/adam.h"
 #include "runtime/core/communicator.h"
 #include "runtime/core/device.h"
+#include "offload/swapper.h"
 #include "runtime/core/state_view.h"
 #include "runtime/grad_bucketer.h"
 #include "runtime/loss_scaler.h"
 
 namespace zrt {
+
+// Where state lives besides the device (ZeRO-Offload / ZeRO-Infinity); docs/configuration.md.
+enum class OffloadTarget { kNone, kHost, kNvme };
+Result<OffloadTarget> ParseOffloadTarget(std::string_view s);  // "none", "host", "nvme"
+std::string_view OffloadTargetName(OffloadTarget t);
+
+struct OffloadConfig {
+  // fp32 master weights and Adam moments: device memory (none), host memory, or files under nvme_dir
+  // streamed through host memory sub-group by sub-group at each step.
+  OffloadTarget optimizer = OffloadTarget::kNone;
+  // Stage 3 only: this rank's parameter shards in host memory or on NVMe (nvme needs optimizer = nvme),
+  // read ahead of Gather() in the recorded prefetch order.
+  OffloadTarget params = OffloadTarget::kNone;
+  std::string nvme_dir;             // an existing directory; swap files go to <dir>/zrt-swap.rank<r>/
+  int64_t host_budget_bytes = 0;    // bound on the host memory offload allocates (0: unbounded)
+  int64_t sub_group_elements = 0;   // nvme: elements per streamed sub-group (0: the largest the budget allows)
+  IoOptions io;                     // nvme: the I/O engine (backend, queue depth, block size)
+};
 
 struct EngineConfig {
   int stage = 2;                          // 0..3
@@ -50,6 +70,7 @@ struct EngineConfig {
   LossScaleConfig loss_scale;             // fp16: dynamic; bf16/f32: none
   kernels::AdamConfig adam;               // defaults for every group (lr, weight decay per group settable)
   int optimizer_threads = 0;              // CPU Adam threads (caller included); <= 0: all hardware threads
+  OffloadConfig offload;
 };
 
 struct StepResult {
@@ -109,6 +130,10 @@ class ZeroEngine {
   Status Restore(int64_t step, const LossScaler::State& scaler);
 
   MemoryTracker::Snapshot memory() const;
+  // Host memory taken by offload (state with offload = host; NVMe buffer sets), by category.
+  MemoryTracker::Snapshot host_memory() const;
+  // NVMe offload: the last Step's (or initialisation's) streaming figures; zeros otherwise.
+  SwapStats swap_stats() const;
   // Communication bytes this rank moved so far (reductions and parameter gathers).
   CommStats comm_stats() const;
 
@@ -119,6 +144,11 @@ class ZeroEngine {
   Status CheckRegistration();
   Status Allocate(const InitFn& init);
   Status ParamsFromMaster(Group& g);  // cast master shard into the model params of this rank
+  Status CreateSwapper(const InitFn* init);
+  void* ParamsAt(Group& g, const StateSwapper::Window& w);  // where a window's updated parameters go
+  Status UpdateRange(Group& g, const kernels::AdamStepScalars& s, int64_t offset, int64_t count, float* master, float* m,
+                     float* v, float* vmax, void* params);
+  Status StreamParamsFromMaster();  // nvme: cast every master sub-group into the parameter shards
   // This rank's block of the group's model parameters (stage 3: the parameter shard) and of its
   // reduced gradient (stages 0-1: inside the full gradient; 2-3: the gradient shard).
   void* OwnParams(Group& g) const;

@@ -13,11 +13,44 @@ size_t ParamGatherer::Bytes(int g) const {
   return static_cast<size_t>(r.layout->padded_size()) * DTypeSize(r.dtype);
 }
 
+Status ParamGatherer::Load(int g) {
+  State& s = state_[static_cast<size_t>(g)];
+  const GroupRef& r = groups_[static_cast<size_t>(g)];
+  ASSIGN_OR_RETURN(s.shard, pool_->Acquire(r.load_bytes), "loading the shard of group '", r.name, "'");
+  auto h = r.load(s.shard.data());
+  if (!h.ok()) {
+    pool_->Release(std::move(s.shard));
+    return h.status().WithContext("loading the shard of group '" + r.name + "'");
+  }
+  s.io = std::move(*h);
+  s.phase = Phase::kLoading;
+  live_bytes_ += static_cast<int64_t>(r.load_bytes);
+  return Status();
+}
+
+void ParamGatherer::DropShard(int g) {
+  State& s = state_[static_cast<size_t>(g)];
+  if (s.shard.empty()) return;
+  live_bytes_ -= static_cast<int64_t>(groups_[static_cast<size_t>(g)].load_bytes);
+  pool_->Release(std::move(s.shard));
+}
+
 Status ParamGatherer::Start(int g) {
   State& s = state_[static_cast<size_t>(g)];
   const GroupRef& r = groups_[static_cast<size_t>(g)];
+  const void* src = r.shard;
+  if (r.load) {
+    if (s.phase == Phase::kReleased) RETURN_IF_ERROR(Load(g));
+    Status read = s.io.Wait();
+    if (!read.ok()) {
+      DropShard(g);
+      s.phase = Phase::kReleased;
+      return read.WithContext("loading the shard of group '" + r.name + "'");
+    }
+    src = s.shard.data();
+  }
   ASSIGN_OR_RETURN(s.buffer, pool_->Acquire(Bytes(g)), "gathering group '", r.name, "'");
-  ASSIGN_OR_RETURN(s.handle, comm_->AllGatherAsync(r.shard, s.buffer.data(), static_cast<size_t>(r.layout->shard_size()), r.dtype),
+  ASSIGN_OR_RETURN(s.handle, comm_->AllGatherAsync(src, s.buffer.data(), static_cast<size_t>(r.layout->shard_size()), r.dtype),
                    "gathering group '", r.name, "'");
   s.phase = Phase::kInFlight;
   live_bytes_ += static_cast<int64_t>(Bytes(g));
@@ -33,12 +66,25 @@ void ParamGatherer::Prefetch(int g) {
   while (pos < order_.size() && order_[pos] != g) ++pos;
   if (pos == order_.size()) return;
   cursor_ = pos + 1;
-  for (size_t k = cursor_; k < order_.size() && k < cursor_ + static_cast<size_t>(prefetch_depth_); ++k) {
+  const size_t depth = static_cast<size_t>(prefetch_depth_);
+  size_t k = cursor_;
+  for (; k < order_.size() && k < cursor_ + depth; ++k) {
     const int h = order_[k];
-    if (state_[static_cast<size_t>(h)].phase != Phase::kReleased) continue;
-    if (live_bytes_ + static_cast<int64_t>(Bytes(h)) > max_live_bytes_) break;
+    const Phase p = state_[static_cast<size_t>(h)].phase;
+    if (p != Phase::kReleased && p != Phase::kLoading) continue;
+    const size_t shard = p == Phase::kReleased ? groups_[static_cast<size_t>(h)].load_bytes : 0;
+    if (live_bytes_ + static_cast<int64_t>(Bytes(h) + shard) > max_live_bytes_) return;
     // A failed prefetch is not an error: the Gather that needs it starts (and reports) it again.
-    if (!Start(h).ok()) break;
+    if (!Start(h).ok()) return;
+  }
+  // One group further: only its shard's read (no collective), so it is on hand when its turn comes.
+  if (depth > 0 && k < order_.size()) {
+    const int h = order_[k];
+    const GroupRef& r = groups_[static_cast<size_t>(h)];
+    if (r.load && state_[static_cast<size_t>(h)].phase == Phase::kReleased &&
+        live_bytes_ + static_cast<int64_t>(r.load_bytes) <= max_live_bytes_) {
+      (void)Load(h);
+    }
   }
 }
 
@@ -46,9 +92,11 @@ Result<void*> ParamGatherer::Gather(int g) {
   if (g < 0 || static_cast<size_t>(g) >= groups_.size()) return NotFoundError("gather: no group with index ", g);
   State& s = state_[static_cast<size_t>(g)];
   if (recording_) order_.push_back(g);
-  if (s.phase == Phase::kReleased) RETURN_IF_ERROR(Start(g));
+  if (s.phase == Phase::kReleased || s.phase == Phase::kLoading) RETURN_IF_ERROR(Start(g));
   if (s.phase == Phase::kInFlight) {
-    RETURN_IF_ERROR(s.handle.Wait(), "gathering group '", groups_[static_cast<size_t>(g)].name, "'");
+    Status w = s.handle.Wait();
+    DropShard(g);
+    RETURN_IF_ERROR(w, "gathering group '", groups_[static_cast<size_t>(g)].name, "'");
     s.phase = Phase::kGathered;
   }
   Prefetch(g);
@@ -75,8 +123,15 @@ Status ParamGatherer::EndStep() {
       Status w = s.handle.Wait();
       if (first.ok()) first = w;
       pool_->Release(std::move(s.buffer));
-      s.phase = Phase::kReleased;
       live_bytes_ -= static_cast<int64_t>(Bytes(static_cast<int>(g)));
+    }
+    if (s.phase == Phase::kLoading) {
+      Status w = s.io.Wait();
+      if (first.ok()) first = w;
+    }
+    if (s.phase == Phase::kInFlight || s.phase == Phase::kLoading) {
+      DropShard(static_cast<int>(g));
+      s.phase = Phase::kReleased;
     }
   }
   if (recording_ && !order_.empty()) recording_ = false;

@@ -6,13 +6,21 @@
 // live gathered bytes (held + in flight) stay within `max_live_bytes`. A Gather that does not follow
 // the recorded order still works (it just was not prefetched). Unused prefetches are dropped at
 // EndStep. Not thread-safe.
+//
+// Offloaded shards (stage-3 parameters on NVMe): a group with a `load` function has no resident shard;
+// its shard is read into a pooled buffer before the all-gather. Reads run one group further ahead
+// than the all-gathers, so a prefetched group's read has usually finished when its all-gather starts.
+// Reads are local; all-gathers start only at Gather/Release-determined points, so every rank issues
+// its collectives in the same order whatever its disk does.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "runtime/buffer_pool.h"
 #include "runtime/core/communicator.h"
 #include "runtime/core/shard_layout.h"
+#include "offload/io_engine.h"
 #include "runtime/grad_bucketer.h"
 
 namespace zrt {
@@ -20,10 +28,13 @@ namespace zrt {
 class ParamGatherer {
  public:
   struct GroupRef {
-    const void* shard;  // this rank's shard (layout.shard_size() elements of dtype)
+    const void* shard;  // this rank's shard (layout.shard_size() elements of dtype), or null with `load`
     DType dtype;
     const ShardLayout* layout;
     std::string name;
+    // Offloaded shard: reads it into dst (load_bytes, 4 KiB-aligned) asynchronously.
+    std::function<Result<IoHandle>(void* dst)> load;
+    size_t load_bytes = 0;
   };
   ParamGatherer(Communicator* comm, BufferPool* pool, int64_t max_live_bytes, int prefetch_depth)
       : comm_(comm), pool_(pool), max_live_bytes_(max_live_bytes), prefetch_depth_(prefetch_depth) {}
@@ -39,14 +50,18 @@ class ParamGatherer {
   const CommStats& stats() const { return stats_; }
 
  private:
-  enum class Phase { kReleased, kInFlight, kGathered };
+  enum class Phase { kReleased, kLoading, kInFlight, kGathered };
   struct State {
     Phase phase = Phase::kReleased;
-    DeviceBuffer buffer;
+    DeviceBuffer buffer;  // the full parameters
     CommHandle handle;
+    DeviceBuffer shard;   // offloaded groups: the shard read from disk, until the all-gather is done
+    IoHandle io;
   };
   size_t Bytes(int g) const;
+  Status Load(int g);
   Status Start(int g);
+  void DropShard(int g);
   void Prefetch(int g);
 
   Communicator* comm_;

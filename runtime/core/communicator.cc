@@ -1,5 +1,8 @@
 #include "runtime/core/communicator.h"
 
+#include <algorithm>
+#include <cstring>
+
 namespace zrt {
 
 std::string_view ReduceOpName(ReduceOp op) {
@@ -57,6 +60,27 @@ Status Communicator::ReduceScatter(const void* send, void* recv, size_t recv_cou
 Status Communicator::AllGather(const void* send, void* recv, size_t send_count, DType dtype) {
   ASSIGN_OR_RETURN(CommHandle h, AllGatherAsync(send, recv, send_count, dtype));
   return h.Wait();
+}
+
+Status BroadcastStatus(Communicator* comm, const Status& s, int root) {
+  char buf[4096] = {};
+  if (comm->rank() == root) {
+    buf[0] = static_cast<char>(s.code());
+    const std::string_view m = s.message();
+    if (!m.empty()) std::memcpy(buf + 1, m.data(), std::min(m.size(), sizeof(buf) - 2));  // OK has no text (null data)
+  }
+  RETURN_IF_ERROR(comm->Broadcast(buf, sizeof(buf), DType::kBytes, root), "sharing a status");
+  const auto code = static_cast<StatusCode>(buf[0]);
+  return code == StatusCode::kOk ? Status() : Status(code, std::string(buf + 1));
+}
+
+Status AgreeOnStatus(Communicator* comm, const Status& local) {
+  float failing = local.ok() ? -1.0f : static_cast<float>(comm->rank());
+  RETURN_IF_ERROR(comm->AllReduce(&failing, &failing, 1, DType::kF32, ReduceOp::kMax), "agreeing on a status");
+  if (failing < 0) return Status();
+  const Status s = BroadcastStatus(comm, local, static_cast<int>(failing));
+  if (!local.ok()) return local;
+  return Status(s.code(), internal::StrCat("failed on rank ", static_cast<int>(failing), ": ", s.message()));
 }
 
 }  // namespace zrt

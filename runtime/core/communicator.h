@@ -88,4 +88,11 @@ class Communicator {
   bool check_args_ = true;
 };
 
+// Collective. Sends `s` (code and message, truncated to 4 KiB) from `root` to every rank.
+Status BroadcastStatus(Communicator* comm, const Status& s, int root);
+// Collective: OK on every rank if `local` is OK on every rank. Otherwise a failing rank returns its own
+// error and the others the highest failing rank's, as "failed on rank r: ...". One all-reduce of a
+// float, plus one broadcast on failure.
+Status AgreeOnStatus(Communicator* comm, const Status& local);
+
 }  // namespace zrt

@@ -6,21 +6,28 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "runtime/core/dtype.h"
 #include "runtime/core/shard_layout.h"
+#include "runtime/core/status.h"
 #include "runtime/core/tensor_spec.h"
 
 namespace zrt {
 
 // This rank's shard of one group's flat buffer: `count` = layout.shard_size() elements of `dtype`.
+// Resident state has `data`; state that lives elsewhere (NVMe offload) has data == nullptr and is
+// reached through read/write of `n` elements at element `offset`.
 struct StateBuffer {
   std::string kind;  // "master" (fp32 weights), "exp_avg", "exp_avg_sq", "max_exp_avg_sq"
   DType dtype = DType::kF32;
   void* data = nullptr;
   int64_t count = 0;
+  std::function<Status(int64_t offset, int64_t n, void* out)> read;
+  std::function<Status(int64_t offset, int64_t n, const void* in)> write;
+  bool resident() const { return data != nullptr || count == 0; }
 };
 
 struct StateGroup {

@@ -1,0 +1,105 @@
+// The engine tests' fixture: a small model of awkward sizes, helpers that run a training step and
+// read every parameter back, and deterministic init/targets. Shared by engine_test and offload_test.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "runtime/core/mpi_communicator.h"
+#include "runtime/engine.h"
+
+namespace zrt {
+
+struct ParamDef {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::string group;
+};
+
+// Sizes not divisible by the world size, an empty tensor, a tensor smaller than the world, groups
+// of several tensors, and (with small buckets) groups that span buckets.
+inline const std::vector<ParamDef> kModel = {
+    {"embed", {37, 29}, "g0"}, {"w1", {1001}, "g1"}, {"empty", {0, 4}, "g1"}, {"b1", {3}, "g1"},
+    {"w2", {4099}, "g2"},      {"tiny", {1}, "g2"}};
+
+class EngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto c = MpiCommunicator::Create(MPI_COMM_WORLD);
+    ASSERT_TRUE(c.ok()) << c.status();
+    comm_ = std::move(*c);
+  }
+  int rank() const { return comm_->rank(); }
+  int size() const { return comm_->size(); }
+
+  Result<std::unique_ptr<ZeroEngine>> Make(const EngineConfig& cfg, const std::vector<ParamDef>& model, DType dtype,
+                                           const ZeroEngine::InitFn& init) {
+    ASSIGN_OR_RETURN(auto e, ZeroEngine::Create(comm_.get(), &device_, cfg));
+    for (const ParamDef& p : model) RETURN_IF_ERROR(e->AddParam(p.name, p.shape, dtype, p.group));
+    RETURN_IF_ERROR(e->Finalize(init));
+    return e;
+  }
+
+  // Full values (as float) of every parameter, gathering where needed.
+  std::vector<std::vector<float>> Params(ZeroEngine& e, size_t count) {
+    std::vector<std::vector<float>> out(count);
+    for (int g = 0; g < e.num_groups(); ++g) {
+      auto base = e.Gather(g);
+      EXPECT_TRUE(base.ok()) << base.status();
+      for (size_t p = 0; p < count; ++p) {
+        auto loc = e.Locate(static_cast<int64_t>(p));
+        if (loc->group != g) continue;
+        for (int64_t i = 0; i < loc->numel; ++i) out[p].push_back(LoadAsFloat(*base, loc->offset + i, loc->dtype));
+      }
+      EXPECT_TRUE(e.Release(g).ok());
+    }
+    return out;
+  }
+
+  // One training step: forward gathers every group; backward (reverse order) gathers again, writes
+  // grad_fn(param, index, value) into the gradient buffer, releases, and marks the group ready.
+  using GradFn = std::function<float(int64_t param, int64_t i, float value)>;
+  void Backward(ZeroEngine& e, size_t nparams, const GradFn& grad_fn) {
+    for (int g = 0; g < e.num_groups(); ++g) {
+      ASSERT_TRUE(e.Gather(g).ok());
+      ASSERT_TRUE(e.Release(g).ok());
+    }
+    for (int g = e.num_groups() - 1; g >= 0; --g) {
+      auto base = e.Gather(g);
+      ASSERT_TRUE(base.ok()) << base.status();
+      auto gbuf = e.GradBuffer(g);
+      ASSERT_TRUE(gbuf.ok()) << gbuf.status();
+      for (size_t p = 0; p < nparams; ++p) {
+        auto loc = e.Locate(static_cast<int64_t>(p));
+        if (loc->group != g) continue;
+        for (int64_t i = 0; i < loc->numel; ++i) {
+          const float v = LoadAsFloat(*base, loc->offset + i, loc->dtype);
+          const float old = LoadAsFloat(*gbuf, loc->offset + i, loc->dtype);
+          StoreFromFloat(*gbuf, loc->offset + i, loc->dtype, old + grad_fn(static_cast<int64_t>(p), i, v));
+        }
+      }
+      ASSERT_TRUE(e.Release(g).ok());
+      ASSERT_TRUE(e.GradsReady(g).ok());
+    }
+  }
+
+  CpuDevice device_;
+  std::unique_ptr<MpiCommunicator> comm_;
+};
+
+inline float Init(int64_t p, int64_t i) { return 0.5f * std::sin(0.1f * static_cast<float>(i) + static_cast<float>(p)); }
+inline ZeroEngine::InitFn InitFn() {
+  return [](int64_t p, int64_t off, int64_t n, float* out) {
+    for (int64_t i = 0; i < n; ++i) out[i] = Init(p, off + i);
+  };
+}
+
+// Quadratic loss per rank: grad = p - target(rank); the average pulls p toward the mean target.
+inline float Target(int rank, int64_t p, int64_t i) { return std::sin(0.37f * static_cast<float>(i) + static_cast<float>(rank) + 0.1f * static_cast<float>(p)); }
+
+}  // namespace zrt

@@ -1,0 +1,247 @@
+// Offload at 1..4 ranks: optimizer state on host memory or NVMe (and stage-3 parameters too) gives
+// bit-identical training to the in-memory engine over 10 steps at every stage and dtype; checkpoints
+// of NVMe-resident state save and load in both directions; bad input (missing directory, budget too
+// small, files removed underneath, on one rank or all) is a clear error on every rank and changes
+// nothing.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "checkpoint/checkpointer.h"
+#include "checkpoint/reader.h"
+#include "tests/mpi/engine_fixture.h"
+
+namespace zrt {
+namespace {
+
+namespace fs = std::filesystem;
+
+class OffloadTest : public EngineTest {
+ protected:
+  void SetUp() override {
+    EngineTest::SetUp();
+    int64_t id = ::getpid();
+    ASSERT_TRUE(comm_->Broadcast(&id, sizeof(id), DType::kBytes, 0).ok());
+    dir_ = fs::temp_directory_path() / ("zrt_offload_" + std::to_string(id) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+    ASSERT_TRUE(comm_->Barrier().ok());
+  }
+  void TearDown() override {
+    ASSERT_TRUE(comm_->Barrier().ok());
+    if (rank() == 0) fs::remove_all(dir_);
+  }
+
+  // Each live NVMe engine needs its own directory (the swapper locks it): `sub` names one under dir_.
+  EngineConfig Config(int stage, OffloadTarget optimizer, OffloadTarget params, const std::string& sub = "swap") const {
+    fs::create_directories(dir_ / sub);
+    EngineConfig c;
+    c.stage = stage;
+    c.bucket_bytes = 4096;
+    c.alignment = 4;
+    c.max_grad_norm = 0.5;
+    c.adam.lr = 1e-2;
+    c.adam.weight_decay = 0.01;
+    c.prefetch_depth = 1;
+    c.offload.optimizer = optimizer;
+    c.offload.params = params;
+    c.offload.nvme_dir = (dir_ / sub).string();
+    c.offload.sub_group_elements = 4096;  // the smallest: several sub-groups per group
+    c.offload.host_budget_bytes = 4 << 20;
+    return c;
+  }
+
+  void Train(ZeroEngine& e, int from, int to) {
+    for (int step = from; step < to; ++step) {
+      Backward(e, kModel.size(), [&](int64_t p, int64_t i, float v) { return v - Target(rank(), p, i) + 0.01f * static_cast<float>(step); });
+      auto r = e.Step();
+      ASSERT_TRUE(r.ok()) << r.status();
+      ASSERT_FALSE(r->skipped);
+    }
+  }
+
+  // This rank's optimizer state, read through the view whether resident or not.
+  static std::vector<std::vector<float>> State(ZeroEngine& e) {
+    std::vector<std::vector<float>> out;
+    for (const StateGroup& g : e.state_view().groups) {
+      for (const StateBuffer& b : g.buffers) {
+        std::vector<float> v(static_cast<size_t>(b.count));
+        if (b.data != nullptr) {
+          std::memcpy(v.data(), b.data, v.size() * 4);
+        } else if (b.count > 0) {
+          EXPECT_TRUE(b.read(0, b.count, v.data()).ok());
+        }
+        out.push_back(std::move(v));
+      }
+    }
+    return out;
+  }
+
+  static void ExpectBitIdentical(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b,
+                                 const std::string& what) {
+    ASSERT_EQ(a.size(), b.size()) << what;
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_EQ(a[i].size(), b[i].size()) << what << " #" << i;
+      ASSERT_EQ(std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4), 0) << what << " #" << i << " differs";
+    }
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(OffloadTest, OffloadedRunsAreBitIdenticalToInMemory) {
+  using T = OffloadTarget;
+  struct Case {
+    int stage;
+    T optimizer, params;
+    DType dtype;
+    bool amsgrad;
+  };
+  const Case cases[] = {
+      {0, T::kNvme, T::kNone, DType::kBF16, false}, {1, T::kNvme, T::kNone, DType::kF32, false},
+      {2, T::kNvme, T::kNone, DType::kBF16, true},  {2, T::kHost, T::kNone, DType::kBF16, false},
+      {3, T::kNvme, T::kNone, DType::kBF16, false}, {3, T::kNvme, T::kNvme, DType::kBF16, false},
+      {3, T::kNvme, T::kNvme, DType::kF32, true},   {3, T::kHost, T::kHost, DType::kF16, false},
+  };
+  for (const Case& c : cases) {
+    const std::string what = "stage " + std::to_string(c.stage) + " optimizer " + std::string(OffloadTargetName(c.optimizer)) +
+                             " params " + std::string(OffloadTargetName(c.params)) + " " + std::string(DTypeName(c.dtype));
+    EngineConfig mem = Config(c.stage, T::kNone, T::kNone), off = Config(c.stage, c.optimizer, c.params);
+    mem.adam.amsgrad = off.adam.amsgrad = c.amsgrad;
+    auto a = Make(mem, kModel, c.dtype, InitFn());
+    ASSERT_TRUE(a.ok()) << a.status();
+    const auto dev_before = device_.memory().Read();
+    auto b = Make(off, kModel, c.dtype, InitFn());
+    ASSERT_TRUE(b.ok()) << what << ": " << b.status();
+    Train(**a, 0, 10);
+    Train(**b, 0, 10);
+    ExpectBitIdentical(Params(**a, kModel.size()), Params(**b, kModel.size()), what + ": parameters");
+    ExpectBitIdentical(State(**a), State(**b), what + ": optimizer state");
+    // Where the state lives: nothing of it on the device; the host holds the state (host) or only the
+    // buffer sets within the budget (nvme).
+    const auto dev = (*b)->memory(), host = (*b)->host_memory();  // the device is shared with `a`
+    EXPECT_EQ(dev.current_of(MemCategory::kOptimizerState), dev_before.current_of(MemCategory::kOptimizerState)) << what;
+    if (c.optimizer == T::kHost) {
+      EXPECT_EQ(host.current_of(MemCategory::kOptimizerState), (*a)->memory().current_of(MemCategory::kOptimizerState)) << what;
+    } else {
+      EXPECT_LE(host.total_current, off.offload.host_budget_bytes) << what;
+      EXPECT_GT((*b)->swap_stats().bytes_written, 0) << what;
+    }
+    if (c.params != T::kNone) {
+      EXPECT_EQ(dev.current_of(MemCategory::kParameters), dev_before.current_of(MemCategory::kParameters)) << what;
+    }
+  }
+}
+
+TEST_F(OffloadTest, CheckpointsOfNvmeStateLoadBothWays) {
+  using T = OffloadTarget;
+  const std::string root = (dir_ / "ckpt").string();
+  auto nvme = Make(Config(3, T::kNvme, T::kNvme), kModel, DType::kBF16, InitFn());
+  ASSERT_TRUE(nvme.ok()) << nvme.status();
+  Train(**nvme, 0, 4);
+  {
+    auto ck = ckpt::Checkpointer::Create(comm_.get(), &device_, {.root = root});
+    ASSERT_TRUE(ck.ok()) << ck.status();
+    ASSERT_TRUE((*ck)->SaveAsync((*nvme)->state_view(), {{"k", 1}}).ok());
+    ASSERT_TRUE((*ck)->Wait().ok());
+  }
+  Train(**nvme, 4, 8);
+  const auto want = Params(**nvme, kModel.size());
+  const auto want_state = State(**nvme);
+  auto dir = ckpt::FindLatestComplete(root);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  std::vector<std::vector<std::vector<float>>> verified;
+  for (T target : {T::kNone, T::kNvme}) {
+    auto e = Make(Config(3, target, target, "resume"), kModel, DType::kBF16, [](int64_t, int64_t, int64_t n, float* out) {
+      std::fill(out, out + n, 123.0f);  // overwritten by the load
+    });
+    ASSERT_TRUE(e.ok()) << e.status();
+    auto r = ckpt::Load(*dir, (*e)->state_view());
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE((*e)->Restore(r->step, {r->loss_scale, r->scaler_good_steps, r->scaler_hysteresis_left}).ok());
+    Train(**e, 4, 8);
+    ExpectBitIdentical(Params(**e, kModel.size()), want, std::string("resumed into ") + std::string(OffloadTargetName(target)));
+    ExpectBitIdentical(State(**e), want_state, std::string("state resumed into ") + std::string(OffloadTargetName(target)));
+  }
+  // And an in-memory checkpoint loads into NVMe-resident state (the reverse direction).
+  auto mem = Make(Config(2, T::kNone, T::kNone), kModel, DType::kBF16, InitFn());
+  ASSERT_TRUE(mem.ok());
+  Train(**mem, 0, 3);
+  const std::string root2 = (dir_ / "ckpt2").string();
+  {
+    auto ck = ckpt::Checkpointer::Create(comm_.get(), &device_, {.root = root2});
+    ASSERT_TRUE(ck.ok());
+    ASSERT_TRUE((*ck)->SaveAsync((*mem)->state_view()).ok());
+    ASSERT_TRUE((*ck)->Wait().ok());
+  }
+  auto dir2 = ckpt::FindLatestComplete(root2);
+  ASSERT_TRUE(dir2.ok());
+  auto e = Make(Config(2, T::kNvme, T::kNone, "reverse"), kModel, DType::kBF16, InitFn());
+  ASSERT_TRUE(e.ok());
+  auto r = ckpt::Load(*dir2, (*e)->state_view());
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE((*e)->Restore(r->step, {r->loss_scale, r->scaler_good_steps, r->scaler_hysteresis_left}).ok());
+  ExpectBitIdentical(State(**e), State(**mem), "in-memory checkpoint into nvme");
+  ExpectBitIdentical(Params(**e, kModel.size()), Params(**mem, kModel.size()), "in-memory checkpoint into nvme: params");
+}
+
+TEST_F(OffloadTest, BadInputIsAClearErrorOnEveryRankAndChangesNothing) {
+  using T = OffloadTarget;
+  {  // a missing directory: named
+    EngineConfig c = Config(2, T::kNvme, T::kNone);
+    c.offload.nvme_dir = (dir_ / "no-such-dir").string();
+    auto e = Make(c, kModel, DType::kBF16, InitFn());
+    ASSERT_FALSE(e.ok());
+    EXPECT_NE(e.status().message().find(c.offload.nvme_dir), std::string::npos) << e.status();
+  }
+  {  // a budget too small for one sub-group: the settings are named
+    EngineConfig c = Config(2, T::kNvme, T::kNone);
+    c.offload.host_budget_bytes = 64 << 10;
+    auto e = Make(c, kModel, DType::kBF16, InitFn());
+    ASSERT_FALSE(e.ok());
+    EXPECT_NE(e.status().message().find("offload.host_budget_bytes"), std::string::npos) << e.status();
+    EXPECT_NE(e.status().message().find("offload.sub_group_elements"), std::string::npos) << e.status();
+  }
+  {  // combinations that cannot work
+    auto e1 = ZeroEngine::Create(comm_.get(), &device_, Config(2, T::kNone, T::kHost));
+    ASSERT_FALSE(e1.ok());
+    EXPECT_NE(e1.status().message().find("needs stage 3"), std::string::npos) << e1.status();
+    auto e2 = ZeroEngine::Create(comm_.get(), &device_, Config(3, T::kHost, T::kNvme));
+    ASSERT_FALSE(e2.ok());
+    EXPECT_NE(e2.status().message().find("offload.optimizer = nvme"), std::string::npos) << e2.status();
+    EngineConfig c = Config(3, T::kNvme, T::kNone);
+    c.offload.nvme_dir.clear();
+    auto e3 = ZeroEngine::Create(comm_.get(), &device_, c);
+    ASSERT_FALSE(e3.ok());
+    EXPECT_NE(e3.status().message().find("offload.nvme_dir"), std::string::npos) << e3.status();
+  }
+  // Files removed underneath: on the last rank only, then on every rank. Every rank's step fails
+  // (naming the file, or the rank that has the problem) and nothing changes.
+  for (bool everywhere : {false, true}) {
+    const std::string sub = everywhere ? "all" : "one";
+    auto e = Make(Config(3, T::kNvme, T::kNvme, sub), kModel, DType::kBF16, InitFn());
+    ASSERT_TRUE(e.ok()) << e.status();
+    Train(**e, 0, 2);
+    const auto before = Params(**e, kModel.size());
+    const auto state_before = State(**e);
+    const fs::path victim = dir_ / sub / ("zrt-swap.rank" + std::to_string(rank())) / "0.exp_avg.swp";
+    const bool mine = everywhere || rank() == size() - 1;
+    if (mine) fs::remove(victim);
+    Backward(**e, kModel.size(), [&](int64_t p, int64_t i, float v) { return v - Target(rank(), p, i); });
+    auto r = (*e)->Step();
+    ASSERT_FALSE(r.ok());
+    if (mine) {
+      EXPECT_NE(r.status().message().find(victim.string()), std::string::npos) << r.status();
+    } else {
+      EXPECT_NE(r.status().message().find("failed on rank " + std::to_string(size() - 1)), std::string::npos) << r.status();
+    }
+    EXPECT_NE(r.status().message().find("nothing was updated"), std::string::npos) << r.status();
+    ExpectBitIdentical(Params(**e, kModel.size()), before, "parameters after a failed step");
+    if (!mine) ExpectBitIdentical(State(**e), state_before, "state after a failed step");
+  }
+}
+
+}  // namespace
+}  // namespace zrt
