@@ -1,6 +1,7 @@
 // charlm: a character-level language model trained with zrt end to end, on Debian's word list.
 //
 //   mpirun -n 4 charlm --stage 3 --steps 400 --ckpt /tmp/charlm-ckpt --every 50
+//   mpirun -n 2 charlm --stage 3 --offload nvme --nvme-dir /mnt/nvme/swap   # ZeRO-Infinity
 //
 // Each rank draws its own micro-batch; the data a rank sees at a step depends only on (seed, step,
 // rank), so a run restarted from a checkpoint continues exactly as if nothing had happened (with the
@@ -47,7 +48,7 @@ int main(int argc, char** argv) {
   int64_t steps = 400;
   double lr = 1e-2;
   uint64_t seed = 1234;
-  std::string ckpt_root, dump, words_path = "/usr/share/dict/words";
+  std::string ckpt_root, dump, words_path = "/usr/share/dict/words", offload = "none", nvme_dir;
   charlm::Dims dims;
   app.add_option("--stage", stage, "ZeRO stage 0-3")->check(CLI::Range(0, 3));
   app.add_option("--steps", steps, "optimizer steps in total (a resumed run counts from its checkpoint)");
@@ -62,6 +63,9 @@ int main(int argc, char** argv) {
   app.add_option("--dump", dump, "write the final parameters (raw float32) to this file");
   app.add_option("--words", words_path, "word list (one word per line)");
   app.add_option("--threads", threads, "optimizer threads per rank");
+  app.add_option("--offload", offload, "optimizer state (and at stage 3 the parameter shards) in: none, host or nvme")
+      ->check(CLI::IsMember({"none", "host", "nvme"}));
+  app.add_option("--nvme-dir", nvme_dir, "directory for the NVMe swap files (--offload nvme)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -92,6 +96,12 @@ int main(int argc, char** argv) {
   cfg.max_grad_norm = 1.0;
   cfg.optimizer_threads = threads;
   cfg.bucket_bytes = 1 << 20;
+  auto target = ParseOffloadTarget(offload);
+  if (!target.ok()) return Fail(target.status());
+  cfg.offload.optimizer = *target;
+  if (stage == 3) cfg.offload.params = *target;
+  cfg.offload.nvme_dir = nvme_dir;
+  cfg.offload.sub_group_elements = 4096;  // a small model: several sub-groups per group, so the pipeline streams
   auto engine_or = ZeroEngine::Create(&comm, &device, cfg);
   if (!engine_or.ok()) return Fail(engine_or.status());
   ZeroEngine& engine = **engine_or;
@@ -138,8 +148,8 @@ int main(int argc, char** argv) {
     }
   }
   if (rank == 0 && resumed_from.empty()) {
-    std::printf("charlm: %zu examples from %zu words, %d ranks, stage %d, %lld steps\n", data.size(), words.size(), world,
-                stage, static_cast<long long>(steps));
+    std::printf("charlm: %zu examples from %zu words, %d ranks, stage %d, offload %s, %lld steps\n", data.size(), words.size(),
+                world, stage, offload.c_str(), static_cast<long long>(steps));
   }
 
   std::vector<charlm::Example> mb(static_cast<size_t>(batch));

@@ -5,7 +5,9 @@
 #   2. the same run, SIGKILLed (one rank, at random moments, saves every few steps so kills land
 #      mid-save too) KILLS times and restarted each time: the final parameters must be bit-identical;
 #   3. preemption: SIGUSR1 to one rank makes every rank save at the next step boundary and exit 0;
-#   4. a 4-rank run killed, then resumed on 2 ranks (resharded) runs to the end.
+#   4. NVMe offload (state and parameter shards in swap files): killed mid-run, restarted (the dead
+#      run's swap files are scratch: cleared), final parameters identical to the in-memory baseline;
+#   5. a 4-rank run killed, then resumed on 2 ranks (resharded) runs to the end.
 # usage: kill_resume.sh CHARLM WORKDIR [KILLS]
 set -euo pipefail
 bin=$1; work=$2; kills=${3:-4}
@@ -67,6 +69,21 @@ if grep -q "^preempted" "$work/pre.log"; then
 else
   echo "   (the run finished before the signal arrived)"
 fi
+
+echo "== NVMe offload: killed, restarted, identical to the in-memory baseline"
+mkdir -p "$work/swap"
+off=(--offload nvme --nvme-dir "$work/swap")
+mpi 4 "$bin" "${args[@]}" "${off[@]}" --ckpt "$work/nvme" > "$work/nvme.log" 2>&1 &
+job=$!
+wait_for_checkpoint "$work/nvme" $job
+sleep "0.$((RANDOM % 6))"
+pkill -9 -f "charlm.*$work/nvme" -n || true
+wait $job || true
+mpi 4 "$bin" "${args[@]}" "${off[@]}" --ckpt "$work/nvme" --dump "$work/nvme.bin" > "$work/nvme.final.log"
+tail -1 "$work/nvme.final.log"
+cmp "$work/base.bin" "$work/nvme.bin" || { echo "FAIL: the NVMe-offloaded resumed run differs from the baseline"; exit 1; }
+[ -z "$(ls -A "$work/swap")" ] || { echo "FAIL: swap files left behind: $(ls -R "$work/swap")"; exit 1; }
+echo "   final parameters identical to the uninterrupted in-memory run; swap files removed"
 
 echo "== killed on 4 ranks, resumed on 2"
 mpi 4 "$bin" "${args[@]}" --ckpt "$work/reshard" > "$work/reshard.log" 2>&1 &
