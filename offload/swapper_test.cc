@@ -198,6 +198,27 @@ TEST_P(SwapperTest, IoErrorMidStreamIsReportedAndBuffersAreIdle) {
 }
 #endif
 
+TEST(HostMemoryTest, PageAlignedBudgetedAndAccounted) {
+  auto host = HostMemory::Create(1 << 20, "offload.host_budget_bytes");
+  EXPECT_EQ(host->budget(), 1 << 20);
+  auto a = host->Allocate(600 << 10, MemCategory::kOptimizerState);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a->data()) % kIoAlignment, 0u);  // page-aligned whatever was asked
+  EXPECT_EQ(host->used(), 600 << 10);
+  EXPECT_EQ(host->memory().Read().current_of(MemCategory::kOptimizerState), 600 << 10);
+  EXPECT_FALSE(host->Fits(500 << 10));
+  auto b = host->Allocate(500 << 10, MemCategory::kStaging);  // past the budget: refused, nothing taken
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("offload.host_budget_bytes"), std::string::npos) << b.status();
+  EXPECT_EQ(host->used(), 600 << 10);
+  a->Reset();  // freed memory goes back to the budget
+  EXPECT_EQ(host->used(), 0);
+  EXPECT_TRUE(host->Allocate(1 << 20, MemCategory::kStaging).ok());
+  auto unbounded = HostMemory::Create(0, "x");
+  EXPECT_TRUE(unbounded->Fits(int64_t{1} << 50));
+  EXPECT_FALSE(unbounded->pinned() && unbounded->name() != "host (pinned)");
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, SwapperTest,
                          ::testing::Values(Param{IoOptions::Backend::kUring, 3}, Param{IoOptions::Backend::kThreads, 3},
                                            Param{IoOptions::Backend::kUring, 2}, Param{IoOptions::Backend::kUring, 1}),

@@ -253,7 +253,8 @@ Status ZeroEngine::Allocate(const InitFn& init) {
     }
     RETURN_IF_ERROR(ParamsFromMaster(g), ctx);
   }
-  if (nvme) RETURN_IF_ERROR(CreateSwapper(&init), "finalize");
+  // A problem on one rank (no space on its disk) must not leave the others waiting in a collective.
+  if (nvme) RETURN_IF_ERROR(AgreeOnStatus(comm_, CreateSwapper(&init)), "finalize");
   if (config_.stage == 3) {
     std::vector<ParamGatherer::GroupRef> refs;
     for (size_t gi = 0; gi < groups_.size(); ++gi) {
@@ -604,7 +605,7 @@ Status ZeroEngine::Restore(int64_t step, const LossScaler::State& scaler) {
 Status ZeroEngine::RefreshParamsFromMaster() {
   if (!finalized_) return FailedPreconditionError("refresh: the engine is not finalized");
   if (impl_->swapper) {
-    RETURN_IF_ERROR(StreamParamsFromMaster(), "refresh");
+    RETURN_IF_ERROR(AgreeOnStatus(comm_, StreamParamsFromMaster()), "refresh");
   } else {
     for (auto& gp : groups_) RETURN_IF_ERROR(ParamsFromMaster(*gp));
   }
