@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 
@@ -173,7 +174,7 @@ TEST_P(SwapperTest, BudgetTooSmallForOneSubGroup) {
 TEST_P(SwapperTest, IoErrorMidStreamIsReportedAndBuffersAreIdle) {
   IoOptions io;
   io.backend = GetParam().backend;
-  int writes = 0;
+  std::atomic<int> writes{0};  // the hook runs on I/O threads
   io.fault = [&](bool write, int64_t, size_t*) { return write && ++writes == 5 ? EIO : 0; };
   auto eng = IoEngine::Create(io);
   ASSERT_TRUE(eng.ok());
