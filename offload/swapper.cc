@@ -77,8 +77,11 @@ Result<std::unique_ptr<StateSwapper>> StateSwapper::Create(const SwapperOptions&
     }
     largest = std::max(largest, AlignUp(reg.elements, kSubGroupQuantum));
   }
-  int64_t bytes_per_element = 0;
-  for (size_t k = 0; k < s->streams_.size(); ++k) bytes_per_element += std::max<int64_t>(widest[k], static_cast<int64_t>(s->streams_[k].element_bytes));
+  int64_t bytes_per_element = 0;  // of one buffer set: each stream's buffer fits its widest region
+  for (size_t k = 0; k < s->streams_.size(); ++k) {
+    if (widest[k] == 0) widest[k] = static_cast<int64_t>(s->streams_[k].element_bytes);  // no regions
+    bytes_per_element += widest[k];
+  }
 
   // Sub-group size: asked for (rounded up to the quantum), or the largest the budget allows.
   const int64_t per_sub_group_element = bytes_per_element * o.buffer_sets;
@@ -149,7 +152,7 @@ Result<std::unique_ptr<StateSwapper>> StateSwapper::Create(const SwapperOptions&
   s->sets_.resize(static_cast<size_t>(o.buffer_sets));
   for (auto& set : s->sets_) {
     for (size_t k = 0; k < s->streams_.size(); ++k) {
-      const auto bytes = static_cast<size_t>(sg) * static_cast<size_t>(std::max<int64_t>(widest[k], static_cast<int64_t>(s->streams_[k].element_bytes)));
+      const auto bytes = static_cast<size_t>(sg * widest[k]);
       ASSIGN_OR_RETURN(DeviceBuffer b, host->Allocate(bytes, MemCategory::kStaging, kIoAlignment), "offload buffer sets");
       RETURN_IF_ERROR(host->Fill(b.data(), 0, bytes));
       set.push_back(std::move(b));
