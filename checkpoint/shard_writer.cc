@@ -25,6 +25,7 @@ Status WriteShard(IoEngine& io, const std::string& dir, const Manifest& m, int r
   index.data_file = DataFileName(rank);
   const std::string tmp = dir + "/" + index.data_file + ".tmp";
   ASSIGN_OR_RETURN(IoFile f, IoFile::Open(tmp, IoFile::Mode::kCreate));
+  CpuDevice host;  // before every buffer it hands out: destroyed after them
   // Compressed chunks need their own buffers until written: a bounded window stays in flight.
   struct InFlight {
     IoHandle handle;
@@ -33,11 +34,12 @@ Status WriteShard(IoEngine& io, const std::string& dir, const Manifest& m, int r
   };
   std::deque<InFlight> window;
   std::vector<char> scratch;
-  CpuDevice host;
+  std::vector<DeviceBuffer> spare;  // chunk buffers for non-resident state, reused once written
   int64_t file_off = 0;
   auto drain = [&](size_t keep) -> Status {
     while (window.size() > keep) {
       Status s = window.front().handle.Wait();
+      if (!window.front().raw.empty()) spare.push_back(std::move(window.front().raw));
       window.pop_front();
       if (!s.ok()) {
         while (!window.empty()) {  // nothing may be freed while the engine still uses it
@@ -58,7 +60,12 @@ Status WriteShard(IoEngine& io, const std::string& dir, const Manifest& m, int r
         const char* raw = p.data == nullptr ? nullptr : reinterpret_cast<const char*>(p.data + e);
         if (raw == nullptr) {
           if (!p.read) return InvalidArgumentError("shard piece of group ", p.group, " has neither data nor a read function");
-          ASSIGN_OR_RETURN(w.raw, host.Allocate(raw_bytes, MemCategory::kStaging, kIoAlignment));
+          if (spare.empty()) {
+            ASSIGN_OR_RETURN(w.raw, host.Allocate(static_cast<size_t>(m.chunk_elements) * 4, MemCategory::kStaging, kIoAlignment));
+          } else {
+            w.raw = std::move(spare.back());
+            spare.pop_back();
+          }
           RETURN_IF_ERROR(p.read(e, n, w.raw.data()), "reading state of group ", p.group, " at element ", e);
           raw = w.raw.as<char>();
         }
