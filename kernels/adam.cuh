@@ -169,6 +169,15 @@ __global__ void __launch_bounds__(kThreads) SumPartialsKernel(const double* part
   if (threadIdx.x == 0) *out = sum;
 }
 
+// dst[i] = src[i] converted (grid-stride; same rounding as the CPU casts). S == D copies.
+template <int S, int D>
+__global__ void __launch_bounds__(kThreads) CastKernel(const void* src, void* dst, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n; i += stride) {
+    StoreElem<D>(dst, i, LoadElem<S>(src, i));
+  }
+}
+
 __global__ void GradMultiplierKernel(const double* sum_squares, float loss_scale, float max_norm, float* multiplier,
                                      float* norm) {
   if (threadIdx.x == 0 && blockIdx.x == 0) *multiplier = GradMultiplier(*sum_squares, loss_scale, max_norm, norm);

@@ -39,4 +39,8 @@ Status GradSumSquaresCuda(std::span<const GradRef> grads, DType dtype, void* wor
 Status GradMultiplierCuda(const double* sum_squares, float loss_scale, float max_norm, float* multiplier, float* norm,
                           void* stream);
 
+// dst[i] = src[i] converted (f32/bf16/f16, as CastCpu: narrowing rounds to nearest even), on `stream`.
+// src and dst are device (or mapped) pointers and must not overlap.
+Status CastCuda(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n, void* stream);
+
 }  // namespace zrt::kernels
