@@ -60,6 +60,10 @@ Checkpointer::Checkpointer(Communicator* comm, Device* device, const CheckpointO
 Result<std::unique_ptr<Checkpointer>> Checkpointer::Create(Communicator* comm, Device* device, const CheckpointOptions& o) {
   if (comm == nullptr || device == nullptr) return InvalidArgumentError("checkpointer: null communicator or device");
   if (o.root.empty()) return InvalidArgumentError("checkpointer: empty root directory");
+  if (!device->host_accessible()) {
+    return InvalidArgumentError("checkpointer: staging device ", device->name(), " is not host memory (pass a CpuDevice, or a "
+                                "HostMemory, which is pinned in CUDA builds, and the engine's state view copies device state)");
+  }
   if (o.chunk_elements < 1024 || o.chunk_elements % 1024 != 0) {
     return InvalidArgumentError("checkpointer: chunk_elements must be a positive multiple of 1024, got ", o.chunk_elements);
   }
@@ -183,15 +187,16 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
   }
   RETURN_IF_ERROR(MakeDirs(job->tmp_dir), "checkpoint of step ", m.step);
 
-  // Snapshot this rank's shards (the only part of the save training waits for). State that is not
-  // resident (NVMe offload) is not copied: it is streamed from where it lives into the files now, before
-  // SaveAsync returns (the next step would change it), through O(chunk) memory.
+  // Snapshot this rank's shards (the only part of the save training waits for): host state by memcpy,
+  // device state by a device-to-host copy. State on NVMe (not resident, no snapshot) is not copied: it
+  // is streamed from where it lives into the files now, before SaveAsync returns (the next step would
+  // change it), through O(chunk) memory.
   bool streamed = false;
   if (job->shard_rank >= 0) {
     int64_t bytes = 0;
     for (const StateGroup& g : state.groups) {
       for (const StateBuffer& b : g.buffers) {
-        if (b.resident()) {
+        if (b.resident() || b.snapshot) {
           bytes += AlignUp(b.count * static_cast<int64_t>(DTypeSize(b.dtype)));
         } else {
           streamed = true;
@@ -211,12 +216,20 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
         if (b.dtype != DType::kF32) return InvalidArgumentError("checkpoint: state '", b.kind, "' must be f32");
         const size_t nbytes = static_cast<size_t>(b.count) * 4;
         stats_.raw_bytes += static_cast<int64_t>(nbytes);
-        if (!b.resident()) {
-          if (!b.read) return InvalidArgumentError("checkpoint: state '", b.kind, "' of group '", g.name, "' is not resident and has no read");
+        if (!b.resident() && !b.read) {
+          return InvalidArgumentError("checkpoint: state '", b.kind, "' of group '", g.name, "' is not resident and has no read");
+        }
+        if (!b.resident() && !b.snapshot) {
           job->pieces.push_back({static_cast<int>(gi), static_cast<int>(k), nullptr, b.count, b.read});
           continue;
         }
-        if (nbytes != 0) std::memcpy(staging_.as<char>() + off, b.data, nbytes);
+        if (nbytes == 0) {
+        } else if (b.resident()) {
+          std::memcpy(staging_.as<char>() + off, b.data, nbytes);
+        } else {
+          RETURN_IF_ERROR(b.read(0, b.count, staging_.as<char>() + off), "checkpoint: copying state '", b.kind, "' of group '",
+                          g.name, "'");
+        }
         job->pieces.push_back({static_cast<int>(gi), static_cast<int>(k), staging_.as<char>() + off, b.count, {}});
         off += AlignUp(static_cast<int64_t>(nbytes));
       }

@@ -20,6 +20,7 @@
 #include <map>
 
 #include "runtime/buffer_pool.h"
+#include "runtime/compute.h"
 #include "runtime/core/logging.h"
 #include "runtime/core/thread_pool.h"
 #include "runtime/param_gatherer.h"
@@ -35,6 +36,9 @@ struct ZeroEngine::Group {
   double lr = 0, weight_decay = 0;
   DeviceBuffer full_param, param_shard, full_grad, grad_shard;
   DeviceBuffer master, exp_avg, exp_avg_sq, max_exp_avg_sq;
+  // Offloaded optimizer with device memory the host cannot address: host copies of the gradient shard
+  // (copied down before the CPU Adam) and of this rank's parameters (copied up after it).
+  DeviceBuffer host_grad, host_params;
   bool gathered = false;      // stages 0-2 bookkeeping for Release
   bool grad_live = false;     // full gradient exists (and is zeroed) for this step
   bool grad_reduced = false;  // reduction queued this step
@@ -42,16 +46,21 @@ struct ZeroEngine::Group {
 };
 
 struct ZeroEngine::Impl {
-  Impl(Device* d, int n_threads) : staging(d, MemCategory::kStaging), pool(n_threads - 1, "zrt-adam"), threads(n_threads) {}
+  Impl(Device* d, int n_threads) : pool(n_threads - 1, "zrt-adam"), threads(n_threads), staging(d, MemCategory::kStaging) {}
+  ThreadPool pool;
+  int threads;  // optimizer threads, caller included
+  // Offload: host memory (state with offload = host; NVMe buffer sets), and for NVMe the I/O engine
+  // and the swapper, whose streams are master, exp_avg, exp_avg_sq[, max_exp_avg_sq][, params].
+  // Declared before the components whose buffers come from it.
+  std::unique_ptr<HostMemory> host;
+  std::unique_ptr<BufferPool> host_staging;  // stage-3 parameter shards read from NVMe
+  std::unique_ptr<Compute> compute;          // kernels on the device's buffers
+  std::unique_ptr<Compute> host_compute;     // CPU kernels on offloaded state
+  bool mirror = false;                       // Group::host_grad/host_params in use
   BufferPool staging;
   std::unique_ptr<GradBucketer> bucketer;
   std::unique_ptr<ParamGatherer> gatherer;
-  ThreadPool pool;
-  int threads;  // optimizer threads, caller included
   CommStats step_gathers;  // stages 1-2 parameter all-gathers after the step
-  // Offload: host memory (state with offload = host; NVMe buffer sets), and for NVMe the I/O engine
-  // and the swapper, whose streams are master, exp_avg, exp_avg_sq[, max_exp_avg_sq][, params].
-  std::unique_ptr<HostMemory> host;
   std::unique_ptr<IoEngine> io;
   std::unique_ptr<StateSwapper> swapper;
   int num_streams = 0, vmax_stream = -1, param_stream = -1;
@@ -113,6 +122,10 @@ Result<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Communicator* comm, Devic
     return InvalidArgumentError("engine: max_grad_norm must be finite and >= 0 (0 = off), got ", c.max_grad_norm);
   }
   if (c.prefetch_depth < 0) return InvalidArgumentError("engine: prefetch_depth must be >= 0");
+  if (device->kind() == DeviceKind::kCuda && comm->backend() == "mpi") {
+    return InvalidArgumentError("engine: device ", device->name(), " needs a communicator on device memory (NcclCommunicator); ",
+                                "the MPI communicator works on host buffers only");
+  }
   RETURN_IF_ERROR(kernels::MakeAdamStepScalars(c.adam, 1).status(), "engine");
   const OffloadConfig& oc = c.offload;
   if (oc.params != OffloadTarget::kNone && c.stage != 3) {
@@ -133,6 +146,10 @@ Result<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Communicator* comm, Devic
   const int threads = c.optimizer_threads > 0 ? c.optimizer_threads : ThreadPool::HardwareThreads();
   e->impl_ = std::make_unique<Impl>(device, threads);
   e->impl_->host = HostMemory::Create(oc.host_budget_bytes, "offload.host_budget_bytes");
+  e->impl_->host_staging = std::make_unique<BufferPool>(e->impl_->host.get(), MemCategory::kStaging);
+  ASSIGN_OR_RETURN(e->impl_->compute, Compute::For(device, e->impl_->kernel_options()), "engine");
+  ASSIGN_OR_RETURN(e->impl_->host_compute, Compute::For(e->impl_->host.get(), e->impl_->kernel_options()), "engine");
+  e->impl_->mirror = oc.optimizer != OffloadTarget::kNone && !device->host_accessible();
   if (oc.optimizer == OffloadTarget::kNvme) {
     ASSIGN_OR_RETURN(e->impl_->io, IoEngine::Create(oc.io), "engine: offload I/O");
   }
@@ -221,7 +238,7 @@ Status ZeroEngine::Allocate(const InitFn& init) {
   bo.bucket_bytes = config_.bucket_bytes;
   bo.reduce_dtype = config_.reduce_dtype;
   bo.all_reduce = config_.stage == 0;
-  ASSIGN_OR_RETURN(impl_->bucketer, GradBucketer::Create(comm_, device_, bo), "finalize");
+  ASSIGN_OR_RETURN(impl_->bucketer, GradBucketer::Create(comm_, device_, impl_->compute.get(), bo), "finalize");
   for (auto& gp : groups_) {
     Group& g = *gp;
     ASSIGN_OR_RETURN(g.layout, ShardLayout::Create(g.tensors, n, config_.alignment), "group '", g.name, "'");
@@ -238,6 +255,12 @@ Status ZeroEngine::Allocate(const InitFn& init) {
     } else {
       ASSIGN_OR_RETURN(g.grad_shard, device_->Allocate(S * g.esize(), MemCategory::kGradients), ctx);
     }
+    if (impl_->mirror) {
+      ASSIGN_OR_RETURN(g.host_grad, impl_->host->Allocate(S * g.esize(), MemCategory::kGradients), ctx);
+      if (oc.params == OffloadTarget::kNone) {
+        ASSIGN_OR_RETURN(g.host_params, impl_->host->Allocate(S * g.esize(), MemCategory::kParameters), ctx);
+      }
+    }
     if (nvme) continue;  // the state lives in swap files, initialised below
     for (DeviceBuffer* b : {&g.master, &g.exp_avg, &g.exp_avg_sq}) {
       ASSIGN_OR_RETURN(*b, state_dev->Allocate(S * 4, MemCategory::kOptimizerState), ctx);
@@ -247,10 +270,17 @@ Status ZeroEngine::Allocate(const InitFn& init) {
       ASSIGN_OR_RETURN(g.max_exp_avg_sq, state_dev->Allocate(S * 4, MemCategory::kOptimizerState), ctx);
       RETURN_IF_ERROR(state_dev->Fill(g.max_exp_avg_sq.data(), 0, S * 4));
     }
-    // Initial values: this rank's pieces only (padding stays zero).
-    for (const ShardPiece& p : g.layout.RankPieces(rank)) {
-      init(g.params[static_cast<size_t>(p.tensor)], p.tensor_offset, p.count, g.master.as<float>() + p.shard_offset);
+    // Initial values: this rank's pieces only (padding stays zero), through host memory if need be.
+    std::vector<float> staged;
+    float* master = g.master.as<float>();
+    if (!state_dev->host_accessible()) {
+      staged.assign(S, 0.0f);
+      master = staged.data();
     }
+    for (const ShardPiece& p : g.layout.RankPieces(rank)) {
+      init(g.params[static_cast<size_t>(p.tensor)], p.tensor_offset, p.count, master + p.shard_offset);
+    }
+    if (!staged.empty()) RETURN_IF_ERROR(state_dev->Copy(g.master.data(), staged.data(), S * 4), ctx);
     RETURN_IF_ERROR(ParamsFromMaster(g), ctx);
   }
   // A problem on one rank (no space on its disk) must not leave the others waiting in a collective.
@@ -266,8 +296,8 @@ Status ZeroEngine::Allocate(const InitFn& init) {
         refs.back().load_bytes = impl_->swapper->RegionBytes(region, stream);
       }
     }
-    impl_->gatherer = std::make_unique<ParamGatherer>(comm_, &impl_->staging, config_.max_live_gathered_bytes,
-                                                      config_.prefetch_depth);
+    impl_->gatherer = std::make_unique<ParamGatherer>(comm_, &impl_->staging, impl_->host_staging.get(),
+                                                      config_.max_live_gathered_bytes, config_.prefetch_depth);
     impl_->gatherer->SetGroups(std::move(refs));
   }
   return GatherUpdatedParams();
@@ -302,7 +332,7 @@ Status ZeroEngine::CreateSwapper(const InitFn* init) {
   // Initial state, streamed: master from `init`, zero moments, and the parameters cast from master.
   const int rank = config_.stage == 0 ? 0 : comm_->rank();
   std::vector<SwapAccess> access(static_cast<size_t>(impl_->num_streams), SwapAccess::kWrite);
-  return impl_->swapper->Stream(access, [&](const StateSwapper::Window& w) -> Status {
+  RETURN_IF_ERROR(impl_->swapper->Stream(access, [&](const StateSwapper::Window& w) -> Status {
     Group& g = *groups_[static_cast<size_t>(w.region)];
     auto* master = static_cast<float*>(w.data[0]);
     const auto bytes = static_cast<size_t>(w.count) * 4;
@@ -315,32 +345,50 @@ Status ZeroEngine::CreateSwapper(const InitFn* init) {
       if (a < b) (*init)(g.params[static_cast<size_t>(p.tensor)], p.tensor_offset + (a - p.shard_offset), b - a, master + (a - lo));
     }
     return kernels::CastCpu(master, DType::kF32, ParamsAt(g, w), g.dtype, w.count, impl_->kernel_options());
-  }, &impl_->swap);
+  }, &impl_->swap));
+  return PushParams();
 }
 
 void* ZeroEngine::ParamsAt(Group& g, const StateSwapper::Window& w) {
   if (impl_->param_stream >= 0) return w.data[static_cast<size_t>(impl_->param_stream)];
-  return static_cast<char*>(OwnParams(g)) + static_cast<size_t>(w.offset) * g.esize();
+  void* params = g.host_params.empty() ? OwnParams(g) : g.host_params.data();
+  return static_cast<char*>(params) + static_cast<size_t>(w.offset) * g.esize();
+}
+
+Status ZeroEngine::PushParams() {
+  for (auto& gp : groups_) {
+    Group& g = *gp;
+    if (!g.host_params.empty()) RETURN_IF_ERROR(device_->Copy(OwnParams(g), g.host_params.data(), g.host_params.size()),
+                                                "copying the parameters of group '", g.name, "' to ", device_->name());
+  }
+  return Status();
+}
+
+Result<const void*> ZeroEngine::HostGrads(Group& g) {
+  if (g.host_grad.empty()) return static_cast<const void*>(GradShard(g));
+  RETURN_IF_ERROR(device_->Copy(g.host_grad.data(), GradShard(g), g.host_grad.size()), "copying the gradients of group '",
+                  g.name, "' from ", device_->name());
+  return static_cast<const void*>(g.host_grad.data());
 }
 
 Status ZeroEngine::StreamParamsFromMaster() {
   std::vector<SwapAccess> access(static_cast<size_t>(impl_->num_streams), SwapAccess::kNone);
   access[0] = SwapAccess::kRead;
   if (impl_->param_stream >= 0) access[static_cast<size_t>(impl_->param_stream)] = SwapAccess::kWrite;
-  return impl_->swapper->Stream(access, [&](const StateSwapper::Window& w) {
+  RETURN_IF_ERROR(impl_->swapper->Stream(access, [&](const StateSwapper::Window& w) {
     Group& g = *groups_[static_cast<size_t>(w.region)];
     return kernels::CastCpu(w.data[0], DType::kF32, ParamsAt(g, w), g.dtype, w.count, impl_->kernel_options());
-  }, &impl_->swap);
+  }, &impl_->swap));
+  return PushParams();
 }
 
-Status ZeroEngine::UpdateRange(Group& g, const kernels::AdamStepScalars& s, int64_t offset, int64_t count, float* master,
-                               float* m, float* v, float* vmax, void* params) {
-  const void* grad = static_cast<const char*>(GradShard(g)) + static_cast<size_t>(offset) * g.esize();
+Status ZeroEngine::UpdateRange(Group& g, Compute& c, const void* grads, const kernels::AdamStepScalars& s, int64_t offset,
+                               int64_t count, float* master, float* m, float* v, float* vmax, void* params) {
+  const void* grad = static_cast<const char*>(grads) + static_cast<size_t>(offset) * g.esize();
   const bool f32 = g.dtype == DType::kF32;
   kernels::AdamTensorArgs t{master, grad, m, v, vmax, f32 ? nullptr : params, count};
-  RETURN_IF_ERROR(kernels::AdamCpu(s, std::span(&t, 1), g.dtype, f32 ? DType::kBF16 : g.dtype, impl_->kernel_options()),
-                  "step, group '", g.name, "'");
-  if (f32) std::memcpy(params, master, static_cast<size_t>(count) * 4);  // fp32 models: the params are the master
+  RETURN_IF_ERROR(c.Adam(s, std::span(&t, 1), g.dtype, f32 ? DType::kBF16 : g.dtype), "step, group '", g.name, "'");
+  if (f32) RETURN_IF_ERROR(c.Move(params, master, static_cast<size_t>(count) * 4));  // fp32 models: the params are the master
   return Status();
 }
 
@@ -357,7 +405,14 @@ void* ZeroEngine::GradShard(Group& g) const {
 }
 
 Status ZeroEngine::ParamsFromMaster(Group& g) {
-  return kernels::CastCpu(g.master.data(), DType::kF32, OwnParams(g), g.dtype, g.layout.shard_size(), impl_->kernel_options());
+  const int64_t S = g.layout.shard_size();
+  if (config_.offload.optimizer == OffloadTarget::kNone) {  // master and params both in device memory
+    return impl_->compute->Cast(g.master.data(), DType::kF32, OwnParams(g), g.dtype, S);
+  }
+  void* params = g.host_params.empty() ? OwnParams(g) : g.host_params.data();
+  RETURN_IF_ERROR(impl_->host_compute->Cast(g.master.data(), DType::kF32, params, g.dtype, S));
+  if (g.host_params.empty()) return Status();
+  return device_->Copy(OwnParams(g), params, static_cast<size_t>(S) * g.esize());
 }
 
 Status ZeroEngine::GatherUpdatedParams() {
@@ -430,7 +485,7 @@ Result<void*> ZeroEngine::GradBuffer(int group) {
     if (config_.stage >= 2) {
       ASSIGN_OR_RETURN(g->full_grad, impl_->staging.Acquire(bytes), "gradient buffer of '", g->name, "'");
     }
-    RETURN_IF_ERROR(device_->Fill(g->full_grad.data(), 0, bytes));
+    RETURN_IF_ERROR(impl_->compute->Fill(g->full_grad.data(), 0, bytes));
     g->grad_live = true;
   }
   return g->full_grad.data();
@@ -480,13 +535,12 @@ Result<StepResult> ZeroEngine::Step() {
     gp->grad_live = false;
   }
 
-  const kernels::CpuKernelOptions ko = impl_->kernel_options();
   // Global sum of squares; any inf/NaN on any rank makes it inf (one all-reduce).
   double local = 0;
   for (auto& gp : groups_) {
     Group& g = *gp;
     const kernels::GradRef ref{GradShard(g), g.layout.shard_size()};
-    ASSIGN_OR_RETURN(kernels::GradStats st, kernels::GradSumSquaresCpu(std::span(&ref, 1), g.dtype, ko), "step");
+    ASSIGN_OR_RETURN(kernels::GradStats st, impl_->compute->SumSquares(std::span(&ref, 1), g.dtype), "step");
     local += st.nonfinite ? std::numeric_limits<double>::infinity() : st.sum_squares;
   }
   float global = static_cast<float>(local);
@@ -523,18 +577,33 @@ Result<StepResult> ZeroEngine::Step() {
     const int vs = impl_->vmax_stream;
     // Every rank learns of a problem on any rank: first before anything changes, then after streaming.
     RETURN_IF_ERROR(AgreeOnStatus(comm_, impl_->swapper->CheckFiles()), "step (nothing was updated)");
+    std::vector<const void*> grads(groups_.size());
+    for (size_t gi = 0; gi < groups_.size(); ++gi) {
+      ASSIGN_OR_RETURN(grads[gi], HostGrads(*groups_[gi]), "step");
+    }
     Status st = impl_->swapper->Stream(access, [&](const StateSwapper::Window& w) {
-      Group& g = *groups_[static_cast<size_t>(w.region)];
+      const auto gi = static_cast<size_t>(w.region);
+      Group& g = *groups_[gi];
       auto f = [&](int k) { return k < 0 ? nullptr : static_cast<float*>(w.data[static_cast<size_t>(k)]); };
-      return UpdateRange(g, scalars[static_cast<size_t>(w.region)], w.offset, w.count, f(0), f(1), f(2), f(vs), ParamsAt(g, w));
+      return UpdateRange(g, *impl_->host_compute, grads[gi], scalars[gi], w.offset, w.count, f(0), f(1), f(2), f(vs),
+                         ParamsAt(g, w));
     }, &impl_->swap);
+    if (st.ok()) st = PushParams();
     RETURN_IF_ERROR(AgreeOnStatus(comm_, st), "step: the offloaded optimizer state may be partly updated; restore from a checkpoint");
   } else {
+    const bool host = config_.offload.optimizer == OffloadTarget::kHost;
     for (size_t gi = 0; gi < groups_.size(); ++gi) {
       Group& g = *groups_[gi];
-      RETURN_IF_ERROR(UpdateRange(g, scalars[gi], 0, g.layout.shard_size(), g.master.as<float>(), g.exp_avg.as<float>(),
-                                  g.exp_avg_sq.as<float>(), g.max_exp_avg_sq.as<float>(), OwnParams(g)));
+      const void* grads = GradShard(g);
+      if (host) {
+        ASSIGN_OR_RETURN(grads, HostGrads(g), "step");
+      }
+      void* params = g.host_params.empty() ? OwnParams(g) : g.host_params.data();
+      RETURN_IF_ERROR(UpdateRange(g, host ? *impl_->host_compute : *impl_->compute, grads, scalars[gi], 0,
+                                  g.layout.shard_size(), g.master.as<float>(), g.exp_avg.as<float>(), g.exp_avg_sq.as<float>(),
+                                  g.max_exp_avg_sq.as<float>(), params));
     }
+    if (host) RETURN_IF_ERROR(PushParams(), "step");
   }
   RETURN_IF_ERROR(GatherUpdatedParams(), "step");
   scaler_.Update(false);
@@ -585,10 +654,23 @@ StateView ZeroEngine::state_view() {
         sg.buffers.push_back(std::move(b));
       }
     } else {
-      sg.buffers.push_back({"master", DType::kF32, g.master.data(), S, {}, {}});
-      sg.buffers.push_back({"exp_avg", DType::kF32, g.exp_avg.data(), S, {}, {}});
-      sg.buffers.push_back({"exp_avg_sq", DType::kF32, g.exp_avg_sq.data(), S, {}, {}});
-      if (!g.max_exp_avg_sq.empty()) sg.buffers.push_back({"max_exp_avg_sq", DType::kF32, g.max_exp_avg_sq.data(), S, {}, {}});
+      std::vector<std::pair<const char*, DeviceBuffer*>> bufs = {
+          {"master", &g.master}, {"exp_avg", &g.exp_avg}, {"exp_avg_sq", &g.exp_avg_sq}};
+      if (!g.max_exp_avg_sq.empty()) bufs.emplace_back("max_exp_avg_sq", &g.max_exp_avg_sq);
+      for (auto [kind, buf] : bufs) {
+        Device* d = buf->device();
+        if (d == nullptr || d->host_accessible()) {
+          sg.buffers.push_back({kind, DType::kF32, buf->data(), S, {}, {}});
+          continue;
+        }
+        // Device memory: copied to the host (a checkpoint snapshots it) and back (a load writes it).
+        auto* base = buf->as<float>();
+        StateBuffer sb{kind, DType::kF32, nullptr, S, {}, {}};
+        sb.read = [d, base](int64_t off, int64_t cnt, void* out) { return d->Copy(out, base + off, static_cast<size_t>(cnt) * 4); };
+        sb.write = [d, base](int64_t off, int64_t cnt, const void* in) { return d->Copy(base + off, in, static_cast<size_t>(cnt) * 4); };
+        sb.snapshot = true;
+        sg.buffers.push_back(std::move(sb));
+      }
     }
     v.groups.push_back(std::move(sg));
   }

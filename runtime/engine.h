@@ -40,6 +40,8 @@
 
 namespace zrt {
 
+class Compute;
+
 // Where state lives besides the device (ZeRO-Offload / ZeRO-Infinity); docs/configuration.md.
 enum class OffloadTarget { kNone, kHost, kNvme };
 Result<OffloadTarget> ParseOffloadTarget(std::string_view s);  // "none", "host", "nvme"
@@ -146,8 +148,12 @@ class ZeroEngine {
   Status ParamsFromMaster(Group& g);  // cast master shard into the model params of this rank
   Status CreateSwapper(const InitFn* init);
   void* ParamsAt(Group& g, const StateSwapper::Window& w);  // where a window's updated parameters go
-  Status UpdateRange(Group& g, const kernels::AdamStepScalars& s, int64_t offset, int64_t count, float* master, float* m,
-                     float* v, float* vmax, void* params);
+  // Adam over elements [offset, offset+count) of a group's shard, with the kernels of `c` (the device's,
+  // or the CPU's for offloaded state); `grads` is the group's gradient shard where `c` can read it.
+  Status UpdateRange(Group& g, Compute& c, const void* grads, const kernels::AdamStepScalars& s, int64_t offset,
+                     int64_t count, float* master, float* m, float* v, float* vmax, void* params);
+  Status PushParams();                       // host copies of the parameters -> device (offload)
+  Result<const void*> HostGrads(Group& g);  // the gradient shard where the CPU can read it (offload)
   Status StreamParamsFromMaster();  // nvme: cast every master sub-group into the parameter shards
   // This rank's block of the group's model parameters (stage 3: the parameter shard) and of its
   // reduced gradient (stages 0-1: inside the full gradient; 2-3: the gradient shard).

@@ -9,13 +9,11 @@
 #include "runtime/grad_bucketer.h"
 
 #include <algorithm>
-#include <cstring>
-
-#include "kernels/adam.h"
 
 namespace zrt {
 
-Result<std::unique_ptr<GradBucketer>> GradBucketer::Create(Communicator* comm, Device* device, const Options& o) {
+Result<std::unique_ptr<GradBucketer>> GradBucketer::Create(Communicator* comm, Device* device, Compute* compute,
+                                                           const Options& o) {
   if (o.reduce_dtype == DType::kBytes) return InvalidArgumentError("gradient buckets: reduce dtype must be a float type");
   const int regions = o.all_reduce ? 1 : comm->size();
   const int64_t capacity = o.bucket_bytes / static_cast<int64_t>(DTypeSize(o.reduce_dtype)) / regions;
@@ -23,7 +21,7 @@ Result<std::unique_ptr<GradBucketer>> GradBucketer::Create(Communicator* comm, D
     return InvalidArgumentError("gradient buckets: bucket_bytes ", o.bucket_bytes, " is too small for ", regions,
                                 " ranks (needs at least one element per rank)");
   }
-  std::unique_ptr<GradBucketer> g(new GradBucketer(comm, o, capacity));
+  std::unique_ptr<GradBucketer> g(new GradBucketer(comm, compute, o, capacity));
   const size_t esize = DTypeSize(o.reduce_dtype);
   for (Bucket& b : g->buckets_) {
     ASSIGN_OR_RETURN(b.in, device->Allocate(static_cast<size_t>(capacity * regions) * esize, MemCategory::kCommunication),
@@ -54,7 +52,7 @@ Status GradBucketer::Add(const void* grad, DType grad_dtype, const ShardLayout& 
     for (int r = 0; r < regions(); ++r) {
       const char* src = static_cast<const char*>(grad) + static_cast<size_t>(layout.shard_begin(r) + a) * gsize;
       char* dst = b->in.as<char>() + static_cast<size_t>(r * capacity_ + b->used) * rsize;
-      RETURN_IF_ERROR(kernels::CastCpu(src, grad_dtype, dst, o_.reduce_dtype, n), "filling a gradient bucket");
+      RETURN_IF_ERROR(compute_->Cast(src, grad_dtype, dst, o_.reduce_dtype, n), "filling a gradient bucket");
     }
     b->dests.push_back(Dest{static_cast<char*>(shard_out) + static_cast<size_t>(a) * DTypeSize(out_dtype), out_dtype,
                             b->used, n});
@@ -69,8 +67,9 @@ Status GradBucketer::Launch(Bucket& b) {
   const int n = regions();
   if (b.used < capacity_) {  // compact the regions to stride `used`
     for (int r = 1; r < n; ++r) {
-      std::memmove(b.in.as<char>() + static_cast<size_t>(r * b.used) * rsize,
-                   b.in.as<char>() + static_cast<size_t>(r * capacity_) * rsize, static_cast<size_t>(b.used) * rsize);
+      RETURN_IF_ERROR(compute_->Move(b.in.as<char>() + static_cast<size_t>(r * b.used) * rsize,
+                                     b.in.as<char>() + static_cast<size_t>(r * capacity_) * rsize,
+                                     static_cast<size_t>(b.used) * rsize), "compacting a gradient bucket");
     }
   }
   const int64_t bytes = b.used * n * static_cast<int64_t>(rsize);
@@ -93,7 +92,8 @@ Status GradBucketer::Complete(Bucket& b) {
   const char* out = o_.all_reduce ? b.in.as<char>() : b.out.as<char>();
   const size_t rsize = DTypeSize(o_.reduce_dtype);
   for (const Dest& d : b.dests) {
-    RETURN_IF_ERROR(kernels::CastCpu(out + static_cast<size_t>(d.out_offset) * rsize, o_.reduce_dtype, d.ptr, d.dtype, d.count));
+    RETURN_IF_ERROR(compute_->Cast(out + static_cast<size_t>(d.out_offset) * rsize, o_.reduce_dtype, d.ptr, d.dtype, d.count),
+                    "reading a reduced gradient bucket");
   }
   b.dests.clear();
   b.used = 0;

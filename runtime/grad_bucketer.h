@@ -14,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include "runtime/compute.h"
 #include "runtime/core/communicator.h"
 #include "runtime/core/device.h"
 #include "runtime/core/shard_layout.h"
@@ -35,7 +36,9 @@ class GradBucketer {
     DType reduce_dtype = DType::kF32;  // f32, or bf16/f16 on the wire (reductions accumulate in f32)
     bool all_reduce = false;           // stage 0: every rank gets the whole reduced gradient
   };
-  static Result<std::unique_ptr<GradBucketer>> Create(Communicator* comm, Device* device, const Options& options);
+  // Buckets live on `device`; `compute` (for that device) does the copies and casts into and out of them.
+  static Result<std::unique_ptr<GradBucketer>> Create(Communicator* comm, Device* device, Compute* compute,
+                                                      const Options& options);
 
   // Queues the reduction of a full group gradient (`grad`, dtype `grad_dtype`, laid out by `layout`)
   // into this rank's shard `shard_out` (layout.shard_size() elements of `out_dtype`; all of it for
@@ -64,13 +67,15 @@ class GradBucketer {
     bool in_flight = false;
   };
 
-  GradBucketer(Communicator* comm, const Options& o, int64_t capacity) : comm_(comm), o_(o), capacity_(capacity) {}
+  GradBucketer(Communicator* comm, Compute* compute, const Options& o, int64_t capacity)
+      : comm_(comm), compute_(compute), o_(o), capacity_(capacity) {}
   int regions() const { return o_.all_reduce ? 1 : comm_->size(); }
   Status Launch(Bucket& b);
   Status Complete(Bucket& b);
   Bucket& Filling() { return buckets_[filling_]; }
 
   Communicator* comm_;
+  Compute* compute_;
   Options o_;
   int64_t capacity_;  // elements per region
   Bucket buckets_[2];

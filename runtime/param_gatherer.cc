@@ -16,10 +16,10 @@ size_t ParamGatherer::Bytes(int g) const {
 Status ParamGatherer::Load(int g) {
   State& s = state_[static_cast<size_t>(g)];
   const GroupRef& r = groups_[static_cast<size_t>(g)];
-  ASSIGN_OR_RETURN(s.shard, pool_->Acquire(r.load_bytes), "loading the shard of group '", r.name, "'");
+  ASSIGN_OR_RETURN(s.shard, load_pool_->Acquire(r.load_bytes), "loading the shard of group '", r.name, "'");
   auto h = r.load(s.shard.data());
   if (!h.ok()) {
-    pool_->Release(std::move(s.shard));
+    load_pool_->Release(std::move(s.shard));
     return h.status().WithContext("loading the shard of group '" + r.name + "'");
   }
   s.io = std::move(*h);
@@ -32,7 +32,7 @@ void ParamGatherer::DropShard(int g) {
   State& s = state_[static_cast<size_t>(g)];
   if (s.shard.empty()) return;
   live_bytes_ -= static_cast<int64_t>(groups_[static_cast<size_t>(g)].load_bytes);
-  pool_->Release(std::move(s.shard));
+  load_pool_->Release(std::move(s.shard));
 }
 
 Status ParamGatherer::Start(int g) {

@@ -36,8 +36,10 @@ class ParamGatherer {
     std::function<Result<IoHandle>(void* dst)> load;
     size_t load_bytes = 0;
   };
-  ParamGatherer(Communicator* comm, BufferPool* pool, int64_t max_live_bytes, int prefetch_depth)
-      : comm_(comm), pool_(pool), max_live_bytes_(max_live_bytes), prefetch_depth_(prefetch_depth) {}
+  // Gathered parameters come from `pool` (device memory); offloaded shards are read into `load_pool`
+  // (host memory the I/O engine can write).
+  ParamGatherer(Communicator* comm, BufferPool* pool, BufferPool* load_pool, int64_t max_live_bytes, int prefetch_depth)
+      : comm_(comm), pool_(pool), load_pool_(load_pool), max_live_bytes_(max_live_bytes), prefetch_depth_(prefetch_depth) {}
 
   void SetGroups(std::vector<GroupRef> groups);
   // Full parameters of group g (padded_size elements of its dtype), valid until Release(g).
@@ -66,6 +68,7 @@ class ParamGatherer {
 
   Communicator* comm_;
   BufferPool* pool_;
+  BufferPool* load_pool_;
   int64_t max_live_bytes_;
   int prefetch_depth_;
   std::vector<GroupRef> groups_;

@@ -114,13 +114,15 @@ void CudaDevice::RawFree(void* p, size_t /*bytes*/) { cache_->Free(p); }
 Status CudaDevice::Copy(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return Status();
   RETURN_IF_ERROR(MakeCurrent());
-  return CudaStatus(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "cudaMemcpy");
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
+  return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize after a copy");
 }
 
 Status CudaDevice::Fill(void* dst, uint8_t byte, size_t bytes) {
   if (bytes == 0) return Status();
   RETURN_IF_ERROR(MakeCurrent());
-  return CudaStatus(cudaMemset(dst, byte, bytes), "cudaMemset");
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dst, byte, bytes, stream_));
+  return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize after a fill");
 }
 
 Status CudaDevice::CopyAsync(void* dst, const void* src, size_t bytes, const CudaStream& s) {

@@ -7,8 +7,13 @@
 //   dev->CopyAsync(host_pinned, buf.data(), bytes, s); s.Synchronize();
 //
 // Device choice: the local rank (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID or LOCAL_RANK, first set)
-// modulo the visible device count; 0 without any. Copy/Fill are synchronous (Device contract); the
-// *Async forms are ordered on the given stream. Accounting as on CPU: per category, live buffers.
+// modulo the visible device count; 0 without any. Accounting as on CPU: per category, live buffers.
+//
+// Streams: stream() is the compute stream zrt orders its work on (kernels, copies, and the NCCL
+// communicator's collectives through events). It is the trainer's stream: set_stream() before creating
+// the engine when the trainer computes on its own stream; the default is the legacy default stream.
+// Copy/Fill are queued on stream() and then wait for it (so they see every kernel queued before);
+// the *Async forms are ordered on the given stream.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -65,7 +70,10 @@ class CudaDevice final : public Device {
 
   DeviceKind kind() const override { return DeviceKind::kCuda; }
   std::string name() const override;
+  bool host_accessible() const override { return false; }
   int ordinal() const { return ordinal_; }
+  cudaStream_t stream() const { return stream_; }
+  void set_stream(cudaStream_t s) { stream_ = s; }
   Status Copy(void* dst, const void* src, size_t bytes) override;  // any direction (unified addressing)
   Status Fill(void* dst, uint8_t byte, size_t bytes) override;
   Status CopyAsync(void* dst, const void* src, size_t bytes, const CudaStream& s);
@@ -82,6 +90,7 @@ class CudaDevice final : public Device {
  private:
   explicit CudaDevice(int ordinal);
   int ordinal_;
+  cudaStream_t stream_ = nullptr;  // legacy default stream
   std::unique_ptr<CachingAllocator> cache_;
 };
 

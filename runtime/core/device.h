@@ -107,7 +107,12 @@ class Device {
   // two; 64 by default, 4096 for buffers used with O_DIRECT). Contents are unspecified.
   Result<DeviceBuffer> Allocate(size_t bytes, MemCategory category, size_t alignment = 64);
 
-  // Copies between two buffers of this device (host pointers for CpuDevice).
+  // Whether the host may read and write this device's buffers directly. When false (CUDA), code
+  // that needs the values on the host goes through Copy (or the runtime's Compute).
+  virtual bool host_accessible() const { return true; }
+
+  // Synchronous copy between this device's buffers and host memory, in any direction (host pointers
+  // only for CpuDevice); dst and src may overlap only on CpuDevice (memmove).
   virtual Status Copy(void* dst, const void* src, size_t bytes) = 0;
   virtual Status Fill(void* dst, uint8_t byte, size_t bytes) = 0;
 
@@ -125,16 +130,25 @@ class Device {
 };
 
 // Host memory through posix_memalign. Thread-safe.
+//
+// CpuDevice(false) reports host_accessible() == false: the engine and checkpoints then treat its memory
+// as they treat GPU memory (staged copies, the Compute path), so the CPU test suites run the data paths
+// of the CUDA backend too. The memory is ordinary host memory either way.
 class CpuDevice final : public Device {
  public:
+  explicit CpuDevice(bool host_accessible = true) : host_accessible_(host_accessible) {}
   DeviceKind kind() const override { return DeviceKind::kCpu; }
-  std::string name() const override { return "cpu"; }
+  std::string name() const override { return host_accessible_ ? "cpu" : "cpu (as device memory)"; }
+  bool host_accessible() const override { return host_accessible_; }
   Status Copy(void* dst, const void* src, size_t bytes) override;
   Status Fill(void* dst, uint8_t byte, size_t bytes) override;
 
  protected:
   Result<void*> RawAllocate(size_t bytes, size_t alignment) override;
   void RawFree(void* p, size_t bytes) override;
+
+ private:
+  bool host_accessible_;
 };
 
 // "1.50 GiB", "12.0 KiB", "17 B".

@@ -18,8 +18,10 @@
 namespace zrt {
 
 // This rank's shard of one group's flat buffer: `count` = layout.shard_size() elements of `dtype`.
-// Resident state has `data`; state that lives elsewhere (NVMe offload) has data == nullptr and is
-// reached through read/write of `n` elements at element `offset`.
+// Resident state (host memory) has `data`; state that lives elsewhere has data == nullptr and is
+// reached through read/write of `n` elements at element `offset`: device memory (snapshot = true:
+// read is a fast copy, so a checkpoint copies it into host staging while training waits and writes in
+// the background) or NVMe swap files (snapshot = false: a checkpoint streams it to its files at once).
 struct StateBuffer {
   std::string kind;  // "master" (fp32 weights), "exp_avg", "exp_avg_sq", "max_exp_avg_sq"
   DType dtype = DType::kF32;
@@ -27,6 +29,7 @@ struct StateBuffer {
   int64_t count = 0;
   std::function<Status(int64_t offset, int64_t n, void* out)> read;
   std::function<Status(int64_t offset, int64_t n, const void* in)> write;
+  bool snapshot = false;
   bool resident() const { return data != nullptr || count == 0; }
 };
 

@@ -37,9 +37,10 @@ class EngineTest : public ::testing::Test {
   int rank() const { return comm_->rank(); }
   int size() const { return comm_->size(); }
 
+  // On `device` (default: the fixture's host-accessible CpuDevice).
   Result<std::unique_ptr<ZeroEngine>> Make(const EngineConfig& cfg, const std::vector<ParamDef>& model, DType dtype,
-                                           const ZeroEngine::InitFn& init) {
-    ASSIGN_OR_RETURN(auto e, ZeroEngine::Create(comm_.get(), &device_, cfg));
+                                           const ZeroEngine::InitFn& init, Device* device = nullptr) {
+    ASSIGN_OR_RETURN(auto e, ZeroEngine::Create(comm_.get(), device != nullptr ? device : &device_, cfg));
     for (const ParamDef& p : model) RETURN_IF_ERROR(e->AddParam(p.name, p.shape, dtype, p.group));
     RETURN_IF_ERROR(e->Finalize(init));
     return e;

@@ -188,6 +188,75 @@ TEST_F(OffloadTest, CheckpointsOfNvmeStateLoadBothWays) {
   ExpectBitIdentical(Params(**e, kModel.size()), Params(**mem, kModel.size()), "in-memory checkpoint into nvme: params");
 }
 
+// The GPU data paths on CPU ranks: an engine on memory the host may not address (CpuDevice(false), as a
+// CudaDevice) initialises through host staging, reduces, clips and steps through Compute, copies
+// gradients down and parameters up around a CPU Adam on offloaded state, and exposes device state to
+// checkpoints through copies; all of it bit-identical to the host engine, and checkpoints of device
+// state load into host state and back.
+TEST_F(OffloadTest, DeviceMemoryPathsAreBitIdentical) {
+  using T = OffloadTarget;
+  CpuDevice gpu_like(/*host_accessible=*/false);
+  struct Case {
+    int stage;
+    T optimizer, params;
+    DType dtype;
+  };
+  const Case cases[] = {
+      {0, T::kNone, T::kNone, DType::kBF16}, {1, T::kNone, T::kNone, DType::kF32},  {2, T::kNone, T::kNone, DType::kF16},
+      {3, T::kNone, T::kNone, DType::kBF16}, {2, T::kHost, T::kNone, DType::kBF16}, {1, T::kNvme, T::kNone, DType::kF32},
+      {3, T::kNvme, T::kNone, DType::kBF16}, {3, T::kHost, T::kHost, DType::kBF16}, {3, T::kNvme, T::kNvme, DType::kBF16},
+  };
+  for (const Case& c : cases) {
+    const std::string what = "device memory, stage " + std::to_string(c.stage) + " optimizer " +
+                             std::string(OffloadTargetName(c.optimizer)) + " params " + std::string(OffloadTargetName(c.params)) +
+                             " " + std::string(DTypeName(c.dtype));
+    auto a = Make(Config(c.stage, T::kNone, T::kNone), kModel, c.dtype, InitFn());
+    ASSERT_TRUE(a.ok()) << a.status();
+    auto b = Make(Config(c.stage, c.optimizer, c.params), kModel, c.dtype, InitFn(), &gpu_like);
+    ASSERT_TRUE(b.ok()) << what << ": " << b.status();
+    Train(**a, 0, 6);
+    Train(**b, 0, 6);
+    ExpectBitIdentical(Params(**a, kModel.size()), Params(**b, kModel.size()), what + ": parameters");
+    ExpectBitIdentical(State(**a), State(**b), what + ": optimizer state");
+    if (c.optimizer == T::kNone) {
+      for (const StateGroup& g : (*b)->state_view().groups) {
+        for (const StateBuffer& sb : g.buffers) EXPECT_TRUE(sb.data == nullptr && sb.snapshot) << what << ": " << sb.kind;
+      }
+    }
+  }
+
+  // Checkpoints: device state -> host state, and host state -> device state, both resume exactly.
+  auto dev = Make(Config(2, T::kNone, T::kNone), kModel, DType::kBF16, InitFn(), &gpu_like);
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  Train(**dev, 0, 3);
+  const std::string root = (dir_ / "ckpt-device").string();
+  {
+    auto ck = ckpt::Checkpointer::Create(comm_.get(), &device_, {.root = root});
+    ASSERT_TRUE(ck.ok()) << ck.status();
+    ASSERT_TRUE((*ck)->SaveAsync((*dev)->state_view()).ok());
+    Train(**dev, 3, 4);  // training goes on while the save is written: the snapshot is already taken
+    ASSERT_TRUE((*ck)->Wait().ok());
+  }
+  auto dir = ckpt::FindLatestComplete(root);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  for (Device* target : {static_cast<Device*>(&device_), static_cast<Device*>(&gpu_like)}) {
+    auto e = Make(Config(3, T::kNone, T::kNone), kModel, DType::kBF16, [](int64_t, int64_t, int64_t n, float* out) {
+      std::fill(out, out + n, 7.0f);
+    }, target);
+    ASSERT_TRUE(e.ok()) << e.status();
+    auto r = ckpt::Load(*dir, (*e)->state_view());
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE((*e)->Restore(r->step, {r->loss_scale, r->scaler_good_steps, r->scaler_hysteresis_left}).ok());
+    Train(**e, 3, 4);
+    ExpectBitIdentical(Params(**e, kModel.size()), Params(**dev, kModel.size()), "resumed from device state on " + target->name());
+    // A stage-3 engine holds other shards than the stage-2 one: compare parameters only.
+  }
+  // The staging device of a checkpointer must be host memory.
+  auto bad = ckpt::Checkpointer::Create(comm_.get(), &gpu_like, {.root = root});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("not host memory"), std::string::npos) << bad.status();
+}
+
 TEST_F(OffloadTest, BadInputIsAClearErrorOnEveryRankAndChangesNothing) {
   using T = OffloadTarget;
   {  // a missing directory: named

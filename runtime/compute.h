@@ -1,0 +1,44 @@
+// Compute: the element-wise work the engine does on its device's buffers (casts, moves, fills,
+// gradient norms, Adam), so the engine is written once for host and GPU memory.
+//
+// CPU devices run the SIMD CPU kernels on the calling thread and the optimizer pool. CUDA devices
+// queue the CUDA kernels on the device's compute stream (CudaDevice::stream()) and return at once;
+// SumSquares and Synchronize wait for the stream. All pointers are the device's buffers.
+//
+// Not thread-safe: one thread at a time (the engine's).
+#pragma once
+
+#include <memory>
+#include <span>
+
+#include "kernels/adam.h"
+#include "runtime/core/device.h"
+
+namespace zrt {
+
+class Compute {
+ public:
+  // For `device`: CPU kernels (with `options`' pool) for a CPU device, CUDA kernels for a CUDA one.
+  static Result<std::unique_ptr<Compute>> For(Device* device, const kernels::CpuKernelOptions& options);
+  virtual ~Compute() = default;
+
+  // dst[i] = src[i] converted (as kernels::CastCpu); src and dst must not overlap.
+  virtual Status Cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n) = 0;
+  // memmove: dst and src may overlap.
+  virtual Status Move(void* dst, const void* src, size_t bytes) = 0;
+  virtual Status Fill(void* dst, uint8_t byte, size_t bytes) = 0;
+  // Sum of squares and inf/NaN presence over `grads` (waits for the result).
+  virtual Result<kernels::GradStats> SumSquares(std::span<const kernels::GradRef> grads, DType dtype) = 0;
+  // Adam/AdamW over state in this device's memory (as kernels::AdamCpu).
+  virtual Status Adam(const kernels::AdamStepScalars& s, std::span<const kernels::AdamTensorArgs> tensors,
+                      DType grad_dtype, DType copy_dtype) = 0;
+  // Waits until everything queued so far is done (no-op on CPU).
+  virtual Status Synchronize() = 0;
+};
+
+#if defined(ZRT_HAVE_CUDA)
+// Defined in compute_cuda.cc.
+Result<std::unique_ptr<Compute>> MakeCudaCompute(Device* device);
+#endif
+
+}  // namespace zrt

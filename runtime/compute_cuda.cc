@@ -1,0 +1,89 @@
+// Compute on a CudaDevice: the CUDA kernels, queued on the device's compute stream.
+#include <algorithm>
+#include <cstring>
+#include <memory>
+
+#include "kernels/adam_cuda.h"
+#include "runtime/compute.h"
+#include "runtime/core/cuda_device.h"
+#include "runtime/core/cuda_status.h"
+
+namespace zrt {
+namespace {
+
+class CudaCompute final : public Compute {
+ public:
+  explicit CudaCompute(CudaDevice* d) : d_(d) {}
+
+  Status Cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n) override {
+    return kernels::CastCuda(src, src_dtype, dst, dst_dtype, n, d_->stream());
+  }
+
+  Status Move(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0 || dst == src) return Status();
+    const auto* s = static_cast<const char*>(src);
+    auto* t = static_cast<char*>(dst);
+    if (s + bytes <= t || t + bytes <= s) {
+      return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, d_->stream()), "compute: move");
+    }
+    // Overlapping (bucket compaction): through a scratch buffer, which grows as needed and stays.
+    if (scratch_.size() < bytes) {
+      scratch_.Reset();
+      ASSIGN_OR_RETURN(scratch_, d_->Allocate(bytes, MemCategory::kCommunication), "compute: move scratch");
+    }
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(scratch_.data(), src, bytes, cudaMemcpyDeviceToDevice, d_->stream()));
+    return CudaStatus(cudaMemcpyAsync(dst, scratch_.data(), bytes, cudaMemcpyDeviceToDevice, d_->stream()), "compute: move");
+  }
+
+  Status Fill(void* dst, uint8_t byte, size_t bytes) override {
+    if (bytes == 0) return Status();
+    return CudaStatus(cudaMemsetAsync(dst, byte, bytes, d_->stream()), "compute: fill");
+  }
+
+  Result<kernels::GradStats> SumSquares(std::span<const kernels::GradRef> grads, DType dtype) override {
+    // Workspace: [sum (double)][found_inf (int, padded to 8)][partials...], reused across steps.
+    const size_t need = 16 + kernels::GradSumSquaresCudaWorkspace(grads);
+    if (norm_ws_.size() < need) {
+      norm_ws_.Reset();
+      ASSIGN_OR_RETURN(norm_ws_, d_->Allocate(need, MemCategory::kOther), "compute: norm workspace");
+    }
+    char* ws = norm_ws_.as<char>();
+    auto* sum = reinterpret_cast<double*>(ws);
+    auto* inf = reinterpret_cast<int*>(ws + 8);
+    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(ws, 0, 16, d_->stream()));
+    RETURN_IF_ERROR(kernels::GradSumSquaresCuda(grads, dtype, ws + 16, need - 16, sum, inf, d_->stream()));
+    char host[16];
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host, ws, 16, cudaMemcpyDeviceToHost, d_->stream()));
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(d_->stream()));
+    kernels::GradStats st;
+    int found = 0;
+    std::memcpy(&st.sum_squares, host, 8);
+    std::memcpy(&found, host + 8, 4);
+    st.nonfinite = found != 0;
+    return st;
+  }
+
+  Status Adam(const kernels::AdamStepScalars& s, std::span<const kernels::AdamTensorArgs> tensors, DType grad_dtype,
+              DType copy_dtype) override {
+    kernels::AdamCudaOptions o;
+    o.stream = d_->stream();
+    return kernels::AdamCuda(s, tensors, grad_dtype, copy_dtype, o);
+  }
+
+  Status Synchronize() override { return CudaStatus(cudaStreamSynchronize(d_->stream()), "compute: synchronize"); }
+
+ private:
+  CudaDevice* d_;
+  DeviceBuffer scratch_, norm_ws_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Compute>> MakeCudaCompute(Device* device) {
+  auto* d = dynamic_cast<CudaDevice*>(device);
+  if (d == nullptr) return InvalidArgumentError("compute: ", device->name(), " is not a CudaDevice");
+  RETURN_IF_ERROR(d->MakeCurrent());
+  return std::unique_ptr<Compute>(new CudaCompute(d));
+}
+
+}  // namespace zrt
