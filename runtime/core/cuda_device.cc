@@ -48,8 +48,8 @@ CudaEvent::~CudaEvent() {
   if (e_ != nullptr) (void)cudaEventDestroy(e_);
 }
 
-Status CudaEvent::Record(const CudaStream& s) { return CudaStatus(cudaEventRecord(e_, s.get()), "cudaEventRecord"); }
-Status CudaEvent::MakeWait(const CudaStream& s) const { return CudaStatus(cudaStreamWaitEvent(s.get(), e_, 0), "cudaStreamWaitEvent"); }
+Status CudaEvent::Record(cudaStream_t s) { return CudaStatus(cudaEventRecord(e_, s), "cudaEventRecord"); }
+Status CudaEvent::MakeWait(cudaStream_t s) const { return CudaStatus(cudaStreamWaitEvent(s, e_, 0), "cudaStreamWaitEvent"); }
 Status CudaEvent::Synchronize() const { return CudaStatus(cudaEventSynchronize(e_), "cudaEventSynchronize"); }
 
 Result<bool> CudaEvent::Done() const {

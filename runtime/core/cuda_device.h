@@ -50,8 +50,10 @@ class CudaEvent {
   CudaEvent& operator=(CudaEvent&& o) noexcept;
   ~CudaEvent();
   cudaEvent_t get() const { return e_; }
-  Status Record(const CudaStream& s);
-  Status MakeWait(const CudaStream& s) const;  // work later queued on s waits for this event
+  Status Record(cudaStream_t s);
+  Status Record(const CudaStream& s) { return Record(s.get()); }
+  Status MakeWait(cudaStream_t s) const;  // work later queued on s waits for this event
+  Status MakeWait(const CudaStream& s) const { return MakeWait(s.get()); }
   Result<bool> Done() const;                   // cudaEventQuery
   Status Synchronize() const;
 
