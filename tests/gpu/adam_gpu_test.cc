@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <random>
 
@@ -127,6 +128,33 @@ TEST(GradSumSquaresCuda, MatchesCpuAndFindsInf) {
   dev[2]->Upload(host[2]);
   ASSERT_TRUE(GradSumSquaresCuda(dref, DType::kF32, ws.get(), GradSumSquaresCudaWorkspace(dref), out.get(), inf.get(), nullptr).ok());
   EXPECT_EQ(inf.Download()[0], 1);
+}
+
+TEST(CastCuda, MatchesCastCpuBitForBitInEveryDirection) {
+  ZRT_REQUIRE_GPU();
+  const int64_t n = 300007;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-70000.0f, 70000.0f);
+  std::vector<float> src(static_cast<size_t>(n));
+  for (float& x : src) x = u(rng) * (u(rng) > 0 ? 1e-6f : 1.0f);  // small and large (f16 overflow) values
+  src[5] = std::numeric_limits<float>::quiet_NaN();
+  src[6] = std::numeric_limits<float>::infinity();
+  for (DType from : {DType::kF32, DType::kBF16, DType::kF16}) {
+    std::vector<char> in(static_cast<size_t>(n) * DTypeSize(from));
+    ASSERT_TRUE(kernels::CastCpu(src.data(), DType::kF32, in.data(), from, n).ok());
+    DeviceArray<char> din(in);
+    for (DType to : {DType::kF32, DType::kBF16, DType::kF16}) {
+      const size_t bytes = static_cast<size_t>(n) * DTypeSize(to);
+      std::vector<char> want(bytes);
+      ASSERT_TRUE(kernels::CastCpu(in.data(), from, want.data(), to, n).ok());
+      DeviceArray<char> dout(bytes);
+      ASSERT_TRUE(kernels::CastCuda(din.get(), from, dout.get(), to, n, nullptr).ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::vector<char> got = dout.Download();
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), bytes), 0) << DTypeName(from) << " -> " << DTypeName(to);
+    }
+  }
+  EXPECT_FALSE(kernels::CastCuda(nullptr, DType::kF32, nullptr, DType::kBytes, 4, nullptr).ok());
 }
 
 }  // namespace

@@ -5,29 +5,34 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 dir=${1:-build-gpu}
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 
 # Build only what the GPU checks need, for this GPU's architecture.
 cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DZRT_WITH_CUDA=ON >"$dir.configure.log" 2>&1 \
   || { tail -30 "$dir.configure.log"; exit 1; }
-cmake --build "$dir" -j "$(nproc)" --target zrt_gpu_test adam_gpu_bench adam_bench 2>&1 | tail -5
+cmake --build "$dir" -j "$(nproc)" --target zrt_gpu_test zrt_gpu_mpi_test adam_gpu_bench engine_gpu_bench 2>&1 | tail -5
 
 status=0
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+mpi="mpirun --oversubscribe --bind-to none"
 echo "== GPU tests"
-"./$dir/tests/gpu/zrt_gpu_test" || status=1
+timeout 120 "./$dir/tests/gpu/zrt_gpu_test" || status=1
+echo "== NCCL communicator and engine on the GPU (1 rank)"
+timeout 180 $mpi -np 1 "./$dir/tests/gpu/zrt_gpu_mpi_test" || status=1
+if [ "$gpus" -ge 2 ]; then  # NCCL refuses two ranks on one GPU
+  echo "== multi-GPU (NCCL) checks: $gpus GPUs"
+  timeout 180 $mpi -np "$gpus" "./$dir/tests/gpu/zrt_gpu_mpi_test" || status=1
+else
+  echo "== multi-GPU (NCCL) checks skipped: $gpus GPU(s)"
+fi
 
 echo "== GPU benchmarks"
 results=$(mktemp)
 peer=$(timeout 120 python3 tests/gpu/torch_fused_adamw.py $((256 << 20)) 20 2>/dev/null | tee /dev/stderr | awk '/^PEER_GELEMS/ {print $2}')
 timeout 120 "./$dir/bench/adam_gpu_bench" --elements $((256 << 20)) --reps 20 --peer-gelems "${peer:--1}" | tee -a "$results"
-
-gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
-if [ "$gpus" -ge 2 ]; then
-  echo "== multi-GPU (NCCL) checks: $gpus GPUs"   # NCCL refuses two ranks on one GPU
-else
-  echo "== multi-GPU (NCCL) checks skipped: $gpus GPU(s)"
-fi
+timeout 240 $mpi -np 1 "./$dir/bench/engine_gpu_bench" --params $((1 << 30)) --steps 5 --ckpt-dir "${TMPDIR:-/tmp}/zrt_gpu_ckpt" \
+  | tee -a "$results" || status=1
 
 echo
 echo "== summary"

@@ -1,0 +1,227 @@
+// The engine on a GPU (CudaDevice + NcclCommunicator) against the CPU reference engine (CpuDevice +
+// MPI) on the same model and gradients: bit-identical parameters at one rank (the fused CUDA Adam and
+// casts are bit-exact with the CPU kernels; clipping is off because the two norms are summed in
+// different orders), close at several; with optimizer/parameter offload to host and NVMe; and
+// checkpoints of device state that resume on the CPU engine. Skipped without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "checkpoint/checkpointer.h"
+#include "checkpoint/reader.h"
+#include "offload/host_memory.h"
+#include "runtime/core/mpi_communicator.h"
+#include "runtime/core/nccl_communicator.h"
+#include "runtime/engine.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace zrt {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Def {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::string group;
+};
+const std::vector<Def> kModel = {{"embed", {37, 29}, "g0"}, {"w1", {100001}, "g1"}, {"b1", {3}, "g1"},
+                                 {"w2", {40999}, "g2"},      {"tiny", {1}, "g2"}};
+
+float Init(int64_t p, int64_t i) { return 0.5f * std::sin(0.1f * static_cast<float>(i) + static_cast<float>(p)); }
+float Target(int rank, int64_t p, int64_t i) {
+  return std::sin(0.37f * static_cast<float>(i) + static_cast<float>(rank) + 0.1f * static_cast<float>(p));
+}
+
+std::vector<char> Fetch(Device* d, const void* p, size_t bytes) {
+  std::vector<char> h(bytes);
+  EXPECT_TRUE(d->Copy(h.data(), p, bytes).ok());
+  return h;
+}
+
+class EngineGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ZRT_REQUIRE_GPU();
+    auto m = MpiCommunicator::Create(MPI_COMM_WORLD);
+    ASSERT_TRUE(m.ok()) << m.status();
+    mpi_ = std::move(*m);
+    int gpus = 0;
+    (void)cudaGetDeviceCount(&gpus);
+    if (gpus < mpi_->size()) GTEST_SKIP() << "one GPU per rank: " << mpi_->size() << " ranks, " << gpus << " GPUs";
+    auto d = CudaDevice::Create();
+    ASSERT_TRUE(d.ok()) << d.status();
+    gpu_ = std::move(*d);
+    auto c = NcclCommunicator::Create(mpi_.get(), gpu_.get());
+    ASSERT_TRUE(c.ok()) << c.status();
+    nccl_ = std::move(*c);
+    nccl_->set_check_args(false);
+    int64_t id = ::getpid();
+    ASSERT_TRUE(mpi_->Broadcast(&id, sizeof(id), DType::kBytes, 0).ok());
+    dir_ = fs::temp_directory_path() / ("zrt_engine_gpu_" + std::to_string(id));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    if (mpi_ && mpi_->Barrier().ok() && mpi_->rank() == 0) fs::remove_all(dir_);
+  }
+  int rank() const { return mpi_->rank(); }
+
+  Result<std::unique_ptr<ZeroEngine>> Make(Communicator* comm, Device* dev, const EngineConfig& cfg, DType dtype,
+                                           const ZeroEngine::InitFn& init) {
+    ASSIGN_OR_RETURN(auto e, ZeroEngine::Create(comm, dev, cfg));
+    for (const Def& p : kModel) RETURN_IF_ERROR(e->AddParam(p.name, p.shape, dtype, p.group));
+    RETURN_IF_ERROR(e->Finalize(init));
+    return e;
+  }
+  static ZeroEngine::InitFn InitFn() {
+    return [](int64_t p, int64_t off, int64_t n, float* out) {
+      for (int64_t i = 0; i < n; ++i) out[i] = Init(p, off + i);
+    };
+  }
+  static size_t GroupBytes(ZeroEngine& e, int g) {
+    size_t end = 0;
+    for (size_t p = 0; p < kModel.size(); ++p) {
+      auto loc = e.Locate(static_cast<int64_t>(p));
+      if (loc->group == g) end = std::max(end, static_cast<size_t>(loc->offset + loc->numel) * DTypeSize(loc->dtype));
+    }
+    return end;
+  }
+
+  // Backward of the quadratic loss: gradients computed on the host from the gathered parameters.
+  void Train(ZeroEngine& e, Device* d, int from, int to) {
+    for (int step = from; step < to; ++step) {
+      for (int g = e.num_groups() - 1; g >= 0; --g) {
+        auto base = e.Gather(g);
+        ASSERT_TRUE(base.ok()) << base.status();
+        const size_t bytes = GroupBytes(e, g);
+        std::vector<char> params = Fetch(d, *base, bytes), grads(bytes, 0);
+        for (size_t p = 0; p < kModel.size(); ++p) {
+          auto loc = e.Locate(static_cast<int64_t>(p));
+          if (loc->group != g) continue;
+          for (int64_t i = 0; i < loc->numel; ++i) {
+            const float v = LoadAsFloat(params.data(), loc->offset + i, loc->dtype);
+            StoreFromFloat(grads.data(), loc->offset + i, loc->dtype,
+                           v - Target(rank(), static_cast<int64_t>(p), i) + 0.01f * static_cast<float>(step));
+          }
+        }
+        auto gbuf = e.GradBuffer(g);
+        ASSERT_TRUE(gbuf.ok()) << gbuf.status();
+        ASSERT_TRUE(d->Copy(*gbuf, grads.data(), bytes).ok());
+        ASSERT_TRUE(e.Release(g).ok());
+        ASSERT_TRUE(e.GradsReady(g).ok());
+      }
+      auto r = e.Step();
+      ASSERT_TRUE(r.ok()) << r.status();
+      ASSERT_FALSE(r->skipped);
+    }
+  }
+
+  std::vector<std::vector<char>> Params(ZeroEngine& e, Device* d) {
+    std::vector<std::vector<char>> out;
+    for (int g = 0; g < e.num_groups(); ++g) {
+      auto base = e.Gather(g);
+      EXPECT_TRUE(base.ok()) << base.status();
+      out.push_back(Fetch(d, *base, GroupBytes(e, g)));
+      EXPECT_TRUE(e.Release(g).ok());
+    }
+    return out;
+  }
+
+  void ExpectSame(const std::vector<std::vector<char>>& a, const std::vector<std::vector<char>>& b, DType t,
+                  const std::string& what) {
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t g = 0; g < a.size(); ++g) {
+      ASSERT_EQ(a[g].size(), b[g].size());
+      if (mpi_->size() == 1) {
+        ASSERT_EQ(std::memcmp(a[g].data(), b[g].data(), a[g].size()), 0) << what << ": group " << g << " differs";
+        continue;
+      }
+      for (size_t i = 0; i < a[g].size() / DTypeSize(t); ++i) {
+        const float x = LoadAsFloat(a[g].data(), static_cast<int64_t>(i), t), y = LoadAsFloat(b[g].data(), static_cast<int64_t>(i), t);
+        ASSERT_NEAR(x, y, 1e-2f * std::abs(x) + 1e-3f) << what << ": group " << g << " element " << i;
+      }
+    }
+  }
+
+  EngineConfig Config(int stage, OffloadTarget opt, OffloadTarget params) {
+    EngineConfig c;
+    c.stage = stage;
+    c.bucket_bytes = 1 << 16;  // several buckets per step, groups spanning buckets
+    c.adam.lr = 1e-2;
+    c.adam.weight_decay = 0.01;
+    c.offload.optimizer = opt;
+    c.offload.params = params;
+    c.offload.nvme_dir = dir_.string();
+    c.offload.sub_group_elements = 8192;
+    return c;
+  }
+
+  std::unique_ptr<MpiCommunicator> mpi_;
+  std::unique_ptr<CudaDevice> gpu_;
+  std::unique_ptr<NcclCommunicator> nccl_;
+  CpuDevice cpu_;
+  fs::path dir_;
+};
+
+TEST_F(EngineGpuTest, MatchesTheCpuEngine) {
+  using T = OffloadTarget;
+  struct Case {
+    int stage;
+    T opt, params;
+    DType dtype;
+  };
+  const Case cases[] = {{0, T::kNone, T::kNone, DType::kBF16}, {1, T::kNone, T::kNone, DType::kF32},
+                        {2, T::kNone, T::kNone, DType::kF16},  {3, T::kNone, T::kNone, DType::kBF16},
+                        {2, T::kHost, T::kNone, DType::kBF16}, {3, T::kHost, T::kHost, DType::kBF16},
+                        {3, T::kNvme, T::kNvme, DType::kBF16}, {1, T::kNvme, T::kNone, DType::kF32}};
+  for (const Case& c : cases) {
+    const std::string what = "stage " + std::to_string(c.stage) + " optimizer " + std::string(OffloadTargetName(c.opt)) +
+                             " params " + std::string(OffloadTargetName(c.params)) + " " + std::string(DTypeName(c.dtype));
+    auto ref = Make(mpi_.get(), &cpu_, Config(c.stage, T::kNone, T::kNone), c.dtype, InitFn());
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    auto gpu = Make(nccl_.get(), gpu_.get(), Config(c.stage, c.opt, c.params), c.dtype, InitFn());
+    ASSERT_TRUE(gpu.ok()) << what << ": " << gpu.status();
+    Train(**ref, &cpu_, 0, 5);
+    Train(**gpu, gpu_.get(), 0, 5);
+    ExpectSame(Params(**ref, &cpu_), Params(**gpu, gpu_.get()), c.dtype, what);
+    if (c.opt == T::kNone) {
+      EXPECT_GT((*gpu)->memory().current_of(MemCategory::kOptimizerState), 0) << what;
+    }
+  }
+}
+
+TEST_F(EngineGpuTest, CheckpointsOfDeviceStateResumeOnTheCpu) {
+  auto gpu = Make(nccl_.get(), gpu_.get(), Config(2, OffloadTarget::kNone, OffloadTarget::kNone), DType::kBF16, InitFn());
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  Train(**gpu, gpu_.get(), 0, 3);
+  auto pinned = HostMemory::Create(0, "checkpoint staging");
+  const std::string root = (dir_ / "ckpt").string();
+  {
+    auto ck = ckpt::Checkpointer::Create(mpi_.get(), pinned.get(), {.root = root});
+    ASSERT_TRUE(ck.ok()) << ck.status();
+    ASSERT_TRUE((*ck)->SaveAsync((*gpu)->state_view()).ok());
+    Train(**gpu, gpu_.get(), 3, 4);  // the GPU trains on while the snapshot is written
+    ASSERT_TRUE((*ck)->Wait().ok());
+  }
+  auto dir = ckpt::FindLatestComplete(root);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  auto cpu = Make(mpi_.get(), &cpu_, Config(3, OffloadTarget::kNone, OffloadTarget::kNone), DType::kBF16,
+                  [](int64_t, int64_t, int64_t n, float* out) { std::fill(out, out + n, 9.0f); });
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  auto r = ckpt::Load(*dir, (*cpu)->state_view());
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE((*cpu)->Restore(r->step, {r->loss_scale, r->scaler_good_steps, r->scaler_hysteresis_left}).ok());
+  Train(**cpu, &cpu_, 3, 4);
+  ExpectSame(Params(**gpu, gpu_.get()), Params(**cpu, &cpu_), DType::kBF16, "resumed on the cpu");
+}
+
+TEST_F(EngineGpuTest, MpiOnDeviceMemoryIsRefused) {
+  auto e = ZeroEngine::Create(mpi_.get(), gpu_.get(), Config(2, OffloadTarget::kNone, OffloadTarget::kNone));
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("NcclCommunicator"), std::string::npos) << e.status();
+}
+
+}  // namespace
+}  // namespace zrt
