@@ -12,10 +12,8 @@
 #include "checkpoint/checkpointer.h"
 #include "checkpoint/reader.h"
 #include "offload/host_memory.h"
-#include "runtime/core/mpi_communicator.h"
-#include "runtime/core/nccl_communicator.h"
 #include "runtime/engine.h"
-#include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/nccl_fixture.h"
 
 namespace zrt {
 namespace {
@@ -41,22 +39,11 @@ std::vector<char> Fetch(Device* d, const void* p, size_t bytes) {
   return h;
 }
 
-class EngineGpuTest : public ::testing::Test {
+class EngineGpuTest : public testing::NcclFixture {
  protected:
   void SetUp() override {
-    ZRT_REQUIRE_GPU();
-    auto m = MpiCommunicator::Create(MPI_COMM_WORLD);
-    ASSERT_TRUE(m.ok()) << m.status();
-    mpi_ = std::move(*m);
-    int gpus = 0;
-    (void)cudaGetDeviceCount(&gpus);
-    if (gpus < mpi_->size()) GTEST_SKIP() << "one GPU per rank: " << mpi_->size() << " ranks, " << gpus << " GPUs";
-    auto d = CudaDevice::Create();
-    ASSERT_TRUE(d.ok()) << d.status();
-    gpu_ = std::move(*d);
-    auto c = NcclCommunicator::Create(mpi_.get(), gpu_.get());
-    ASSERT_TRUE(c.ok()) << c.status();
-    nccl_ = std::move(*c);
+    NcclFixture::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
     nccl_->set_check_args(false);
     int64_t id = ::getpid();
     ASSERT_TRUE(mpi_->Broadcast(&id, sizeof(id), DType::kBytes, 0).ok());
@@ -64,9 +51,8 @@ class EngineGpuTest : public ::testing::Test {
     fs::create_directories(dir_);
   }
   void TearDown() override {
-    if (mpi_ && mpi_->Barrier().ok() && mpi_->rank() == 0) fs::remove_all(dir_);
+    if (nccl_ && mpi_->Barrier().ok() && mpi_->rank() == 0) fs::remove_all(dir_);
   }
-  int rank() const { return mpi_->rank(); }
 
   Result<std::unique_ptr<ZeroEngine>> Make(Communicator* comm, Device* dev, const EngineConfig& cfg, DType dtype,
                                            const ZeroEngine::InitFn& init) {
@@ -158,9 +144,6 @@ class EngineGpuTest : public ::testing::Test {
     return c;
   }
 
-  std::unique_ptr<MpiCommunicator> mpi_;
-  std::unique_ptr<CudaDevice> gpu_;
-  std::unique_ptr<NcclCommunicator> nccl_;
   CpuDevice cpu_;
   fs::path dir_;
 };

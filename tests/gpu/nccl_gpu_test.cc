@@ -10,9 +10,7 @@
 #include <vector>
 
 #include "runtime/core/cuda_status.h"
-#include "runtime/core/mpi_communicator.h"
-#include "runtime/core/nccl_communicator.h"
-#include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/nccl_fixture.h"
 #include "tests/gpu/spin.h"
 
 namespace zrt {
@@ -20,36 +18,10 @@ namespace {
 
 using testing::DeviceArray;
 
-class NcclTest : public ::testing::Test {
+class NcclTest : public testing::NcclFixture {
  protected:
-  void SetUp() override {
-    ZRT_REQUIRE_GPU();
-    auto m = MpiCommunicator::Create(MPI_COMM_WORLD);
-    ASSERT_TRUE(m.ok()) << m.status();
-    mpi_ = std::move(*m);
-    int gpus = 0;
-    (void)cudaGetDeviceCount(&gpus);
-    if (gpus < mpi_->size()) GTEST_SKIP() << "NCCL needs one GPU per rank: " << mpi_->size() << " ranks, " << gpus << " GPUs";
-    auto d = CudaDevice::Create();
-    ASSERT_TRUE(d.ok()) << d.status();
-    dev_ = std::move(*d);
-    auto c = NcclCommunicator::Create(mpi_.get(), dev_.get(), {.timeout_seconds = 60});
-    ASSERT_TRUE(c.ok()) << c.status();
-    nccl_ = std::move(*c);
-  }
-  int rank() const { return mpi_->rank(); }
-  int size() const { return mpi_->size(); }
-
-  template <class T>
-  std::vector<T> Download(const DeviceBuffer& b, size_t n) {
-    std::vector<T> h(n);
-    EXPECT_TRUE(dev_->Copy(h.data(), b.data(), n * sizeof(T)).ok());
-    return h;
-  }
-
-  std::unique_ptr<MpiCommunicator> mpi_;
-  std::unique_ptr<CudaDevice> dev_;
-  std::unique_ptr<NcclCommunicator> nccl_;
+  // This rank's GPU.
+  CudaDevice* dev() { return gpu_.get(); }
 };
 
 TEST_F(NcclTest, CollectivesOnDeviceBuffersAreExact) {
@@ -60,10 +32,10 @@ TEST_F(NcclTest, CollectivesOnDeviceBuffersAreExact) {
     // Small integers: every sum is exact in every dtype, whatever the order.
     std::vector<char> host(n * es * static_cast<size_t>(size()));
     for (size_t i = 0; i < n * static_cast<size_t>(size()); ++i) StoreFromFloat(host.data(), static_cast<int64_t>(i), t, static_cast<float>((i + static_cast<size_t>(rank())) % 7));
-    auto in = dev_->Allocate(host.size(), MemCategory::kCommunication);
-    auto out = dev_->Allocate(host.size(), MemCategory::kCommunication);
+    auto in = dev()->Allocate(host.size(), MemCategory::kCommunication);
+    auto out = dev()->Allocate(host.size(), MemCategory::kCommunication);
     ASSERT_TRUE(in.ok() && out.ok());
-    ASSERT_TRUE(dev_->Copy(in->data(), host.data(), host.size()).ok());
+    ASSERT_TRUE(dev()->Copy(in->data(), host.data(), host.size()).ok());
 
     auto expect_sum = [&](size_t i) {
       float s = 0;
@@ -75,7 +47,7 @@ TEST_F(NcclTest, CollectivesOnDeviceBuffersAreExact) {
       ASSERT_TRUE(h.ok()) << h.status();
       ASSERT_TRUE(h->Wait().ok());
       std::vector<char> got(n * es);
-      ASSERT_TRUE(dev_->Copy(got.data(), out->data(), got.size()).ok());
+      ASSERT_TRUE(dev()->Copy(got.data(), out->data(), got.size()).ok());
       for (size_t i = 0; i < n; i += 9973) {
         float want = expect_sum(i);
         if (op == ReduceOp::kMax) {
@@ -88,14 +60,14 @@ TEST_F(NcclTest, CollectivesOnDeviceBuffersAreExact) {
     // Reduce-scatter (sum) of size() blocks of n: rank r gets block r.
     ASSERT_TRUE(nccl_->ReduceScatter(in->data(), out->data(), n, t, ReduceOp::kSum).ok());
     std::vector<char> got(n * es);
-    ASSERT_TRUE(dev_->Copy(got.data(), out->data(), got.size()).ok());
+    ASSERT_TRUE(dev()->Copy(got.data(), out->data(), got.size()).ok());
     for (size_t i = 0; i < n; i += 7919) {
       ASSERT_EQ(LoadAsFloat(got.data(), static_cast<int64_t>(i), t), expect_sum(static_cast<size_t>(rank()) * n + i)) << i;
     }
     // All-gather: block r comes from rank r.
     ASSERT_TRUE(nccl_->AllGather(in->data(), out->data(), n, t).ok());
     std::vector<char> all(host.size());
-    ASSERT_TRUE(dev_->Copy(all.data(), out->data(), all.size()).ok());
+    ASSERT_TRUE(dev()->Copy(all.data(), out->data(), all.size()).ok());
     for (int r = 0; r < size(); ++r) {
       for (size_t i = 0; i < n; i += 7919) {
         ASSERT_EQ(LoadAsFloat(all.data(), static_cast<int64_t>(static_cast<size_t>(r) * n + i), t),
@@ -104,7 +76,7 @@ TEST_F(NcclTest, CollectivesOnDeviceBuffersAreExact) {
     }
     // Broadcast from the last rank, in place.
     ASSERT_TRUE(nccl_->Broadcast(in->data(), n, t, size() - 1).ok());
-    ASSERT_TRUE(dev_->Copy(got.data(), in->data(), got.size()).ok());
+    ASSERT_TRUE(dev()->Copy(got.data(), in->data(), got.size()).ok());
     for (size_t i = 0; i < n; i += 7919) {
       ASSERT_EQ(LoadAsFloat(got.data(), static_cast<int64_t>(i), t), static_cast<float>((i + static_cast<size_t>(size() - 1)) % 7));
     }
@@ -113,7 +85,7 @@ TEST_F(NcclTest, CollectivesOnDeviceBuffersAreExact) {
   std::vector<float> v(4096, static_cast<float>(rank() + 1));
   DeviceArray<float> d(v);
   ASSERT_TRUE(nccl_->AllReduce(d.get(), d.get(), v.size(), DType::kF32, ReduceOp::kAvg).ok());
-  ASSERT_EQ(cudaStreamSynchronize(dev_->stream()), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(dev()->stream()), cudaSuccess);
   for (float x : d.Download()) ASSERT_NEAR(x, (size() + 1) / 2.0f, 1e-5f);
 }
 
@@ -135,19 +107,19 @@ TEST_F(NcclTest, HostBuffersAreStaged) {
 TEST_F(NcclTest, CollectivesFollowTheComputeStreamWithoutHostWaits) {
   // The compute stream: a long kernel, then the input is written; the all-reduce must see the write.
   const size_t n = 1 << 20;
-  auto buf = dev_->Allocate(n * 4, MemCategory::kCommunication);
+  auto buf = dev()->Allocate(n * 4, MemCategory::kCommunication);
   ASSERT_TRUE(buf.ok());
   float* pinned = nullptr;
   ASSERT_EQ(cudaMallocHost(&pinned, n * 4), cudaSuccess);
   for (size_t i = 0; i < n; ++i) pinned[i] = 1.0f;
-  ASSERT_TRUE(dev_->Fill(buf->data(), 0, n * 4).ok());
-  ASSERT_EQ(testing::LaunchSpinCycles(200'000'000, dev_->stream()), cudaSuccess);
-  ASSERT_EQ(cudaMemcpyAsync(buf->data(), pinned, n * 4, cudaMemcpyHostToDevice, dev_->stream()), cudaSuccess);
+  ASSERT_TRUE(dev()->Fill(buf->data(), 0, n * 4).ok());
+  ASSERT_EQ(testing::LaunchSpinCycles(200'000'000, dev()->stream()), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(buf->data(), pinned, n * 4, cudaMemcpyHostToDevice, dev()->stream()), cudaSuccess);
   auto h = nccl_->AllReduceAsync(buf->data(), buf->data(), n, DType::kF32, ReduceOp::kSum);
   ASSERT_TRUE(h.ok()) << h.status();
   ASSERT_TRUE(h->Wait().ok());  // orders the compute stream; the host does not block
-  ASSERT_EQ(cudaMemcpyAsync(pinned, buf->data(), n * 4, cudaMemcpyDeviceToHost, dev_->stream()), cudaSuccess);
-  ASSERT_EQ(cudaStreamSynchronize(dev_->stream()), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(pinned, buf->data(), n * 4, cudaMemcpyDeviceToHost, dev()->stream()), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(dev()->stream()), cudaSuccess);
   for (size_t i = 0; i < n; i += 4099) ASSERT_EQ(pinned[i], static_cast<float>(size())) << i;
   cudaFreeHost(pinned);
 }
@@ -171,7 +143,7 @@ TEST_F(NcclTest, SplitsIntoSubGroups) {
 
 TEST_F(NcclTest, MismatchedArgumentsAreAnErrorOnEveryRank) {
   if (size() < 2) GTEST_SKIP() << "needs two ranks (two GPUs)";
-  auto buf = dev_->Allocate(64 * 4, MemCategory::kCommunication);
+  auto buf = dev()->Allocate(64 * 4, MemCategory::kCommunication);
   ASSERT_TRUE(buf.ok());
   auto h = nccl_->AllReduceAsync(buf->data(), buf->data(), rank() == 0 ? 16 : 32, DType::kF32, ReduceOp::kSum);
   ASSERT_FALSE(h.ok());
@@ -180,17 +152,17 @@ TEST_F(NcclTest, MismatchedArgumentsAreAnErrorOnEveryRank) {
 }
 
 TEST_F(NcclTest, AStuckCollectiveTimesOutInsteadOfHanging) {
-  auto c = NcclCommunicator::Create(mpi_.get(), dev_.get(), {.timeout_seconds = 0.5});
+  auto c = NcclCommunicator::Create(mpi_.get(), dev(), {.timeout_seconds = 0.5});
   ASSERT_TRUE(c.ok()) << c.status();
   int* flag = nullptr;
   ASSERT_EQ(cudaHostAlloc(&flag, sizeof(int), cudaHostAllocMapped), cudaSuccess);
   *flag = 0;
   int* dflag = nullptr;
   ASSERT_EQ(cudaHostGetDevicePointer(&dflag, flag, 0), cudaSuccess);
-  auto buf = dev_->Allocate(1024 * 4, MemCategory::kCommunication);
+  auto buf = dev()->Allocate(1024 * 4, MemCategory::kCommunication);
   ASSERT_TRUE(buf.ok());
   // The compute stream is held up, so the collective (which waits for it) cannot finish.
-  ASSERT_EQ(testing::LaunchSpinUntil(dflag, dev_->stream()), cudaSuccess);
+  ASSERT_EQ(testing::LaunchSpinUntil(dflag, dev()->stream()), cudaSuccess);
   (*c)->set_check_args(false);
   auto h = (*c)->AllReduceAsync(buf->data(), buf->data(), 1024, DType::kF32, ReduceOp::kSum);
   ASSERT_TRUE(h.ok()) << h.status();
@@ -201,7 +173,7 @@ TEST_F(NcclTest, AStuckCollectiveTimesOutInsteadOfHanging) {
   EXPECT_NE(err.message().find("rank " + std::to_string(rank())), std::string::npos) << err;
   EXPECT_FALSE(h->Wait().ok());
   *flag = 1;  // let the compute stream go
-  ASSERT_EQ(cudaStreamSynchronize(dev_->stream()), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(dev()->stream()), cudaSuccess);
   // Sticky: the aborted communicator refuses further work with the same message.
   auto again = (*c)->AllReduceAsync(buf->data(), buf->data(), 1024, DType::kF32, ReduceOp::kSum);
   ASSERT_FALSE(again.ok());
