@@ -15,6 +15,7 @@
 #include "runtime/engine.h"
 
 #include <cmath>
+#include <future>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -57,6 +58,7 @@ struct ZeroEngine::Impl {
   std::unique_ptr<Compute> compute;          // kernels on the device's buffers
   std::unique_ptr<Compute> host_compute;     // CPU kernels on offloaded state
   bool mirror = false;                       // Group::host_grad/host_params in use
+  std::unique_ptr<ThreadPool> copier;        // with mirrors: device<->host copies beside the CPU Adam
   BufferPool staging;
   std::unique_ptr<GradBucketer> bucketer;
   std::unique_ptr<ParamGatherer> gatherer;
@@ -150,6 +152,7 @@ Result<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Communicator* comm, Devic
   ASSIGN_OR_RETURN(e->impl_->compute, Compute::For(device, e->impl_->kernel_options()), "engine");
   ASSIGN_OR_RETURN(e->impl_->host_compute, Compute::For(e->impl_->host.get(), e->impl_->kernel_options()), "engine");
   e->impl_->mirror = oc.optimizer != OffloadTarget::kNone && !device->host_accessible();
+  if (e->impl_->mirror) e->impl_->copier = std::make_unique<ThreadPool>(1, "zrt-copy");
   if (oc.optimizer == OffloadTarget::kNvme) {
     ASSIGN_OR_RETURN(e->impl_->io, IoEngine::Create(oc.io), "engine: offload I/O");
   }
@@ -356,20 +359,23 @@ void* ZeroEngine::ParamsAt(Group& g, const StateSwapper::Window& w) {
 }
 
 Status ZeroEngine::PushParams() {
-  for (auto& gp : groups_) {
-    Group& g = *gp;
-    if (!g.host_params.empty()) RETURN_IF_ERROR(device_->Copy(OwnParams(g), g.host_params.data(), g.host_params.size()),
-                                                "copying the parameters of group '", g.name, "' to ", device_->name());
-  }
+  for (auto& gp : groups_) RETURN_IF_ERROR(ParamsUp(*gp));
   return Status();
 }
 
-Result<const void*> ZeroEngine::HostGrads(Group& g) {
-  if (g.host_grad.empty()) return static_cast<const void*>(GradShard(g));
-  RETURN_IF_ERROR(device_->Copy(g.host_grad.data(), GradShard(g), g.host_grad.size()), "copying the gradients of group '",
-                  g.name, "' from ", device_->name());
-  return static_cast<const void*>(g.host_grad.data());
+Status ZeroEngine::ParamsUp(Group& g) {
+  if (g.host_params.empty()) return Status();
+  return device_->Copy(OwnParams(g), g.host_params.data(), g.host_params.size())
+      .WithContext("copying the parameters of group '" + g.name + "' to " + device_->name());
 }
+
+Status ZeroEngine::GradsDown(Group& g) {
+  if (g.host_grad.empty()) return Status();
+  return device_->Copy(g.host_grad.data(), GradShard(g), g.host_grad.size())
+      .WithContext("copying the gradients of group '" + g.name + "' from " + device_->name());
+}
+
+const void* ZeroEngine::HostGrads(Group& g) const { return g.host_grad.empty() ? GradShard(g) : g.host_grad.data(); }
 
 Status ZeroEngine::StreamParamsFromMaster() {
   std::vector<SwapAccess> access(static_cast<size_t>(impl_->num_streams), SwapAccess::kNone);
@@ -570,6 +576,32 @@ Result<StepResult> ZeroEngine::Step() {
     ASSIGN_OR_RETURN(kernels::AdamStepScalars sc, kernels::MakeAdamStepScalars(c, steps_ + 1, mult), "step, group '", gp->name, "'");
     scalars.push_back(sc);
   }
+  // Offloaded optimizer on device memory: every group's gradient shard comes down (queued first on the
+  // copy thread), and each group's updated parameters go up as soon as the CPU moves on to the next.
+  const size_t ng = groups_.size();
+  const bool offloaded = config_.offload.optimizer != OffloadTarget::kNone;
+  std::vector<std::future<Status>> down(ng), up(ng);
+  size_t next_up = 0;
+  if (impl_->copier) {
+    for (size_t gi = 0; gi < ng; ++gi) down[gi] = impl_->copier->Submit([this, gi] { return GradsDown(*groups_[gi]); });
+  }
+  auto begin_group = [&](size_t gi) -> Status {  // before updating group gi: groups before it are done
+    for (; impl_->copier && next_up < gi; ++next_up) {
+      up[next_up] = impl_->copier->Submit([this, k = next_up] { return ParamsUp(*groups_[k]); });
+    }
+    return gi < ng && down[gi].valid() ? down[gi].get() : Status();
+  };
+  auto finish = [&](Status st) {  // the last parameters go up; every copy is waited for, even after an error
+    if (st.ok()) st = begin_group(ng);
+    for (auto* fs : {&down, &up}) {
+      for (auto& f : *fs) {
+        if (!f.valid()) continue;
+        Status c = f.get();
+        if (st.ok()) st = std::move(c);
+      }
+    }
+    return st;
+  };
   if (impl_->swapper) {
     // NVMe: every sub-group of every group streams through read i+1 | update i | write i-1.
     std::vector<SwapAccess> access(static_cast<size_t>(impl_->num_streams), SwapAccess::kReadWrite);
@@ -577,33 +609,29 @@ Result<StepResult> ZeroEngine::Step() {
     const int vs = impl_->vmax_stream;
     // Every rank learns of a problem on any rank: first before anything changes, then after streaming.
     RETURN_IF_ERROR(AgreeOnStatus(comm_, impl_->swapper->CheckFiles()), "step (nothing was updated)");
-    std::vector<const void*> grads(groups_.size());
-    for (size_t gi = 0; gi < groups_.size(); ++gi) {
-      ASSIGN_OR_RETURN(grads[gi], HostGrads(*groups_[gi]), "step");
-    }
     Status st = impl_->swapper->Stream(access, [&](const StateSwapper::Window& w) {
       const auto gi = static_cast<size_t>(w.region);
       Group& g = *groups_[gi];
+      if (w.offset == 0) RETURN_IF_ERROR(begin_group(gi));
       auto f = [&](int k) { return k < 0 ? nullptr : static_cast<float*>(w.data[static_cast<size_t>(k)]); };
-      return UpdateRange(g, *impl_->host_compute, grads[gi], scalars[gi], w.offset, w.count, f(0), f(1), f(2), f(vs),
+      return UpdateRange(g, *impl_->host_compute, HostGrads(g), scalars[gi], w.offset, w.count, f(0), f(1), f(2), f(vs),
                          ParamsAt(g, w));
     }, &impl_->swap);
-    if (st.ok()) st = PushParams();
+    st = finish(std::move(st));
     RETURN_IF_ERROR(AgreeOnStatus(comm_, st), "step: the offloaded optimizer state may be partly updated; restore from a checkpoint");
   } else {
-    const bool host = config_.offload.optimizer == OffloadTarget::kHost;
-    for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    Status st;
+    for (size_t gi = 0; gi < ng && st.ok(); ++gi) {
       Group& g = *groups_[gi];
-      const void* grads = GradShard(g);
-      if (host) {
-        ASSIGN_OR_RETURN(grads, HostGrads(g), "step");
-      }
+      st = begin_group(gi);
       void* params = g.host_params.empty() ? OwnParams(g) : g.host_params.data();
-      RETURN_IF_ERROR(UpdateRange(g, host ? *impl_->host_compute : *impl_->compute, grads, scalars[gi], 0,
-                                  g.layout.shard_size(), g.master.as<float>(), g.exp_avg.as<float>(), g.exp_avg_sq.as<float>(),
-                                  g.max_exp_avg_sq.as<float>(), params));
+      if (st.ok()) {
+        st = UpdateRange(g, offloaded ? *impl_->host_compute : *impl_->compute, offloaded ? HostGrads(g) : GradShard(g),
+                         scalars[gi], 0, g.layout.shard_size(), g.master.as<float>(), g.exp_avg.as<float>(),
+                         g.exp_avg_sq.as<float>(), g.max_exp_avg_sq.as<float>(), params);
+      }
     }
-    if (host) RETURN_IF_ERROR(PushParams(), "step");
+    RETURN_IF_ERROR(finish(std::move(st)), "step");
   }
   RETURN_IF_ERROR(GatherUpdatedParams(), "step");
   scaler_.Update(false);

@@ -152,8 +152,12 @@ class ZeroEngine {
   // or the CPU's for offloaded state); `grads` is the group's gradient shard where `c` can read it.
   Status UpdateRange(Group& g, Compute& c, const void* grads, const kernels::AdamStepScalars& s, int64_t offset,
                      int64_t count, float* master, float* m, float* v, float* vmax, void* params);
-  Status PushParams();                       // host copies of the parameters -> device (offload)
-  Result<const void*> HostGrads(Group& g);  // the gradient shard where the CPU can read it (offload)
+  // Offloaded optimizer with device memory the host cannot address: the host copies (mirrors) of the
+  // gradient shard and of this rank's parameters. No-ops without mirrors.
+  Status GradsDown(Group& g);
+  Status ParamsUp(Group& g);
+  Status PushParams();                      // ParamsUp of every group
+  const void* HostGrads(Group& g) const;    // the gradient shard where the CPU can read it
   Status StreamParamsFromMaster();  // nvme: cast every master sub-group into the parameter shards
   // This rank's block of the group's model parameters (stage 3: the parameter shard) and of its
   // reduced gradient (stages 0-1: inside the full gradient; 2-3: the gradient shard).
