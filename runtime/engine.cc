@@ -542,11 +542,15 @@ Result<StepResult> ZeroEngine::Step() {
   }
 
   // Global sum of squares; any inf/NaN on any rank makes it inf (one all-reduce).
+  // One multi-tensor pass per gradient dtype (on a GPU: one kernel and one host read each).
   double local = 0;
-  for (auto& gp : groups_) {
-    Group& g = *gp;
-    const kernels::GradRef ref{GradShard(g), g.layout.shard_size()};
-    ASSIGN_OR_RETURN(kernels::GradStats st, impl_->compute->SumSquares(std::span(&ref, 1), g.dtype), "step");
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    std::vector<kernels::GradRef> refs;
+    for (auto& gp : groups_) {
+      if (gp->dtype == t) refs.push_back({GradShard(*gp), gp->layout.shard_size()});
+    }
+    if (refs.empty()) continue;
+    ASSIGN_OR_RETURN(kernels::GradStats st, impl_->compute->SumSquares(refs, t), "step");
     local += st.nonfinite ? std::numeric_limits<double>::infinity() : st.sum_squares;
   }
   float global = static_cast<float>(local);

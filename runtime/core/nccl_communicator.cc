@@ -114,10 +114,14 @@ Result<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(Communicator*
 }
 
 NcclCommunicator::~NcclCommunicator() {
-  watchdog_.reset();  // no more probes or aborts
+  // Pending collectives finish, or the watchdog aborts them after the timeout; then it stops (joining
+  // an abort in progress) and a healthy communicator is destroyed.
+  while (watchdog_ && watchdog_->error().ok() && watchdog_->pending() > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  watchdog_.reset();
   if (!aborted_.exchange(true) && comm_ != nullptr) {
     (void)device_->MakeCurrent();
-    (void)stream_.Synchronize();
     (void)ncclCommDestroy(comm_);
   }
 }
