@@ -15,6 +15,10 @@ class CpuCompute final : public Compute {
     if (bytes != 0) std::memmove(dst, src, bytes);
     return Status();
   }
+  Status CopyAsync(void* dst, const void* src, size_t bytes) override {
+    if (bytes != 0) std::memcpy(dst, src, bytes);
+    return Status();
+  }
   Status Fill(void* dst, uint8_t byte, size_t bytes) override {
     if (bytes != 0) std::memset(dst, byte, bytes);
     return Status();

@@ -24,8 +24,11 @@ class Compute {
 
   // dst[i] = src[i] converted (as kernels::CastCpu); src and dst must not overlap.
   virtual Status Cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n) = 0;
-  // memmove: dst and src may overlap.
+  // memmove within the device's memory: dst and src may overlap.
   virtual Status Move(void* dst, const void* src, size_t bytes) = 0;
+  // Queued copy between host memory and the device's, either way (pinned host memory keeps it
+  // asynchronous on a GPU). The source must not change until the queue reaches the copy.
+  virtual Status CopyAsync(void* dst, const void* src, size_t bytes) = 0;
   virtual Status Fill(void* dst, uint8_t byte, size_t bytes) = 0;
   // Sum of squares and inf/NaN presence over `grads` (waits for the result).
   virtual Result<kernels::GradStats> SumSquares(std::span<const kernels::GradRef> grads, DType dtype) = 0;

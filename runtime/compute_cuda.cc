@@ -35,6 +35,11 @@ class CudaCompute final : public Compute {
     return CudaStatus(cudaMemcpyAsync(dst, scratch_.data(), bytes, cudaMemcpyDeviceToDevice, d_->stream()), "compute: move");
   }
 
+  Status CopyAsync(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return Status();
+    return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, d_->stream()), "compute: copy");
+  }
+
   Status Fill(void* dst, uint8_t byte, size_t bytes) override {
     if (bytes == 0) return Status();
     return CudaStatus(cudaMemsetAsync(dst, byte, bytes, d_->stream()), "compute: fill");

@@ -299,7 +299,10 @@ Status ZeroEngine::Allocate(const InitFn& init) {
         refs.back().load_bytes = impl_->swapper->RegionBytes(region, stream);
       }
     }
-    impl_->gatherer = std::make_unique<ParamGatherer>(comm_, &impl_->staging, impl_->host_staging.get(),
+    // Offloaded shards live in host memory: on a device the host cannot address, each goes through a
+    // device copy queued before its all-gather.
+    Compute* upload = oc.params != OffloadTarget::kNone && !device_->host_accessible() ? impl_->compute.get() : nullptr;
+    impl_->gatherer = std::make_unique<ParamGatherer>(comm_, &impl_->staging, impl_->host_staging.get(), upload,
                                                       config_.max_live_gathered_bytes, config_.prefetch_depth);
     impl_->gatherer->SetGroups(std::move(refs));
   }

@@ -8,6 +8,11 @@ void ParamGatherer::SetGroups(std::vector<GroupRef> groups) {
   state_.resize(groups_.size());
 }
 
+size_t ParamGatherer::ShardBytes(int g) const {
+  const GroupRef& r = groups_[static_cast<size_t>(g)];
+  return static_cast<size_t>(r.layout->shard_size()) * DTypeSize(r.dtype);
+}
+
 size_t ParamGatherer::Bytes(int g) const {
   const GroupRef& r = groups_[static_cast<size_t>(g)];
   return static_cast<size_t>(r.layout->padded_size()) * DTypeSize(r.dtype);
@@ -30,6 +35,10 @@ Status ParamGatherer::Load(int g) {
 
 void ParamGatherer::DropShard(int g) {
   State& s = state_[static_cast<size_t>(g)];
+  if (!s.device_shard.empty()) {
+    live_bytes_ -= static_cast<int64_t>(ShardBytes(g));
+    pool_->Release(std::move(s.device_shard));
+  }
   if (s.shard.empty()) return;
   live_bytes_ -= static_cast<int64_t>(groups_[static_cast<size_t>(g)].load_bytes);
   load_pool_->Release(std::move(s.shard));
@@ -48,6 +57,18 @@ Status ParamGatherer::Start(int g) {
       return read.WithContext("loading the shard of group '" + r.name + "'");
     }
     src = s.shard.data();
+  }
+  if (upload_ != nullptr) {
+    const size_t bytes = ShardBytes(g);
+    ASSIGN_OR_RETURN(s.device_shard, pool_->Acquire(bytes), "gathering group '", r.name, "'");
+    live_bytes_ += static_cast<int64_t>(bytes);
+    Status up = upload_->CopyAsync(s.device_shard.data(), src, bytes);
+    if (!up.ok()) {
+      DropShard(g);
+      s.phase = Phase::kReleased;
+      return up.WithContext("copying the shard of group '" + r.name + "' to the device");
+    }
+    src = s.device_shard.data();
   }
   ASSIGN_OR_RETURN(s.buffer, pool_->Acquire(Bytes(g)), "gathering group '", r.name, "'");
   ASSIGN_OR_RETURN(s.handle, comm_->AllGatherAsync(src, s.buffer.data(), static_cast<size_t>(r.layout->shard_size()), r.dtype),

@@ -12,12 +12,17 @@
 // than the all-gathers, so a prefetched group's read has usually finished when its all-gather starts.
 // Reads are local; all-gathers start only at Gather/Release-determined points, so every rank issues
 // its collectives in the same order whatever its disk does.
+//
+// Host-resident shards with device buffers (stage-3 parameters offloaded on a GPU; `compute` given):
+// each shard is copied into a pooled device buffer on the compute queue right before its all-gather,
+// which the communicator orders after it, so prefetching stays asynchronous.
 #pragma once
 
 #include <functional>
 #include <vector>
 
 #include "runtime/buffer_pool.h"
+#include "runtime/compute.h"
 #include "runtime/core/communicator.h"
 #include "runtime/core/shard_layout.h"
 #include "offload/io_engine.h"
@@ -37,9 +42,12 @@ class ParamGatherer {
     size_t load_bytes = 0;
   };
   // Gathered parameters come from `pool` (device memory); offloaded shards are read into `load_pool`
-  // (host memory the I/O engine can write).
-  ParamGatherer(Communicator* comm, BufferPool* pool, BufferPool* load_pool, int64_t max_live_bytes, int prefetch_depth)
-      : comm_(comm), pool_(pool), load_pool_(load_pool), max_live_bytes_(max_live_bytes), prefetch_depth_(prefetch_depth) {}
+  // (host memory the I/O engine can write). `upload`: shards are in host memory and the pool's are
+  // not; shards go through a device copy made by this Compute (null: all-gather from the shards).
+  ParamGatherer(Communicator* comm, BufferPool* pool, BufferPool* load_pool, Compute* upload, int64_t max_live_bytes,
+                int prefetch_depth)
+      : comm_(comm), pool_(pool), load_pool_(load_pool), upload_(upload), max_live_bytes_(max_live_bytes),
+        prefetch_depth_(prefetch_depth) {}
 
   void SetGroups(std::vector<GroupRef> groups);
   // Full parameters of group g (padded_size elements of its dtype), valid until Release(g).
@@ -58,9 +66,11 @@ class ParamGatherer {
     DeviceBuffer buffer;  // the full parameters
     CommHandle handle;
     DeviceBuffer shard;   // offloaded groups: the shard read from disk, until the all-gather is done
+    DeviceBuffer device_shard;  // with `upload`: the shard's device copy, until the all-gather is done
     IoHandle io;
   };
-  size_t Bytes(int g) const;
+  size_t Bytes(int g) const;       // the full (gathered) parameters
+  size_t ShardBytes(int g) const;  // this rank's shard
   Status Load(int g);
   Status Start(int g);
   void DropShard(int g);
@@ -69,6 +79,7 @@ class ParamGatherer {
   Communicator* comm_;
   BufferPool* pool_;
   BufferPool* load_pool_;
+  Compute* upload_;
   int64_t max_live_bytes_;
   int prefetch_depth_;
   std::vector<GroupRef> groups_;
