@@ -2,14 +2,19 @@
 # Everything GPU-side in one call (the GPU machine's `run` tool; keep it under 8 minutes):
 # builds for sm_90 only, runs the GPU test suites, then the GPU benchmarks, and prints a table last.
 #   tests/gpu/run.sh [build-dir]
+# The GPU machine has CUDA, NCCL and CMake but not zrt's Debian libraries, and no network: run
+# `tests/gpu/deps.sh fetch` here first and carry .gpu-deps (run tool: carry [".gpu-deps"]).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 dir=${1:-build-gpu}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 
+source tests/gpu/deps.sh  # the carried libraries, where the machine lacks them
+
 # Build only what the GPU checks need, for this GPU's architecture.
-cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DZRT_WITH_CUDA=ON >"$dir.configure.log" 2>&1 \
+cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DZRT_WITH_CUDA=ON -DZRT_WITH_NCCL=ON \
+  "${ZRT_DEPS_CMAKE_ARGS[@]}" >"$dir.configure.log" 2>&1 \
   || { tail -30 "$dir.configure.log"; exit 1; }
 cmake --build "$dir" -j "$(nproc)" --target zrt_gpu_test zrt_gpu_mpi_test adam_gpu_bench engine_gpu_bench 2>&1 | tail -5
 
