@@ -31,6 +31,11 @@ class CpuCompute final : public Compute {
     return kernels::AdamCpu(s, tensors, grad_dtype, copy_dtype, o_);
   }
   Status Synchronize() override { return Status(); }
+  Status MarkUpdated() override { return Status(); }
+  Status CopyToHost(void* host, const void* device, size_t bytes) override {
+    if (bytes != 0) std::memcpy(host, device, bytes);
+    return Status();
+  }
 
  private:
   kernels::CpuKernelOptions o_;

@@ -37,6 +37,13 @@ class Compute {
                       DType grad_dtype, DType copy_dtype) = 0;
   // Waits until everything queued so far is done (no-op on CPU).
   virtual Status Synchronize() = 0;
+
+  // State snapshots (checkpoints). MarkUpdated() after the optimizer state changed (the step's
+  // updates are queued); CopyToHost then copies device memory to host memory on a side stream that
+  // waits only for those updates, so work queued later on the compute stream (the next forward)
+  // overlaps the copy. Returns when the copy is done.
+  virtual Status MarkUpdated() = 0;
+  virtual Status CopyToHost(void* host, const void* device, size_t bytes) = 0;
 };
 
 #if defined(ZRT_HAVE_CUDA)

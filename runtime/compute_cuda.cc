@@ -77,8 +77,26 @@ class CudaCompute final : public Compute {
 
   Status Synchronize() override { return CudaStatus(cudaStreamSynchronize(d_->stream()), "compute: synchronize"); }
 
+  Status MarkUpdated() override { return updated_.Record(d_->stream()); }
+
+  Status CopyToHost(void* host, const void* device, size_t bytes) override {
+    if (bytes == 0) return Status();
+    RETURN_IF_ERROR(d_->MakeCurrent());
+    RETURN_IF_ERROR(updated_.MakeWait(side_));
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, side_.get()));
+    return side_.Synchronize();
+  }
+
+  Status Init() {
+    ASSIGN_OR_RETURN(side_, CudaStream::Create(), "compute: snapshot stream");
+    ASSIGN_OR_RETURN(updated_, CudaEvent::Create(), "compute");
+    return updated_.Record(d_->stream());  // everything queued so far
+  }
+
  private:
   CudaDevice* d_;
+  CudaStream side_;    // snapshot copies
+  CudaEvent updated_;  // the last MarkUpdated on the compute stream
   DeviceBuffer scratch_, norm_ws_;
 };
 
@@ -88,7 +106,9 @@ Result<std::unique_ptr<Compute>> MakeCudaCompute(Device* device) {
   auto* d = dynamic_cast<CudaDevice*>(device);
   if (d == nullptr) return InvalidArgumentError("compute: ", device->name(), " is not a CudaDevice");
   RETURN_IF_ERROR(d->MakeCurrent());
-  return std::unique_ptr<Compute>(new CudaCompute(d));
+  std::unique_ptr<CudaCompute> c(new CudaCompute(d));
+  RETURN_IF_ERROR(c->Init());
+  return std::unique_ptr<Compute>(std::move(c));
 }
 
 }  // namespace zrt

@@ -640,6 +640,7 @@ Result<StepResult> ZeroEngine::Step() {
     }
     RETURN_IF_ERROR(finish(std::move(st)), "step");
   }
+  RETURN_IF_ERROR(impl_->compute->MarkUpdated(), "step");  // what a checkpoint snapshot waits for
   RETURN_IF_ERROR(GatherUpdatedParams(), "step");
   scaler_.Update(false);
   r.step = ++steps_;
@@ -698,10 +699,12 @@ StateView ZeroEngine::state_view() {
           sg.buffers.push_back({kind, DType::kF32, buf->data(), S, {}, {}});
           continue;
         }
-        // Device memory: copied to the host (a checkpoint snapshots it) and back (a load writes it).
+        // Device memory: copied to the host on the snapshot stream (a checkpoint) and back (a load).
         auto* base = buf->as<float>();
         StateBuffer sb{kind, DType::kF32, nullptr, S, {}, {}};
-        sb.read = [d, base](int64_t off, int64_t cnt, void* out) { return d->Copy(out, base + off, static_cast<size_t>(cnt) * 4); };
+        sb.read = [c = impl_->compute.get(), base](int64_t off, int64_t cnt, void* out) {
+          return c->CopyToHost(out, base + off, static_cast<size_t>(cnt) * 4);
+        };
         sb.write = [d, base](int64_t off, int64_t cnt, const void* in) { return d->Copy(base + off, in, static_cast<size_t>(cnt) * 4); };
         sb.snapshot = true;
         sg.buffers.push_back(std::move(sb));
