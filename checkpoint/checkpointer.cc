@@ -223,10 +223,9 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
           job->pieces.push_back({static_cast<int>(gi), static_cast<int>(k), nullptr, b.count, b.read});
           continue;
         }
-        if (nbytes == 0) {
-        } else if (b.resident()) {
+        if (nbytes != 0 && b.resident()) {
           std::memcpy(staging_.as<char>() + off, b.data, nbytes);
-        } else {
+        } else if (nbytes != 0) {
           RETURN_IF_ERROR(b.read(0, b.count, staging_.as<char>() + off), "checkpoint: copying state '", b.kind, "' of group '",
                           g.name, "'");
         }

@@ -2,12 +2,12 @@
 // "Checkpoints"; the on-disk format is docs/checkpoint-format.md).
 //
 //   auto ck = Checkpointer::Create(comm, host, {.root = "/ckpt"});   // collective; cleans dead saves
-//
-// `host` is where the snapshot is staged: host memory (a CpuDevice, or a HostMemory, pinned in CUDA
-// builds so device-to-host copies run at full speed). State on a GPU is copied into it by SaveAsync.
 //   ck->SaveAsync(engine->state_view(), trainer_state);  // collective; stalls only for the snapshot
 //   ... training continues while a background thread compresses, checksums and writes ...
 //   ck->Wait();  // collective; commits: the checkpoint becomes complete, `latest` moves, retention runs
+//
+// `host` is where the snapshot is staged: host memory (a CpuDevice, or a HostMemory, pinned in CUDA
+// builds so device-to-host copies run at full speed). State on a GPU is copied into it by SaveAsync.
 //
 // Policy for a SaveAsync while a save is in flight: it first waits for and commits that save (never
 // two in flight, never a skipped request). A save of a step that already has a complete checkpoint

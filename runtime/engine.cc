@@ -15,8 +15,8 @@
 #include "runtime/engine.h"
 
 #include <cmath>
-#include <future>
 #include <cstring>
+#include <future>
 #include <limits>
 #include <map>
 
@@ -357,8 +357,7 @@ Status ZeroEngine::CreateSwapper(const InitFn* init) {
 
 void* ZeroEngine::ParamsAt(Group& g, const StateSwapper::Window& w) {
   if (impl_->param_stream >= 0) return w.data[static_cast<size_t>(impl_->param_stream)];
-  void* params = g.host_params.empty() ? OwnParams(g) : g.host_params.data();
-  return static_cast<char*>(params) + static_cast<size_t>(w.offset) * g.esize();
+  return static_cast<char*>(HostParams(g)) + static_cast<size_t>(w.offset) * g.esize();
 }
 
 Status ZeroEngine::PushParams() {
@@ -379,6 +378,7 @@ Status ZeroEngine::GradsDown(Group& g) {
 }
 
 const void* ZeroEngine::HostGrads(Group& g) const { return g.host_grad.empty() ? GradShard(g) : g.host_grad.data(); }
+void* ZeroEngine::HostParams(Group& g) const { return g.host_params.empty() ? OwnParams(g) : g.host_params.data(); }
 
 Status ZeroEngine::StreamParamsFromMaster() {
   std::vector<SwapAccess> access(static_cast<size_t>(impl_->num_streams), SwapAccess::kNone);
@@ -418,10 +418,8 @@ Status ZeroEngine::ParamsFromMaster(Group& g) {
   if (config_.offload.optimizer == OffloadTarget::kNone) {  // master and params both in device memory
     return impl_->compute->Cast(g.master.data(), DType::kF32, OwnParams(g), g.dtype, S);
   }
-  void* params = g.host_params.empty() ? OwnParams(g) : g.host_params.data();
-  RETURN_IF_ERROR(impl_->host_compute->Cast(g.master.data(), DType::kF32, params, g.dtype, S));
-  if (g.host_params.empty()) return Status();
-  return device_->Copy(OwnParams(g), params, static_cast<size_t>(S) * g.esize());
+  RETURN_IF_ERROR(impl_->host_compute->Cast(g.master.data(), DType::kF32, HostParams(g), g.dtype, S));
+  return ParamsUp(g);
 }
 
 Status ZeroEngine::GatherUpdatedParams() {
@@ -631,11 +629,10 @@ Result<StepResult> ZeroEngine::Step() {
     for (size_t gi = 0; gi < ng && st.ok(); ++gi) {
       Group& g = *groups_[gi];
       st = begin_group(gi);
-      void* params = g.host_params.empty() ? OwnParams(g) : g.host_params.data();
       if (st.ok()) {
         st = UpdateRange(g, offloaded ? *impl_->host_compute : *impl_->compute, offloaded ? HostGrads(g) : GradShard(g),
                          scalars[gi], 0, g.layout.shard_size(), g.master.as<float>(), g.exp_avg.as<float>(),
-                         g.exp_avg_sq.as<float>(), g.max_exp_avg_sq.as<float>(), params);
+                         g.exp_avg_sq.as<float>(), g.max_exp_avg_sq.as<float>(), HostParams(g));
       }
     }
     RETURN_IF_ERROR(finish(std::move(st)), "step");

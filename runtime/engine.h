@@ -158,6 +158,7 @@ class ZeroEngine {
   Status ParamsUp(Group& g);
   Status PushParams();                      // ParamsUp of every group
   const void* HostGrads(Group& g) const;    // the gradient shard where the CPU can read it
+  void* HostParams(Group& g) const;         // this rank's parameters where the CPU can write them
   Status StreamParamsFromMaster();  // nvme: cast every master sub-group into the parameter shards
   // This rank's block of the group's model parameters (stage 3: the parameter shard) and of its
   // reduced gradient (stages 0-1: inside the full gradient; 2-3: the gradient shard).
