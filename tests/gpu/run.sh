@@ -23,6 +23,12 @@ gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 mpi="mpirun --oversubscribe --bind-to none"
 echo "== GPU tests"
 timeout 120 "./$dir/tests/gpu/zrt_gpu_test" || status=1
+echo "== compute-sanitizer memcheck of the kernels"
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+if [ -x "$sanitizer" ]; then
+  timeout 150 "$sanitizer" --tool memcheck --error-exitcode 1 "./$dir/tests/gpu/zrt_gpu_test" \
+    --gtest_filter='AdamCuda.*:GradSumSquaresCuda.*:CastCuda.*' | tail -3 || status=1
+fi
 echo "== NCCL communicator and engine on the GPU (1 rank)"
 timeout 180 $mpi -np 1 "./$dir/tests/gpu/zrt_gpu_mpi_test" || status=1
 if [ "$gpus" -ge 2 ]; then  # NCCL refuses two ranks on one GPU
