@@ -175,7 +175,7 @@ TEST_F(EngineGpuTest, MatchesTheCpuEngine) {
   }
 }
 
-TEST_F(EngineGpuTest, CheckpointsOfDeviceStateResumeOnTheCpu) {
+TEST_F(EngineGpuTest, CheckpointsOfDeviceStateResumeOnCpuAndGpu) {
   auto gpu = Make(nccl_.get(), gpu_.get(), Config(2, OffloadTarget::kNone, OffloadTarget::kNone), DType::kBF16, InitFn());
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   Train(**gpu, gpu_.get(), 0, 3);
@@ -190,14 +190,19 @@ TEST_F(EngineGpuTest, CheckpointsOfDeviceStateResumeOnTheCpu) {
   }
   auto dir = ckpt::FindLatestComplete(root);
   ASSERT_TRUE(dir.ok()) << dir.status();
-  auto cpu = Make(mpi_.get(), &cpu_, Config(3, OffloadTarget::kNone, OffloadTarget::kNone), DType::kBF16,
+  // Resumed at stage 3 on the CPU engine and on a fresh GPU engine (the load writes device memory).
+  for (bool on_gpu : {false, true}) {
+    Communicator* comm = on_gpu ? static_cast<Communicator*>(nccl_.get()) : mpi_.get();
+    Device* dev = on_gpu ? static_cast<Device*>(gpu_.get()) : &cpu_;
+    auto e = Make(comm, dev, Config(3, OffloadTarget::kNone, OffloadTarget::kNone), DType::kBF16,
                   [](int64_t, int64_t, int64_t n, float* out) { std::fill(out, out + n, 9.0f); });
-  ASSERT_TRUE(cpu.ok()) << cpu.status();
-  auto r = ckpt::Load(*dir, (*cpu)->state_view());
-  ASSERT_TRUE(r.ok()) << r.status();
-  ASSERT_TRUE((*cpu)->Restore(r->step, {r->loss_scale, r->scaler_good_steps, r->scaler_hysteresis_left}).ok());
-  Train(**cpu, &cpu_, 3, 4);
-  ExpectSame(Params(**gpu, gpu_.get()), Params(**cpu, &cpu_), DType::kBF16, "resumed on the cpu");
+    ASSERT_TRUE(e.ok()) << e.status();
+    auto r = ckpt::Load(*dir, (*e)->state_view());
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE((*e)->Restore(r->step, {r->loss_scale, r->scaler_good_steps, r->scaler_hysteresis_left}).ok());
+    Train(**e, dev, 3, 4);
+    ExpectSame(Params(**gpu, gpu_.get()), Params(**e, dev), DType::kBF16, on_gpu ? "resumed on the gpu" : "resumed on the cpu");
+  }
 }
 
 TEST_F(EngineGpuTest, MpiOnDeviceMemoryIsRefused) {
