@@ -2,7 +2,11 @@
 //
 //   mpirun -n 4 charlm --stage 3 --steps 400 --ckpt /tmp/charlm-ckpt --every 50
 //   mpirun -n 2 charlm --stage 3 --offload nvme --nvme-dir /mnt/nvme/swap   # ZeRO-Infinity
+//   mpirun -n 8 charlm --device cuda --stage 3     # one GPU per rank, NCCL (CUDA builds)
 //
+// The model's forward/backward runs on the host (it is tiny); with --device cuda the engine's buffers,
+// reductions, optimizer and checkpoint snapshots are on the GPU, and the trainer copies the gathered
+// parameters down and its gradients up, as a trainer whose model runs elsewhere would.
 // Each rank draws its own micro-batch; the data a rank sees at a step depends only on (seed, step,
 // rank), so a run restarted from a checkpoint continues exactly as if nothing had happened (with the
 // same number of ranks: bit for bit; with another number it continues from the same state). On
@@ -20,8 +24,12 @@
 #include "checkpoint/reader.h"
 #include "examples/charlm/model.h"
 #include "runtime/core/logging.h"
+#include "offload/host_memory.h"
 #include "runtime/core/mpi_communicator.h"
 #include "runtime/engine.h"
+#if defined(ZRT_HAVE_NCCL)
+#include "runtime/core/nccl_communicator.h"
+#endif
 
 using namespace zrt;
 
@@ -48,7 +56,7 @@ int main(int argc, char** argv) {
   int64_t steps = 400;
   double lr = 1e-2;
   uint64_t seed = 1234;
-  std::string ckpt_root, dump, words_path = "/usr/share/dict/words", offload = "none", nvme_dir;
+  std::string ckpt_root, dump, words_path = "/usr/share/dict/words", offload = "none", nvme_dir, device_name = "cpu";
   charlm::Dims dims;
   app.add_option("--stage", stage, "ZeRO stage 0-3")->check(CLI::Range(0, 3));
   app.add_option("--steps", steps, "optimizer steps in total (a resumed run counts from its checkpoint)");
@@ -66,6 +74,8 @@ int main(int argc, char** argv) {
   app.add_option("--offload", offload, "optimizer state (and at stage 3 the parameter shards) in: none, host or nvme")
       ->check(CLI::IsMember({"none", "host", "nvme"}));
   app.add_option("--nvme-dir", nvme_dir, "directory for the NVMe swap files (--offload nvme)");
+  app.add_option("--device", device_name, "where the engine works: cpu, or cuda (one GPU per rank, NCCL)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -88,7 +98,28 @@ int main(int argc, char** argv) {
   const std::vector<charlm::Example> data = charlm::BuildExamples(words);
   if (data.empty()) return Fail(InvalidArgumentError("no usable words in ", words_path));
 
-  CpuDevice device;
+  // The engine's device and communicator; checkpoints stage through host memory (pinned with CUDA).
+  CpuDevice cpu;
+  Device* device = &cpu;
+  Communicator* engine_comm = &comm;
+  std::unique_ptr<Device> gpu;
+  std::unique_ptr<Communicator> nccl;
+  if (device_name == "cuda") {
+#if defined(ZRT_HAVE_NCCL)
+    auto g = CudaDevice::Create();
+    if (!g.ok()) return Fail(g.status());
+    auto n = NcclCommunicator::Create(&comm, g->get());
+    if (!n.ok()) return Fail(n.status());
+    (*n)->set_check_args(false);
+    gpu = std::move(*g);
+    nccl = std::move(*n);
+    device = gpu.get();
+    engine_comm = nccl.get();
+#else
+    return Fail(UnavailableError("--device cuda: this build has no CUDA/NCCL"));
+#endif
+  }
+  auto staging = HostMemory::Create(0, "checkpoint staging");
   EngineConfig cfg;
   cfg.stage = stage;
   cfg.adam.lr = lr;
@@ -102,7 +133,7 @@ int main(int argc, char** argv) {
   if (stage == 3) cfg.offload.params = *target;
   cfg.offload.nvme_dir = nvme_dir;
   cfg.offload.sub_group_elements = 4096;  // a small model: several sub-groups per group, so the pipeline streams
-  auto engine_or = ZeroEngine::Create(&comm, &device, cfg);
+  auto engine_or = ZeroEngine::Create(engine_comm, device, cfg);
   if (!engine_or.ok()) return Fail(engine_or.status());
   ZeroEngine& engine = **engine_or;
   const int in = charlm::kContext * dims.dim;
@@ -125,7 +156,7 @@ int main(int argc, char** argv) {
     ckpt::CheckpointOptions co;
     co.root = ckpt_root;
     co.keep_last = keep_last;
-    auto ck_or = ckpt::Checkpointer::Create(&comm, &device, co);
+    auto ck_or = ckpt::Checkpointer::Create(&comm, staging.get(), co);
     if (!ck_or.ok()) return Fail(ck_or.status());
     ck = std::move(*ck_or);
     ckpt::InstallPreemptionHandler();
@@ -152,6 +183,25 @@ int main(int argc, char** argv) {
                 world, stage, offload.c_str(), static_cast<long long>(steps));
   }
 
+  // Device memory the host cannot address: the model works on host copies of each group.
+  const bool staged = !device->host_accessible();
+  std::vector<float> host_params[3], host_grads[3];
+  auto group_floats = [&](int g) {
+    int64_t end = 0;
+    for (int64_t p = 0; p < 5; ++p) {
+      auto l = engine.Locate(p);
+      if (l->group == g) end = std::max(end, l->offset + l->numel);
+    }
+    return static_cast<size_t>(end);
+  };
+  // Where the model reads group g's parameters (gathered at `dev`).
+  auto host_view = [&](int g, void* dev) -> Result<float*> {
+    if (!staged) return static_cast<float*>(dev);
+    host_params[g].resize(group_floats(g));
+    RETURN_IF_ERROR(device->Copy(host_params[g].data(), dev, host_params[g].size() * 4));
+    return host_params[g].data();
+  };
+
   std::vector<charlm::Example> mb(static_cast<size_t>(batch));
   double last_loss = 0, stall_total = 0;
   int saves = 0;
@@ -175,18 +225,27 @@ int main(int argc, char** argv) {
     // Forward + backward need every group's parameters and gradients.
     float* base[3];
     float* grad[3];
+    void* device_grad[3];
     for (int g = 0; g < 3; ++g) {
       auto b = engine.Gather(g);
       auto gb = engine.GradBuffer(g);
       if (!b.ok() || !gb.ok()) return Fail(b.ok() ? gb.status() : b.status());
-      base[g] = static_cast<float*>(*b);
+      auto hb = host_view(g, *b);
+      if (!hb.ok()) return Fail(hb.status());
+      base[g] = *hb;
+      device_grad[g] = *gb;
       grad[g] = static_cast<float*>(*gb);
+      if (staged) {
+        host_grads[g].assign(group_floats(g), 0.0f);
+        grad[g] = host_grads[g].data();
+      }
     }
     auto at = [&](float** bufs, int64_t param) { auto l = engine.Locate(param); return bufs[l->group] + l->offset; };
     const charlm::Tensors p{at(base, 0), at(base, 1), at(base, 2), at(base, 3), at(base, 4)};
     charlm::Tensors gr{at(grad, 0), at(grad, 1), at(grad, 2), at(grad, 3), at(grad, 4)};
     double loss = charlm::ForwardBackward(dims, p, mb.data(), batch, &gr);
     for (int g = 2; g >= 0; --g) {
+      if (staged && !(st = device->Copy(device_grad[g], grad[g], host_grads[g].size() * 4)).ok()) return Fail(st);
       if (!(st = engine.Release(g)).ok() || !(st = engine.GradsReady(g)).ok()) return Fail(st);
     }
     auto r = engine.Step();
@@ -218,7 +277,12 @@ int main(int argc, char** argv) {
   // Final parameters (gathered) for sampling and the optional dump.
   std::vector<float> all;
   float* base[3];
-  for (int g = 0; g < 3; ++g) base[g] = static_cast<float*>(*engine.Gather(g));
+  for (int g = 0; g < 3; ++g) {
+    auto b = engine.Gather(g);
+    auto hb = b.ok() ? host_view(g, *b) : Result<float*>(b.status());
+    if (!hb.ok()) return Fail(hb.status());
+    base[g] = *hb;
+  }
   for (int64_t p = 0; p < 5; ++p) {
     auto l = engine.Locate(p);
     all.insert(all.end(), base[l->group] + l->offset, base[l->group] + l->offset + l->numel);

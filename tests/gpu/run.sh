@@ -16,7 +16,7 @@ source tests/gpu/deps.sh  # the carried libraries, where the machine lacks them
 cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DZRT_WITH_CUDA=ON -DZRT_WITH_NCCL=ON \
   "${ZRT_DEPS_CMAKE_ARGS[@]}" >"$dir.configure.log" 2>&1 \
   || { tail -30 "$dir.configure.log"; exit 1; }
-cmake --build "$dir" -j "$(nproc)" --target zrt_gpu_test zrt_gpu_mpi_test adam_gpu_bench engine_gpu_bench 2>&1 | tail -5
+cmake --build "$dir" -j "$(nproc)" --target zrt_gpu_test zrt_gpu_mpi_test adam_gpu_bench engine_gpu_bench charlm 2>&1 | tail -5
 
 status=0
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
@@ -37,6 +37,9 @@ if [ "$gpus" -ge 2 ]; then  # NCCL refuses two ranks on one GPU
 else
   echo "== multi-GPU (NCCL) checks skipped: $gpus GPU(s)"
 fi
+
+echo "== charlm on the GPU: killed, resumed, bit-identical"
+timeout 150 tests/gpu/charlm_gpu.sh "./$dir/examples/charlm/charlm" "${TMPDIR:-/tmp}/zrt_charlm_gpu" 1 || status=1
 
 echo "== GPU benchmarks"
 results=$(mktemp)
