@@ -26,8 +26,8 @@ timeout 120 "./$dir/tests/gpu/zrt_gpu_test" || status=1
 echo "== compute-sanitizer memcheck of the kernels"
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 if [ -x "$sanitizer" ]; then
-  timeout 150 "$sanitizer" --tool memcheck --error-exitcode 1 "./$dir/tests/gpu/zrt_gpu_test" \
-    --gtest_filter='AdamCuda.*:GradSumSquaresCuda.*:CastCuda.*' | tail -3 || status=1
+  timeout 90 "$sanitizer" --tool memcheck --error-exitcode 1 "./$dir/tests/gpu/zrt_gpu_test" \
+    --gtest_filter='AdamCuda.SkipFlag*:GradSumSquaresCuda.*:CastCuda.*' | tail -3 || status=1
 fi
 echo "== NCCL communicator and engine on the GPU (1 rank)"
 timeout 180 $mpi -np 1 "./$dir/tests/gpu/zrt_gpu_mpi_test" || status=1
@@ -45,7 +45,7 @@ echo "== GPU benchmarks"
 results=$(mktemp)
 peer=$(timeout 120 python3 tests/gpu/torch_fused_adamw.py $((256 << 20)) 20 2>/dev/null | tee /dev/stderr | awk '/^PEER_GELEMS/ {print $2}')
 timeout 120 "./$dir/bench/adam_gpu_bench" --elements $((256 << 20)) --reps 20 --peer-gelems "${peer:--1}" | tee -a "$results"
-timeout 240 $mpi -np 1 "./$dir/bench/engine_gpu_bench" --params $((1 << 30)) --steps 5 --ckpt-dir "${TMPDIR:-/tmp}/zrt_gpu_ckpt" \
+timeout 240 $mpi -np 1 "./$dir/bench/engine_gpu_bench" --params $((1 << 30)) --steps 3 --ckpt-dir "${TMPDIR:-/tmp}/zrt_gpu_ckpt" \
   | tee -a "$results" || status=1
 
 echo
