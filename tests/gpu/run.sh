@@ -43,7 +43,9 @@ timeout 150 tests/gpu/charlm_gpu.sh "./$dir/examples/charlm/charlm" "${TMPDIR:-/
 
 echo "== GPU benchmarks"
 results=$(mktemp)
-peer=$(timeout 120 python3 tests/gpu/torch_fused_adamw.py $((256 << 20)) 20 2>/dev/null | tee /dev/stderr | awk '/^PEER_GELEMS/ {print $2}')
+peer_out=$(timeout 120 python3 tests/gpu/torch_fused_adamw.py $((256 << 20)) 20 2>&1)
+echo "$peer_out"
+peer=$(echo "$peer_out" | awk '/^PEER_GELEMS/ {print $2}')
 timeout 120 "./$dir/bench/adam_gpu_bench" --elements $((256 << 20)) --reps 20 --peer-gelems "${peer:--1}" | tee -a "$results"
 timeout 240 $mpi -np 1 "./$dir/bench/engine_gpu_bench" --params $((1 << 30)) --steps 3 --ckpt-dir "${TMPDIR:-/tmp}/zrt_gpu_ckpt" \
   | tee -a "$results" || status=1
