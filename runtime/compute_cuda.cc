@@ -1,5 +1,6 @@
-// Compute on a CudaDevice: the CUDA kernels, queued on the device's compute stream.
-#include <algorithm>
+// Compute on a CudaDevice: the CUDA kernels, queued on the device's compute stream. Each call makes
+// the device current first (cheap when it already is): the engine may be driven from any one thread
+// at a time, and a launch on the default stream would otherwise go to that thread's current GPU.
 #include <cstring>
 #include <memory>
 
@@ -16,11 +17,13 @@ class CudaCompute final : public Compute {
   explicit CudaCompute(CudaDevice* d) : d_(d) {}
 
   Status Cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n) override {
+    RETURN_IF_ERROR(d_->MakeCurrent());
     return kernels::CastCuda(src, src_dtype, dst, dst_dtype, n, d_->stream());
   }
 
   Status Move(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0 || dst == src) return Status();
+    RETURN_IF_ERROR(d_->MakeCurrent());
     const auto* s = static_cast<const char*>(src);
     auto* t = static_cast<char*>(dst);
     if (s + bytes <= t || t + bytes <= s) {
@@ -37,15 +40,18 @@ class CudaCompute final : public Compute {
 
   Status CopyAsync(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0) return Status();
+    RETURN_IF_ERROR(d_->MakeCurrent());
     return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, d_->stream()), "compute: copy");
   }
 
   Status Fill(void* dst, uint8_t byte, size_t bytes) override {
     if (bytes == 0) return Status();
+    RETURN_IF_ERROR(d_->MakeCurrent());
     return CudaStatus(cudaMemsetAsync(dst, byte, bytes, d_->stream()), "compute: fill");
   }
 
   Result<kernels::GradStats> SumSquares(std::span<const kernels::GradRef> grads, DType dtype) override {
+    RETURN_IF_ERROR(d_->MakeCurrent());
     // Workspace: [sum (double)][found_inf (int, padded to 8)][partials...], reused across steps.
     const size_t need = 16 + kernels::GradSumSquaresCudaWorkspace(grads);
     if (norm_ws_.size() < need) {
@@ -70,14 +76,21 @@ class CudaCompute final : public Compute {
 
   Status Adam(const kernels::AdamStepScalars& s, std::span<const kernels::AdamTensorArgs> tensors, DType grad_dtype,
               DType copy_dtype) override {
+    RETURN_IF_ERROR(d_->MakeCurrent());
     kernels::AdamCudaOptions o;
     o.stream = d_->stream();
     return kernels::AdamCuda(s, tensors, grad_dtype, copy_dtype, o);
   }
 
-  Status Synchronize() override { return CudaStatus(cudaStreamSynchronize(d_->stream()), "compute: synchronize"); }
+  Status Synchronize() override {
+    RETURN_IF_ERROR(d_->MakeCurrent());
+    return CudaStatus(cudaStreamSynchronize(d_->stream()), "compute: synchronize");
+  }
 
-  Status MarkUpdated() override { return updated_.Record(d_->stream()); }
+  Status MarkUpdated() override {
+    RETURN_IF_ERROR(d_->MakeCurrent());
+    return updated_.Record(d_->stream());
+  }
 
   Status CopyToHost(void* host, const void* device, size_t bytes) override {
     if (bytes == 0) return Status();
