@@ -13,9 +13,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 source tests/gpu/deps.sh  # the carried libraries, where the machine lacks them
 
 # Build only what the GPU checks need, for this GPU's architecture.
+mkdir -p "$dir"
 cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DZRT_WITH_CUDA=ON -DZRT_WITH_NCCL=ON \
-  "${ZRT_DEPS_CMAKE_ARGS[@]}" >"$dir.configure.log" 2>&1 \
-  || { tail -30 "$dir.configure.log"; exit 1; }
+  "${ZRT_DEPS_CMAKE_ARGS[@]}" >"$dir/configure.log" 2>&1 \
+  || { tail -30 "$dir/configure.log"; exit 1; }
 cmake --build "$dir" -j "$(nproc)" --target zrt_gpu_test zrt_gpu_mpi_test adam_gpu_bench engine_gpu_bench charlm 2>&1 | tail -5
 
 status=0
@@ -25,9 +26,12 @@ echo "== GPU tests"
 timeout 120 "./$dir/tests/gpu/zrt_gpu_test" || status=1
 echo "== compute-sanitizer memcheck of the kernels"
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-if [ -x "$sanitizer" ]; then
-  timeout 90 "$sanitizer" --tool memcheck --error-exitcode 1 "./$dir/tests/gpu/zrt_gpu_test" \
-    --gtest_filter='AdamCuda.SkipFlag*:GradSumSquaresCuda.*:CastCuda.*' | tail -3 || status=1
+if [ -x "$sanitizer" ]; then  # it cannot attach on some runtimes (gVisor): that is reported, not a failure
+  memcheck=$(timeout 90 "$sanitizer" --tool memcheck "./$dir/tests/gpu/zrt_gpu_test" \
+    --gtest_filter='AdamCuda.SkipFlag*:GradSumSquaresCuda.*:CastCuda.*' 2>&1)
+  summary=$(echo "$memcheck" | grep -a "ERROR SUMMARY" | tail -1)
+  echo "${summary:-memcheck did not run here: $(echo "$memcheck" | tail -2 | tr '\n' ' ')}"
+  case "$summary" in *" 0 errors"*|"") ;; *) echo "$memcheck" | grep -a -m 20 "Invalid\|at 0x\|by thread"; status=1 ;; esac
 fi
 echo "== NCCL communicator and engine on the GPU (1 rank)"
 timeout 180 $mpi -np 1 "./$dir/tests/gpu/zrt_gpu_mpi_test" || status=1
