@@ -69,3 +69,15 @@ if [ ! -e /usr/local/cuda/include/nccl.h ]; then
     echo "deps: NCCL from $nccl"
   fi
 fi
+
+# nvcc: on PATH or under /usr/local/cuda, else the CUDA toolkit's pip package (nvidia-cuda-nvcc-*).
+if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ]; then
+  for d in $(python3 -c 'import nvidia; print(*nvidia.__path__)' 2>/dev/null); do
+    nvcc=$(find "$d" -path '*/bin/nvcc' -type f 2>/dev/null | head -1)
+    if [ -n "$nvcc" ]; then
+      ZRT_DEPS_CMAKE_ARGS+=(-DCMAKE_CUDA_COMPILER="$nvcc")
+      echo "deps: nvcc from $nvcc"
+      break
+    fi
+  done
+fi
