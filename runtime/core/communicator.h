@@ -42,6 +42,8 @@ class CommHandle {
   ~CommHandle();
 
   // Blocks until the collective finished and its results are in the output buffer. Idempotent.
+  // Device buffers (NCCL): the results are there for all work queued afterwards on the device's
+  // compute stream; the host does not block (read them back through the device).
   Status Wait();
   // True when finished (results in place; the handle becomes empty). Drives MPI progress, so the
   // engine calls it between pieces of compute. An empty handle reports true.
