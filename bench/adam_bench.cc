@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "bench/bench_util.h"
-#include "kernels/adam.h"
-#include "runtime/core/device.h"
-#include "runtime/core/thread_pool.h"
+#include "zrt/kernels/adam.h"
+#include "zrt/core/device.h"
+#include "zrt/core/thread_pool.h"
 
 using namespace zrt;
 using namespace zrt::kernels;

@@ -18,10 +18,10 @@
 #include <string>
 
 #include "bench/bench_util.h"
-#include "checkpoint/checkpointer.h"
-#include "checkpoint/reader.h"
-#include "runtime/core/mpi_communicator.h"
-#include "runtime/engine.h"
+#include "zrt/checkpoint/checkpointer.h"
+#include "zrt/checkpoint/reader.h"
+#include "zrt/core/mpi_communicator.h"
+#include "zrt/runtime/engine.h"
 
 using namespace zrt;
 using namespace zrt::ckpt;

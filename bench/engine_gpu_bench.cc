@@ -15,12 +15,12 @@
 #include <string>
 
 #include "bench/bench_util.h"
-#include "checkpoint/checkpointer.h"
-#include "offload/host_memory.h"
-#include "runtime/core/cuda_device.h"
-#include "runtime/core/mpi_communicator.h"
-#include "runtime/core/nccl_communicator.h"
-#include "runtime/engine.h"
+#include "zrt/checkpoint/checkpointer.h"
+#include "zrt/offload/host_memory.h"
+#include "zrt/core/cuda_device.h"
+#include "zrt/core/mpi_communicator.h"
+#include "zrt/core/nccl_communicator.h"
+#include "zrt/runtime/engine.h"
 
 using namespace zrt;
 

@@ -12,8 +12,8 @@
 #include <string>
 
 #include "bench/bench_util.h"
-#include "offload/io_engine.h"
-#include "runtime/core/device.h"
+#include "zrt/offload/io_engine.h"
+#include "zrt/core/device.h"
 
 using namespace zrt;
 

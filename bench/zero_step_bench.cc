@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "bench/bench_util.h"
-#include "runtime/core/mpi_communicator.h"
-#include "runtime/engine.h"
+#include "zrt/core/mpi_communicator.h"
+#include "zrt/runtime/engine.h"
 
 using namespace zrt;
 

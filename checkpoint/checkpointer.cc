@@ -11,7 +11,7 @@
 //                           ROOT/step-N (atomic), fsyncs ROOT, rewrites ROOT/latest, applies retention.
 // A crash anywhere before the rename leaves only the .tmp directory: never taken for complete,
 // removed by the next Create. The previous complete checkpoint is never touched by a save.
-#include "checkpoint/checkpointer.h"
+#include "zrt/checkpoint/checkpointer.h"
 
 #include <csignal>
 #include <cstring>
@@ -19,11 +19,11 @@
 #include <filesystem>
 #include <random>
 
-#include "checkpoint/fs_util.h"
-#include "checkpoint/reader.h"
-#include "checkpoint/shard_writer.h"
-#include "runtime/core/logging.h"
-#include "runtime/core/version.h"
+#include "zrt/checkpoint/fs_util.h"
+#include "zrt/checkpoint/reader.h"
+#include "zrt/checkpoint/shard_writer.h"
+#include "zrt/core/logging.h"
+#include "zrt/core/version.h"
 
 namespace zrt::ckpt {
 

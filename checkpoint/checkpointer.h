@@ -27,11 +27,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/format.h"
-#include "offload/io_engine.h"
-#include "runtime/core/communicator.h"
-#include "runtime/core/device.h"
-#include "runtime/core/state_view.h"
+#include "zrt/checkpoint/format.h"
+#include "zrt/offload/io_engine.h"
+#include "zrt/core/communicator.h"
+#include "zrt/core/device.h"
+#include "zrt/core/state_view.h"
 
 namespace zrt::ckpt {
 

@@ -1,4 +1,4 @@
-#include "checkpoint/codec.h"
+#include "zrt/checkpoint/codec.h"
 
 #include <xxhash.h>
 #include <zstd.h>

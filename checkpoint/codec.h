@@ -6,7 +6,7 @@
 #include <string_view>
 #include <vector>
 
-#include "runtime/core/status.h"
+#include "zrt/core/status.h"
 
 namespace zrt::ckpt {
 

@@ -1,4 +1,4 @@
-#include "checkpoint/format.h"
+#include "zrt/checkpoint/format.h"
 
 #include <climits>
 #include <cstdint>

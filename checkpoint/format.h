@@ -17,9 +17,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/codec.h"
-#include "runtime/core/dtype.h"
-#include "runtime/core/shard_layout.h"
+#include "zrt/checkpoint/codec.h"
+#include "zrt/core/dtype.h"
+#include "zrt/core/shard_layout.h"
 
 namespace zrt::ckpt {
 

@@ -1,10 +1,10 @@
-#include "checkpoint/format.h"
+#include "zrt/checkpoint/format.h"
 
 #include <gtest/gtest.h>
 
 #include <random>
 
-#include "checkpoint/codec.h"
+#include "zrt/checkpoint/codec.h"
 #include "tests/support/reference.h"
 
 namespace zrt::ckpt {

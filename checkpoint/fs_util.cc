@@ -1,4 +1,4 @@
-#include "checkpoint/fs_util.h"
+#include "zrt/checkpoint/fs_util.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "runtime/core/unique_fd.h"
+#include "zrt/core/unique_fd.h"
 
 namespace zrt::ckpt {
 

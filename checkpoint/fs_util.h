@@ -4,7 +4,7 @@
 #include <string>
 #include <string_view>
 
-#include "runtime/core/status.h"
+#include "zrt/core/status.h"
 
 namespace zrt::ckpt {
 

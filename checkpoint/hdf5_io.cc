@@ -1,4 +1,4 @@
-#include "checkpoint/hdf5_io.h"
+#include "zrt/checkpoint/hdf5_io.h"
 
 #include <hdf5.h>
 
@@ -9,11 +9,11 @@
 #include <map>
 #include <random>
 
-#include "checkpoint/fs_util.h"
-#include "checkpoint/reader.h"
-#include "checkpoint/shard_writer.h"
-#include "runtime/core/device.h"
-#include "runtime/core/logging.h"
+#include "zrt/checkpoint/fs_util.h"
+#include "zrt/checkpoint/reader.h"
+#include "zrt/checkpoint/shard_writer.h"
+#include "zrt/core/device.h"
+#include "zrt/core/logging.h"
 
 namespace zrt::ckpt {
 

@@ -15,8 +15,8 @@
 #include <functional>
 #include <string>
 
-#include "runtime/core/dtype.h"
-#include "runtime/core/status.h"
+#include "zrt/core/dtype.h"
+#include "zrt/core/status.h"
 
 namespace zrt::ckpt {
 

@@ -1,4 +1,4 @@
-#include "checkpoint/reader.h"
+#include "zrt/checkpoint/reader.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -7,8 +7,8 @@
 #include <list>
 #include <map>
 
-#include "checkpoint/fs_util.h"
-#include "runtime/core/logging.h"
+#include "zrt/checkpoint/fs_util.h"
+#include "zrt/core/logging.h"
 
 namespace zrt::ckpt {
 

@@ -12,9 +12,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/format.h"
-#include "offload/io_engine.h"
-#include "runtime/core/state_view.h"
+#include "zrt/checkpoint/format.h"
+#include "zrt/offload/io_engine.h"
+#include "zrt/core/state_view.h"
 
 namespace zrt::ckpt {
 

@@ -5,8 +5,8 @@
 
 #include <chrono>
 
-#include "checkpoint/format.h"
-#include "checkpoint/reader.h"
+#include "zrt/checkpoint/format.h"
+#include "zrt/checkpoint/reader.h"
 
 namespace zrt::ckpt {
 namespace {

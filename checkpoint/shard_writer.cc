@@ -1,9 +1,9 @@
-#include "checkpoint/shard_writer.h"
+#include "zrt/checkpoint/shard_writer.h"
 
 #include <deque>
 
-#include "checkpoint/fs_util.h"
-#include "runtime/core/device.h"
+#include "zrt/checkpoint/fs_util.h"
+#include "zrt/core/device.h"
 
 namespace zrt::ckpt {
 

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/format.h"
-#include "offload/io_engine.h"
+#include "zrt/checkpoint/format.h"
+#include "zrt/offload/io_engine.h"
 
 namespace zrt::ckpt {
 

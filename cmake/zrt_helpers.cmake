@@ -1,7 +1,7 @@
 # Helpers for module CMakeLists: header install, unit tests, multi-rank tests.
 
 # Installs the public headers of a source folder under include/zrt/<folder>/ (same relative paths as
-# in the source tree, so `#include "runtime/core/status.h"` works installed or not).
+# in the source tree, so `#include "zrt/core/status.h"` works installed or not).
 function(zrt_install_headers folder)
   file(GLOB headers RELATIVE ${PROJECT_SOURCE_DIR}/${folder} ${PROJECT_SOURCE_DIR}/${folder}/*.h
        ${PROJECT_SOURCE_DIR}/${folder}/*.cuh)

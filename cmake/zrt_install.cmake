@@ -7,7 +7,7 @@ set(ZRT_EXPORTED_TARGETS zrt zrt_core zrt_kernels zrt_offload zrt_runtime zrt_ch
 install(TARGETS ${ZRT_EXPORTED_TARGETS} EXPORT zrtTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
-        INCLUDES DESTINATION include/zrt)
+        INCLUDES DESTINATION include)
 install(EXPORT zrtTargets NAMESPACE zrt:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/zrt)
 configure_package_config_file(cmake/zrtConfig.cmake.in ${PROJECT_BINARY_DIR}/zrtConfig.cmake
                               INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/zrt)

@@ -2,10 +2,10 @@
 // rank, checkpointed, and resumed on the next start.   mpirun -n 2 ./minimal /tmp/minimal-ckpt
 #include <cstdio>
 
-#include "checkpoint/checkpointer.h"
-#include "checkpoint/reader.h"
-#include "runtime/core/mpi_communicator.h"
-#include "runtime/engine.h"
+#include "zrt/checkpoint/checkpointer.h"
+#include "zrt/checkpoint/reader.h"
+#include "zrt/core/mpi_communicator.h"
+#include "zrt/runtime/engine.h"
 
 int main(int argc, char** argv) {
   auto session = zrt::MpiSession::Init(&argc, &argv).value();   // MPI with the thread level zrt needs

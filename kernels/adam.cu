@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <vector>
 
-#include "kernels/adam.cuh"
-#include "kernels/adam_cuda.h"
-#include "runtime/core/cuda_status.h"
+#include "zrt/kernels/adam.cuh"
+#include "zrt/kernels/adam_cuda.h"
+#include "zrt/core/cuda_status.h"
 
 namespace zrt::kernels {
 namespace {

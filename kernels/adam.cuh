@@ -6,8 +6,8 @@
 
 #include <cstdint>
 
-#include "kernels/adam_math.h"
-#include "runtime/core/dtype.h"
+#include "zrt/kernels/adam_math.h"
+#include "zrt/core/dtype.h"
 
 namespace zrt::kernels::cuda {
 

@@ -10,9 +10,9 @@
 #include <span>
 #include <string_view>
 
-#include "kernels/adam_math.h"
-#include "runtime/core/dtype.h"
-#include "runtime/core/status.h"
+#include "zrt/kernels/adam_math.h"
+#include "zrt/core/dtype.h"
+#include "zrt/core/status.h"
 
 namespace zrt {
 class ThreadPool;

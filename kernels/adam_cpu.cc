@@ -6,9 +6,9 @@
 #include <functional>
 #include <vector>
 
-#include "kernels/adam.h"
-#include "kernels/cpu_table.h"
-#include "runtime/core/thread_pool.h"
+#include "zrt/kernels/adam.h"
+#include "zrt/kernels/cpu_table.h"
+#include "zrt/core/thread_pool.h"
 
 namespace zrt::kernels {
 namespace {

@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <span>
 
-#include "kernels/adam.h"
+#include "zrt/kernels/adam.h"
 
 namespace zrt::kernels {
 

@@ -20,7 +20,7 @@
 
 #include <cstdint>
 
-#include "runtime/core/hd.h"
+#include "zrt/core/hd.h"
 
 namespace zrt::kernels {
 

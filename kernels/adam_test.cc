@@ -1,4 +1,4 @@
-#include "kernels/adam.h"
+#include "zrt/kernels/adam.h"
 
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/core/thread_pool.h"
+#include "zrt/core/thread_pool.h"
 #include "tests/support/reference.h"
 
 namespace zrt::kernels {

@@ -4,8 +4,8 @@
 #include <cstring>
 #include <random>
 
-#include "kernels/adam.h"
-#include "runtime/core/thread_pool.h"
+#include "zrt/kernels/adam.h"
+#include "zrt/core/thread_pool.h"
 #include "tests/support/reference.h"
 
 namespace zrt::kernels {

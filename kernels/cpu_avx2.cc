@@ -5,7 +5,7 @@
 
 #include <cstring>
 
-#include "kernels/cpu_loops.h"
+#include "zrt/kernels/cpu_loops.h"
 
 namespace zrt::kernels::avx2 {
 namespace {

@@ -7,7 +7,7 @@
 // and PyTorch; the integer form costs four cheap ops per 16 elements, far below the memory time.
 #include <immintrin.h>
 
-#include "kernels/cpu_loops.h"
+#include "zrt/kernels/cpu_loops.h"
 
 namespace zrt::kernels::avx512 {
 namespace {

@@ -14,8 +14,8 @@
 
 #include <cstdint>
 
-#include "kernels/adam_math.h"
-#include "kernels/cpu_table.h"
+#include "zrt/kernels/adam_math.h"
+#include "zrt/kernels/cpu_table.h"
 
 namespace zrt::kernels::internal {
 

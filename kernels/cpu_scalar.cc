@@ -1,6 +1,6 @@
 // Scalar CPU kernels: the portable reference the SIMD units must match bit for bit.
-#include "kernels/cpu_loops.h"
-#include "runtime/core/dtype.h"
+#include "zrt/kernels/cpu_loops.h"
+#include "zrt/core/dtype.h"
 
 namespace zrt::kernels::scalar {
 namespace {

@@ -1,10 +1,10 @@
 // Internal: the function table each CPU instruction-set translation unit exports. Plain C types only,
-// because the ISA units are compiled with their own -m flags (see runtime/core/hd.h).
+// because the ISA units are compiled with their own -m flags (see core/hd.h).
 #pragma once
 
 #include <cstdint>
 
-#include "kernels/adam_math.h"
+#include "zrt/kernels/adam_math.h"
 
 namespace zrt::kernels::internal {
 

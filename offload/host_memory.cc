@@ -1,4 +1,4 @@
-#include "offload/host_memory.h"
+#include "zrt/offload/host_memory.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -7,7 +7,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
-#include "runtime/core/logging.h"
+#include "zrt/core/logging.h"
 
 namespace zrt {
 namespace {

@@ -12,7 +12,7 @@
 #include <memory>
 #include <string>
 
-#include "runtime/core/device.h"
+#include "zrt/core/device.h"
 
 namespace zrt {
 

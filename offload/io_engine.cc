@@ -4,7 +4,7 @@
 // block (user_data = Block*) and submit. One reaper thread waits for CQEs; for each: a short transfer or
 // -EAGAIN/-EINTR is re-queued for its remainder (keeping its slot), anything else ends the block.
 // Shutdown: wait until nothing is in flight, then a NOP with user_data 0 tells the reaper to exit.
-#include "offload/io_engine.h"
+#include "zrt/offload/io_engine.h"
 
 #include <fcntl.h>
 #include <liburing.h>
@@ -14,8 +14,8 @@
 #include <algorithm>
 #include <thread>
 
-#include "runtime/core/logging.h"
-#include "runtime/core/thread_pool.h"
+#include "zrt/core/logging.h"
+#include "zrt/core/thread_pool.h"
 
 namespace zrt {
 

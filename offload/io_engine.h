@@ -20,8 +20,8 @@
 #include <string>
 #include <string_view>
 
-#include "runtime/core/status.h"
-#include "runtime/core/unique_fd.h"
+#include "zrt/core/status.h"
+#include "zrt/core/unique_fd.h"
 
 namespace zrt {
 

@@ -1,7 +1,7 @@
 // One conformance suite that both I/O backends pass (../shared/STYLE.md item 11): random offsets and
 // sizes with aligned and unaligned buffers, concurrency, large split requests, injected short
 // transfers, EAGAIN, ENOSPC and EIO, end of file, missing files.
-#include "offload/io_engine.h"
+#include "zrt/offload/io_engine.h"
 
 #include <gtest/gtest.h>
 

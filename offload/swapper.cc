@@ -1,4 +1,4 @@
-#include "offload/swapper.h"
+#include "zrt/offload/swapper.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -9,7 +9,7 @@
 #include <chrono>
 #include <cstring>
 
-#include "runtime/core/logging.h"
+#include "zrt/core/logging.h"
 
 namespace zrt {
 namespace {

@@ -27,8 +27,8 @@
 #include <string>
 #include <vector>
 
-#include "offload/host_memory.h"
-#include "offload/io_engine.h"
+#include "zrt/offload/host_memory.h"
+#include "zrt/offload/io_engine.h"
 
 namespace zrt {
 

@@ -2,7 +2,7 @@
 // per Stream, for 1, 2 and 3 buffer sets, on both I/O backends; and each kind of bad input (missing
 // directory, no space, budget too small, files removed, a second process, I/O errors) gives an error
 // that names the path or setting.
-#include "offload/swapper.h"
+#include "zrt/offload/swapper.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "runtime/buffer_pool.h"
+#include "zrt/runtime/buffer_pool.h"
 
 namespace zrt {
 

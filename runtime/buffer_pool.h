@@ -9,7 +9,7 @@
 
 #include <vector>
 
-#include "runtime/core/device.h"
+#include "zrt/core/device.h"
 
 namespace zrt {
 

@@ -1,4 +1,4 @@
-#include "runtime/compute.h"
+#include "zrt/runtime/compute.h"
 
 #include <cstring>
 

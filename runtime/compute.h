@@ -11,8 +11,8 @@
 #include <memory>
 #include <span>
 
-#include "kernels/adam.h"
-#include "runtime/core/device.h"
+#include "zrt/kernels/adam.h"
+#include "zrt/core/device.h"
 
 namespace zrt {
 

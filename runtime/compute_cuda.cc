@@ -4,10 +4,10 @@
 #include <cstring>
 #include <memory>
 
-#include "kernels/adam_cuda.h"
-#include "runtime/compute.h"
-#include "runtime/core/cuda_device.h"
-#include "runtime/core/cuda_status.h"
+#include "zrt/kernels/adam_cuda.h"
+#include "zrt/runtime/compute.h"
+#include "zrt/core/cuda_device.h"
+#include "zrt/core/cuda_status.h"
 
 namespace zrt {
 namespace {

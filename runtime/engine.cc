@@ -12,7 +12,7 @@
 // Step: flush buckets -> local sum of squares of the grad shards (inf if any element is inf/NaN) ->
 // one all-reduce -> skip, or multiplier = clip / (loss_scale * accum) -> Adam over each shard, the
 // updated params cast straight into this rank's block of the model params -> stages 1-2 all-gather.
-#include "runtime/engine.h"
+#include "zrt/runtime/engine.h"
 
 #include <cmath>
 #include <cstring>
@@ -20,11 +20,11 @@
 #include <limits>
 #include <map>
 
-#include "runtime/buffer_pool.h"
-#include "runtime/compute.h"
-#include "runtime/core/logging.h"
-#include "runtime/core/thread_pool.h"
-#include "runtime/param_gatherer.h"
+#include "zrt/runtime/buffer_pool.h"
+#include "zrt/runtime/compute.h"
+#include "zrt/core/logging.h"
+#include "zrt/core/thread_pool.h"
+#include "zrt/runtime/param_gatherer.h"
 
 namespace zrt {
 

@@ -30,13 +30,13 @@
 #include <string_view>
 #include <vector>
 
-#include "kernels/adam.h"
-#include "runtime/core/communicator.h"
-#include "runtime/core/device.h"
-#include "offload/swapper.h"
-#include "runtime/core/state_view.h"
-#include "runtime/grad_bucketer.h"
-#include "runtime/loss_scaler.h"
+#include "zrt/kernels/adam.h"
+#include "zrt/core/communicator.h"
+#include "zrt/core/device.h"
+#include "zrt/offload/swapper.h"
+#include "zrt/core/state_view.h"
+#include "zrt/runtime/grad_bucketer.h"
+#include "zrt/runtime/loss_scaler.h"
 
 namespace zrt {
 

@@ -6,7 +6,7 @@
 // go. A full bucket is launched (reduce-scatter of regions x used elements, or all-reduce) and the
 // other bucket becomes the filling one, after waiting for it if it is still in flight.
 // A partial bucket is compacted (regions moved to stride `used`) before launch.
-#include "runtime/grad_bucketer.h"
+#include "zrt/runtime/grad_bucketer.h"
 
 #include <algorithm>
 

@@ -14,10 +14,10 @@
 #include <memory>
 #include <vector>
 
-#include "runtime/compute.h"
-#include "runtime/core/communicator.h"
-#include "runtime/core/device.h"
-#include "runtime/core/shard_layout.h"
+#include "zrt/runtime/compute.h"
+#include "zrt/core/communicator.h"
+#include "zrt/core/device.h"
+#include "zrt/core/shard_layout.h"
 
 namespace zrt {
 

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "runtime/core/status.h"
+#include "zrt/core/status.h"
 
 namespace zrt {
 

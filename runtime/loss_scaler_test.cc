@@ -1,4 +1,4 @@
-#include "runtime/loss_scaler.h"
+#include "zrt/runtime/loss_scaler.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "runtime/param_gatherer.h"
+#include "zrt/runtime/param_gatherer.h"
 
 namespace zrt {
 

@@ -21,12 +21,12 @@
 #include <functional>
 #include <vector>
 
-#include "runtime/buffer_pool.h"
-#include "runtime/compute.h"
-#include "runtime/core/communicator.h"
-#include "runtime/core/shard_layout.h"
-#include "offload/io_engine.h"
-#include "runtime/grad_bucketer.h"
+#include "zrt/runtime/buffer_pool.h"
+#include "zrt/runtime/compute.h"
+#include "zrt/core/communicator.h"
+#include "zrt/core/shard_layout.h"
+#include "zrt/offload/io_engine.h"
+#include "zrt/runtime/grad_bucketer.h"
 
 namespace zrt {
 

@@ -5,8 +5,8 @@
 
 #include <iostream>
 
-#include "runtime/core/logging.h"
-#include "runtime/core/version.h"
+#include "zrt/core/logging.h"
+#include "zrt/core/version.h"
 #include "tools/lib/ckpt_commands.h"
 
 namespace {

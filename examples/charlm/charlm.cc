@@ -20,15 +20,15 @@
 #include <fstream>
 #include <iostream>
 
-#include "checkpoint/checkpointer.h"
-#include "checkpoint/reader.h"
+#include "zrt/checkpoint/checkpointer.h"
+#include "zrt/checkpoint/reader.h"
 #include "examples/charlm/model.h"
-#include "runtime/core/logging.h"
-#include "offload/host_memory.h"
-#include "runtime/core/mpi_communicator.h"
-#include "runtime/engine.h"
+#include "zrt/core/logging.h"
+#include "zrt/offload/host_memory.h"
+#include "zrt/core/mpi_communicator.h"
+#include "zrt/runtime/engine.h"
 #if defined(ZRT_HAVE_NCCL)
-#include "runtime/core/nccl_communicator.h"
+#include "zrt/core/nccl_communicator.h"
 #endif
 
 using namespace zrt;

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "checkpoint/format.h"
+#include "zrt/checkpoint/format.h"
 
 namespace {
 void Exercise(std::string_view text) {

@@ -5,10 +5,11 @@
 set -euo pipefail
 src=$1; work=$2; seconds=${3:-20}
 command -v clang++ >/dev/null || { echo "SKIP: clang++ not installed"; exit 0; }
-rm -rf "$work"; mkdir -p "$work/corpus"
-flags=(-std=c++20 -O1 -g -I"$src" $(mpicxx --showme:compile) -DZRT_VERSION_STRING='"fuzz"')
+rm -rf "$work"; mkdir -p "$work/corpus" "$work/include/zrt"
+for m in core checkpoint; do ln -s "$src/$m" "$work/include/zrt/$m"; done  # the "zrt/..." include paths
+flags=(-std=c++20 -O1 -g -I"$src" -I"$work/include" $(mpicxx --showme:compile) -DZRT_VERSION_STRING='"fuzz"')
 libs=($(mpicxx --showme:link) -lzstd -lxxhash)
-core=("$src"/runtime/core/{status,dtype,tensor_spec,shard_layout}.cc "$src"/checkpoint/{format,codec}.cc)
+core=("$src"/core/{status,dtype,tensor_spec,shard_layout}.cc "$src"/checkpoint/{format,codec}.cc)
 clang++ "${flags[@]}" "$src/tests/fuzz/seed_corpus.cc" "${core[@]}" "${libs[@]}" -o "$work/seed_corpus"
 "$work/seed_corpus" "$work/corpus"
 clang++ "${flags[@]}" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \

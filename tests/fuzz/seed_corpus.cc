@@ -1,7 +1,7 @@
 // Writes a valid manifest and index into a directory: the fuzzers' seed corpus.
 #include <fstream>
 
-#include "checkpoint/format.h"
+#include "zrt/checkpoint/format.h"
 
 int main(int argc, char** argv) {
   if (argc < 2) return 2;

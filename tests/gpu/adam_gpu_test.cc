@@ -7,7 +7,7 @@
 #include <cstring>
 #include <random>
 
-#include "kernels/adam_cuda.h"
+#include "zrt/kernels/adam_cuda.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/support/reference.h"
 

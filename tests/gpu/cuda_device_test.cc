@@ -1,14 +1,14 @@
 // CudaDevice on a GPU: cached allocation (a freed buffer is reused without cudaMalloc), accounting,
 // synchronous and stream-ordered copies in every direction, fills, events ordering two streams,
 // device choice by local rank. Skips without a GPU.
-#include "runtime/core/cuda_device.h"
+#include "zrt/core/cuda_device.h"
 
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <vector>
 
-#include "offload/host_memory.h"
+#include "zrt/offload/host_memory.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace zrt {

@@ -9,10 +9,10 @@
 #include <cstring>
 #include <filesystem>
 
-#include "checkpoint/checkpointer.h"
-#include "checkpoint/reader.h"
-#include "offload/host_memory.h"
-#include "runtime/engine.h"
+#include "zrt/checkpoint/checkpointer.h"
+#include "zrt/checkpoint/reader.h"
+#include "zrt/offload/host_memory.h"
+#include "zrt/runtime/engine.h"
 #include "tests/gpu/nccl_fixture.h"
 
 namespace zrt {

@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "runtime/core/cuda_status.h"
+#include "zrt/core/cuda_status.h"
 
 namespace zrt::testing {
 

@@ -7,8 +7,8 @@
 
 #include <memory>
 
-#include "runtime/core/mpi_communicator.h"
-#include "runtime/core/nccl_communicator.h"
+#include "zrt/core/mpi_communicator.h"
+#include "zrt/core/nccl_communicator.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace zrt::testing {

@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/core/cuda_status.h"
+#include "zrt/core/cuda_status.h"
 #include "tests/gpu/nccl_fixture.h"
 #include "tests/gpu/spin.h"
 

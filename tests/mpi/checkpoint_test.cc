@@ -10,10 +10,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "checkpoint/checkpointer.h"
-#include "checkpoint/reader.h"
-#include "runtime/core/mpi_communicator.h"
-#include "runtime/engine.h"
+#include "zrt/checkpoint/checkpointer.h"
+#include "zrt/checkpoint/reader.h"
+#include "zrt/core/mpi_communicator.h"
+#include "zrt/runtime/engine.h"
 #include "tests/support/reference.h"
 
 namespace zrt::ckpt {

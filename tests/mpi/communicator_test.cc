@@ -6,7 +6,7 @@
 #include <cmath>
 #include <random>
 
-#include "runtime/core/mpi_communicator.h"
+#include "zrt/core/mpi_communicator.h"
 #include "tests/support/reference.h"
 
 namespace zrt {

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/core/mpi_communicator.h"
-#include "runtime/engine.h"
+#include "zrt/core/mpi_communicator.h"
+#include "zrt/runtime/engine.h"
 
 namespace zrt {
 

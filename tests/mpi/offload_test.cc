@@ -9,8 +9,8 @@
 #include <cstring>
 #include <filesystem>
 
-#include "checkpoint/checkpointer.h"
-#include "checkpoint/reader.h"
+#include "zrt/checkpoint/checkpointer.h"
+#include "zrt/checkpoint/reader.h"
 #include "tests/mpi/engine_fixture.h"
 
 namespace zrt {

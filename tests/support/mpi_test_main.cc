@@ -6,7 +6,7 @@
 
 #include <cstdio>
 
-#include "runtime/core/mpi_communicator.h"
+#include "zrt/core/mpi_communicator.h"
 
 namespace {
 

@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/core/status.h"
+#include "zrt/core/status.h"
 
 namespace zrt::testing {
 

@@ -15,12 +15,12 @@
 
 #include <unistd.h>
 
-#include "checkpoint/fs_util.h"
-#include "checkpoint/hdf5_io.h"
-#include "checkpoint/reader.h"
-#include "checkpoint/shard_writer.h"
-#include "runtime/core/device.h"
-#include "runtime/core/thread_pool.h"
+#include "zrt/checkpoint/fs_util.h"
+#include "zrt/checkpoint/hdf5_io.h"
+#include "zrt/checkpoint/reader.h"
+#include "zrt/checkpoint/shard_writer.h"
+#include "zrt/core/device.h"
+#include "zrt/core/thread_pool.h"
 
 namespace zrt::tools {
 

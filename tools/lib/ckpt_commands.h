@@ -5,7 +5,7 @@
 #include <ostream>
 #include <string>
 
-#include "runtime/core/status.h"
+#include "zrt/core/status.h"
 
 namespace zrt::tools {
 

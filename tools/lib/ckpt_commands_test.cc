@@ -7,9 +7,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/fs_util.h"
-#include "checkpoint/reader.h"
-#include "checkpoint/shard_writer.h"
+#include "zrt/checkpoint/fs_util.h"
+#include "zrt/checkpoint/reader.h"
+#include "zrt/checkpoint/shard_writer.h"
 #include "tools/lib/ckpt_commands.h"
 
 namespace zrt::tools {

@@ -17,7 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/core/device.h"
+#include "zrt/core/device.h"
 #include "tools/lib/ckpt_commands.h"
 
 namespace zrt::tools {

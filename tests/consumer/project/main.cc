@@ -2,9 +2,9 @@
 #include <cstdio>
 #include <vector>
 
-#include "runtime/core/dtype.h"
-#include "runtime/core/shard_layout.h"
-#include "runtime/core/version.h"
+#include "zrt/core/dtype.h"
+#include "zrt/core/shard_layout.h"
+#include "zrt/core/version.h"
 
 int main() {
   std::vector<int64_t> numels = {10, 3};

@@ -1,0 +1,100 @@
+// Communicator: the collectives the engine needs, over a group of ranks.
+//
+// Buffers live on the communicator's device (host memory for MPI, device memory for NCCL). Counts
+// are in elements of `dtype`. Reductions support f32, bf16 and f16; bf16/f16 sums accumulate in f32
+// and are rounded once at the end. kBytes may be broadcast and gathered, never reduced.
+//
+// Every rank of the group must call the same collectives in the same order with the same counts,
+// dtypes and ops (as with MPI/NCCL). With argument checking on (the default) a mismatch is reported as
+// InvalidArgument on every rank instead of hanging or corrupting memory; it costs one tiny extra
+// all-reduce per collective, and the engine may turn it off on its hot path.
+//
+// Thread-safety: one thread at a time per communicator (calls are serialized by the caller).
+// Asynchronous collectives return a CommHandle; their buffers must stay alive and untouched until
+// Wait() returns. Handles must be waited (or destroyed, which waits) before the communicator dies.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "zrt/core/dtype.h"
+#include "zrt/core/status.h"
+
+namespace zrt {
+
+enum class ReduceOp : uint8_t { kSum, kAvg, kMax, kMin };
+std::string_view ReduceOpName(ReduceOp op);
+
+// A pending asynchronous collective.
+class CommHandle {
+ public:
+  class Impl {
+   public:
+    virtual ~Impl() = default;
+    virtual Status Wait() = 0;
+    virtual Result<bool> Test() = 0;
+  };
+  CommHandle() = default;
+  explicit CommHandle(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  CommHandle(CommHandle&&) noexcept = default;
+  CommHandle& operator=(CommHandle&& o) noexcept;
+  ~CommHandle();
+
+  // Blocks until the collective finished and its results are in the output buffer. Idempotent.
+  // Device buffers (NCCL): the results are there for all work queued afterwards on the device's
+  // compute stream; the host does not block (read them back through the device).
+  Status Wait();
+  // True when finished (results in place; the handle becomes empty). Drives MPI progress, so the
+  // engine calls it between pieces of compute. An empty handle reports true.
+  Result<bool> Test();
+  bool pending() const { return impl_ != nullptr; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // "mpi" or "nccl".
+  virtual std::string backend() const = 0;
+
+  virtual Status Barrier() = 0;
+  virtual Status Broadcast(void* buf, size_t count, DType dtype, int root) = 0;
+
+  // recv[i] = op over ranks of send[i], i < count. send == recv is allowed (in place).
+  virtual Result<CommHandle> AllReduceAsync(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) = 0;
+  // send holds size() * recv_count elements; rank r receives the reduction of block r. kSum or kAvg.
+  virtual Result<CommHandle> ReduceScatterAsync(const void* send, void* recv, size_t recv_count, DType dtype,
+                                                ReduceOp op) = 0;
+  // recv holds size() * send_count elements; block r comes from rank r. send may alias recv's own block.
+  virtual Result<CommHandle> AllGatherAsync(const void* send, void* recv, size_t send_count, DType dtype) = 0;
+
+  // Blocking forms: the asynchronous call followed by Wait().
+  Status AllReduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op);
+  Status ReduceScatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op);
+  Status AllGather(const void* send, void* recv, size_t send_count, DType dtype);
+
+  // Collective over this group: ranks with the same color form a new group, ordered by (key, rank).
+  // A negative color leaves the calling rank out (it receives a null pointer).
+  virtual Result<std::unique_ptr<Communicator>> Split(int color, int key) = 0;
+
+  // Whether every collective first verifies that all ranks passed matching arguments.
+  void set_check_args(bool on) { check_args_ = on; }
+  bool check_args() const { return check_args_; }
+
+ protected:
+  bool check_args_ = true;
+};
+
+// Collective. Sends `s` (code and message, truncated to 4 KiB) from `root` to every rank.
+Status BroadcastStatus(Communicator* comm, const Status& s, int root);
+// Collective: OK on every rank if `local` is OK on every rank. Otherwise a failing rank returns its own
+// error and the others the highest failing rank's, as "failed on rank r: ...". One all-reduce of a
+// float, plus one broadcast on failure.
+Status AgreeOnStatus(Communicator* comm, const Status& local);
+
+}  // namespace zrt

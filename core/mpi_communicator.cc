@@ -1,0 +1,286 @@
+// MPI communicator.
+//
+// Protocol for checked collectives: before the real operation every rank contributes its signature
+// (collective kind, count, dtype, op, root) to one MPI_Allreduce(MAX) over {v, -v}; if max(v) != min(v)
+// for any field, every rank learns it in the same call and returns InvalidArgument, so no rank enters
+// a mismatched collective (which MPI leaves undefined: hangs, truncation, overruns).
+//
+// bf16/f16 reductions: inputs are widened into pooled f32 scratch, reduced as MPI_FLOAT, and narrowed
+// (round to nearest even) into the output when the handle completes. kAvg divides the f32 sum by the
+// group size before narrowing.
+#include "zrt/core/mpi_communicator.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <functional>
+
+#include "zrt/core/logging.h"
+
+namespace zrt {
+namespace {
+
+Result<MPI_Datatype> MpiType(DType t) {
+  switch (t) {
+    case DType::kF32: return MPI_FLOAT;
+    case DType::kBF16:
+    case DType::kF16: return MPI_UINT16_T;
+    case DType::kBytes: return MPI_BYTE;
+  }
+  return InvalidArgumentError("invalid dtype");
+}
+
+Result<MPI_Op> MpiOp(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg: return MPI_SUM;
+    case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kMin: return MPI_MIN;
+  }
+  return InvalidArgumentError("invalid reduce op");
+}
+
+Status CheckCount(const char* what, size_t count) {
+  if (count > static_cast<size_t>(INT_MAX)) {
+    return InvalidArgumentError(what, ": ", count, " elements exceed MPI's per-call limit of 2^31-1; split the buffer");
+  }
+  return Status();
+}
+
+void Widen(const void* src, float* dst, size_t n, DType t) {
+  const uint16_t* s = static_cast<const uint16_t*>(src);
+  if (t == DType::kBF16) {
+    for (size_t i = 0; i < n; ++i) dst[i] = Bf16ToFloat(s[i]);
+  } else {
+    for (size_t i = 0; i < n; ++i) dst[i] = F16ToFloat(s[i]);
+  }
+}
+
+void Narrow(const float* src, void* dst, size_t n, DType t) {
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  if (t == DType::kBF16) {
+    for (size_t i = 0; i < n; ++i) d[i] = FloatToBf16(src[i]);
+  } else {
+    for (size_t i = 0; i < n; ++i) d[i] = FloatToF16(src[i]);
+  }
+}
+
+void Scale(float* p, size_t n, float divisor) {
+  for (size_t i = 0; i < n; ++i) p[i] /= divisor;
+}
+
+// A posted MPI request plus what to do once it completed (narrowing, averaging, returning scratch).
+class MpiHandle final : public CommHandle::Impl {
+ public:
+  MpiHandle(MPI_Request req, std::function<void()> finish, std::string what)
+      : req_(req), finish_(std::move(finish)), what_(std::move(what)) {}
+  ~MpiHandle() override {
+    // CommHandle always waits before destroying; this only guards against a missed request.
+    if (req_ != MPI_REQUEST_NULL) MPI_Wait(&req_, MPI_STATUS_IGNORE);
+  }
+  Status Wait() override {
+    if (req_ != MPI_REQUEST_NULL) RETURN_IF_ERROR(MpiStatus(MPI_Wait(&req_, MPI_STATUS_IGNORE), what_));
+    return Finish();
+  }
+  Result<bool> Test() override {
+    int flag = 0;
+    RETURN_IF_ERROR(MpiStatus(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE), what_));
+    return flag != 0;
+  }
+
+ private:
+  Status Finish() {
+    if (finish_) std::exchange(finish_, nullptr)();
+    return Status();
+  }
+  MPI_Request req_;
+  std::function<void()> finish_;
+  std::string what_;
+};
+
+}  // namespace
+
+// ---- MpiSession ------------------------------------------------------------------------------------
+Result<std::unique_ptr<MpiSession>> MpiSession::Init(int* argc, char*** argv) {
+  std::unique_ptr<MpiSession> s(new MpiSession());
+  int initialized = 0;
+  RETURN_IF_ERROR(MpiStatus(MPI_Initialized(&initialized), "MPI_Initialized"));
+  int provided = 0;
+  if (!initialized) {
+    RETURN_IF_ERROR(MpiStatus(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread"));
+    s->owns_ = true;
+  } else {
+    RETURN_IF_ERROR(MpiStatus(MPI_Query_thread(&provided), "MPI_Query_thread"));
+  }
+  if (provided < MPI_THREAD_SERIALIZED) {
+    return UnavailableError("MPI provides thread level ", provided,
+                            "; zrt needs MPI_THREAD_SERIALIZED (initialise MPI with MPI_Init_thread)");
+  }
+  MPI_Comm_rank(MPI_COMM_WORLD, &s->world_rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &s->world_size_);
+  SetLogRank(s->world_rank_);
+  return s;
+}
+
+MpiSession::~MpiSession() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (owns_ && !finalized) MPI_Finalize();
+}
+
+// ---- ScratchPool -----------------------------------------------------------------------------------
+std::vector<float> MpiCommunicator::ScratchPool::Acquire(size_t elements) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Smallest free buffer that is large enough; otherwise a new one.
+  auto best = free_.end();
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if (it->capacity() >= elements && (best == free_.end() || it->capacity() < best->capacity())) best = it;
+  }
+  std::vector<float> buf;
+  if (best != free_.end()) {
+    buf = std::move(*best);
+    free_.erase(best);
+  }
+  buf.resize(elements);
+  return buf;
+}
+
+void MpiCommunicator::ScratchPool::Release(std::vector<float> buf) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (free_.size() < 8) free_.push_back(std::move(buf));  // bounded: in-flight ops rarely exceed a few
+}
+
+// ---- MpiCommunicator -------------------------------------------------------------------------------
+Result<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(MPI_Comm comm) {
+  if (comm == MPI_COMM_NULL) return InvalidArgumentError("MpiCommunicator: MPI_COMM_NULL");
+  MPI_Comm dup = MPI_COMM_NULL;
+  RETURN_IF_ERROR(MpiStatus(MPI_Comm_dup(comm, &dup), "MPI_Comm_dup"));
+  MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
+  return std::unique_ptr<MpiCommunicator>(new MpiCommunicator(dup));
+}
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm) : comm_(comm) {
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
+}
+
+Status MpiCommunicator::CheckArgs(const char* what, int64_t count, DType dtype, ReduceOp op, int root) {
+  if (!check_args_ || size_ == 1) return Status();
+  const int64_t mine[5] = {count, static_cast<int64_t>(dtype), static_cast<int64_t>(op), root, 0};
+  int64_t v[10];
+  for (int i = 0; i < 5; ++i) {
+    v[i] = mine[i];
+    v[5 + i] = -mine[i];
+  }
+  RETURN_IF_ERROR(MpiStatus(MPI_Allreduce(MPI_IN_PLACE, v, 10, MPI_INT64_T, MPI_MAX, comm_), what), "argument check");
+  static constexpr const char* kFields[] = {"count", "dtype", "op", "root"};
+  for (int i = 0; i < 4; ++i) {
+    if (v[i] != -v[5 + i]) {
+      return InvalidArgumentError(what, " on rank ", rank_, " of ", size_, ": ranks disagree on ", kFields[i],
+                                  " (this rank ", mine[i], ", range over ranks [", -v[5 + i], ", ", v[i], "])");
+    }
+  }
+  return Status();
+}
+
+Status MpiCommunicator::Barrier() { return MpiStatus(MPI_Barrier(comm_), "barrier"); }
+
+Status MpiCommunicator::Broadcast(void* buf, size_t count, DType dtype, int root) {
+  if (root < 0 || root >= size_) return InvalidArgumentError("broadcast: root ", root, " outside [0, ", size_, ")");
+  if (count > 0 && buf == nullptr) return InvalidArgumentError("broadcast: null buffer");
+  RETURN_IF_ERROR(CheckCount("broadcast", count));
+  ASSIGN_OR_RETURN(MPI_Datatype type, MpiType(dtype));
+  RETURN_IF_ERROR(CheckArgs("broadcast", static_cast<int64_t>(count), dtype, ReduceOp::kSum, root));
+  return MpiStatus(MPI_Bcast(buf, static_cast<int>(count), type, root, comm_), "broadcast");
+}
+
+Result<CommHandle> MpiCommunicator::AllReduceAsync(const void* send, void* recv, size_t count, DType dtype,
+                                                   ReduceOp op) {
+  if (!IsFloating(dtype)) return InvalidArgumentError("all_reduce: dtype ", DTypeName(dtype), " cannot be reduced");
+  if (count > 0 && (send == nullptr || recv == nullptr)) return InvalidArgumentError("all_reduce: null buffer");
+  RETURN_IF_ERROR(CheckCount("all_reduce", count));
+  ASSIGN_OR_RETURN(MPI_Op mop, MpiOp(op));
+  RETURN_IF_ERROR(CheckArgs("all_reduce", static_cast<int64_t>(count), dtype, op, 0));
+  const int n = static_cast<int>(count);
+  const float divisor = static_cast<float>(size_);
+  MPI_Request req = MPI_REQUEST_NULL;
+  std::function<void()> finish;
+  if (dtype == DType::kF32) {
+    const void* s = send == recv ? MPI_IN_PLACE : send;
+    RETURN_IF_ERROR(MpiStatus(MPI_Iallreduce(s, recv, n, MPI_FLOAT, mop, comm_, &req), "all_reduce"));
+    if (op == ReduceOp::kAvg) finish = [recv, count, divisor] { Scale(static_cast<float*>(recv), count, divisor); };
+  } else {
+    auto buf = std::make_shared<std::vector<float>>(scratch_->Acquire(count));
+    Widen(send, buf->data(), count, dtype);
+    RETURN_IF_ERROR(MpiStatus(MPI_Iallreduce(MPI_IN_PLACE, buf->data(), n, MPI_FLOAT, mop, comm_, &req), "all_reduce"));
+    finish = [buf, recv, count, dtype, op, divisor, pool = scratch_] {
+      if (op == ReduceOp::kAvg) Scale(buf->data(), count, divisor);
+      Narrow(buf->data(), recv, count, dtype);
+      pool->Release(std::move(*buf));
+    };
+  }
+  return CommHandle(std::make_unique<MpiHandle>(req, std::move(finish), "all_reduce"));
+}
+
+Result<CommHandle> MpiCommunicator::ReduceScatterAsync(const void* send, void* recv, size_t recv_count, DType dtype,
+                                                       ReduceOp op) {
+  if (op != ReduceOp::kSum && op != ReduceOp::kAvg) {
+    return InvalidArgumentError("reduce_scatter: op ", ReduceOpName(op), " unsupported (sum or avg)");
+  }
+  if (!IsFloating(dtype)) return InvalidArgumentError("reduce_scatter: dtype ", DTypeName(dtype), " cannot be reduced");
+  if (recv_count > 0 && (send == nullptr || recv == nullptr)) return InvalidArgumentError("reduce_scatter: null buffer");
+  RETURN_IF_ERROR(CheckCount("reduce_scatter", recv_count * static_cast<size_t>(size_)));
+  RETURN_IF_ERROR(CheckArgs("reduce_scatter", static_cast<int64_t>(recv_count), dtype, op, 0));
+  const int n = static_cast<int>(recv_count);
+  const float divisor = static_cast<float>(size_);
+  MPI_Request req = MPI_REQUEST_NULL;
+  std::function<void()> finish;
+  if (dtype == DType::kF32) {
+    RETURN_IF_ERROR(MpiStatus(MPI_Ireduce_scatter_block(send, recv, n, MPI_FLOAT, MPI_SUM, comm_, &req), "reduce_scatter"));
+    if (op == ReduceOp::kAvg) finish = [recv, recv_count, divisor] { Scale(static_cast<float*>(recv), recv_count, divisor); };
+  } else {
+    const size_t total = recv_count * static_cast<size_t>(size_);
+    auto in = std::make_shared<std::vector<float>>(scratch_->Acquire(total));
+    auto out = std::make_shared<std::vector<float>>(scratch_->Acquire(recv_count));
+    Widen(send, in->data(), total, dtype);
+    RETURN_IF_ERROR(MpiStatus(
+        MPI_Ireduce_scatter_block(in->data(), out->data(), n, MPI_FLOAT, MPI_SUM, comm_, &req), "reduce_scatter"));
+    finish = [in, out, recv, recv_count, dtype, op, divisor, pool = scratch_] {
+      if (op == ReduceOp::kAvg) Scale(out->data(), recv_count, divisor);
+      Narrow(out->data(), recv, recv_count, dtype);
+      pool->Release(std::move(*in));
+      pool->Release(std::move(*out));
+    };
+  }
+  return CommHandle(std::make_unique<MpiHandle>(req, std::move(finish), "reduce_scatter"));
+}
+
+Result<CommHandle> MpiCommunicator::AllGatherAsync(const void* send, void* recv, size_t send_count, DType dtype) {
+  if (send_count > 0 && (send == nullptr || recv == nullptr)) return InvalidArgumentError("all_gather: null buffer");
+  RETURN_IF_ERROR(CheckCount("all_gather", send_count * static_cast<size_t>(size_)));
+  ASSIGN_OR_RETURN(MPI_Datatype type, MpiType(dtype));
+  RETURN_IF_ERROR(CheckArgs("all_gather", static_cast<int64_t>(send_count), dtype, ReduceOp::kSum, 0));
+  const size_t block_bytes = send_count * DTypeSize(dtype);
+  const void* own_block = static_cast<const char*>(recv) + block_bytes * static_cast<size_t>(rank_);
+  const void* s = send == own_block ? MPI_IN_PLACE : send;
+  const int n = static_cast<int>(send_count);
+  MPI_Request req = MPI_REQUEST_NULL;
+  RETURN_IF_ERROR(MpiStatus(MPI_Iallgather(s, n, type, recv, n, type, comm_, &req), "all_gather"));
+  return CommHandle(std::make_unique<MpiHandle>(req, nullptr, "all_gather"));
+}
+
+Result<std::unique_ptr<Communicator>> MpiCommunicator::Split(int color, int key) {
+  MPI_Comm out = MPI_COMM_NULL;
+  RETURN_IF_ERROR(MpiStatus(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &out), "split"));
+  if (out == MPI_COMM_NULL) return std::unique_ptr<Communicator>();
+  MPI_Comm_set_errhandler(out, MPI_ERRORS_RETURN);
+  return std::unique_ptr<Communicator>(new MpiCommunicator(out));
+}
+
+}  // namespace zrt

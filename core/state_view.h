@@ -1,0 +1,56 @@
+// StateView: the engine's model and optimizer state as named flat shard buffers plus the layouts that
+// say what each element is. The checkpoint module works on this view only, so it never includes the
+// engine (../shared/DESIGN.md layers).
+//
+// Lifetime: the pointers are the engine's; a view is valid until the engine's next mutating call.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "zrt/core/dtype.h"
+#include "zrt/core/shard_layout.h"
+#include "zrt/core/status.h"
+#include "zrt/core/tensor_spec.h"
+
+namespace zrt {
+
+// This rank's shard of one group's flat buffer: `count` = layout.shard_size() elements of `dtype`.
+// Resident state (host memory) has `data`; state that lives elsewhere has data == nullptr and is
+// reached through read/write of `n` elements at element `offset`: device memory (snapshot = true:
+// read is a fast copy, so a checkpoint copies it into host staging while training waits and writes in
+// the background) or NVMe swap files (snapshot = false: a checkpoint streams it to its files at once).
+struct StateBuffer {
+  std::string kind;  // "master" (fp32 weights), "exp_avg", "exp_avg_sq", "max_exp_avg_sq"
+  DType dtype = DType::kF32;
+  void* data = nullptr;
+  int64_t count = 0;
+  std::function<Status(int64_t offset, int64_t n, void* out)> read;
+  std::function<Status(int64_t offset, int64_t n, const void* in)> write;
+  bool snapshot = false;
+  bool resident() const { return data != nullptr || count == 0; }
+};
+
+struct StateGroup {
+  std::string name;
+  std::vector<TensorSpec> tensors;  // in layout order
+  ShardLayout layout;               // over `tensors`, for the engine's world size
+  std::vector<StateBuffer> buffers;
+  double lr = 0;
+  double weight_decay = 0;
+};
+
+struct StateView {
+  int rank = 0;
+  int world_size = 1;
+  int stage = 0;
+  int64_t step = 0;        // optimizer steps taken (skipped ones excluded)
+  double loss_scale = 1;   // current dynamic/static loss scale
+  int64_t scaler_good_steps = 0;    // dynamic loss scaler's counters
+  int scaler_hysteresis_left = 1;
+  std::vector<StateGroup> groups;
+};
+
+}  // namespace zrt
