@@ -9,7 +9,7 @@
 #include <string>
 
 #include "bench/bench_util.h"
-#include "zrt/kernels/adam_cuda.h"
+#include "zrt/kernels/adam.h"
 
 using namespace zrt;
 using namespace zrt::kernels;

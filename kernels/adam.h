@@ -1,22 +1,18 @@
-// Host API of the optimizer kernels: Adam/AdamW over fp32 master shards (SIMD CPU; CUDA in
-// adam_cuda.h), fused gradient sum-of-squares + inf/nan detection, and bulk dtype casts.
+// Adam/AdamW over fp32 master shards: the SIMD CPU kernel and the fused multi-tensor CUDA kernel (CUDA
+// builds), host declarations only (no CUDA headers). The per-element math is adam_math.h.
 //
 // Buffers: caller-owned; the kernels keep no pointer after returning. Elements need no particular
-// alignment (aligned data is faster). Thread-safety: calls are independent; a call may use the given
-// ThreadPool's workers and the calling thread.
+// alignment (aligned data is faster). Thread-safety: calls are independent; a CPU call may use the
+// given ThreadPool's workers and the calling thread.
 #pragma once
 
 #include <cstdint>
 #include <span>
-#include <string_view>
 
-#include "zrt/kernels/adam_math.h"
 #include "zrt/core/dtype.h"
 #include "zrt/core/status.h"
-
-namespace zrt {
-class ThreadPool;
-}
+#include "zrt/kernels/adam_math.h"
+#include "zrt/kernels/cpu.h"
 
 namespace zrt::kernels {
 
@@ -38,40 +34,26 @@ struct AdamTensorArgs {
   int64_t numel = 0;
 };
 
-// Which instruction set the CPU kernels use. kAuto picks the best the CPU (and OS) supports.
-enum class CpuIsa : uint8_t { kAuto, kScalar, kAvx2, kAvx512 };
-std::string_view CpuIsaName(CpuIsa isa);
-// The best ISA this machine supports (never kAuto).
-CpuIsa DetectCpuIsa();
-bool CpuSupports(CpuIsa isa);
-
-struct CpuKernelOptions {
-  ThreadPool* pool = nullptr;  // null: run on the calling thread only
-  int threads = 0;             // at most this many threads including the caller; <= 0: pool workers + 1
-  CpuIsa isa = CpuIsa::kAuto;  // forcing an unsupported ISA is an Unavailable error
-  int64_t chunk = 1 << 15;     // elements per work item (a multiple of 64 is kept aligned)
-};
-
 // Adam/AdamW step over `tensors`. grad_dtype: f32, bf16 or f16; copy_dtype: bf16 or f16 (used for the
 // tensors whose param_copy is set). Errors name the offending tensor index; nothing is modified then.
 Status AdamCpu(const AdamStepScalars& s, std::span<const AdamTensorArgs> tensors, DType grad_dtype,
                DType copy_dtype, const CpuKernelOptions& options = {});
 
-// Sum of squares of gradients (accumulated in double across blocks) and whether any is inf/NaN.
-// The result does not depend on the thread count (fixed chunking, ordered final sum).
-struct GradStats {
-  double sum_squares = 0;
-  bool nonfinite = false;
+// CUDA builds. Streams are passed as `void*` (a cudaStream_t; null = the legacy default stream); every
+// pointer is a device pointer. Launches are asynchronous: results are ready when the stream reaches
+// them; the host never waits.
+struct AdamCudaOptions {
+  void* stream = nullptr;
+  // Device int: when nonzero (set by GradSumSquaresCuda on inf/NaN) every block returns before
+  // touching any state, so an overflow step is skipped with no host synchronisation.
+  const int* skip_flag = nullptr;
+  // Device float multiplied into s.grad_scale (the clip/unscale multiplier from GradMultiplierCuda).
+  const float* grad_scale = nullptr;
 };
-struct GradRef {
-  const void* data = nullptr;
-  int64_t numel = 0;
-};
-Result<GradStats> GradSumSquaresCpu(std::span<const GradRef> grads, DType dtype, const CpuKernelOptions& options = {});
 
-// dst[i] = src[i] converted (f32/bf16/f16 in any direction; narrowing rounds to nearest even, NaN
-// stays NaN; widening is exact). src and dst must not overlap unless equal with equal dtypes.
-Status CastCpu(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n,
-               const CpuKernelOptions& options = {});
+// Fused multi-tensor Adam/AdamW: blocks map to (tensor, 64K-element chunk); 16-byte vector accesses
+// when the tensor's pointers allow; fused cast into param_copy. Same arguments and math as AdamCpu.
+Status AdamCuda(const AdamStepScalars& s, std::span<const AdamTensorArgs> tensors, DType grad_dtype, DType copy_dtype,
+                const AdamCudaOptions& options = {});
 
 }  // namespace zrt::kernels

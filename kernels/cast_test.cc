@@ -4,7 +4,7 @@
 #include <cstring>
 #include <random>
 
-#include "zrt/kernels/adam.h"
+#include "zrt/kernels/cast.h"
 #include "zrt/core/thread_pool.h"
 #include "tests/support/reference.h"
 

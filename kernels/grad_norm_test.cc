@@ -4,7 +4,7 @@
 #include <limits>
 #include <random>
 
-#include "zrt/kernels/adam.h"
+#include "zrt/kernels/grad_norm.h"
 #include "zrt/core/thread_pool.h"
 #include "tests/support/reference.h"
 

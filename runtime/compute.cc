@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "zrt/kernels/cast.h"
+
 namespace zrt {
 namespace {
 

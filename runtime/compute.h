@@ -12,6 +12,7 @@
 #include <span>
 
 #include "zrt/kernels/adam.h"
+#include "zrt/kernels/grad_norm.h"
 #include "zrt/core/device.h"
 
 namespace zrt {

@@ -4,7 +4,9 @@
 #include <cstring>
 #include <memory>
 
-#include "zrt/kernels/adam_cuda.h"
+#include "zrt/kernels/adam.h"
+#include "zrt/kernels/cast.h"
+#include "zrt/kernels/grad_norm.h"
 #include "zrt/runtime/compute.h"
 #include "zrt/core/cuda_device.h"
 #include "zrt/core/cuda_status.h"

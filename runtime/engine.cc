@@ -22,6 +22,7 @@
 
 #include "zrt/runtime/buffer_pool.h"
 #include "zrt/runtime/compute.h"
+#include "zrt/kernels/cast.h"
 #include "zrt/core/logging.h"
 #include "zrt/core/thread_pool.h"
 #include "zrt/runtime/param_gatherer.h"

@@ -7,7 +7,9 @@
 #include <cstring>
 #include <random>
 
-#include "zrt/kernels/adam_cuda.h"
+#include "zrt/kernels/adam.h"
+#include "zrt/kernels/cast.h"
+#include "zrt/kernels/grad_norm.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/support/reference.h"
 
