@@ -5,7 +5,10 @@
 // the choice is logged) or asked for. A request is split into blocks (default 1 MiB); with an O_DIRECT
 // descriptor, 4 KiB-aligned parts go direct and unaligned heads/tails through the buffered descriptor.
 // Short transfers, EAGAIN and EINTR are retried; other errors fail the request with the file, offset
-// and errno, and are also kept as the engine's sticky error, returned (once) by the next call.
+// and errno, returned by its handle's Wait (every handle must be waited). The io_uring backend probes
+// the opcodes it uses (kernels before 5.6 set up a ring and then fail every read) and falls back to
+// the thread pool; a ring that stops delivering completions fails everything in flight and the engine
+// stays failed (every later request returns that error), like NCCL's async error.
 //
 // Lifetimes: a buffer passed to Read/Write must stay valid and untouched, and its IoFile open, until
 // the handle is complete (Wait returned). Destroying the engine waits for everything in flight.
@@ -19,9 +22,11 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "zrt/core/status.h"
 #include "zrt/core/unique_fd.h"
+#include "zrt/offload/io_options.h"
 
 namespace zrt {
 
@@ -74,22 +79,31 @@ class IoHandle {
   std::shared_ptr<IoRequest> r_;
 };
 
-struct IoOptions {
-  enum class Backend { kAuto, kUring, kThreads };
-  Backend backend = Backend::kAuto;
-  int queue_depth = 32;           // blocks in flight at most
-  int64_t block_bytes = 1 << 20;  // requests are split into blocks of this size
-  int threads = 4;                // workers of the thread backend
-#if defined(ZRT_FAULT_INJECTION)
-  // Test builds only: called before each block (remainder) is issued. Return 0 to proceed (optionally
-  // lowering *len to force a short transfer), EAGAIN/EINTR to be retried, or an errno to fail with.
-  std::function<int(bool write, int64_t offset, size_t* len)> fault;
-#endif
+// The test seam of file I/O (../shared/STYLE.md item 9): an engine made with hooks asks them before
+// each transfer and before each durability step of the code that uses it; production code passes none.
+// Thread-safety: called from the engine's threads (transfers) and its users' (file operations) at once.
+class IoHooks {
+ public:
+  virtual ~IoHooks() = default;
+  // Before a block (or the remainder of a short one) is issued: 0 to proceed (optionally lowering
+  // *len to force a short transfer), EAGAIN or EINTR to be retried, another errno to fail it with.
+  virtual int BeforeTransfer(bool write, const std::string& path, int64_t offset, size_t* len) {
+    (void)write, (void)path, (void)offset, (void)len;
+    return 0;
+  }
+  // Before a durability step `op` ("fsync", "rename", "commit", ...) on `path`: 0, or the errno it fails with.
+  virtual int BeforeFileOp(std::string_view op, const std::string& path) {
+    (void)op, (void)path;
+    return 0;
+  }
+  // io_uring: before each wait for a completion; an errno makes the wait fail with it.
+  virtual int BeforeRingWait() { return 0; }
 };
 
 class IoEngine {
  public:
-  static Result<std::unique_ptr<IoEngine>> Create(const IoOptions& options = {});
+  // `hooks` (tests only; may be null) must outlive the engine.
+  static Result<std::unique_ptr<IoEngine>> Create(const IoOptions& options = {}, IoHooks* hooks = nullptr);
   virtual ~IoEngine() = default;
   virtual std::string_view backend() const = 0;  // "io_uring" or "threads"
 
@@ -98,6 +112,11 @@ class IoEngine {
   // Convenience: submit and wait.
   Status ReadSync(const IoFile& f, void* buf, size_t len, int64_t offset);
   Status WriteSync(const IoFile& f, const void* buf, size_t len, int64_t offset);
+  // A durability step of the caller's protocol: OK, or the hooks' injected failure ("<op> <path>: ...").
+  Status FileOp(std::string_view op, const std::string& path) const;
+  // fsync of f (after FileOp("fsync")).
+  Status Sync(const IoFile& f) const;
+  IoHooks* hooks() const { return hooks_; }
 
   // One block as the backends see it (internal).
   struct Block {
@@ -112,20 +131,20 @@ class IoEngine {
   };
 
  protected:
-  explicit IoEngine(const IoOptions& o) : options_(o) {}
-  virtual void Submit(std::unique_ptr<Block> b) = 0;
-  // Called by backends when a block ends; records the sticky error.
-  void Finish(Block& b, Status s);
+  IoEngine(const IoOptions& o, IoHooks* hooks) : options_(o), hooks_(hooks) {}
+  // Takes the blocks of one request (in order; each is finished exactly once, through Finish).
+  virtual void Submit(std::vector<std::unique_ptr<Block>> blocks) = 0;
+  // Called by backends when a block ends.
+  static void Finish(Block& b, Status s);
   // Before (re)issuing a block's remainder: moves an unaligned remainder off the O_DIRECT descriptor
-  // and applies the fault hook (test builds); returns an errno to fail the block with, or 0.
+  // and applies the hooks; returns an errno to fail the block with, or 0.
   int Fault(Block& b, size_t* len) const;
   static Status BlockError(const Block& b, int err);
   const IoOptions options_;
+  IoHooks* const hooks_;
 
  private:
   Result<IoHandle> Issue(const IoFile& f, char* buf, size_t len, int64_t offset, bool write);
-  std::mutex error_mu_;
-  Status sticky_;
 };
 
 }  // namespace zrt
