@@ -1,9 +1,54 @@
+// Communicator helpers shared by every backend.
+//
+// Argument check protocol: before the real operation every rank contributes its signature (collective
+// kind, count, dtype, op, root) to one all-reduce (MAX) over {v, -v}; if max(v) != -max(-v) for any
+// field, every rank learns it in the same call and returns InvalidArgument, so no rank enters a
+// mismatched collective (which MPI and NCCL leave undefined: hangs, truncation, overruns). The kind is
+// part of the signature: an all-reduce facing a reduce-scatter of the same count is refused too.
 #include "zrt/core/communicator.h"
 
 #include <algorithm>
 #include <cstring>
 
 namespace zrt {
+
+namespace {
+
+std::string_view CollectiveName(int64_t kind) {
+  switch (kind) {
+    case 1: return "broadcast";
+    case 2: return "all_reduce";
+    case 3: return "reduce_scatter";
+    case 4: return "all_gather";
+  }
+  return "?";
+}
+
+}  // namespace
+
+Status Communicator::CheckCollective(Collective kind, int64_t count, DType dtype, ReduceOp op, int root,
+                                     const std::function<Status(int64_t* v, int n)>& max_all_reduce) const {
+  constexpr int kFields = 5;
+  const int64_t mine[kFields] = {static_cast<int64_t>(kind), count, static_cast<int64_t>(dtype), static_cast<int64_t>(op), root};
+  int64_t v[2 * kFields];
+  for (int i = 0; i < kFields; ++i) {
+    v[i] = mine[i];
+    v[kFields + i] = -mine[i];
+  }
+  const std::string_view what = CollectiveName(mine[0]);
+  RETURN_IF_ERROR(max_all_reduce(v, 2 * kFields), what, " argument check");
+  static constexpr const char* kNames[] = {"collective", "count", "dtype", "op", "root"};
+  for (int i = 0; i < kFields; ++i) {
+    if (v[i] == -v[kFields + i]) continue;
+    if (i == 0) {
+      return InvalidArgumentError(what, " on rank ", rank(), " of ", size(), ": ranks disagree on the collective (this rank ",
+                                  what, "; the group calls ", CollectiveName(-v[kFields]), " to ", CollectiveName(v[0]), ")");
+    }
+    return InvalidArgumentError(what, " on rank ", rank(), " of ", size(), ": ranks disagree on ", kNames[i], " (this rank ",
+                                mine[i], ", range over ranks [", -v[kFields + i], ", ", v[i], "])");
+  }
+  return Status();
+}
 
 std::string_view ReduceOpName(ReduceOp op) {
   switch (op) {

@@ -15,6 +15,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -87,6 +89,13 @@ class Communicator {
   bool check_args() const { return check_args_; }
 
  protected:
+  enum class Collective : uint8_t { kBroadcast = 1, kAllReduce, kReduceScatter, kAllGather };
+  // The argument check every backend runs before a collective when check_args() is on and the group
+  // has more than one rank (protocol in communicator.cc). `max_all_reduce(v, n)` must all-reduce the n
+  // int64 values at v in place with MAX over the group, on the host. InvalidArgument on every rank
+  // when any rank disagrees on the collective, count, dtype, op or root.
+  Status CheckCollective(Collective kind, int64_t count, DType dtype, ReduceOp op, int root,
+                         const std::function<Status(int64_t* v, int n)>& max_all_reduce) const;
   bool check_args_ = true;
 };
 

@@ -1,9 +1,5 @@
-// MPI communicator.
-//
-// Protocol for checked collectives: before the real operation every rank contributes its signature
-// (collective kind, count, dtype, op, root) to one MPI_Allreduce(MAX) over {v, -v}; if max(v) != min(v)
-// for any field, every rank learns it in the same call and returns InvalidArgument, so no rank enters
-// a mismatched collective (which MPI leaves undefined: hangs, truncation, overruns).
+// MPI communicator. Checked collectives run Communicator::CheckCollective (protocol in
+// communicator.cc) over one MPI_Allreduce first.
 //
 // bf16/f16 reductions: inputs are widened into pooled f32 scratch, reduced as MPI_FLOAT, and narrowed
 // (round to nearest even) into the output when the handle completes. kAvg divides the f32 sum by the
@@ -170,23 +166,11 @@ MpiCommunicator::~MpiCommunicator() {
   if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
 }
 
-Status MpiCommunicator::CheckArgs(const char* what, int64_t count, DType dtype, ReduceOp op, int root) {
+Status MpiCommunicator::CheckArgs(Collective kind, int64_t count, DType dtype, ReduceOp op, int root) {
   if (!check_args_ || size_ == 1) return Status();
-  const int64_t mine[5] = {count, static_cast<int64_t>(dtype), static_cast<int64_t>(op), root, 0};
-  int64_t v[10];
-  for (int i = 0; i < 5; ++i) {
-    v[i] = mine[i];
-    v[5 + i] = -mine[i];
-  }
-  RETURN_IF_ERROR(MpiStatus(MPI_Allreduce(MPI_IN_PLACE, v, 10, MPI_INT64_T, MPI_MAX, comm_), what), "argument check");
-  static constexpr const char* kFields[] = {"count", "dtype", "op", "root"};
-  for (int i = 0; i < 4; ++i) {
-    if (v[i] != -v[5 + i]) {
-      return InvalidArgumentError(what, " on rank ", rank_, " of ", size_, ": ranks disagree on ", kFields[i],
-                                  " (this rank ", mine[i], ", range over ranks [", -v[5 + i], ", ", v[i], "])");
-    }
-  }
-  return Status();
+  return CheckCollective(kind, count, dtype, op, root, [this](int64_t* v, int n) {
+    return MpiStatus(MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_INT64_T, MPI_MAX, comm_), "MPI_Allreduce");
+  });
 }
 
 Status MpiCommunicator::Barrier() { return MpiStatus(MPI_Barrier(comm_), "barrier"); }
@@ -196,7 +180,7 @@ Status MpiCommunicator::Broadcast(void* buf, size_t count, DType dtype, int root
   if (count > 0 && buf == nullptr) return InvalidArgumentError("broadcast: null buffer");
   RETURN_IF_ERROR(CheckCount("broadcast", count));
   ASSIGN_OR_RETURN(MPI_Datatype type, MpiType(dtype));
-  RETURN_IF_ERROR(CheckArgs("broadcast", static_cast<int64_t>(count), dtype, ReduceOp::kSum, root));
+  RETURN_IF_ERROR(CheckArgs(Collective::kBroadcast, static_cast<int64_t>(count), dtype, ReduceOp::kSum, root));
   return MpiStatus(MPI_Bcast(buf, static_cast<int>(count), type, root, comm_), "broadcast");
 }
 
@@ -206,7 +190,7 @@ Result<CommHandle> MpiCommunicator::AllReduceAsync(const void* send, void* recv,
   if (count > 0 && (send == nullptr || recv == nullptr)) return InvalidArgumentError("all_reduce: null buffer");
   RETURN_IF_ERROR(CheckCount("all_reduce", count));
   ASSIGN_OR_RETURN(MPI_Op mop, MpiOp(op));
-  RETURN_IF_ERROR(CheckArgs("all_reduce", static_cast<int64_t>(count), dtype, op, 0));
+  RETURN_IF_ERROR(CheckArgs(Collective::kAllReduce, static_cast<int64_t>(count), dtype, op, 0));
   const int n = static_cast<int>(count);
   const float divisor = static_cast<float>(size_);
   MPI_Request req = MPI_REQUEST_NULL;
@@ -236,7 +220,7 @@ Result<CommHandle> MpiCommunicator::ReduceScatterAsync(const void* send, void* r
   if (!IsFloating(dtype)) return InvalidArgumentError("reduce_scatter: dtype ", DTypeName(dtype), " cannot be reduced");
   if (recv_count > 0 && (send == nullptr || recv == nullptr)) return InvalidArgumentError("reduce_scatter: null buffer");
   RETURN_IF_ERROR(CheckCount("reduce_scatter", recv_count * static_cast<size_t>(size_)));
-  RETURN_IF_ERROR(CheckArgs("reduce_scatter", static_cast<int64_t>(recv_count), dtype, op, 0));
+  RETURN_IF_ERROR(CheckArgs(Collective::kReduceScatter, static_cast<int64_t>(recv_count), dtype, op, 0));
   const int n = static_cast<int>(recv_count);
   const float divisor = static_cast<float>(size_);
   MPI_Request req = MPI_REQUEST_NULL;
@@ -265,7 +249,7 @@ Result<CommHandle> MpiCommunicator::AllGatherAsync(const void* send, void* recv,
   if (send_count > 0 && (send == nullptr || recv == nullptr)) return InvalidArgumentError("all_gather: null buffer");
   RETURN_IF_ERROR(CheckCount("all_gather", send_count * static_cast<size_t>(size_)));
   ASSIGN_OR_RETURN(MPI_Datatype type, MpiType(dtype));
-  RETURN_IF_ERROR(CheckArgs("all_gather", static_cast<int64_t>(send_count), dtype, ReduceOp::kSum, 0));
+  RETURN_IF_ERROR(CheckArgs(Collective::kAllGather, static_cast<int64_t>(send_count), dtype, ReduceOp::kSum, 0));
   const size_t block_bytes = send_count * DTypeSize(dtype);
   const void* own_block = static_cast<const char*>(recv) + block_bytes * static_cast<size_t>(rank_);
   const void* s = send == own_block ? MPI_IN_PLACE : send;

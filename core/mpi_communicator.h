@@ -72,8 +72,8 @@ class MpiCommunicator final : public Communicator {
 
  private:
   explicit MpiCommunicator(MPI_Comm comm);
-  // Verifies that every rank called `what` with the same signature (see Communicator).
-  Status CheckArgs(const char* what, int64_t count, DType dtype, ReduceOp op, int root);
+  // Verifies that every rank called the same collective with the same arguments (CheckCollective).
+  Status CheckArgs(Collective kind, int64_t count, DType dtype, ReduceOp op, int root);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;

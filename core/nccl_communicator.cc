@@ -188,27 +188,15 @@ Result<CommHandle> NcclCommunicator::Run(std::string what, const void* send, siz
   return CommHandle();
 }
 
-Status NcclCommunicator::CheckArgs(const char* what, int64_t count, DType dtype, ReduceOp op, int root) {
+Status NcclCommunicator::CheckArgs(Collective kind, int64_t count, DType dtype, ReduceOp op, int root) {
   if (!check_args_ || size_ == 1) return Status();
-  const int64_t mine[4] = {count, static_cast<int64_t>(dtype), static_cast<int64_t>(op), root};
-  int64_t v[8];
-  for (int i = 0; i < 4; ++i) {
-    v[i] = mine[i];
-    v[4 + i] = -mine[i];
-  }
-  ASSIGN_OR_RETURN(CommHandle h, Run(internal::StrCat(what, " argument check"), v, sizeof(v), v, sizeof(v),
-                                     [this](const void* s, void* r, cudaStream_t st) {
-                                       return ncclAllReduce(s, r, 8, ncclInt64, ncclMax, comm_, st);
-                                     }));
-  RETURN_IF_ERROR(h.Wait());
-  static constexpr const char* kFields[] = {"count", "dtype", "op", "root"};
-  for (int i = 0; i < 4; ++i) {
-    if (v[i] != -v[4 + i]) {
-      return InvalidArgumentError(what, " on rank ", rank_, " of ", size_, ": ranks disagree on ", kFields[i], " (this rank ",
-                                  mine[i], ", range over ranks [", -v[4 + i], ", ", v[i], "])");
-    }
-  }
-  return Status();
+  return CheckCollective(kind, count, dtype, op, root, [this](int64_t* v, int n) -> Status {
+    const size_t bytes = static_cast<size_t>(n) * sizeof(int64_t);
+    ASSIGN_OR_RETURN(CommHandle h, Run("argument check", v, bytes, v, bytes, [this, n](const void* s, void* r, cudaStream_t st) {
+                       return ncclAllReduce(s, r, static_cast<size_t>(n), ncclInt64, ncclMax, comm_, st);
+                     }));
+    return h.Wait();
+  });
 }
 
 Status NcclCommunicator::Barrier() {
@@ -223,7 +211,7 @@ Status NcclCommunicator::Broadcast(void* buf, size_t count, DType dtype, int roo
   if (root < 0 || root >= size_) return InvalidArgumentError("broadcast: root ", root, " outside [0, ", size_, ")");
   if (count > 0 && buf == nullptr) return InvalidArgumentError("broadcast: null buffer");
   ASSIGN_OR_RETURN(ncclDataType_t t, NcclType(dtype), "broadcast");
-  RETURN_IF_ERROR(CheckArgs("broadcast", static_cast<int64_t>(count), dtype, ReduceOp::kSum, root));
+  RETURN_IF_ERROR(CheckArgs(Collective::kBroadcast, static_cast<int64_t>(count), dtype, ReduceOp::kSum, root));
   const size_t bytes = count * DTypeSize(dtype);
   ASSIGN_OR_RETURN(CommHandle h, Run(internal::StrCat("broadcast #", ++seq_, " (", count, " x ", DTypeName(dtype), ")"), buf,
                                      bytes, buf, bytes, [&](const void* s, void* r, cudaStream_t st) {
@@ -238,7 +226,7 @@ Result<CommHandle> NcclCommunicator::AllReduceAsync(const void* send, void* recv
   if (count > 0 && (send == nullptr || recv == nullptr)) return InvalidArgumentError("all_reduce: null buffer");
   ASSIGN_OR_RETURN(ncclDataType_t t, NcclType(dtype), "all_reduce");
   ASSIGN_OR_RETURN(ncclRedOp_t o, NcclOp(op, dtype), "all_reduce");
-  RETURN_IF_ERROR(CheckArgs("all_reduce", static_cast<int64_t>(count), dtype, op, 0));
+  RETURN_IF_ERROR(CheckArgs(Collective::kAllReduce, static_cast<int64_t>(count), dtype, op, 0));
   const size_t bytes = count * DTypeSize(dtype);
   return Run(internal::StrCat("all_reduce #", ++seq_, " (", count, " x ", DTypeName(dtype), ", ", ReduceOpName(op), ")"), send,
              bytes, recv, bytes, [&](const void* s, void* r, cudaStream_t st) {
@@ -252,7 +240,7 @@ Result<CommHandle> NcclCommunicator::ReduceScatterAsync(const void* send, void* 
   if (recv_count > 0 && (send == nullptr || recv == nullptr)) return InvalidArgumentError("reduce_scatter: null buffer");
   ASSIGN_OR_RETURN(ncclDataType_t t, NcclType(dtype), "reduce_scatter");
   ASSIGN_OR_RETURN(ncclRedOp_t o, NcclOp(op, dtype), "reduce_scatter");
-  RETURN_IF_ERROR(CheckArgs("reduce_scatter", static_cast<int64_t>(recv_count), dtype, op, 0));
+  RETURN_IF_ERROR(CheckArgs(Collective::kReduceScatter, static_cast<int64_t>(recv_count), dtype, op, 0));
   const size_t bytes = recv_count * DTypeSize(dtype);
   return Run(internal::StrCat("reduce_scatter #", ++seq_, " (", recv_count, " x ", DTypeName(dtype), " per rank)"), send,
              bytes * static_cast<size_t>(size_), recv, bytes, [&](const void* s, void* r, cudaStream_t st) {
@@ -263,7 +251,7 @@ Result<CommHandle> NcclCommunicator::ReduceScatterAsync(const void* send, void* 
 Result<CommHandle> NcclCommunicator::AllGatherAsync(const void* send, void* recv, size_t send_count, DType dtype) {
   if (send_count > 0 && (send == nullptr || recv == nullptr)) return InvalidArgumentError("all_gather: null buffer");
   ASSIGN_OR_RETURN(ncclDataType_t t, NcclType(dtype), "all_gather");
-  RETURN_IF_ERROR(CheckArgs("all_gather", static_cast<int64_t>(send_count), dtype, ReduceOp::kSum, 0));
+  RETURN_IF_ERROR(CheckArgs(Collective::kAllGather, static_cast<int64_t>(send_count), dtype, ReduceOp::kSum, 0));
   const size_t bytes = send_count * DTypeSize(dtype);
   return Run(internal::StrCat("all_gather #", ++seq_, " (", send_count, " x ", DTypeName(dtype), " per rank)"), send, bytes,
              recv, bytes * static_cast<size_t>(size_), [&](const void* s, void* r, cudaStream_t st) {

@@ -75,7 +75,7 @@ class NcclCommunicator final : public Communicator {
   template <class Fn>
   Result<CommHandle> Enqueue(std::string what, Fn fn);
   Status WaitComputeStream();  // host wait that gives up when the watchdog fires
-  Status CheckArgs(const char* what, int64_t count, DType dtype, ReduceOp op, int root);
+  Status CheckArgs(Collective kind, int64_t count, DType dtype, ReduceOp op, int root);  // CheckCollective over NCCL
   void Abort();  // the watchdog's: once
 
   CudaDevice* device_;

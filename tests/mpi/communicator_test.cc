@@ -229,6 +229,15 @@ TEST_F(CommTest, MismatchedArgumentsAreAnErrorOnEveryRank) {
   s = comm_->AllGather(buf.data(), buf.data() + 32, 4, t);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("dtype"), std::string_view::npos) << s;
+  // The same count, dtype and op, but another collective: refused too (it would hang or corrupt).
+  if (rank() == 0) {
+    s = comm_->AllReduce(buf.data(), buf.data(), 4, DType::kF32, ReduceOp::kSum);
+  } else {
+    s = comm_->ReduceScatter(buf.data(), buf.data() + 32, 4, DType::kF32, ReduceOp::kSum);
+  }
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("disagree on the collective"), std::string_view::npos) << s;
+  EXPECT_NE(s.message().find(rank() == 0 ? "this rank all_reduce" : "this rank reduce_scatter"), std::string_view::npos) << s;
   // The communicator is still usable afterwards.
   float v = 1.0f;
   ASSERT_TRUE(comm_->AllReduce(&v, &v, 1, DType::kF32, ReduceOp::kSum).ok());
