@@ -18,8 +18,10 @@
 #include <string>
 
 #include "bench/bench_util.h"
+#include "zrt/checkpoint/catalog.h"
 #include "zrt/checkpoint/checkpointer.h"
-#include "zrt/checkpoint/reader.h"
+#include "zrt/checkpoint/codec.h"
+#include "zrt/checkpoint/load.h"
 #include "zrt/core/mpi_communicator.h"
 #include "zrt/runtime/engine.h"
 

@@ -27,13 +27,22 @@
 
 #include <nlohmann/json.hpp>
 
-#include "zrt/checkpoint/format.h"
-#include "zrt/offload/io_engine.h"
+#include "zrt/checkpoint/compression.h"
 #include "zrt/core/communicator.h"
 #include "zrt/core/device.h"
 #include "zrt/core/state_view.h"
+#include "zrt/offload/io_options.h"
+
+namespace zrt {
+class IoEngine;
+class IoHooks;
+}  // namespace zrt
 
 namespace zrt::ckpt {
+
+namespace internal {
+struct CheckpointerTesting;  // tests/support/checkpointer_testing.h: fault injection through IoHooks
+}  // namespace internal
 
 struct CheckpointOptions {
   std::string root;
@@ -42,11 +51,6 @@ struct CheckpointOptions {
   int keep_last = 0;                 // retention: keep the newest K complete checkpoints (0: keep all)
   int64_t keep_every = 0;            // ... and also every step that is a multiple of this (0: none)
   IoOptions io;
-#if defined(ZRT_FAULT_INJECTION)
-  // Test builds only: called before "fsync", "rename" and "commit" with the path; a nonzero errno fails
-  // that operation.
-  std::function<int(std::string_view op, const std::string& path)> fault;
-#endif
 };
 
 struct SaveStats {
@@ -72,13 +76,15 @@ class Checkpointer {
   const CheckpointOptions& options() const { return o_; }
 
  private:
+  friend struct internal::CheckpointerTesting;
   struct Job;
   Checkpointer(Communicator* comm, Device* device, const CheckpointOptions& o);
+  // `hooks` (tests only) inject I/O and durability failures.
+  static Result<std::unique_ptr<Checkpointer>> Create(Communicator* comm, Device* device, const CheckpointOptions& o,
+                                                      IoHooks* hooks);
   Status Commit();
   void WriterLoop();
   Status WriteFiles(Job& job);
-  Status Fault(std::string_view op, const std::string& path) const;
-  Status RemoveOld();
 
   Communicator* comm_;
   Device* device_;

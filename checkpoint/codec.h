@@ -1,23 +1,14 @@
-// Chunk encoding: optional byte-grouping (each element's bytes split into planes, so exponents sit
-// together) then zstd; a chunk that does not shrink is stored raw. xxh3-64 over the stored bytes.
+// Chunk encoding (compression.h's codecs): a chunk that does not shrink is stored raw. xxh3-64 over
+// the stored bytes.
 #pragma once
 
 #include <cstdint>
-#include <string_view>
 #include <vector>
 
+#include "zrt/checkpoint/compression.h"
 #include "zrt/core/status.h"
 
 namespace zrt::ckpt {
-
-enum class Codec : uint8_t { kRaw = 0, kZstd = 1, kByteGroupZstd = 2 };
-std::string_view CodecName(Codec c);  // "raw", "zstd", "bg+zstd"
-Result<Codec> ParseCodec(std::string_view name);
-
-struct CompressOptions {
-  Codec codec = Codec::kRaw;  // off by default: the disk outruns zstd on model state (DESIGN.md)
-  int level = 1;
-};
 
 // Encodes `bytes` of elements of `elem_size` bytes into `out` and returns the codec used (kRaw when
 // compression is off or does not shrink the chunk; then `out` is left empty and the caller writes

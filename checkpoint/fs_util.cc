@@ -12,7 +12,7 @@
 
 namespace zrt::ckpt {
 
-Status WriteFileDurably(const std::string& dir, const std::string& name, std::string_view content) {
+Status WriteFileDurably(const IoEngine& io, const std::string& dir, const std::string& name, std::string_view content) {
   const std::string tmp = dir + "/" + name + ".tmp", final = dir + "/" + name;
   UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (!fd.valid()) return ErrnoStatus(errno, "creating " + tmp);
@@ -25,8 +25,10 @@ Status WriteFileDurably(const std::string& dir, const std::string& name, std::st
     }
     done += static_cast<size_t>(n);
   }
+  RETURN_IF_ERROR(io.FileOp("fsync", tmp));
   if (::fsync(fd.get()) != 0) return ErrnoStatus(errno, "fsync " + tmp);
   RETURN_IF_ERROR(std::move(fd).Close(), tmp);
+  RETURN_IF_ERROR(io.FileOp("rename", tmp));
   return RenamePath(tmp, final);
 }
 

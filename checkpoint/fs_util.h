@@ -1,16 +1,18 @@
-// Small durable-filesystem helpers for the checkpoint module (errors name the path).
+// Small durable-filesystem helpers for the checkpoint module (errors name the path). Durability steps
+// ask `io`'s hooks first (the fault-injection seam, offload/io_engine.h).
 #pragma once
 
 #include <string>
 #include <string_view>
 
 #include "zrt/core/status.h"
+#include "zrt/offload/io_engine.h"
 
 namespace zrt::ckpt {
 
 // Writes `content` to dir/name through dir/name.tmp: write, fsync, close, rename. The caller fsyncs
 // the directory when the name must be durable.
-Status WriteFileDurably(const std::string& dir, const std::string& name, std::string_view content);
+Status WriteFileDurably(const IoEngine& io, const std::string& dir, const std::string& name, std::string_view content);
 Status FsyncDir(const std::string& dir);
 Result<std::string> ReadWholeFile(const std::string& path);
 Status RenamePath(const std::string& from, const std::string& to);

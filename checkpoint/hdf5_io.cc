@@ -7,11 +7,13 @@
 #include <ctime>
 #include <filesystem>
 #include <map>
-#include <random>
 
+#include "zrt/checkpoint/commit.h"
+#include "zrt/checkpoint/files.h"
 #include "zrt/checkpoint/fs_util.h"
-#include "zrt/checkpoint/reader.h"
 #include "zrt/checkpoint/shard_writer.h"
+#include "zrt/checkpoint/verify.h"
+#include "zrt/checkpoint/whole_group.h"
 #include "zrt/core/device.h"
 #include "zrt/core/logging.h"
 
@@ -255,10 +257,7 @@ Status ImportHdf5(const std::string& in_path, const std::string& out_root, const
     else if (have > 0) return InvalidArgumentError("import: /optimizer/", k, " in ", in_path, " covers only some tensors");
   }
   Manifest m;
-  char nonce[17];
-  std::random_device rd;
-  std::snprintf(nonce, sizeof(nonce), "%08x%08x", rd(), rd());
-  m.nonce = nonce;
+  m.nonce = NewNonce();
   m.world_size = o.world_size;
   m.shards = o.stage == 0 ? 1 : o.world_size;
   m.stage = o.stage;
@@ -292,55 +291,43 @@ Status ImportHdf5(const std::string& in_path, const std::string& out_root, const
     for (size_t t = 0; t < ge.tensors.size(); ++t) ge.tensors[t].offset = l.tensor_offset(static_cast<int64_t>(t));
     layouts.push_back(std::move(l));
   }
-  const std::string final_dir = out_root + "/" + StepDirName(m.step), tmp = final_dir + ".tmp-" + m.nonce;
-  if (fs::exists(final_dir)) return AlreadyExistsError("import: ", final_dir, " exists");
-  RETURN_IF_ERROR(MakeDirs(tmp));
-  ASSIGN_OR_RETURN(auto io, IoEngine::Create(IoOptions{}));
+  const SaveDir save = SaveDirFor(out_root, m.step, m.nonce);
+  if (fs::exists(save.final)) return AlreadyExistsError("import: ", save.final, " exists");
+  RETURN_IF_ERROR(BeginSave(save), "import");
+  ASSIGN_OR_RETURN(auto io, IoEngine::Create(IoOptions{}), "import");
   CpuDevice device;
-  auto fail = [&](Status s) {
-    (void)RemoveTree(tmp).ok();
-    return s.WithContext("import");
-  };
   // One new shard at a time; the last tensor read stays cached (consecutive shards share it).
   std::string cached_path;
   std::vector<float> cached;
-  for (int r = 0; r < m.shards; ++r) {
-    std::vector<DeviceBuffer> bufs;
-    std::vector<ShardPiece32> pieces;
-    for (int g = 0; g < static_cast<int>(m.groups.size()); ++g) {
-      const GroupEntry& ge = m.groups[static_cast<size_t>(g)];
-      const ShardLayout& l = layouts[static_cast<size_t>(g)];
-      for (size_t k = 0; k < kinds.size(); ++k) {
-        auto b = device.Allocate(static_cast<size_t>(l.shard_size()) * 4, MemCategory::kStaging, kIoAlignment);
-        if (!b.ok()) return fail(b.status());
-        std::memset(b->data(), 0, static_cast<size_t>(l.shard_size()) * 4);
-        for (const ShardPiece& p : l.RankPieces(r)) {
-          const TensorEntry& te = ge.tensors[static_cast<size_t>(p.tensor)];
-          const std::string path = (kinds[k] == "master" ? "/params/" : "/optimizer/" + kinds[k] + "/") + te.name;
-          if (path != cached_path) {
-            auto data = ReadTensor(file.get(), path, te.numel, in_path);
-            if (!data.ok()) return fail(data.status());
-            cached = std::move(*data);
-            cached_path = path;
+  auto write_shards = [&]() -> Status {
+    for (int r = 0; r < m.shards; ++r) {
+      std::vector<DeviceBuffer> bufs;
+      ShardState state(m.groups.size());
+      for (int g = 0; g < static_cast<int>(m.groups.size()); ++g) {
+        const GroupEntry& ge = m.groups[static_cast<size_t>(g)];
+        const ShardLayout& l = layouts[static_cast<size_t>(g)];
+        for (size_t k = 0; k < kinds.size(); ++k) {
+          ASSIGN_OR_RETURN(DeviceBuffer b, device.Allocate(static_cast<size_t>(l.shard_size()) * 4, MemCategory::kStaging, kIoAlignment));
+          std::memset(b.data(), 0, static_cast<size_t>(l.shard_size()) * 4);
+          for (const ShardPiece& p : l.RankPieces(r)) {
+            const TensorEntry& te = ge.tensors[static_cast<size_t>(p.tensor)];
+            const std::string path = (kinds[k] == "master" ? "/params/" : "/optimizer/" + kinds[k] + "/") + te.name;
+            if (path != cached_path) {
+              ASSIGN_OR_RETURN(cached, ReadTensor(file.get(), path, te.numel, in_path));
+              cached_path = path;
+            }
+            std::memcpy(b.as<float>() + p.shard_offset, cached.data() + p.tensor_offset, static_cast<size_t>(p.count) * 4);
           }
-          std::memcpy(b->as<float>() + p.shard_offset, cached.data() + p.tensor_offset, static_cast<size_t>(p.count) * 4);
+          state[static_cast<size_t>(g)].push_back({kinds[k], DType::kF32, b.data(), l.shard_size()});
+          bufs.push_back(std::move(b));
         }
-        pieces.push_back({g, static_cast<int>(k), b->as<float>(), l.shard_size()});
-        bufs.push_back(std::move(*b));
       }
+      RETURN_IF_ERROR(WriteShard(*io, save.tmp, m, r, state, CompressOptions{}));
+      if (progress) progress(r + 1, m.shards);
     }
-    if (Status s = WriteShard(*io, tmp, m, r, pieces, CompressOptions{}, nullptr, nullptr); !s.ok()) return fail(s);
-    if (progress) progress(r + 1, m.shards);
-  }
-  if (Status s = WriteFileDurably(tmp, std::string(kManifestFile), EncodeManifest(m)); !s.ok()) return fail(s);
-  std::vector<std::string> problems;
-  if (Status s = CheckComplete(tmp, VerifyLevel::kMetadata, &problems); !s.ok() || !problems.empty()) {
-    return fail(s.ok() ? DataLossError(problems.front()) : s);
-  }
-  RETURN_IF_ERROR(FsyncDir(tmp));
-  RETURN_IF_ERROR(RenamePath(tmp, final_dir));
-  RETURN_IF_ERROR(FsyncDir(out_root));
-  return WriteFileDurably(out_root, std::string(kLatestFile), StepDirName(m.step) + "\n");
+    return PublishFile(*io, save.tmp, kManifestFile, EncodeManifest(m));
+  };
+  return Commit(nullptr, write_shards(), save, Retention{}, *io).WithContext("import");
 }
 
 }  // namespace zrt::ckpt

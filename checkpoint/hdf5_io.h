@@ -12,15 +12,13 @@
 // shapes; missing attributes default (group "default", registration order = name order, step 0).
 #pragma once
 
-#include <functional>
 #include <string>
 
+#include "zrt/checkpoint/progress.h"
 #include "zrt/core/dtype.h"
 #include "zrt/core/status.h"
 
 namespace zrt::ckpt {
-
-using ProgressFn = std::function<void(int64_t done, int64_t total)>;
 
 struct ExportOptions {
   bool all_states = false;   // params only, or also the optimizer state

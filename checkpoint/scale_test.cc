@@ -6,7 +6,7 @@
 #include <chrono>
 
 #include "zrt/checkpoint/format.h"
-#include "zrt/checkpoint/reader.h"
+#include "zrt/checkpoint/reshard.h"
 
 namespace zrt::ckpt {
 namespace {

@@ -7,16 +7,21 @@
 
 namespace zrt::ckpt {
 
-Status WriteShard(IoEngine& io, const std::string& dir, const Manifest& m, int rank, const std::vector<ShardPiece32>& pieces,
-                  const CompressOptions& compression, const std::function<int(std::string_view, const std::string&)>& fault,
-                  ShardWriteStats* stats) {
+Status WriteShard(IoEngine& io, const std::string& dir, const Manifest& m, int rank, const ShardState& state,
+                  const CompressOptions& compression, ShardWriteStats* stats) {
   constexpr int64_t kAlign = static_cast<int64_t>(kIoAlignment);
-  auto check = [&](std::string_view op, const std::string& path) -> Status {
-    if (fault) {
-      if (const int err = fault(op, path); err != 0) return ErrnoStatus(err, std::string(op) + " " + path);
+  if (state.size() != m.groups.size()) {
+    return InvalidArgumentError("shard ", rank, ": ", state.size(), " groups of state for a manifest of ", m.groups.size());
+  }
+  for (size_t g = 0; g < state.size(); ++g) {
+    if (state[g].size() != m.groups[g].kinds.size()) {
+      return InvalidArgumentError("shard ", rank, ", group '", m.groups[g].name, "': ", state[g].size(), " state buffers for ",
+                                  m.groups[g].kinds.size(), " kinds");
     }
-    return Status();
-  };
+    for (const StateBuffer& b : state[g]) {
+      if (b.dtype != DType::kF32) return InvalidArgumentError("shard ", rank, ": state '", b.kind, "' must be f32");
+    }
+  }
   RankIndex index;
   index.nonce = m.nonce;
   index.step = m.step;
@@ -52,34 +57,37 @@ Status WriteShard(IoEngine& io, const std::string& dir, const Manifest& m, int r
     return Status();
   };
   auto write_all = [&]() -> Status {
-    for (const ShardPiece32& p : pieces) {
-      for (int64_t e = 0; e < p.elements; e += m.chunk_elements) {
-        const int64_t n = std::min(m.chunk_elements, p.elements - e);
-        const size_t raw_bytes = static_cast<size_t>(n) * 4;
-        InFlight w;
-        const char* raw = p.data == nullptr ? nullptr : reinterpret_cast<const char*>(p.data + e);
-        if (raw == nullptr) {
-          if (!p.read) return InvalidArgumentError("shard piece of group ", p.group, " has neither data nor a read function");
-          if (spare.empty()) {
-            ASSIGN_OR_RETURN(w.raw, host.Allocate(static_cast<size_t>(m.chunk_elements) * 4, MemCategory::kStaging, kIoAlignment));
-          } else {
-            w.raw = std::move(spare.back());
-            spare.pop_back();
+    for (size_t g = 0; g < state.size(); ++g) {
+      for (size_t k = 0; k < state[g].size(); ++k) {
+        const StateBuffer& p = state[g][k];
+        for (int64_t e = 0; e < p.count; e += m.chunk_elements) {
+          const int64_t n = std::min(m.chunk_elements, p.count - e);
+          const size_t raw_bytes = static_cast<size_t>(n) * 4;
+          InFlight w;
+          const char* raw = p.data == nullptr ? nullptr : static_cast<const char*>(p.data) + static_cast<size_t>(e) * 4;
+          if (raw == nullptr) {
+            if (!p.read) return InvalidArgumentError("state '", p.kind, "' of group '", m.groups[g].name, "' has neither data nor a read function");
+            if (spare.empty()) {
+              ASSIGN_OR_RETURN(w.raw, host.Allocate(static_cast<size_t>(m.chunk_elements) * 4, MemCategory::kStaging, kIoAlignment));
+            } else {
+              w.raw = std::move(spare.back());
+              spare.pop_back();
+            }
+            RETURN_IF_ERROR(p.read(e, n, w.raw.data()), "reading state '", p.kind, "' of group '", m.groups[g].name, "' at element ", e);
+            raw = w.raw.as<char>();
           }
-          RETURN_IF_ERROR(p.read(e, n, w.raw.data()), "reading state of group ", p.group, " at element ", e);
-          raw = w.raw.as<char>();
+          ASSIGN_OR_RETURN(Codec codec, EncodeChunk(raw, raw_bytes, 4, compression, &scratch, &w.buf));
+          const char* stored = codec == Codec::kRaw ? raw : w.buf.data();
+          const size_t stored_bytes = codec == Codec::kRaw ? raw_bytes : w.buf.size();
+          if (codec == Codec::kRaw) file_off = (file_off + kAlign - 1) / kAlign * kAlign;  // raw chunks stay O_DIRECT-able
+          index.chunks.push_back(ChunkEntry{static_cast<int>(g), static_cast<int>(k), e, n, file_off,
+                                            static_cast<int64_t>(stored_bytes), codec, Checksum(stored, stored_bytes)});
+          ASSIGN_OR_RETURN(w.handle, io.Write(f, stored, stored_bytes, file_off));
+          window.push_back(std::move(w));
+          RETURN_IF_ERROR(drain(16));
+          file_off += static_cast<int64_t>(stored_bytes);
+          if (stats) stats->stored_bytes += static_cast<int64_t>(stored_bytes);
         }
-        ASSIGN_OR_RETURN(Codec codec, EncodeChunk(raw, raw_bytes, 4, compression, &scratch, &w.buf));
-        const char* stored = codec == Codec::kRaw ? raw : w.buf.data();
-        const size_t stored_bytes = codec == Codec::kRaw ? raw_bytes : w.buf.size();
-        if (codec == Codec::kRaw) file_off = (file_off + kAlign - 1) / kAlign * kAlign;  // raw chunks stay O_DIRECT-able
-        index.chunks.push_back(ChunkEntry{p.group, p.kind, e, n, file_off, static_cast<int64_t>(stored_bytes), codec,
-                                          Checksum(stored, stored_bytes)});
-        ASSIGN_OR_RETURN(w.handle, io.Write(f, stored, stored_bytes, file_off));
-        window.push_back(std::move(w));
-        RETURN_IF_ERROR(drain(16));
-        file_off += static_cast<int64_t>(stored_bytes);
-        if (stats) stats->stored_bytes += static_cast<int64_t>(stored_bytes);
       }
     }
     return drain(0);
@@ -89,13 +97,12 @@ Status WriteShard(IoEngine& io, const std::string& dir, const Manifest& m, int r
     return s;
   }
   index.data_bytes = file_off;
-  RETURN_IF_ERROR(check("fsync", tmp));
-  RETURN_IF_ERROR(f.Sync());
+  RETURN_IF_ERROR(io.Sync(f));
   RETURN_IF_ERROR(std::move(f).Close());
-  RETURN_IF_ERROR(check("rename", tmp));
+  RETURN_IF_ERROR(io.FileOp("rename", tmp));
   RETURN_IF_ERROR(RenamePath(tmp, dir + "/" + index.data_file));
   // The index last: its presence says this rank's data is durable.
-  return WriteFileDurably(dir, IndexFileName(rank), EncodeIndex(index));
+  return WriteFileDurably(io, dir, IndexFileName(rank), EncodeIndex(index));
 }
 
 }  // namespace zrt::ckpt

@@ -3,7 +3,8 @@
 #include <cstdio>
 
 #include "zrt/checkpoint/checkpointer.h"
-#include "zrt/checkpoint/reader.h"
+#include "zrt/checkpoint/catalog.h"
+#include "zrt/checkpoint/load.h"
 #include "zrt/core/mpi_communicator.h"
 #include "zrt/runtime/engine.h"
 

@@ -21,7 +21,8 @@
 #include <iostream>
 
 #include "zrt/checkpoint/checkpointer.h"
-#include "zrt/checkpoint/reader.h"
+#include "zrt/checkpoint/catalog.h"
+#include "zrt/checkpoint/load.h"
 #include "examples/charlm/model.h"
 #include "zrt/core/logging.h"
 #include "zrt/offload/host_memory.h"

@@ -10,7 +10,8 @@
 #include <filesystem>
 
 #include "zrt/checkpoint/checkpointer.h"
-#include "zrt/checkpoint/reader.h"
+#include "zrt/checkpoint/catalog.h"
+#include "zrt/checkpoint/load.h"
 #include "zrt/offload/host_memory.h"
 #include "zrt/runtime/engine.h"
 #include "tests/gpu/nccl_fixture.h"

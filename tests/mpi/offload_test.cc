@@ -10,7 +10,8 @@
 #include <filesystem>
 
 #include "zrt/checkpoint/checkpointer.h"
-#include "zrt/checkpoint/reader.h"
+#include "zrt/checkpoint/catalog.h"
+#include "zrt/checkpoint/load.h"
 #include "tests/mpi/engine_fixture.h"
 
 namespace zrt {

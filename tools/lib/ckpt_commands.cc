@@ -1,26 +1,25 @@
 #include "tools/lib/ckpt_commands.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <ctime>
 #include <filesystem>
 #include <iomanip>
 #include <limits>
 #include <map>
-#include <random>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include <unistd.h>
 
-#include "zrt/checkpoint/fs_util.h"
+#include "zrt/checkpoint/catalog.h"
+#include "zrt/checkpoint/files.h"
 #include "zrt/checkpoint/hdf5_io.h"
-#include "zrt/checkpoint/reader.h"
-#include "zrt/checkpoint/shard_writer.h"
+#include "zrt/checkpoint/reshard.h"
+#include "zrt/checkpoint/verify.h"
+#include "zrt/checkpoint/whole_group.h"
 #include "zrt/core/device.h"
-#include "zrt/core/thread_pool.h"
 
 namespace zrt::tools {
 
@@ -252,73 +251,13 @@ Status CkptVerify(const std::string& dir, bool as_json, std::ostream& out) {
 
 Status CkptReshard(const std::string& dir, const std::string& out_root, int world_size, std::ostream& out, int stage,
                    int threads) {
-  if (world_size < 1) return InvalidArgumentError("reshard: world size must be >= 1, got ", world_size);
-  if (stage > 3) return InvalidArgumentError("reshard: stage must be 0..3, got ", stage);
-  if (threads < 1) return InvalidArgumentError("reshard: threads must be >= 1, got ", threads);
-  ASSIGN_OR_RETURN(Manifest m, ReadManifest(dir), "reshard");
-  std::vector<std::string> problems;
-  RETURN_IF_ERROR(CheckComplete(dir, VerifyLevel::kMetadata, &problems));
-  if (!problems.empty()) return DataLossError("reshard: ", dir, " is not complete: ", problems.front());
-  Manifest nm = m;
-  std::random_device rd;
-  char nonce[17];
-  std::snprintf(nonce, sizeof(nonce), "%08x%08x", rd(), rd());
-  nm.nonce = nonce;
-  nm.world_size = world_size;
-  if (stage >= 0) nm.stage = stage;
-  nm.shards = nm.stage == 0 ? 1 : world_size;
-  nm.created_unix = static_cast<int64_t>(std::time(nullptr));
-  const std::string final_dir = out_root + "/" + StepDirName(m.step), tmp = final_dir + ".tmp-" + nm.nonce;
-  if (fs::exists(final_dir)) return AlreadyExistsError("reshard: ", final_dir, " exists");
-  RETURN_IF_ERROR(MakeDirs(tmp));
-  ASSIGN_OR_RETURN(auto io, IoEngine::Create(IoOptions{}));
-  CpuDevice device;
-  const ProgressFn progress = TtyProgress("resharding");
-  auto fail = [&](Status s) {
-    (void)RemoveTree(tmp).ok();
-    return s.WithContext("reshard");
-  };
-  // Each new shard: load the ranges it needs (only the overlapping chunks), then write it.
-  auto one_shard = [&](int r) -> Status {
-    StateView view;
-    view.rank = r;
-    view.world_size = nm.shards;
-    std::vector<DeviceBuffer> bufs;
-    std::vector<ShardPiece32> pieces;
-    for (int g = 0; g < static_cast<int>(m.groups.size()); ++g) {
-      const GroupEntry& ge = m.groups[static_cast<size_t>(g)];
-      ASSIGN_OR_RETURN(StateGroup sg, GroupForShards(m, g, nm.shards));
-      for (size_t k = 0; k < ge.kinds.size(); ++k) {
-        ASSIGN_OR_RETURN(DeviceBuffer b, device.Allocate(static_cast<size_t>(sg.layout.shard_size()) * 4, MemCategory::kStaging, kIoAlignment));
-        sg.buffers.push_back({ge.kinds[k], DType::kF32, b.data(), sg.layout.shard_size()});
-        pieces.push_back({g, static_cast<int>(k), b.as<float>(), sg.layout.shard_size()});
-        bufs.push_back(std::move(b));
-      }
-      view.groups.push_back(std::move(sg));
-    }
-    RETURN_IF_ERROR(Load(dir, view).status());
-    return WriteShard(*io, tmp, nm, r, pieces, CompressOptions{}, nullptr, nullptr);
-  };
-  std::vector<Status> results(static_cast<size_t>(nm.shards));
-  std::atomic<int64_t> done{0};
-  ThreadPool pool(std::min(threads, nm.shards) - 1, "zrt-reshard");
-  pool.ParallelFor(nm.shards, [&](int64_t r) {
-    results[static_cast<size_t>(r)] = one_shard(static_cast<int>(r));
-    const int64_t d = ++done;
-    if (progress) progress(d, nm.shards);
-  });
-  for (const Status& s : results) {
-    if (!s.ok()) return fail(s);
-  }
-  if (Status s = WriteFileDurably(tmp, std::string(kManifestFile), EncodeManifest(nm)); !s.ok()) return fail(s);
-  problems.clear();
-  if (Status s = CheckComplete(tmp, VerifyLevel::kMetadata, &problems); !s.ok() || !problems.empty()) {
-    return fail(s.ok() ? DataLossError(problems.front()) : s);
-  }
-  RETURN_IF_ERROR(FsyncDir(tmp));
-  RETURN_IF_ERROR(RenamePath(tmp, final_dir));
-  RETURN_IF_ERROR(FsyncDir(out_root));
-  RETURN_IF_ERROR(WriteFileDurably(out_root, std::string(kLatestFile), StepDirName(m.step) + "\n"));
+  ReshardOptions o;
+  o.world_size = world_size;
+  o.stage = stage;
+  o.threads = threads;
+  o.progress = TtyProgress("resharding");
+  ASSIGN_OR_RETURN(std::string final_dir, Reshard(dir, out_root, o));
+  ASSIGN_OR_RETURN(Manifest m, ReadManifest(dir));
   out << "resharded " << dir << " (" << m.world_size << " ranks) -> " << final_dir << " (" << world_size << " ranks)\n";
   return Status();
 }

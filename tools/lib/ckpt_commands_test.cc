@@ -8,7 +8,11 @@
 #include <nlohmann/json.hpp>
 
 #include "zrt/checkpoint/fs_util.h"
-#include "zrt/checkpoint/reader.h"
+#include "zrt/checkpoint/catalog.h"
+#include "zrt/checkpoint/files.h"
+#include "zrt/checkpoint/reshard.h"
+#include "zrt/checkpoint/verify.h"
+#include "zrt/checkpoint/whole_group.h"
 #include "zrt/checkpoint/shard_writer.h"
 #include "tools/lib/ckpt_commands.h"
 
@@ -46,10 +50,11 @@ class CkptCommands : public ::testing::Test {
           data[1][static_cast<size_t>(p.shard_offset + i)] = -v;
         }
       }
-      std::vector<ShardPiece32> pieces = {{0, 0, data[0].data(), layout->shard_size()}, {0, 1, data[1].data(), layout->shard_size()}};
-      ASSERT_TRUE(WriteShard(**io, dir, m, r, pieces, CompressOptions{}, nullptr, nullptr).ok());
+      const ShardState state = {{{"master", DType::kF32, data[0].data(), layout->shard_size()},
+                                 {"exp_avg", DType::kF32, data[1].data(), layout->shard_size()}}};
+      ASSERT_TRUE(WriteShard(**io, dir, m, r, state, CompressOptions{}).ok());
     }
-    ASSERT_TRUE(WriteFileDurably(dir, "manifest.json", EncodeManifest(m)).ok());
+    ASSERT_TRUE(WriteFileDurably(**io, dir, "manifest.json", EncodeManifest(m)).ok());
     dir_ = dir;
   }
   void TearDown() override { fs::remove_all(root_); }

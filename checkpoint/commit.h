@@ -1,0 +1,73 @@
+// The commit protocol of a checkpoint, written once (../shared/DESIGN.md "Checkpoints" 1 and 6). Used
+// by the Checkpointer (collective, one save per step), the offline reshard and the HDF5 import.
+//
+//   BeginSave    ROOT/step-N.tmp-<nonce>/ is created; the nonce (NewNonce, drawn once per save and
+//                shared by every rank) ties the manifest and every index of the save together.
+//   ...          each shard writer publishes its data file and then its index (shard_writer.h), the
+//                manifest is published (PublishFile: temp name, write, fsync, rename); nothing here
+//                is complete, and nothing that crashes here is ever taken for complete.
+//   Commit       the ranks agree that every write succeeded (one all-reduce); then one process checks
+//                the directory complete (manifest and every index exist and agree), fsyncs it,
+//                renames it to ROOT/step-N (atomic: the checkpoint exists from here on), fsyncs ROOT,
+//                rewrites ROOT/latest (advisory) and applies retention. The outcome is the same on
+//                every rank. On failure the temp directory is removed; the previous complete
+//                checkpoint is never touched.
+//   RemoveDeadSaves  at start-up: temp directories and half-written pointer files of saves that died.
+//
+// Durability steps ask the IoEngine's hooks first ("commit" before the rename), the fault-injection
+// seam of the tests.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "zrt/core/communicator.h"
+#include "zrt/core/status.h"
+#include "zrt/offload/io_engine.h"
+
+namespace zrt::ckpt {
+
+// 16 hex digits from the system's random source.
+std::string NewNonce();
+
+// Where one save is written and where it ends up.
+struct SaveDir {
+  std::string root;
+  int64_t step = 0;
+  std::string nonce;
+  std::string tmp;    // ROOT/step-N.tmp-<nonce>
+  std::string final;  // ROOT/step-N
+};
+SaveDir SaveDirFor(const std::string& root, int64_t step, const std::string& nonce);
+
+// Creates the temp directory (and the root). Any process may call it; it is idempotent.
+Status BeginSave(const SaveDir& save);
+
+// dir/name, atomically and durably (temp name, write, fsync, rename); the directory is fsynced by Commit.
+Status PublishFile(const IoEngine& io, const std::string& dir, std::string_view name, std::string_view content);
+
+// Retention after a commit: keep the newest `keep_last` complete checkpoints (0: keep all) and every
+// step that is a multiple of `keep_every` (0: none). Never deletes the newest complete checkpoint, an
+// incomplete one (it may be being repaired by hand) or a save in progress.
+struct Retention {
+  int keep_last = 0;
+  int64_t keep_every = 0;
+};
+
+// Collective over `comm` (null: this process alone). `local` is this process's write outcome. Rank 0
+// commits; every rank returns the same outcome: OK, the failing rank's error ("failed on rank r: ..."
+// on the others), or rank 0's commit error. The temp directory is removed on failure.
+Status Commit(Communicator* comm, const Status& local, const SaveDir& save, const Retention& retention, const IoEngine& io);
+
+// Applies retention under `root` (Commit does it after each commit).
+Status ApplyRetention(const std::string& root, const Retention& retention);
+
+// Removes leftovers of saves that died under `root`: temp directories and half-written pointer files.
+// Only one process per root, and never while a save to the root is in progress.
+Status RemoveDeadSaves(const std::string& root);
+
+// Discards a save that will not be committed (its temp directory).
+void AbandonSave(const SaveDir& save);
+
+}  // namespace zrt::ckpt

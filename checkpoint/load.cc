@@ -1,0 +1,210 @@
+#include "zrt/checkpoint/load.h"
+
+#include <algorithm>
+#include <cstring>
+#include <list>
+#include <map>
+#include <memory>
+
+#include "zrt/checkpoint/files.h"
+#include "zrt/checkpoint/whole_group.h"
+#include "zrt/core/logging.h"
+
+namespace zrt::ckpt {
+
+namespace {
+
+class ShardSource {
+ public:
+  ShardSource(std::string dir, const Manifest& m, IoEngine& io) : dir_(std::move(dir)), m_(m), io_(io) {
+    for (int g = 0; g < static_cast<int>(m.groups.size()); ++g) layouts_.push_back(*SavedLayout(m, g));
+  }
+  const ShardLayout& layout(int g) const { return layouts_[static_cast<size_t>(g)]; }
+  int64_t bytes_read() const { return bytes_read_; }
+
+  // Copies elements [begin, begin+count) of saved rank `rank`'s shard of (group, kind) into dst.
+  Status Read(int rank, int group, int kind, int64_t begin, int64_t count, float* dst) {
+    ASSIGN_OR_RETURN(Rank * r, Open(rank));
+    const auto& list = r->by_kind[{group, kind}];  // chunk indices sorted by elem_offset
+    auto it = std::upper_bound(list.begin(), list.end(), begin,
+                               [&](int64_t v, size_t k) { return v < r->index.chunks[k].elem_offset; });
+    if (it == list.begin()) return DataLossError(r->index.data_file, ": no chunk holds element ", begin);
+    --it;
+    for (int64_t at = begin; at < begin + count; ++it) {
+      if (it == list.end()) return DataLossError(r->index.data_file, ": no chunk holds element ", at);
+      const size_t k = *it;
+      const ChunkEntry& c = r->index.chunks[k];
+      ASSIGN_OR_RETURN(const std::vector<float>* data, Decoded(*r, k));
+      const int64_t lo = std::max(at, c.elem_offset), hi = std::min(begin + count, c.elem_offset + c.elements);
+      if (lo != at) return DataLossError(r->index.data_file, ": chunks leave a gap at element ", at);
+      std::memcpy(dst + (lo - begin), data->data() + (lo - c.elem_offset), static_cast<size_t>(hi - lo) * 4);
+      at = hi;
+    }
+    return Status();
+  }
+
+ private:
+  struct Rank {
+    RankIndex index;
+    IoFile file;
+    std::map<std::pair<int, int>, std::vector<size_t>> by_kind;
+  };
+  Result<Rank*> Open(int rank) {
+    auto it = ranks_.find(rank);
+    if (it != ranks_.end()) return it->second.get();
+    auto r = std::make_unique<Rank>();
+    ASSIGN_OR_RETURN(r->index, ReadIndex(dir_, rank));
+    if (r->index.nonce != m_.nonce) return DataLossError(dir_, "/", IndexFileName(rank), ": belongs to another save than the manifest");
+    ASSIGN_OR_RETURN(r->file, IoFile::Open(dir_ + "/" + r->index.data_file, IoFile::Mode::kRead));
+    for (size_t k = 0; k < r->index.chunks.size(); ++k) r->by_kind[{r->index.chunks[k].group, r->index.chunks[k].kind}].push_back(k);
+    for (auto& [key, v] : r->by_kind) {
+      std::sort(v.begin(), v.end(), [&](size_t a, size_t b) { return r->index.chunks[a].elem_offset < r->index.chunks[b].elem_offset; });
+    }
+    return (ranks_[rank] = std::move(r)).get();
+  }
+  // A few decoded chunks stay cached: consecutive pieces usually fall in the same chunk.
+  Result<const std::vector<float>*> Decoded(Rank& r, size_t k) {
+    for (auto it = cache_.begin(); it != cache_.end(); ++it) {
+      if (it->rank == r.index.rank && it->chunk == k) {
+        cache_.splice(cache_.begin(), cache_, it);
+        return &cache_.front().data;
+      }
+    }
+    Cached c{r.index.rank, k, {}};
+    const int g = r.index.chunks[k].group;
+    if (g < 0 || g >= static_cast<int>(layouts_.size())) return DataLossError(r.index.data_file, ": chunk ", k, " names unknown group ", g);
+    RETURN_IF_ERROR(ReadChunk(io_, r.file, m_, layouts_[static_cast<size_t>(g)], r.index, k, &c.data, &scratch_, &bytes_read_));
+    cache_.push_front(std::move(c));
+    if (cache_.size() > 4) cache_.pop_back();
+    return &cache_.front().data;
+  }
+  struct Cached {
+    int rank;
+    size_t chunk;
+    std::vector<float> data;
+  };
+  std::string dir_;
+  const Manifest& m_;
+  IoEngine& io_;
+  std::vector<ShardLayout> layouts_;
+  std::map<int, std::unique_ptr<Rank>> ranks_;
+  std::list<Cached> cache_;
+  std::vector<char> scratch_;
+  int64_t bytes_read_ = 0;
+};
+
+}  // namespace
+
+Result<LoadResult> Load(const std::string& dir, const StateView& target, const LoadOptions& options) {
+  ASSIGN_OR_RETURN(Manifest m, ReadManifest(dir), "loading checkpoint");
+  ASSIGN_OR_RETURN(auto io, IoEngine::Create(options.io), "loading checkpoint");
+  std::map<std::string, std::pair<int, int>> where;  // tensor name -> (group, tensor)
+  for (int g = 0; g < static_cast<int>(m.groups.size()); ++g) {
+    for (int t = 0; t < static_cast<int>(m.groups[static_cast<size_t>(g)].tensors.size()); ++t) {
+      where[m.groups[static_cast<size_t>(g)].tensors[static_cast<size_t>(t)].name] = {g, t};
+    }
+  }
+  std::vector<ShardLayout> saved;
+  for (int g = 0; g < static_cast<int>(m.groups.size()); ++g) {
+    ASSIGN_OR_RETURN(ShardLayout l, SavedLayout(m, g), dir);
+    saved.push_back(std::move(l));
+  }
+  ShardSource src(dir, m, *io);
+  for (const StateGroup& tg : target.groups) {
+    const int rank = tg.layout.world_size() == 1 ? 0 : target.rank;
+    for (const StateBuffer& b : tg.buffers) {
+      if (b.dtype != DType::kF32) return InvalidArgumentError("load: state '", b.kind, "' must be f32");
+      if (!b.resident() && !b.write) return InvalidArgumentError("load: state '", b.kind, "' of group '", tg.name, "' is not resident and has no write");
+      // Resolve this buffer's pieces first (one check and one warning per tensor).
+      struct Source {
+        ShardPiece piece;  // in the target shard
+        int group, tensor, kind;
+      };
+      std::vector<Source> sources;
+      if (!options.params_only || b.kind == "master") {
+        for (const ShardPiece& p : tg.layout.RankPieces(rank)) {
+          const TensorSpec& spec = tg.tensors[static_cast<size_t>(p.tensor)];
+          auto w = where.find(spec.name);
+          if (w == where.end()) return NotFoundError("load: tensor '", spec.name, "' is not in checkpoint ", dir);
+          const auto [g, t] = w->second;
+          const GroupEntry& ge = m.groups[static_cast<size_t>(g)];
+          const TensorEntry& te = ge.tensors[static_cast<size_t>(t)];
+          if (te.numel != spec.numel()) {
+            return InvalidArgumentError("load: tensor '", spec.name, "' has ", te.numel, " elements in ", dir, ", the model has ",
+                                        spec.numel(), " (", spec.ToString(), ")");
+          }
+          const auto kind = std::find(ge.kinds.begin(), ge.kinds.end(), b.kind);
+          if (kind == ge.kinds.end()) {
+            if (b.kind == "master") return DataLossError("load: checkpoint ", dir, " has no master weights for group '", ge.name, "'");
+            ZRT_LOG(kWarn) << "load: checkpoint has no " << b.kind << " for tensor " << spec.name << "; it starts at zero";
+            continue;
+          }
+          sources.push_back({p, g, t, static_cast<int>(kind - ge.kinds.begin())});
+        }
+      }
+      // Resident state is filled in place (one window); other state through a bounded bounce buffer
+      // written back window by window. Padding and missing kinds end up zero.
+      constexpr int64_t kWindow = int64_t{1} << 22;
+      const int64_t window = b.resident() ? std::max<int64_t>(b.count, 1) : kWindow;
+      std::vector<float> bounce(b.resident() ? 0 : static_cast<size_t>(std::min(window, b.count)));
+      for (int64_t w0 = 0; w0 < b.count; w0 += window) {
+        const int64_t w1 = std::min(b.count, w0 + window);
+        float* base = b.resident() ? static_cast<float*>(b.data) + w0 : bounce.data();  // element w0
+        std::memset(base, 0, static_cast<size_t>(w1 - w0) * 4);
+        for (const Source& src_piece : sources) {
+          const ShardPiece& p = src_piece.piece;
+          const int64_t lo = std::max(w0, p.shard_offset), hi = std::min(w1, p.shard_offset + p.count);
+          if (lo >= hi) continue;
+          const int64_t t0 = p.tensor_offset + (lo - p.shard_offset);
+          for (const ShardPiece& op : saved[static_cast<size_t>(src_piece.group)].Locate(src_piece.tensor, t0, t0 + (hi - lo))) {
+            float* dst = base + (p.shard_offset - w0) + (op.tensor_offset - p.tensor_offset);
+            RETURN_IF_ERROR(src.Read(op.rank, src_piece.group, src_piece.kind, op.shard_offset, op.count, dst),
+                            "loading tensor '", tg.tensors[static_cast<size_t>(p.tensor)].name, "' (", b.kind, ") from ", dir);
+          }
+        }
+        if (!b.resident()) RETURN_IF_ERROR(b.write(w0, w1 - w0, base), "loading ", b.kind, " of group '", tg.name, "'");
+      }
+    }
+  }
+  LoadResult r;
+  r.step = m.step;
+  r.trainer_state = m.trainer_state;
+  r.loss_scale = m.loss_scale;
+  r.scaler_good_steps = m.scaler_good_steps;
+  r.scaler_hysteresis_left = m.scaler_hysteresis_left;
+  r.saved_world_size = m.world_size;
+  r.saved_stage = m.stage;
+  r.bytes_read = src.bytes_read();
+  return r;
+}
+
+Result<StateGroup> GroupForShards(const Manifest& m, int group, int shards) {
+  if (group < 0 || group >= static_cast<int>(m.groups.size())) return InvalidArgumentError("no group #", group);
+  const GroupEntry& ge = m.groups[static_cast<size_t>(group)];
+  StateGroup sg;
+  sg.name = ge.name;
+  sg.lr = ge.lr;
+  sg.weight_decay = ge.weight_decay;
+  std::vector<int64_t> numels;
+  for (const TensorEntry& t : ge.tensors) {
+    sg.tensors.push_back(TensorSpec{t.name, t.shape, t.dtype});
+    numels.push_back(t.numel);
+  }
+  ASSIGN_OR_RETURN(sg.layout, ShardLayout::Create(numels, shards, ge.alignment), "group '", ge.name, "'");
+  return sg;
+}
+
+Result<WholeGroup> LoadWholeGroup(const std::string& dir, const Manifest& m, int group, const std::vector<std::string>& kinds) {
+  WholeGroup w;
+  ASSIGN_OR_RETURN(StateGroup sg, GroupForShards(m, group, 1));
+  w.data.resize(kinds.size());
+  for (size_t k = 0; k < kinds.size(); ++k) {
+    w.data[k].resize(static_cast<size_t>(sg.layout.shard_size()));
+    sg.buffers.push_back({kinds[k], DType::kF32, w.data[k].data(), sg.layout.shard_size()});
+  }
+  w.view.groups.push_back(std::move(sg));
+  RETURN_IF_ERROR(Load(dir, w.view).status());
+  return w;
+}
+
+}  // namespace zrt::ckpt

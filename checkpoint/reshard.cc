@@ -1,0 +1,105 @@
+#include "zrt/checkpoint/reshard.h"
+
+#include <algorithm>
+#include <atomic>
+#include <ctime>
+#include <filesystem>
+
+#include "zrt/checkpoint/commit.h"
+#include "zrt/checkpoint/files.h"
+#include "zrt/checkpoint/load.h"
+#include "zrt/checkpoint/shard_writer.h"
+#include "zrt/checkpoint/verify.h"
+#include "zrt/checkpoint/whole_group.h"
+#include "zrt/core/device.h"
+#include "zrt/core/thread_pool.h"
+
+namespace zrt::ckpt {
+
+Status PlanReshard(const Manifest& m, int new_shards, const std::function<void(const ReshardRead&)>& visit) {
+  if (new_shards < 1) return InvalidArgumentError("reshard plan: new shard count must be >= 1, got ", new_shards);
+  for (int g = 0; g < static_cast<int>(m.groups.size()); ++g) {
+    ASSIGN_OR_RETURN(ShardLayout old_l, SavedLayout(m, g));
+    std::vector<int64_t> numels;
+    for (const TensorEntry& t : m.groups[static_cast<size_t>(g)].tensors) numels.push_back(t.numel);
+    ASSIGN_OR_RETURN(ShardLayout new_l, ShardLayout::Create(numels, new_shards, old_l.alignment()));
+    // Only real elements need reading: [0, end of the last tensor) in flat coordinates.
+    const int64_t end = numels.empty() ? 0 : new_l.tensor_offset(new_l.num_tensors() - 1) + numels.back();
+    int old_r = 0;
+    for (int r = 0; r < new_shards; ++r) {
+      const int64_t b = new_l.shard_begin(r), e = std::min(new_l.shard_end(r), end);
+      if (b >= e) break;
+      while (old_l.shard_end(old_r) <= b) ++old_r;
+      for (int o = old_r; o < old_l.world_size() && old_l.shard_begin(o) < e; ++o) {
+        const int64_t lo = std::max(b, old_l.shard_begin(o)), hi = std::min(e, old_l.shard_end(o));
+        visit(ReshardRead{r, o, g, lo - b, lo - old_l.shard_begin(o), hi - lo});
+      }
+    }
+  }
+  return Status();
+}
+
+Result<std::string> Reshard(const std::string& dir, const std::string& out_root, const ReshardOptions& o) {
+  if (o.world_size < 1) return InvalidArgumentError("reshard: world size must be >= 1, got ", o.world_size);
+  if (o.stage > 3) return InvalidArgumentError("reshard: stage must be 0..3, got ", o.stage);
+  if (o.threads < 1) return InvalidArgumentError("reshard: threads must be >= 1, got ", o.threads);
+  ASSIGN_OR_RETURN(Manifest m, ReadManifest(dir), "reshard");
+  std::vector<std::string> problems;
+  RETURN_IF_ERROR(CheckComplete(dir, VerifyLevel::kMetadata, &problems));
+  if (!problems.empty()) return DataLossError("reshard: ", dir, " is not complete: ", problems.front());
+  Manifest nm = m;
+  nm.nonce = NewNonce();
+  nm.world_size = o.world_size;
+  if (o.stage >= 0) nm.stage = o.stage;
+  nm.shards = nm.stage == 0 ? 1 : o.world_size;
+  nm.created_unix = static_cast<int64_t>(std::time(nullptr));
+  const SaveDir save = SaveDirFor(out_root, m.step, nm.nonce);
+  if (std::filesystem::exists(save.final)) return AlreadyExistsError("reshard: ", save.final, " exists");
+  RETURN_IF_ERROR(BeginSave(save), "reshard");
+  ASSIGN_OR_RETURN(auto io, IoEngine::Create(IoOptions{}), "reshard");
+  CpuDevice device;
+  // Each new shard: load the ranges it needs (only the overlapping chunks), then write it.
+  auto one_shard = [&](int r) -> Status {
+    StateView view;
+    view.rank = r;
+    view.world_size = nm.shards;
+    std::vector<DeviceBuffer> bufs;
+    ShardState state;
+    for (int g = 0; g < static_cast<int>(m.groups.size()); ++g) {
+      const GroupEntry& ge = m.groups[static_cast<size_t>(g)];
+      ASSIGN_OR_RETURN(StateGroup sg, GroupForShards(m, g, nm.shards));
+      for (const std::string& kind : ge.kinds) {
+        const int64_t n = sg.layout.shard_size();
+        ASSIGN_OR_RETURN(DeviceBuffer b, device.Allocate(static_cast<size_t>(n) * 4, MemCategory::kStaging, kIoAlignment));
+        sg.buffers.push_back({kind, DType::kF32, b.data(), n});
+        bufs.push_back(std::move(b));
+      }
+      state.push_back(sg.buffers);
+      view.groups.push_back(std::move(sg));
+    }
+    RETURN_IF_ERROR(Load(dir, view).status());
+    return WriteShard(*io, save.tmp, nm, r, state, CompressOptions{});
+  };
+  std::vector<Status> results(static_cast<size_t>(nm.shards));
+  std::atomic<int64_t> done{0};
+  {
+    ThreadPool pool(std::min(o.threads, nm.shards) - 1, "zrt-reshard");
+    pool.ParallelFor(nm.shards, [&](int64_t r) {
+      results[static_cast<size_t>(r)] = one_shard(static_cast<int>(r));
+      const int64_t d = ++done;
+      if (o.progress) o.progress(d, nm.shards);
+    });
+  }
+  Status local;
+  for (const Status& s : results) {
+    if (!s.ok()) {
+      local = s;
+      break;
+    }
+  }
+  if (local.ok()) local = PublishFile(*io, save.tmp, kManifestFile, EncodeManifest(nm));
+  RETURN_IF_ERROR(Commit(nullptr, local, save, Retention{}, *io), "reshard");
+  return save.final;
+}
+
+}  // namespace zrt::ckpt
