@@ -29,6 +29,7 @@
 
 #include "zrt/offload/host_memory.h"
 #include "zrt/offload/io_engine.h"
+#include "zrt/offload/swap_stats.h"
 
 namespace zrt {
 
@@ -53,14 +54,6 @@ struct SwapperOptions {
 
 // Per-stream access of one Stream() call.
 enum class SwapAccess : uint8_t { kNone, kRead, kWrite, kReadWrite };
-
-struct SwapStats {
-  int64_t bytes_read = 0;
-  int64_t bytes_written = 0;
-  double seconds = 0;          // the whole Stream call
-  double update_seconds = 0;   // in the callback
-  double wait_seconds = 0;     // blocked on I/O
-};
 
 class StateSwapper {
  public:

@@ -1,30 +1,35 @@
 // ZeroEngine: orchestrates the components (layouts and buffers per group, GradBucketer,
-// ParamGatherer, LossScaler, CPU Adam) for one training step; see engine.h for the API.
+// ParamGatherer, LossScaler, OptimizerStore) for one training step; see engine.h for the API.
 //
-// Buffers per group (E = bytes per element of the group's dtype, P = padded size, S = P / N):
-//   stage | params              | gradients                     | optimizer (fp32)
-//   0     | full P*E            | full P*E (all-reduced in place)| master, m, v: P each (layout of 1 rank)
-//   1     | full P*E            | full P*E, shard = own block    | master, m, v: S each
-//   2     | full P*E            | shard S*E (+ full P*E pooled   | master, m, v: S each
-//         |                     |   from GradBuffer to GradsReady)|
-//   3     | shard S*E (+ full   | as stage 2                    | master, m, v: S each
-//         |   pooled while gathered)|                           |
+// Buffers per group (E = bytes per element of the group's dtype, P = padded size, S = P / N); the
+// optimizer state (fp32 master, m, v: S each; P at stage 0, whose layout has one "rank") is the
+// OptimizerStore's, wherever it lives:
+//   stage | params                          | gradients
+//   0     | full P*E                        | full P*E (all-reduced in place)
+//   1     | full P*E                        | full P*E, shard = own block
+//   2     | full P*E                        | shard S*E (+ full P*E pooled from GradBuffer to GradsReady)
+//   3     | shard S*E (the store's when     | as stage 2
+//         |   offloaded) + full P*E pooled  |
+//         |   while gathered                |
 // Step: flush buckets -> local sum of squares of the grad shards (inf if any element is inf/NaN) ->
-// one all-reduce -> skip, or multiplier = clip / (loss_scale * accum) -> Adam over each shard, the
-// updated params cast straight into this rank's block of the model params -> stages 1-2 all-gather.
+// one all-reduce -> skip, or multiplier = clip / (loss_scale * accum) -> store.Update: Adam over each
+// shard, the updated params cast straight into this rank's block of the model params -> stages 1-2
+// all-gather.
 #include "zrt/runtime/engine.h"
 
 #include <cmath>
-#include <cstring>
-#include <future>
 #include <limits>
 #include <map>
 
-#include "zrt/runtime/buffer_pool.h"
-#include "zrt/runtime/compute.h"
-#include "zrt/kernels/cast.h"
 #include "zrt/core/logging.h"
 #include "zrt/core/thread_pool.h"
+#include "zrt/kernels/adam.h"
+#include "zrt/kernels/grad_norm.h"
+#include "zrt/offload/host_memory.h"
+#include "zrt/runtime/buffer_pool.h"
+#include "zrt/runtime/compute.h"
+#include "zrt/runtime/grad_bucketer.h"
+#include "zrt/runtime/optimizer_store.h"
 #include "zrt/runtime/param_gatherer.h"
 
 namespace zrt {
@@ -37,10 +42,6 @@ struct ZeroEngine::Group {
   ShardLayout layout;
   double lr = 0, weight_decay = 0;
   DeviceBuffer full_param, param_shard, full_grad, grad_shard;
-  DeviceBuffer master, exp_avg, exp_avg_sq, max_exp_avg_sq;
-  // Offloaded optimizer with device memory the host cannot address: host copies of the gradient shard
-  // (copied down before the CPU Adam) and of this rank's parameters (copied up after it).
-  DeviceBuffer host_grad, host_params;
   bool gathered = false;      // stages 0-2 bookkeeping for Release
   bool grad_live = false;     // full gradient exists (and is zeroed) for this step
   bool grad_reduced = false;  // reduction queued this step
@@ -51,23 +52,17 @@ struct ZeroEngine::Impl {
   Impl(Device* d, int n_threads) : pool(n_threads - 1, "zrt-adam"), threads(n_threads), staging(d, MemCategory::kStaging) {}
   ThreadPool pool;
   int threads;  // optimizer threads, caller included
-  // Offload: host memory (state with offload = host; NVMe buffer sets), and for NVMe the I/O engine
-  // and the swapper, whose streams are master, exp_avg, exp_avg_sq[, max_exp_avg_sq][, params].
+  // Host memory offload takes (state with offload = host; NVMe buffer sets; held parameter shards).
   // Declared before the components whose buffers come from it.
   std::unique_ptr<HostMemory> host;
   std::unique_ptr<BufferPool> host_staging;  // stage-3 parameter shards read from NVMe
   std::unique_ptr<Compute> compute;          // kernels on the device's buffers
   std::unique_ptr<Compute> host_compute;     // CPU kernels on offloaded state
-  bool mirror = false;                       // Group::host_grad/host_params in use
-  std::unique_ptr<ThreadPool> copier;        // with mirrors: device<->host copies beside the CPU Adam
   BufferPool staging;
   std::unique_ptr<GradBucketer> bucketer;
   std::unique_ptr<ParamGatherer> gatherer;
+  std::unique_ptr<OptimizerStore> store;
   CommStats step_gathers;  // stages 1-2 parameter all-gathers after the step
-  std::unique_ptr<IoEngine> io;
-  std::unique_ptr<StateSwapper> swapper;
-  int num_streams = 0, vmax_stream = -1, param_stream = -1;
-  SwapStats swap;
   kernels::CpuKernelOptions kernel_options() {
     kernels::CpuKernelOptions ko;
     ko.pool = &pool;
@@ -152,11 +147,12 @@ Result<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Communicator* comm, Devic
   e->impl_->host_staging = std::make_unique<BufferPool>(e->impl_->host.get(), MemCategory::kStaging);
   ASSIGN_OR_RETURN(e->impl_->compute, Compute::For(device, e->impl_->kernel_options()), "engine");
   ASSIGN_OR_RETURN(e->impl_->host_compute, Compute::For(e->impl_->host.get(), e->impl_->kernel_options()), "engine");
-  e->impl_->mirror = oc.optimizer != OffloadTarget::kNone && !device->host_accessible();
-  if (e->impl_->mirror) e->impl_->copier = std::make_unique<ThreadPool>(1, "zrt-copy");
-  if (oc.optimizer == OffloadTarget::kNvme) {
-    ASSIGN_OR_RETURN(e->impl_->io, IoEngine::Create(oc.io), "engine: offload I/O");
-  }
+  OptimizerStore::Options so;
+  so.offload = oc;
+  so.amsgrad = c.adam.amsgrad;
+  so.rank = comm->rank();
+  ASSIGN_OR_RETURN(e->impl_->store, OptimizerStore::Create(comm, device, e->impl_->compute.get(), e->impl_->host.get(),
+                                                          e->impl_->host_compute.get(), so), "engine");
   return e;
 }
 
@@ -234,15 +230,13 @@ Status ZeroEngine::Finalize(const InitFn& init) {
 Status ZeroEngine::Allocate(const InitFn& init) {
   const int n = config_.stage == 0 ? 1 : comm_->size();
   const int rank = config_.stage == 0 ? 0 : comm_->rank();
-  const OffloadConfig& oc = config_.offload;
-  Device* const state_dev = oc.optimizer == OffloadTarget::kHost ? impl_->host.get() : device_;
-  Device* const param_dev = oc.params == OffloadTarget::kHost ? impl_->host.get() : device_;
-  const bool nvme = oc.optimizer == OffloadTarget::kNvme;
+  OptimizerStore& store = *impl_->store;
   GradBucketer::Options bo;
   bo.bucket_bytes = config_.bucket_bytes;
   bo.reduce_dtype = config_.reduce_dtype;
   bo.all_reduce = config_.stage == 0;
   ASSIGN_OR_RETURN(impl_->bucketer, GradBucketer::Create(comm_, device_, impl_->compute.get(), bo), "finalize");
+  std::vector<OptimizerStore::Group> store_groups;
   for (auto& gp : groups_) {
     Group& g = *gp;
     ASSIGN_OR_RETURN(g.layout, ShardLayout::Create(g.tensors, n, config_.alignment), "group '", g.name, "'");
@@ -251,155 +245,43 @@ Status ZeroEngine::Allocate(const InitFn& init) {
     if (config_.stage <= 2) {
       ASSIGN_OR_RETURN(g.full_param, device_->Allocate(P * g.esize(), MemCategory::kParameters), ctx);
       RETURN_IF_ERROR(device_->Fill(g.full_param.data(), 0, P * g.esize()));
-    } else if (oc.params != OffloadTarget::kNvme) {
-      ASSIGN_OR_RETURN(g.param_shard, param_dev->Allocate(S * g.esize(), MemCategory::kParameters), ctx);
+    } else if (!store.holds_params()) {
+      ASSIGN_OR_RETURN(g.param_shard, device_->Allocate(S * g.esize(), MemCategory::kParameters), ctx);
     }
     if (config_.stage <= 1) {
       ASSIGN_OR_RETURN(g.full_grad, device_->Allocate(P * g.esize(), MemCategory::kGradients), ctx);
     } else {
       ASSIGN_OR_RETURN(g.grad_shard, device_->Allocate(S * g.esize(), MemCategory::kGradients), ctx);
     }
-    if (impl_->mirror) {
-      ASSIGN_OR_RETURN(g.host_grad, impl_->host->Allocate(S * g.esize(), MemCategory::kGradients), ctx);
-      if (oc.params == OffloadTarget::kNone) {
-        ASSIGN_OR_RETURN(g.host_params, impl_->host->Allocate(S * g.esize(), MemCategory::kParameters), ctx);
+    OptimizerStore::Group sg;
+    sg.name = g.name;
+    sg.dtype = g.dtype;
+    sg.elements = g.layout.shard_size();
+    sg.grads = GradShard(g);
+    sg.params = OwnParams(g);
+    // Initial values of shard elements [lo, lo + count): this rank's pieces only (padding stays zero).
+    sg.init = [&g, &init, rank](int64_t lo, int64_t count, float* out) {
+      for (const ShardPiece& p : g.layout.RankPieces(rank)) {
+        const int64_t a = std::max(lo, p.shard_offset), b = std::min(lo + count, p.shard_offset + p.count);
+        if (a < b) init(g.params[static_cast<size_t>(p.tensor)], p.tensor_offset + (a - p.shard_offset), b - a, out + (a - lo));
       }
-    }
-    if (nvme) continue;  // the state lives in swap files, initialised below
-    for (DeviceBuffer* b : {&g.master, &g.exp_avg, &g.exp_avg_sq}) {
-      ASSIGN_OR_RETURN(*b, state_dev->Allocate(S * 4, MemCategory::kOptimizerState), ctx);
-      RETURN_IF_ERROR(state_dev->Fill(b->data(), 0, S * 4));
-    }
-    if (config_.adam.amsgrad) {
-      ASSIGN_OR_RETURN(g.max_exp_avg_sq, state_dev->Allocate(S * 4, MemCategory::kOptimizerState), ctx);
-      RETURN_IF_ERROR(state_dev->Fill(g.max_exp_avg_sq.data(), 0, S * 4));
-    }
-    // Initial values: this rank's pieces only (padding stays zero), through host memory if need be.
-    std::vector<float> staged;
-    float* master = g.master.as<float>();
-    if (!state_dev->host_accessible()) {
-      staged.assign(S, 0.0f);
-      master = staged.data();
-    }
-    for (const ShardPiece& p : g.layout.RankPieces(rank)) {
-      init(g.params[static_cast<size_t>(p.tensor)], p.tensor_offset, p.count, master + p.shard_offset);
-    }
-    if (!staged.empty()) RETURN_IF_ERROR(state_dev->Copy(g.master.data(), staged.data(), S * 4), ctx);
-    RETURN_IF_ERROR(ParamsFromMaster(g), ctx);
+    };
+    store_groups.push_back(std::move(sg));
   }
-  // A problem on one rank (no space on its disk) must not leave the others waiting in a collective.
-  if (nvme) RETURN_IF_ERROR(AgreeOnStatus(comm_, CreateSwapper(&init)), "finalize");
+  RETURN_IF_ERROR(store.Init(std::move(store_groups)), "finalize");
   if (config_.stage == 3) {
     std::vector<ParamGatherer::GroupRef> refs;
     for (size_t gi = 0; gi < groups_.size(); ++gi) {
       Group& g = *groups_[gi];
-      refs.push_back({g.param_shard.data(), g.dtype, &g.layout, g.name, {}, 0});
-      if (impl_->param_stream >= 0) {
-        const int region = static_cast<int>(gi), stream = impl_->param_stream;
-        refs.back().load = [sw = impl_->swapper.get(), region, stream](void* dst) { return sw->ReadRegionAsync(region, stream, dst); };
-        refs.back().load_bytes = impl_->swapper->RegionBytes(region, stream);
-      }
+      OptimizerStore::ParamSource src = store.Params(static_cast<int>(gi));
+      refs.push_back({src.shard, g.dtype, &g.layout, g.name, std::move(src.load), src.load_bytes});
     }
-    // Offloaded shards live in host memory: on a device the host cannot address, each goes through a
-    // device copy queued before its all-gather.
-    Compute* upload = oc.params != OffloadTarget::kNone && !device_->host_accessible() ? impl_->compute.get() : nullptr;
+    Compute* upload = store.params_need_upload() ? impl_->compute.get() : nullptr;
     impl_->gatherer = std::make_unique<ParamGatherer>(comm_, &impl_->staging, impl_->host_staging.get(), upload,
                                                       config_.max_live_gathered_bytes, config_.prefetch_depth);
     impl_->gatherer->SetGroups(std::move(refs));
   }
   return GatherUpdatedParams();
-}
-
-Status ZeroEngine::CreateSwapper(const InitFn* init) {
-  const OffloadConfig& oc = config_.offload;
-  std::vector<SwapStream> streams = {{"master", 4}, {"exp_avg", 4}, {"exp_avg_sq", 4}};
-  if (config_.adam.amsgrad) {
-    impl_->vmax_stream = static_cast<int>(streams.size());
-    streams.push_back({"max_exp_avg_sq", 4});
-  }
-  if (oc.params == OffloadTarget::kNvme) {
-    impl_->param_stream = static_cast<int>(streams.size());
-    streams.push_back({"params", 4});
-  }
-  std::vector<SwapRegion> regions;
-  for (auto& gp : groups_) {
-    SwapRegion r{"group '" + gp->name + "'", gp->layout.shard_size(), {}};
-    if (impl_->param_stream >= 0) {
-      r.element_bytes.assign(streams.size(), 4);
-      r.element_bytes[static_cast<size_t>(impl_->param_stream)] = gp->esize();
-    }
-    regions.push_back(std::move(r));
-  }
-  SwapperOptions so;
-  so.dir = oc.nvme_dir;
-  so.rank = comm_->rank();
-  so.sub_group_elements = oc.sub_group_elements;
-  impl_->num_streams = static_cast<int>(streams.size());
-  ASSIGN_OR_RETURN(impl_->swapper, StateSwapper::Create(so, std::move(regions), std::move(streams), impl_->io.get(), impl_->host.get()));
-  // Initial state, streamed: master from `init`, zero moments, and the parameters cast from master.
-  const int rank = config_.stage == 0 ? 0 : comm_->rank();
-  std::vector<SwapAccess> access(static_cast<size_t>(impl_->num_streams), SwapAccess::kWrite);
-  RETURN_IF_ERROR(impl_->swapper->Stream(access, [&](const StateSwapper::Window& w) -> Status {
-    Group& g = *groups_[static_cast<size_t>(w.region)];
-    auto* master = static_cast<float*>(w.data[0]);
-    const auto bytes = static_cast<size_t>(w.count) * 4;
-    for (size_t k = 0; k < w.data.size(); ++k) {
-      if (static_cast<int>(k) != impl_->param_stream) std::memset(w.data[k], 0, bytes);
-    }
-    const int64_t lo = w.offset, hi = w.offset + w.count;
-    for (const ShardPiece& p : g.layout.RankPieces(rank)) {
-      const int64_t a = std::max(lo, p.shard_offset), b = std::min(hi, p.shard_offset + p.count);
-      if (a < b) (*init)(g.params[static_cast<size_t>(p.tensor)], p.tensor_offset + (a - p.shard_offset), b - a, master + (a - lo));
-    }
-    return kernels::CastCpu(master, DType::kF32, ParamsAt(g, w), g.dtype, w.count, impl_->kernel_options());
-  }, &impl_->swap));
-  return PushParams();
-}
-
-void* ZeroEngine::ParamsAt(Group& g, const StateSwapper::Window& w) {
-  if (impl_->param_stream >= 0) return w.data[static_cast<size_t>(impl_->param_stream)];
-  return static_cast<char*>(HostParams(g)) + static_cast<size_t>(w.offset) * g.esize();
-}
-
-Status ZeroEngine::PushParams() {
-  for (auto& gp : groups_) RETURN_IF_ERROR(ParamsUp(*gp));
-  return Status();
-}
-
-Status ZeroEngine::ParamsUp(Group& g) {
-  if (g.host_params.empty()) return Status();
-  return device_->Copy(OwnParams(g), g.host_params.data(), g.host_params.size())
-      .WithContext("copying the parameters of group '" + g.name + "' to " + device_->name());
-}
-
-Status ZeroEngine::GradsDown(Group& g) {
-  if (g.host_grad.empty()) return Status();
-  return device_->Copy(g.host_grad.data(), GradShard(g), g.host_grad.size())
-      .WithContext("copying the gradients of group '" + g.name + "' from " + device_->name());
-}
-
-const void* ZeroEngine::HostGrads(Group& g) const { return g.host_grad.empty() ? GradShard(g) : g.host_grad.data(); }
-void* ZeroEngine::HostParams(Group& g) const { return g.host_params.empty() ? OwnParams(g) : g.host_params.data(); }
-
-Status ZeroEngine::StreamParamsFromMaster() {
-  std::vector<SwapAccess> access(static_cast<size_t>(impl_->num_streams), SwapAccess::kNone);
-  access[0] = SwapAccess::kRead;
-  if (impl_->param_stream >= 0) access[static_cast<size_t>(impl_->param_stream)] = SwapAccess::kWrite;
-  RETURN_IF_ERROR(impl_->swapper->Stream(access, [&](const StateSwapper::Window& w) {
-    Group& g = *groups_[static_cast<size_t>(w.region)];
-    return kernels::CastCpu(w.data[0], DType::kF32, ParamsAt(g, w), g.dtype, w.count, impl_->kernel_options());
-  }, &impl_->swap));
-  return PushParams();
-}
-
-Status ZeroEngine::UpdateRange(Group& g, Compute& c, const void* grads, const kernels::AdamStepScalars& s, int64_t offset,
-                               int64_t count, float* master, float* m, float* v, float* vmax, void* params) {
-  const void* grad = static_cast<const char*>(grads) + static_cast<size_t>(offset) * g.esize();
-  const bool f32 = g.dtype == DType::kF32;
-  kernels::AdamTensorArgs t{master, grad, m, v, vmax, f32 ? nullptr : params, count};
-  RETURN_IF_ERROR(c.Adam(s, std::span(&t, 1), g.dtype, f32 ? DType::kBF16 : g.dtype), "step, group '", g.name, "'");
-  if (f32) RETURN_IF_ERROR(c.Move(params, master, static_cast<size_t>(count) * 4));  // fp32 models: the params are the master
-  return Status();
 }
 
 void* ZeroEngine::OwnParams(Group& g) const {
@@ -412,15 +294,6 @@ void* ZeroEngine::GradShard(Group& g) const {
   if (config_.stage >= 2) return g.grad_shard.data();
   const int rank = config_.stage == 0 ? 0 : comm_->rank();
   return g.full_grad.as<char>() + static_cast<size_t>(g.layout.shard_begin(rank)) * g.esize();
-}
-
-Status ZeroEngine::ParamsFromMaster(Group& g) {
-  const int64_t S = g.layout.shard_size();
-  if (config_.offload.optimizer == OffloadTarget::kNone) {  // master and params both in device memory
-    return impl_->compute->Cast(g.master.data(), DType::kF32, OwnParams(g), g.dtype, S);
-  }
-  RETURN_IF_ERROR(impl_->host_compute->Cast(g.master.data(), DType::kF32, HostParams(g), g.dtype, S));
-  return ParamsUp(g);
 }
 
 Status ZeroEngine::GatherUpdatedParams() {
@@ -582,62 +455,18 @@ Result<StepResult> ZeroEngine::Step() {
     ASSIGN_OR_RETURN(kernels::AdamStepScalars sc, kernels::MakeAdamStepScalars(c, steps_ + 1, mult), "step, group '", gp->name, "'");
     scalars.push_back(sc);
   }
-  // Offloaded optimizer on device memory: every group's gradient shard comes down (queued first on the
-  // copy thread), and each group's updated parameters go up as soon as the CPU moves on to the next.
-  const size_t ng = groups_.size();
-  const bool offloaded = config_.offload.optimizer != OffloadTarget::kNone;
-  std::vector<std::future<Status>> down(ng), up(ng);
-  size_t next_up = 0;
-  if (impl_->copier) {
-    for (size_t gi = 0; gi < ng; ++gi) down[gi] = impl_->copier->Submit([this, gi] { return GradsDown(*groups_[gi]); });
-  }
-  auto begin_group = [&](size_t gi) -> Status {  // before updating group gi: groups before it are done
-    for (; impl_->copier && next_up < gi; ++next_up) {
-      up[next_up] = impl_->copier->Submit([this, k = next_up] { return ParamsUp(*groups_[k]); });
-    }
-    return gi < ng && down[gi].valid() ? down[gi].get() : Status();
+  // Adam over every part of every shard, wherever the store keeps it; fp32 models' parameters are the
+  // master weights, 16-bit ones get the rounded copy in the same pass.
+  auto adam = [&](const OptimizerStore::Window& w) -> Status {
+    const Group& g = *groups_[static_cast<size_t>(w.group)];
+    const bool f32 = g.dtype == DType::kF32;
+    kernels::AdamTensorArgs t{w.master, w.grads, w.exp_avg, w.exp_avg_sq, w.max_exp_avg_sq, f32 ? nullptr : w.params, w.count};
+    RETURN_IF_ERROR(w.compute->Adam(scalars[static_cast<size_t>(w.group)], std::span(&t, 1), g.dtype, f32 ? DType::kBF16 : g.dtype),
+                    "step, group '", g.name, "'");
+    if (f32) RETURN_IF_ERROR(w.compute->Move(w.params, w.master, static_cast<size_t>(w.count) * 4));
+    return Status();
   };
-  auto finish = [&](Status st) {  // the last parameters go up; every copy is waited for, even after an error
-    if (st.ok()) st = begin_group(ng);
-    for (auto* fs : {&down, &up}) {
-      for (auto& f : *fs) {
-        if (!f.valid()) continue;
-        Status c = f.get();
-        if (st.ok()) st = std::move(c);
-      }
-    }
-    return st;
-  };
-  if (impl_->swapper) {
-    // NVMe: every sub-group of every group streams through read i+1 | update i | write i-1.
-    std::vector<SwapAccess> access(static_cast<size_t>(impl_->num_streams), SwapAccess::kReadWrite);
-    if (impl_->param_stream >= 0) access[static_cast<size_t>(impl_->param_stream)] = SwapAccess::kWrite;
-    const int vs = impl_->vmax_stream;
-    // Every rank learns of a problem on any rank: first before anything changes, then after streaming.
-    RETURN_IF_ERROR(AgreeOnStatus(comm_, impl_->swapper->CheckFiles()), "step (nothing was updated)");
-    Status st = impl_->swapper->Stream(access, [&](const StateSwapper::Window& w) {
-      const auto gi = static_cast<size_t>(w.region);
-      Group& g = *groups_[gi];
-      if (w.offset == 0) RETURN_IF_ERROR(begin_group(gi));
-      auto f = [&](int k) { return k < 0 ? nullptr : static_cast<float*>(w.data[static_cast<size_t>(k)]); };
-      return UpdateRange(g, *impl_->host_compute, HostGrads(g), scalars[gi], w.offset, w.count, f(0), f(1), f(2), f(vs),
-                         ParamsAt(g, w));
-    }, &impl_->swap);
-    st = finish(std::move(st));
-    RETURN_IF_ERROR(AgreeOnStatus(comm_, st), "step: the offloaded optimizer state may be partly updated; restore from a checkpoint");
-  } else {
-    Status st;
-    for (size_t gi = 0; gi < ng && st.ok(); ++gi) {
-      Group& g = *groups_[gi];
-      st = begin_group(gi);
-      if (st.ok()) {
-        st = UpdateRange(g, offloaded ? *impl_->host_compute : *impl_->compute, offloaded ? HostGrads(g) : GradShard(g),
-                         scalars[gi], 0, g.layout.shard_size(), g.master.as<float>(), g.exp_avg.as<float>(),
-                         g.exp_avg_sq.as<float>(), g.max_exp_avg_sq.as<float>(), HostParams(g));
-      }
-    }
-    RETURN_IF_ERROR(finish(std::move(st)), "step");
-  }
+  RETURN_IF_ERROR(impl_->store->Update(adam), "step");
   RETURN_IF_ERROR(impl_->compute->MarkUpdated(), "step");  // what a checkpoint snapshot waits for
   RETURN_IF_ERROR(GatherUpdatedParams(), "step");
   scaler_.Update(false);
@@ -676,38 +505,7 @@ StateView ZeroEngine::state_view() {
     sg.layout = g.layout;
     sg.lr = g.lr;
     sg.weight_decay = g.weight_decay;
-    const int64_t S = g.layout.shard_size();
-    if (impl_->swapper) {  // not resident: reached through the swap files
-      const int region = static_cast<int>(v.groups.size());
-      for (int k = 0; k < impl_->num_streams; ++k) {
-        if (k == impl_->param_stream) continue;
-        StateBuffer b{k == 0 ? "master" : k == 1 ? "exp_avg" : k == 2 ? "exp_avg_sq" : "max_exp_avg_sq", DType::kF32, nullptr, S, {}, {}};
-        StateSwapper* sw = impl_->swapper.get();
-        b.read = [sw, region, k](int64_t off, int64_t cnt, void* out) { return sw->Read(region, k, off, cnt, out); };
-        b.write = [sw, region, k](int64_t off, int64_t cnt, const void* in) { return sw->Write(region, k, off, cnt, in); };
-        sg.buffers.push_back(std::move(b));
-      }
-    } else {
-      std::vector<std::pair<const char*, DeviceBuffer*>> bufs = {
-          {"master", &g.master}, {"exp_avg", &g.exp_avg}, {"exp_avg_sq", &g.exp_avg_sq}};
-      if (!g.max_exp_avg_sq.empty()) bufs.emplace_back("max_exp_avg_sq", &g.max_exp_avg_sq);
-      for (auto [kind, buf] : bufs) {
-        Device* d = buf->device();
-        if (d == nullptr || d->host_accessible()) {
-          sg.buffers.push_back({kind, DType::kF32, buf->data(), S, {}, {}});
-          continue;
-        }
-        // Device memory: copied to the host on the snapshot stream (a checkpoint) and back (a load).
-        auto* base = buf->as<float>();
-        StateBuffer sb{kind, DType::kF32, nullptr, S, {}, {}};
-        sb.read = [c = impl_->compute.get(), base](int64_t off, int64_t cnt, void* out) {
-          return c->CopyToHost(out, base + off, static_cast<size_t>(cnt) * 4);
-        };
-        sb.write = [d, base](int64_t off, int64_t cnt, const void* in) { return d->Copy(base + off, in, static_cast<size_t>(cnt) * 4); };
-        sb.snapshot = true;
-        sg.buffers.push_back(std::move(sb));
-      }
-    }
+    sg.buffers = impl_->store->StateBuffers(static_cast<int>(v.groups.size()));
     v.groups.push_back(std::move(sg));
   }
   return v;
@@ -722,17 +520,13 @@ Status ZeroEngine::Restore(int64_t step, const LossScaler::State& scaler) {
 
 Status ZeroEngine::RefreshParamsFromMaster() {
   if (!finalized_) return FailedPreconditionError("refresh: the engine is not finalized");
-  if (impl_->swapper) {
-    RETURN_IF_ERROR(AgreeOnStatus(comm_, StreamParamsFromMaster()), "refresh");
-  } else {
-    for (auto& gp : groups_) RETURN_IF_ERROR(ParamsFromMaster(*gp));
-  }
+  RETURN_IF_ERROR(impl_->store->RefreshParams(), "refresh");
   return GatherUpdatedParams();
 }
 
 MemoryTracker::Snapshot ZeroEngine::memory() const { return device_->memory().Read(); }
 MemoryTracker::Snapshot ZeroEngine::host_memory() const { return impl_->host->memory().Read(); }
-SwapStats ZeroEngine::swap_stats() const { return impl_->swap; }
+SwapStats ZeroEngine::swap_stats() const { return impl_->store->swap_stats(); }
 
 CommStats ZeroEngine::comm_stats() const {
   CommStats s = impl_->step_gathers;

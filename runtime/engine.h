@@ -30,50 +30,14 @@
 #include <string_view>
 #include <vector>
 
-#include "zrt/kernels/adam.h"
 #include "zrt/core/communicator.h"
 #include "zrt/core/device.h"
-#include "zrt/offload/swapper.h"
 #include "zrt/core/state_view.h"
-#include "zrt/runtime/grad_bucketer.h"
+#include "zrt/runtime/engine_config.h"
 #include "zrt/runtime/loss_scaler.h"
+#include "zrt/runtime/stats.h"
 
 namespace zrt {
-
-class Compute;
-
-// Where state lives besides the device (ZeRO-Offload / ZeRO-Infinity); docs/configuration.md.
-enum class OffloadTarget { kNone, kHost, kNvme };
-Result<OffloadTarget> ParseOffloadTarget(std::string_view s);  // "none", "host", "nvme"
-std::string_view OffloadTargetName(OffloadTarget t);
-
-struct OffloadConfig {
-  // fp32 master weights and Adam moments: device memory (none), host memory, or files under nvme_dir
-  // streamed through host memory sub-group by sub-group at each step.
-  OffloadTarget optimizer = OffloadTarget::kNone;
-  // Stage 3 only: this rank's parameter shards in host memory or on NVMe (nvme needs optimizer = nvme),
-  // read ahead of Gather() in the recorded prefetch order.
-  OffloadTarget params = OffloadTarget::kNone;
-  std::string nvme_dir;             // an existing directory; swap files go to <dir>/zrt-swap.rank<r>/
-  int64_t host_budget_bytes = 0;    // bound on the host memory offload allocates (0: unbounded)
-  int64_t sub_group_elements = 0;   // nvme: elements per streamed sub-group (0: the largest the budget allows)
-  IoOptions io;                     // nvme: the I/O engine (backend, queue depth, block size)
-};
-
-struct EngineConfig {
-  int stage = 2;                          // 0..3
-  DType reduce_dtype = DType::kF32;       // gradient reductions: f32, or the model dtype (f32 accumulation)
-  int64_t bucket_bytes = 32 << 20;        // per gradient bucket; two are allocated
-  int64_t alignment = 64;                 // elements; each tensor and shard starts at a multiple
-  int64_t max_live_gathered_bytes = int64_t{1} << 30;  // stage 3: bound for prefetching
-  int prefetch_depth = 2;                 // stage 3: groups gathered ahead of use
-  double max_grad_norm = 0;               // global-norm clipping; 0 = off
-  int grad_accum_steps = 1;               // gradients are divided by this at the step
-  LossScaleConfig loss_scale;             // fp16: dynamic; bf16/f32: none
-  kernels::AdamConfig adam;               // defaults for every group (lr, weight decay per group settable)
-  int optimizer_threads = 0;              // CPU Adam threads (caller included); <= 0: all hardware threads
-  OffloadConfig offload;
-};
 
 struct StepResult {
   bool skipped = false;     // non-finite gradients on some rank: nothing was updated
@@ -145,23 +109,9 @@ class ZeroEngine {
   ZeroEngine(Communicator* comm, Device* device, const EngineConfig& config);
   Status CheckRegistration();
   Status Allocate(const InitFn& init);
-  Status ParamsFromMaster(Group& g);  // cast master shard into the model params of this rank
-  Status CreateSwapper(const InitFn* init);
-  void* ParamsAt(Group& g, const StateSwapper::Window& w);  // where a window's updated parameters go
-  // Adam over elements [offset, offset+count) of a group's shard, with the kernels of `c` (the device's,
-  // or the CPU's for offloaded state); `grads` is the group's gradient shard where `c` can read it.
-  Status UpdateRange(Group& g, Compute& c, const void* grads, const kernels::AdamStepScalars& s, int64_t offset,
-                     int64_t count, float* master, float* m, float* v, float* vmax, void* params);
-  // Offloaded optimizer with device memory the host cannot address: the host copies (mirrors) of the
-  // gradient shard and of this rank's parameters. No-ops without mirrors.
-  Status GradsDown(Group& g);
-  Status ParamsUp(Group& g);
-  Status PushParams();                      // ParamsUp of every group
-  const void* HostGrads(Group& g) const;    // the gradient shard where the CPU can read it
-  void* HostParams(Group& g) const;         // this rank's parameters where the CPU can write them
-  Status StreamParamsFromMaster();  // nvme: cast every master sub-group into the parameter shards
-  // This rank's block of the group's model parameters (stage 3: the parameter shard) and of its
-  // reduced gradient (stages 0-1: inside the full gradient; 2-3: the gradient shard).
+  // This rank's block of the group's model parameters (stage 3: the parameter shard; null when the
+  // optimizer store holds it) and of its reduced gradient (stages 0-1: inside the full gradient; 2-3:
+  // the gradient shard).
   void* OwnParams(Group& g) const;
   void* GradShard(Group& g) const;
   Status GatherUpdatedParams();

@@ -18,16 +18,9 @@
 #include "zrt/core/communicator.h"
 #include "zrt/core/device.h"
 #include "zrt/core/shard_layout.h"
+#include "zrt/runtime/stats.h"
 
 namespace zrt {
-
-// Bytes each rank moves, by the usual ring-algorithm volumes: all-reduce 2(N-1)/N, reduce-scatter and
-// all-gather (N-1)/N of the full buffer.
-struct CommStats {
-  int64_t reduce_bytes = 0;
-  int64_t gather_bytes = 0;
-  int64_t collectives = 0;
-};
 
 class GradBucketer {
  public:
