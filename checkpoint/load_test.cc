@@ -1,0 +1,107 @@
+// Load on in-process ranks: a checkpoint saved by N ranks (1-4) at any alignment loads into M ranks
+// (1-4) at another alignment and grouping, every element in place and padding zero; params_only
+// loads master alone; a tensor the checkpoint lacks or with another size is an error naming it.
+#include "zrt/checkpoint/load.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "tests/support/synthetic_state.h"
+#include "zrt/checkpoint/catalog.h"
+#include "zrt/checkpoint/checkpointer.h"
+#include "zrt/core/loopback_communicator.h"
+
+namespace zrt::ckpt {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Saves the synthetic state from `ranks` in-process ranks; returns the checkpoint directory.
+std::string Save(const fs::path& root, int ranks, int64_t alignment, const testing::GroupShapes& shapes = testing::SmallModel()) {
+  Status s = RunLoopbackRanks(ranks, [&](Communicator& comm) -> Status {
+    CpuDevice staging;
+    CheckpointOptions o;
+    o.root = root.string();
+    o.chunk_elements = 1024;
+    ASSIGN_OR_RETURN(auto ck, Checkpointer::Create(&comm, &staging, o));
+    testing::SyntheticState state(shapes, ranks, comm.rank(), alignment, true);
+    RETURN_IF_ERROR(ck->SaveAsync(state.view, {{"epoch", 3}}));
+    return ck->Wait();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  auto dir = FindLatestComplete(root.string());
+  EXPECT_TRUE(dir.ok()) << dir.status();
+  return dir.ok() ? *dir : "";
+}
+
+class LoadTest : public ::testing::TestWithParam<std::tuple<int, int>> {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() / ("zrt_load_" + std::to_string(::getpid()) + "_" + std::to_string(std::get<0>(GetParam())) + "_" +
+                                         std::to_string(std::get<1>(GetParam())));
+    fs::remove_all(root_);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+  fs::path root_;
+};
+
+TEST_P(LoadTest, AnyRanksToAnyRanksAtAnotherAlignmentAndGrouping) {
+  const auto [saved, loaded] = GetParam();
+  const std::string dir = Save(root_, saved, 16);
+  // Another grouping: every tensor in one group, at another alignment.
+  testing::GroupShapes merged = {{"all", {}}};
+  for (const auto& [name, tensors] : testing::SmallModel()) merged[0].second.insert(merged[0].second.end(), tensors.begin(), tensors.end());
+  for (const auto& shapes : {testing::SmallModel(), merged}) {
+    for (int r = 0; r < loaded; ++r) {
+      testing::SyntheticState target(shapes, loaded, r, 8, false);
+      auto res = Load(dir, target.view);
+      ASSERT_TRUE(res.ok()) << res.status();
+      EXPECT_EQ(res->step, 7);
+      EXPECT_EQ(res->saved_world_size, saved);
+      EXPECT_EQ(res->loss_scale, 1024);
+      EXPECT_EQ(res->trainer_state["epoch"], 3);
+      target.ExpectValues();
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, LoadTest, ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values(1, 3, 4)));
+
+class LoadErrorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() / ("zrt_load_err_" + std::to_string(::getpid()));
+    fs::remove_all(root_);
+    dir_ = Save(root_, 2, 16);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+  fs::path root_;
+  std::string dir_;
+};
+
+TEST_F(LoadErrorTest, ParamsOnlyLoadsMasterAndZerosTheMoments) {
+  testing::SyntheticState target(testing::SmallModel(), 3, 1, 8, false);
+  LoadOptions o;
+  o.params_only = true;
+  ASSERT_TRUE(Load(dir_, target.view, o).ok());
+  target.ExpectValues({"master"});
+}
+
+TEST_F(LoadErrorTest, AMissingOrResizedTensorIsAnErrorNamingIt) {
+  testing::GroupShapes extra = testing::SmallModel();
+  extra[1].second.push_back({"w3", {4}});
+  testing::SyntheticState a(extra, 1, 0, 8, false);
+  Status s = Load(dir_, a.view).status();
+  EXPECT_EQ(s.code(), StatusCode::kNotFound) << s;
+  EXPECT_NE(s.message().find("'w3'"), std::string_view::npos) << s;
+  testing::GroupShapes resized = testing::SmallModel();
+  resized[2].second[0].shape = {4};
+  testing::SyntheticState b(resized, 1, 0, 8, false);
+  s = Load(dir_, b.view).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("'bias'"), std::string_view::npos) << s;
+}
+
+}  // namespace
+}  // namespace zrt::ckpt
