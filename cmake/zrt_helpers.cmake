@@ -1,12 +1,10 @@
 # Helpers for module CMakeLists: header install, unit tests, multi-rank tests.
 
-# Installs the public headers of a source folder under include/zrt/<folder>/ (same relative paths as
-# in the source tree, so `#include "zrt/core/status.h"` works installed or not).
+# zrt_install_headers(folder header...): installs the named public headers of a source folder under
+# include/zrt/<folder>/ (the same "zrt/<folder>/<file>.h" paths as in the tree). Only the headers a
+# trainer needs are installed (docs/getting-started.md lists them); internals stay in the tree.
 function(zrt_install_headers folder)
-  file(GLOB headers RELATIVE ${PROJECT_SOURCE_DIR}/${folder} ${PROJECT_SOURCE_DIR}/${folder}/*.h
-       ${PROJECT_SOURCE_DIR}/${folder}/*.cuh)
-  list(FILTER headers EXCLUDE REGEX "_test\\.h$")
-  foreach(h IN LISTS headers)
+  foreach(h IN LISTS ARGN)
     install(FILES ${PROJECT_SOURCE_DIR}/${folder}/${h} DESTINATION include/zrt/${folder})
   endforeach()
 endfunction()

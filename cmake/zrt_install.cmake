@@ -1,5 +1,6 @@
-# Install: headers under include/zrt/..., static libraries, the CLI, and a CMake package so a trainer
-# can `find_package(zrt)` and link `zrt::zrt`.
+# Install: the public headers under include/zrt/ (<zrt/zrt.h> and what it includes; <zrt/gpu.h> in
+# CUDA builds), static libraries, the CLI, and a CMake package so a trainer can `find_package(zrt)`
+# and link `zrt::zrt`.
 include(CMakePackageConfigHelpers)
 include(GNUInstallDirs)
 
@@ -8,6 +9,10 @@ install(TARGETS ${ZRT_EXPORTED_TARGETS} EXPORT zrtTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         INCLUDES DESTINATION include)
+install(FILES ${PROJECT_SOURCE_DIR}/zrt.h DESTINATION include/zrt)
+if(ZRT_HAVE_CUDA)
+  install(FILES ${PROJECT_SOURCE_DIR}/gpu.h DESTINATION include/zrt)
+endif()
 install(EXPORT zrtTargets NAMESPACE zrt:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/zrt)
 configure_package_config_file(cmake/zrtConfig.cmake.in ${PROJECT_BINARY_DIR}/zrtConfig.cmake
                               INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/zrt)

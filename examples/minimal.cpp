@@ -2,11 +2,7 @@
 // rank, checkpointed, and resumed on the next start.   mpirun -n 2 ./minimal /tmp/minimal-ckpt
 #include <cstdio>
 
-#include "zrt/checkpoint/checkpointer.h"
-#include "zrt/checkpoint/catalog.h"
-#include "zrt/checkpoint/load.h"
-#include "zrt/core/mpi_communicator.h"
-#include "zrt/runtime/engine.h"
+#include <zrt/zrt.h>
 
 int main(int argc, char** argv) {
   auto session = zrt::MpiSession::Init(&argc, &argv).value();   // MPI with the thread level zrt needs

@@ -20,17 +20,12 @@
 #include <fstream>
 #include <iostream>
 
-#include "zrt/checkpoint/checkpointer.h"
-#include "zrt/checkpoint/catalog.h"
-#include "zrt/checkpoint/load.h"
-#include "examples/charlm/model.h"
-#include "zrt/core/logging.h"
-#include "zrt/offload/host_memory.h"
-#include "zrt/core/mpi_communicator.h"
-#include "zrt/runtime/engine.h"
+#include <zrt/zrt.h>
 #if defined(ZRT_HAVE_NCCL)
-#include "zrt/core/nccl_communicator.h"
+#include <zrt/gpu.h>
 #endif
+
+#include "examples/charlm/model.h"
 
 using namespace zrt;
 

@@ -1,4 +1,5 @@
-# cmake -P script: install BUILD_DIR into WORK_DIR/prefix, build PROJECT_DIR against it, run it.
+# cmake -P script: install BUILD_DIR into WORK_DIR/prefix, check the installed headers are
+# self-contained, build PROJECT_DIR (examples/minimal.cpp and a header check) against it, run both.
 file(REMOVE_RECURSE ${WORK_DIR})
 function(run)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
@@ -8,6 +9,20 @@ function(run)
   message(STATUS "${out}")
 endfunction()
 run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix)
+# Every zrt header an installed header includes is installed too (the allowlist is closed).
+set(inc ${WORK_DIR}/prefix/include)
+file(GLOB_RECURSE headers RELATIVE ${inc} ${inc}/zrt/*)
+foreach(h IN LISTS headers)
+  file(STRINGS ${inc}/${h} lines REGEX "^#include [\"<]zrt/")
+  foreach(line IN LISTS lines)
+    string(REGEX REPLACE "^#include [\"<](zrt/[^\">]+)[\">].*" "\\1" dep "${line}")
+    if(NOT EXISTS ${inc}/${dep})
+      message(FATAL_ERROR "installed ${h} includes ${dep}, which is not installed")
+    endif()
+  endforeach()
+endforeach()
+list(LENGTH headers count)
+message(STATUS "${count} installed headers, self-contained")
 # A sanitized zrt is only linkable by a sanitized program (the runtime comes from the link flags).
 set(flags "")
 if(SANITIZE STREQUAL "address+undefined")
@@ -16,6 +31,9 @@ elseif(SANITIZE STREQUAL "thread")
   set(flags "-fsanitize=thread")
 endif()
 run(${CMAKE_COMMAND} -S ${PROJECT_DIR} -B ${WORK_DIR}/build -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix
-    -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS=${flags}")
+    -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS=${flags}" -DMINIMAL_SOURCE=${MINIMAL_SOURCE})
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run(${WORK_DIR}/build/consumer)
+# The example trains and checkpoints as a singleton MPI process, then resumes from its checkpoint.
+run(${WORK_DIR}/build/minimal ${WORK_DIR}/minimal-ckpt)
+run(${WORK_DIR}/build/minimal ${WORK_DIR}/minimal-ckpt)
