@@ -8,6 +8,7 @@
 #include "zrt/core/logging.h"
 #include "zrt/core/version.h"
 #include "tools/lib/ckpt_commands.h"
+#include "tools/lib/plan.h"
 
 namespace {
 int Report(const zrt::Status& s) {

@@ -1,5 +1,5 @@
-// The `zrt ckpt ...` and `zrt plan` commands as library functions: each writes its report to `out`
-// and returns a Status (OK, or the problem; the CLI maps it to exit code 1). Unit-tested without argv.
+// The `zrt ckpt ...` commands as library functions: each writes its report to `out` and returns a
+// Status (OK, or the problem; the CLI maps it to exit code 1). Unit-tested without argv.
 #pragma once
 
 #include <ostream>
@@ -36,19 +36,5 @@ Status CkptImport(const std::string& in_h5, const std::string& out_root, int wor
 
 // Per-tensor (and per state kind) max absolute / relative difference between two checkpoints.
 Status CkptDiff(const std::string& a, const std::string& b, bool json, std::ostream& out);
-
-struct PlanInput {
-  double params = 0;  // or from the transformer shape:
-  int layers = 0, hidden = 0, heads = 0, vocab = 0;
-  int64_t seq = 0, batch = 1;  // micro-batch per device
-  int gpus = 1;
-  int stage = 3;
-  std::string offload = "none";  // none | cpu | nvme
-  int param_bytes = 2;           // bf16/f16 = 2, f32 = 4
-  double gpu_mem_gib = 80;
-  double step_seconds = 0;       // to derive the bandwidth that hides communication
-  double tokens = 0, tflops = 0, power_watts = 0;
-};
-Status Plan(const PlanInput& in, bool json, std::ostream& out);
 
 }  // namespace zrt::tools

@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "zrt/core/device.h"
-#include "tools/lib/ckpt_commands.h"
+#include "tools/lib/plan.h"
 
 namespace zrt::tools {
 

@@ -4,7 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tools/lib/ckpt_commands.h"
+#include "tools/lib/plan.h"
 
 namespace zrt::tools {
 namespace {
