@@ -99,7 +99,10 @@ TEST_P(ShardWriterTest, StateThatDoesNotMatchTheManifestIsRefused) {
   EXPECT_EQ(WriteShard(**io, dir_.string(), m_, 0, state, {}).code(), StatusCode::kInvalidArgument);
 }
 
-INSTANTIATE_TEST_SUITE_P(Codecs, ShardWriterTest, ::testing::Values(Codec::kRaw, Codec::kZstd, Codec::kByteGroupZstd));
+INSTANTIATE_TEST_SUITE_P(Codecs, ShardWriterTest, ::testing::Values(Codec::kRaw, Codec::kZstd, Codec::kByteGroupZstd),
+                         [](const ::testing::TestParamInfo<Codec>& i) {
+                           return i.param == Codec::kRaw ? "raw" : i.param == Codec::kZstd ? "zstd" : "bg_zstd";
+                         });
 
 }  // namespace
 }  // namespace zrt::ckpt
