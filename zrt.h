@@ -14,6 +14,7 @@
 #include "zrt/checkpoint/checkpointer.h"
 #include "zrt/checkpoint/compression.h"
 #include "zrt/checkpoint/load.h"
+#include "zrt/checkpoint/resume.h"
 #include "zrt/checkpoint/verify.h"
 #include "zrt/core/communicator.h"
 #include "zrt/core/device.h"

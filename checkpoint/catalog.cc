@@ -14,17 +14,26 @@ Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, Ver
   std::error_code ec;
   if (!fs::is_directory(root, ec)) return NotFoundError(root, ": no such checkpoint root directory");
   std::vector<CheckpointInfo> out;
-  for (const auto& e : fs::directory_iterator(root, ec)) {
-    if (!e.is_directory()) continue;
-    const std::string name = e.path().filename().string();
+  fs::directory_iterator it(root, ec);
+  if (ec) return ErrnoStatus(ec.value(), "listing " + root);
+  // Entries may vanish while we look (a job's commit renames, retention deletes): skipped, not errors.
+  // Symbolic links are never checkpoints (nothing is read through one).
+  for (; it != fs::directory_iterator(); it.increment(ec)) {
+    if (ec) break;
+    std::error_code entry_ec;
+    if (it->symlink_status(entry_ec).type() != fs::file_type::directory) continue;
+    const std::string name = it->path().filename().string();
     const size_t tmp = name.find(".tmp-");
     auto step = ParseStepDirName(tmp == std::string::npos ? name : name.substr(0, tmp));
     if (!step.ok()) continue;
     CheckpointInfo info;
-    info.dir = e.path().string();
+    info.dir = it->path().string();
     info.step = *step;
-    for (const auto& f : fs::directory_iterator(e.path(), ec)) {
-      if (f.is_regular_file()) info.bytes += static_cast<int64_t>(f.file_size());
+    for (fs::directory_iterator f(it->path(), entry_ec); !entry_ec && f != fs::directory_iterator(); f.increment(entry_ec)) {
+      std::error_code size_ec;
+      if (f->symlink_status(size_ec).type() != fs::file_type::regular) continue;
+      const auto size = f->file_size(size_ec);
+      if (!size_ec) info.bytes += static_cast<int64_t>(size);
     }
     if (auto m = ReadManifest(info.dir); m.ok()) {
       info.world_size = m->world_size;
@@ -37,13 +46,14 @@ Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, Ver
     } else {
       std::vector<std::string> problems;
       Status s = CheckComplete(info.dir, level, &problems);
+      if (s.code() == StatusCode::kNotFound) continue;  // gone meanwhile
       info.complete = s.ok() && problems.empty();
       if (!s.ok()) info.problem = std::string(s.message());
       if (!problems.empty()) info.problem = problems.front() + (problems.size() > 1 ? ::zrt::internal::StrCat(" (+", problems.size() - 1, " more)") : "");
     }
     out.push_back(std::move(info));
   }
-  if (ec) return ErrnoStatus(ec.value(), "listing " + root);
+  if (ec && ec != std::errc::no_such_file_or_directory) return ErrnoStatus(ec.value(), "listing " + root);
   std::sort(out.begin(), out.end(), [](const CheckpointInfo& a, const CheckpointInfo& b) {
     return a.step != b.step ? a.step > b.step : a.complete > b.complete;
   });

@@ -5,7 +5,7 @@
 //                           encoded (optional byte-grouping + zstd), xxh3-64 each, written through the
 //                           IoEngine to rank-r.data.tmp, fsync, rename, then the rank's index;
 //                           rank 0 publishes manifest.json; fsync the directory. No collective here.
-//   Commit (collective, at the next Wait/SaveAsync)
+//   Commit (collective, at the first Poll after every rank's write finished, or Wait, or the next SaveAsync)
 //                           commit.h: agree, check complete, rename to ROOT/step-N, fsync, `latest`,
 //                           retention.
 // A crash anywhere before the rename leaves only the .tmp directory: never taken for complete,
@@ -71,7 +71,7 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Create(Communicator* comm, D
   std::unique_ptr<Checkpointer> c(new Checkpointer(comm, device, o));
   ASSIGN_OR_RETURN(c->io_, IoEngine::Create(o.io, hooks), "checkpointer");
   Status s;
-  if (comm->rank() == 0) s = RemoveDeadSaves(o.root);
+  if (comm->rank() == 0) s = RepairRoot(o.root, Retention{o.keep_last, o.keep_every}, *c->io_);
   RETURN_IF_ERROR(BroadcastStatus(comm, s, 0), "checkpointer start-up in ", o.root);
   c->writer_ = std::thread([p = c.get()] { p->WriterLoop(); });
   pthread_setname_np(c->writer_.native_handle(), "zrt-ckpt-write");
@@ -115,21 +115,21 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
   char nonce[18] = {};
   if (comm_->rank() == 0) {
     std::snprintf(nonce, 17, "%s", NewNonce().c_str());
-    nonce[17] = fs::exists(o_.root + "/" + StepDirName(state.step)) ? 1 : 0;
+    nonce[17] = fs::exists(o_.root + "/" + StepDirName(state.counters.step)) ? 1 : 0;
   }
   RETURN_IF_ERROR(comm_->Broadcast(nonce, sizeof(nonce), DType::kBytes, 0), "checkpoint nonce");
   const bool skip = nonce[17] != 0;
   nonce[17] = 0;
   m.nonce = nonce;
-  m.step = state.step;
+  m.step = state.counters.step;
   m.world_size = state.world_size;
   m.stage = state.stage;
   m.zrt_version = std::string(Version());
   m.created_unix = static_cast<int64_t>(std::time(nullptr));
   m.chunk_elements = o_.chunk_elements;
-  m.loss_scale = state.loss_scale;
-  m.scaler_good_steps = state.scaler_good_steps;
-  m.scaler_hysteresis_left = state.scaler_hysteresis_left;
+  m.loss_scale = state.counters.loss_scale;
+  m.scaler_good_steps = state.counters.scaler_good_steps;
+  m.scaler_hysteresis_left = state.counters.scaler_hysteresis_left;
   m.trainer_state = trainer_state;
   m.shards = state.groups.empty() ? state.world_size : state.groups[0].layout.world_size();
   for (const StateGroup& g : state.groups) {
@@ -244,6 +244,17 @@ Status Checkpointer::WriteFiles(Job& job) {
 Status Checkpointer::Wait() {
   if (!pending_) return Status();
   return Commit();
+}
+
+Status Checkpointer::Poll() {
+  if (!pending_) return Status();  // the same on every rank: saves are collective
+  float done = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done = work_done_ ? 1.0f : 0.0f;
+  }
+  RETURN_IF_ERROR(comm_->AllReduce(&done, &done, 1, DType::kF32, ReduceOp::kMin), "checkpoint poll");
+  return done > 0 ? Commit() : Status();
 }
 
 Status Checkpointer::Commit() {

@@ -1,15 +1,17 @@
 // Checkpointer: asynchronous, sharded, checksummed, crash-safe saves (../shared/DESIGN.md
 // "Checkpoints"; the on-disk format is docs/checkpoint-format.md).
 //
-//   auto ck = Checkpointer::Create(comm, host, {.root = "/ckpt"});   // collective; cleans dead saves
+//   auto ck = Checkpointer::Create(comm, host, {.root = "/ckpt"});   // collective; repairs the root
 //   ck->SaveAsync(engine->state_view(), trainer_state);  // collective; stalls only for the snapshot
 //   ... training continues while a background thread compresses, checksums and writes ...
-//   ck->Wait();  // collective; commits: the checkpoint becomes complete, `latest` moves, retention runs
+//   ck->Poll();  // collective, once per step: commits as soon as every rank's write is durable
+//   ck->Wait();  // collective; commits now: the checkpoint becomes complete, `latest` moves, retention runs
 //
 // `host` is where the snapshot is staged: host memory (a CpuDevice, or a HostMemory, pinned in CUDA
 // builds so device-to-host copies run at full speed). State on a GPU is copied into it by SaveAsync.
 //
-// Policy for a SaveAsync while a save is in flight: it first waits for and commits that save (never
+// Create repairs the root (commit.h RepairRoot: dead saves and deletions removed, `latest` and
+// retention brought up to date after a kill). Policy for a SaveAsync while a save is in flight: it first waits for and commits that save (never
 // two in flight, never a skipped request). A save of a step that already has a complete checkpoint
 // is dropped (the existing one is kept: it cannot be replaced without a window where neither is whole).
 //
@@ -70,6 +72,10 @@ class Checkpointer {
   ~Checkpointer();
 
   Status SaveAsync(const StateView& state, const nlohmann::json& trainer_state = nlohmann::json::object());
+  // Collective. While a save is pending: one small all-reduce, and the commit once every rank's write
+  // finished (so a job killed after that loses nothing); otherwise nothing. Call it once per step.
+  Status Poll();
+  // Collective: waits for the pending save's writes and commits it.
   Status Wait();
   bool in_flight() const { return pending_; }
   const SaveStats& last_stats() const { return stats_; }

@@ -46,6 +46,21 @@ void AbandonSave(const SaveDir& save) {
 
 namespace {
 
+constexpr std::string_view kDeadMark = ".dead-";
+
+// Removes the entries of `root` whose names start with `prefix` and hold ".tmp-" or ".dead-" (best
+// effort: a leftover that cannot be removed now is removed at the next start).
+void RemoveLeftovers(const std::string& root, const std::string& prefix) {
+  std::error_code ec;
+  for (fs::directory_iterator it(root, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!name.starts_with(prefix)) continue;
+    if (name.find(".tmp-") == std::string::npos && name.find(kDeadMark) == std::string::npos) continue;
+    ZRT_LOG(kInfo) << "checkpoint: removing leftover of an interrupted save or deletion: " << it->path().string();
+    if (Status s = RemoveTree(it->path().string()); !s.ok()) ZRT_LOG(kWarn) << "checkpoint: " << s;
+  }
+}
+
 // The single-process part of the commit: the directory becomes ROOT/step-N.
 Status CommitLocal(const SaveDir& save, const Retention& retention, const IoEngine& io) {
   // Everything must be there and agree before the directory gets its final name.
@@ -59,6 +74,8 @@ Status CommitLocal(const SaveDir& save, const Retention& retention, const IoEngi
   // The advisory pointer moves only now that the checkpoint is complete and durable.
   RETURN_IF_ERROR(WriteFileDurably(io, save.root, std::string(kLatestFile), StepDirName(save.step) + "\n"));
   RETURN_IF_ERROR(FsyncDir(save.root));
+  // Temp directories of earlier attempts at this step (a killed reshard or import) are dead now.
+  RemoveLeftovers(save.root, StepDirName(save.step) + ".tmp-");
   return ApplyRetention(save.root, retention);
 }
 
@@ -85,9 +102,11 @@ Status ApplyRetention(const std::string& root, const Retention& retention) {
   if (retention.keep_last <= 0) return Status();
   std::vector<std::pair<int64_t, std::string>> steps;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(root, ec)) {
-    auto step = ParseStepDirName(e.path().filename().string());
-    if (step.ok()) steps.emplace_back(*step, e.path().string());
+  for (fs::directory_iterator it(root, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    std::error_code type_ec;
+    if (it->symlink_status(type_ec).type() != fs::file_type::directory) continue;
+    auto step = ParseStepDirName(it->path().filename().string());
+    if (step.ok()) steps.emplace_back(*step, it->path().string());
   }
   if (ec) return ErrnoStatus(ec.value(), "listing " + root);
   std::sort(steps.rbegin(), steps.rend());
@@ -98,26 +117,44 @@ Status ApplyRetention(const std::string& root, const Retention& retention) {
     if (!complete) continue;  // never delete what we cannot vouch for (or one being repaired by hand)
     const bool keep = kept_complete < retention.keep_last || (retention.keep_every > 0 && step % retention.keep_every == 0);
     if (kept_complete < retention.keep_last) ++kept_complete;
-    if (!keep) {
-      ZRT_LOG(kInfo) << "checkpoint retention: removing " << dir;
-      RETURN_IF_ERROR(RemoveTree(dir));
-    }
+    if (keep) continue;
+    // Dead first (atomic and durable), then removed: a kill in between leaves only a dead name.
+    ZRT_LOG(kInfo) << "checkpoint retention: removing " << dir;
+    const std::string dead = dir + std::string(kDeadMark) + NewNonce();
+    RETURN_IF_ERROR(RenamePath(dir, dead));
+    RETURN_IF_ERROR(FsyncDir(root));
+    RETURN_IF_ERROR(RemoveTree(dead));
   }
   return Status();
 }
 
-Status RemoveDeadSaves(const std::string& root) {
+Status RepairRoot(const std::string& root, const Retention& retention, const IoEngine& io) {
   RETURN_IF_ERROR(MakeDirs(root));
+  RemoveLeftovers(root, "");
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(root, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.find(".tmp") != std::string::npos) {
-      ZRT_LOG(kInfo) << "checkpoint: removing leftover of an interrupted save: " << e.path().string();
-      RETURN_IF_ERROR(RemoveTree(e.path().string()));
-    }
+  fs::remove(fs::path(root) / (std::string(kLatestFile) + ".tmp"), ec);
+  // `latest` names the newest complete checkpoint (a kill after a commit's rename leaves it behind).
+  std::vector<std::pair<int64_t, std::string>> steps;
+  for (fs::directory_iterator it(root, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    std::error_code type_ec;
+    if (it->symlink_status(type_ec).type() != fs::file_type::directory) continue;
+    if (auto step = ParseStepDirName(it->path().filename().string()); step.ok()) steps.emplace_back(*step, it->path().string());
   }
   if (ec) return ErrnoStatus(ec.value(), "listing " + root);
-  return Status();
+  std::sort(steps.rbegin(), steps.rend());
+  for (const auto& [step, dir] : steps) {
+    std::vector<std::string> problems;
+    if (!CheckComplete(dir, VerifyLevel::kMetadata, &problems).ok() || !problems.empty()) continue;
+    const std::string want = StepDirName(step) + "\n";
+    auto have = ReadWholeFile(root + "/" + std::string(kLatestFile));
+    if (!have.ok() || *have != want) {
+      ZRT_LOG(kInfo) << "checkpoint: pointing " << root << "/latest at " << StepDirName(step);
+      RETURN_IF_ERROR(WriteFileDurably(io, root, std::string(kLatestFile), want));
+      RETURN_IF_ERROR(FsyncDir(root));
+    }
+    break;
+  }
+  return ApplyRetention(root, retention);
 }
 
 }  // namespace zrt::ckpt

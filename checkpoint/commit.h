@@ -12,7 +12,11 @@
 //                rewrites ROOT/latest (advisory) and applies retention. The outcome is the same on
 //                every rank. On failure the temp directory is removed; the previous complete
 //                checkpoint is never touched.
-//   RemoveDeadSaves  at start-up: temp directories and half-written pointer files of saves that died.
+//   Retention   a checkpoint is deleted by renaming it to ROOT/step-N.dead-<nonce> first (atomic: it is
+//               complete under its name or not at all), fsyncing ROOT, then removing the dead name.
+//   Repair      at start-up: temp and dead directories of saves and deletions that died are removed,
+//               `latest` is pointed at the newest complete checkpoint, retention is applied again (a
+//               job killed between a commit's rename and its `latest` or retention leaves them stale).
 //
 // Durability steps ask the IoEngine's hooks first ("commit" before the rename), the fault-injection
 // seam of the tests.
@@ -63,9 +67,11 @@ Status Commit(Communicator* comm, const Status& local, const SaveDir& save, cons
 // Applies retention under `root` (Commit does it after each commit).
 Status ApplyRetention(const std::string& root, const Retention& retention);
 
-// Removes leftovers of saves that died under `root`: temp directories and half-written pointer files.
-// Only one process per root, and never while a save to the root is in progress.
-Status RemoveDeadSaves(const std::string& root);
+// Start-up repair of `root` (created if missing): removes the temp directories of saves that died,
+// the dead directories of deletions that died and half-written pointer files, then points `latest` at
+// the newest complete checkpoint and applies `retention`. Only one process per root, and never while
+// a save to the root is in progress.
+Status RepairRoot(const std::string& root, const Retention& retention, const IoEngine& io);
 
 // Discards a save that will not be committed (its temp directory).
 void AbandonSave(const SaveDir& save);

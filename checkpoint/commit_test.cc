@@ -114,12 +114,29 @@ TEST_P(CommitTest, RetentionKeepsTheNewestAndEveryMultiple) {
   EXPECT_EQ(Names(), (std::vector<std::string>{"latest", "step-00000002", "step-00000008"}));
 }
 
-TEST_P(CommitTest, DeadSavesAreRemovedAtStartup) {
-  ASSERT_TRUE(SaveStep(1).ok());
-  fs::create_directories(root_ / "step-00000002.tmp-0123456789abcdef");
-  std::ofstream(root_ / "latest.tmp") << "step-00000002";
-  ASSERT_TRUE(RemoveDeadSaves(root_.string()).ok());
-  EXPECT_EQ(Names(), (std::vector<std::string>{"latest", "step-00000001"}));
+TEST_P(CommitTest, StartupRepairsWhatAKillLeftAtAnyStep) {
+  for (int64_t step = 1; step <= 3; ++step) ASSERT_TRUE(SaveStep(step).ok());
+  auto io = IoEngine::Create();
+  ASSERT_TRUE(io.ok());
+  // Killed inside a save, inside a retention deletion (after the rename to a dead name), after a
+  // commit's rename but before `latest` moved, and inside the pointer's own write.
+  fs::create_directories(root_ / "step-00000004.tmp-0123456789abcdef");
+  fs::rename(root_ / "step-00000001", root_ / "step-00000001.dead-0123456789abcdef");
+  std::ofstream(root_ / "latest", std::ios::trunc) << "step-00000002\n";
+  std::ofstream(root_ / "latest.tmp") << "step-00000004";
+  ASSERT_TRUE(RepairRoot(root_.string(), Retention{1, 0}, **io).ok());
+  EXPECT_EQ(Names(), (std::vector<std::string>{"latest", "step-00000003"}));
+  EXPECT_EQ(Latest(), "step-00000003");
+  // Nothing to repair: nothing changes.
+  ASSERT_TRUE(RepairRoot(root_.string(), Retention{1, 0}, **io).ok());
+  EXPECT_EQ(Names(), (std::vector<std::string>{"latest", "step-00000003"}));
+}
+
+TEST_P(CommitTest, ACommitRemovesEarlierDeadAttemptsAtTheSameStep) {
+  fs::create_directories(root_ / "step-00000009.tmp-00000000000000aa");  // a killed reshard of step 9
+  fs::create_directories(root_ / "step-00000010.tmp-00000000000000bb");  // another step: not touched
+  ASSERT_TRUE(SaveStep(9).ok());
+  EXPECT_EQ(Names(), (std::vector<std::string>{"latest", "step-00000009", "step-00000010.tmp-00000000000000bb"}));
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, CommitTest, ::testing::Values(1, 2, 3));

@@ -1,23 +1,102 @@
 #include "zrt/checkpoint/files.h"
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
+#include <filesystem>
 
 #include "zrt/checkpoint/codec.h"
-#include "zrt/checkpoint/fs_util.h"
 
 namespace zrt::ckpt {
 
-Result<Manifest> ReadManifest(const std::string& dir) {
-  const std::string path = dir + "/" + std::string(kManifestFile);
-  ASSIGN_OR_RETURN(std::string text, ReadWholeFile(path));
-  return DecodeManifest(text, path);
+Result<CheckpointDir> CheckpointDir::Open(const std::string& path) {
+  CheckpointDir d;
+  d.path_ = path;
+  d.fd_ = UniqueFd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!d.fd_.valid()) {
+    const int err = errno;
+    struct stat st;
+    // O_NOFOLLOW | O_DIRECTORY on a link reports ELOOP or ENOTDIR, depending on the kernel.
+    if (err == ELOOP || (err == ENOTDIR && ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode))) {
+      return DataLossError(path, ": a symbolic link (checkpoint directories are never followed through links)");
+    }
+    if (err == ENOTDIR) return DataLossError(path, ": not a directory");
+    return ErrnoStatus(err, "opening checkpoint directory " + path);
+  }
+  return d;
 }
 
-Result<RankIndex> ReadIndex(const std::string& dir, int rank) {
-  const std::string path = dir + "/" + IndexFileName(rank);
-  ASSIGN_OR_RETURN(std::string text, ReadWholeFile(path));
+Result<std::string> CheckpointDir::ReadFile(std::string_view name, int64_t max_bytes) const {
+  const std::string path = PathOf(name);
+  ASSIGN_OR_RETURN(IoFile f, IoFile::OpenAt(fd(), std::string(name), path, IoFile::Mode::kRead, /*direct=*/false));
+  ASSIGN_OR_RETURN(int64_t size, f.Size());
+  if (size > max_bytes) return DataLossError(path, ": ", size, " bytes, more than the ", max_bytes, " a checkpoint file may have");
+  std::string text(static_cast<size_t>(size), '\0');
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::pread(f.fd(), text.data() + done, text.size() - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoStatus(errno, "reading " + path);
+    if (n == 0) return DataLossError(path, ": shorter than its size while being read");
+    done += static_cast<size_t>(n);
+  }
+  return text;
+}
+
+Result<IoFile> CheckpointDir::OpenData(std::string_view name, int64_t expected_bytes) const {
+  const std::string path = PathOf(name);
+  ASSIGN_OR_RETURN(IoFile f, IoFile::OpenAt(fd(), std::string(name), path, IoFile::Mode::kRead));
+  ASSIGN_OR_RETURN(int64_t size, f.Size());
+  if (size != expected_bytes) {
+    return DataLossError(path, ": ", size, " bytes, the index says ", expected_bytes, size < expected_bytes ? " (truncated)" : "");
+  }
+  return f;
+}
+
+Result<std::vector<std::string>> CheckpointDir::List() const {
+  // A second descriptor: readdir consumes the one it is given.
+  UniqueFd copy(::openat(fd(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!copy.valid()) return ErrnoStatus(errno, "listing " + path_);
+  DIR* d = ::fdopendir(copy.get());
+  if (d == nullptr) return ErrnoStatus(errno, "listing " + path_);
+  (void)std::move(copy).Release();  // owned by d now
+  std::vector<std::string> names;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string_view n = e->d_name;
+    if (n != "." && n != "..") names.emplace_back(n);
+  }
+  ::closedir(d);
+  return names;
+}
+
+Result<Manifest> ReadManifest(const CheckpointDir& dir) {
+  const std::string path = dir.PathOf(kManifestFile);
+  ASSIGN_OR_RETURN(std::string text, dir.ReadFile(kManifestFile));
+  ASSIGN_OR_RETURN(Manifest m, DecodeManifest(text, path));
+  // The directory's name, when it is a step name, is the manifest's step.
+  std::string base = std::filesystem::path(dir.path()).filename().string();
+  if (base.empty()) base = std::filesystem::path(dir.path()).parent_path().filename().string();  // a trailing '/'
+  if (const size_t tmp = base.find(".tmp-"); tmp != std::string::npos) base.resize(tmp);
+  if (auto named = ParseStepDirName(base); named.ok() && *named != m.step) {
+    return DataLossError(path, ": step ", m.step, " in a directory named for step ", *named);
+  }
+  return m;
+}
+
+Result<Manifest> ReadManifest(const std::string& dir) {
+  ASSIGN_OR_RETURN(CheckpointDir d, CheckpointDir::Open(dir));
+  return ReadManifest(d);
+}
+
+Result<RankIndex> ReadIndex(const CheckpointDir& dir, const Manifest& m, std::span<const ShardLayout> layouts, int rank) {
+  const std::string name = IndexFileName(rank), path = dir.PathOf(name);
+  ASSIGN_OR_RETURN(std::string text, dir.ReadFile(name));
   ASSIGN_OR_RETURN(RankIndex r, DecodeIndex(text, path));
-  if (r.rank != rank) return DataLossError(path, ": index of rank ", r.rank, " under the name of rank ", rank);
+  RETURN_IF_ERROR(ValidateIndex(m, layouts, r, rank, path));
   return r;
 }
 
@@ -25,6 +104,7 @@ namespace {
 
 struct AlignedBytes {
   explicit AlignedBytes(size_t n) : p(static_cast<char*>(std::aligned_alloc(kIoAlignment, (n / kIoAlignment + 1) * kIoAlignment))) {}
+  bool ok() const { return p != nullptr; }
   ~AlignedBytes() { std::free(p); }
   AlignedBytes(const AlignedBytes&) = delete;
   AlignedBytes& operator=(const AlignedBytes&) = delete;
@@ -61,6 +141,7 @@ Status ReadChunk(IoEngine& io, const IoFile& f, const Manifest& m, const ShardLa
                  std::vector<float>* out, std::vector<char>* scratch, int64_t* bytes_read) {
   const ChunkEntry& c = r.chunks[k];
   AlignedBytes buf(static_cast<size_t>(c.stored_bytes));
+  if (!buf.ok()) return OutOfMemoryError(ChunkName(m, l, r, k), ": no memory for ", c.stored_bytes, " bytes");
   RETURN_IF_ERROR(io.ReadSync(f, buf.p, static_cast<size_t>(c.stored_bytes), c.file_offset), ChunkName(m, l, r, k));
   *bytes_read += c.stored_bytes;
   if (Checksum(buf.p, static_cast<size_t>(c.stored_bytes)) != c.xxh3) {

@@ -1,27 +1,64 @@
-// Reading a checkpoint directory's files: the manifest, the per-rank indexes and data chunks, with
-// errors that name the file, chunk, group, kind and tensors. Shared by verify, catalog and load.
+// Reading a checkpoint directory's files as untrusted input (../shared/DESIGN.md "Checkpoints" 7): the
+// manifest, the per-rank indexes and data chunks, each checked against the format's rules
+// (docs/checkpoint-format.md) before anything it says is used, with errors that name the file, chunk,
+// group, kind and tensors. Shared by verify, catalog and load.
+//
+// Every file is opened beneath the directory's descriptor: names are single path components (a
+// data_file of "../x" is refused by ValidateIndex before any open, and OpenAt refuses '/' again) and
+// O_NOFOLLOW on that one component means no symbolic link is ever followed; the directory itself must
+// not be a symbolic link either. One component and no links is what openat2's RESOLVE_BENEATH |
+// RESOLVE_NO_SYMLINKS would enforce, without needing a 5.6 kernel.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "zrt/checkpoint/format.h"
 #include "zrt/core/shard_layout.h"
+#include "zrt/core/unique_fd.h"
 #include "zrt/offload/io_engine.h"
 
 namespace zrt::ckpt {
 
+// A checkpoint directory opened for reading. Move-only.
+class CheckpointDir {
+ public:
+  // NotFound when `path` does not exist; DataLoss when it is a symbolic link or not a directory.
+  static Result<CheckpointDir> Open(const std::string& path);
+  const std::string& path() const { return path_; }
+  int fd() const { return fd_.get(); }
+  std::string PathOf(std::string_view name) const { return path_ + "/" + std::string(name); }
+
+  // A whole small file (manifest, index): refused beyond `max_bytes`; NotFound when missing.
+  Result<std::string> ReadFile(std::string_view name, int64_t max_bytes = kMaxJsonBytes) const;
+  // A data file for the I/O engine; its size must be `expected_bytes` (a truncated or grown file is
+  // DataLoss).
+  Result<IoFile> OpenData(std::string_view name, int64_t expected_bytes) const;
+  // The names of the directory's entries (what is there, bounding every loop over shards).
+  Result<std::vector<std::string>> List() const;
+
+ private:
+  std::string path_;
+  UniqueFd fd_;
+};
+
+// The manifest, decoded and checked (format.h DecodeManifest); when the directory is named step-N
+// (or step-N.tmp-...), N must be the manifest's step.
+Result<Manifest> ReadManifest(const CheckpointDir& dir);
 Result<Manifest> ReadManifest(const std::string& dir);
-// The index of shard `rank`; DataLoss when the file names another rank.
-Result<RankIndex> ReadIndex(const std::string& dir, int rank);
+// The index of shard `rank`, decoded and checked against the manifest (format.h ValidateIndex);
+// `layouts` are SavedLayouts(m).
+Result<RankIndex> ReadIndex(const CheckpointDir& dir, const Manifest& m, std::span<const ShardLayout> layouts, int rank);
 
 // "rank-00001.data chunk 17 (group 'layer0', exp_avg, elements 0..4096, tensors w1, w2)".
 // `l` is the saved layout of the chunk's group.
 std::string ChunkName(const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k);
 
-// Reads chunk k of a rank's data file `f`, checks its checksum and decodes it into `out` (its
-// elements, fp32). `scratch` is reused between calls; *bytes_read grows by the stored bytes.
+// Reads chunk k of a rank's data file `f` (the index validated), checks its checksum and decodes it
+// into `out` (its elements, fp32). `scratch` is reused between calls; *bytes_read grows by the stored
+// bytes.
 Status ReadChunk(IoEngine& io, const IoFile& f, const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k,
                  std::vector<float>* out, std::vector<char>* scratch, int64_t* bytes_read);
 

@@ -1,8 +1,11 @@
 #include "zrt/checkpoint/format.h"
 
+#include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <set>
 #include <stdexcept>
 
 namespace zrt::ckpt {
@@ -17,6 +20,61 @@ std::string Hex(uint64_t v) {
 }
 
 using internal::Seal;
+
+// The manifest's own rules (docs/checkpoint-format.md "Rules", M1-M5).
+Status ValidateManifest(const Manifest& m) {
+  if (m.shards < 1 || m.shards > kMaxShards || m.world_size < 1 || m.world_size > kMaxShards) {
+    return DataLossError("shards ", m.shards, " / world_size ", m.world_size, " outside [1, ", kMaxShards, "]");
+  }
+  if (m.stage < 0 || m.stage > 3) return DataLossError("stage ", m.stage, " is not 0..3");
+  if (m.shards != (m.stage == 0 ? 1 : m.world_size)) {
+    return DataLossError("shards ", m.shards, " disagrees with stage ", m.stage, " and world_size ", m.world_size,
+                         " (stage 0 saves one shard, stages 1-3 one per rank)");
+  }
+  if (m.step < 0) return DataLossError("negative step ", m.step);
+  if (m.chunk_elements < 1 || m.chunk_elements > kMaxChunkElements) {
+    return DataLossError("chunk_elements ", m.chunk_elements, " outside [1, ", kMaxChunkElements, "]");
+  }
+  if (!(m.loss_scale > 0) || !std::isfinite(m.loss_scale) || m.scaler_good_steps < 0 || m.scaler_hysteresis_left < 0) {
+    return DataLossError("loss scaler state out of range (scale ", m.loss_scale, ")");
+  }
+  if (m.groups.empty()) return DataLossError("no parameter groups");
+  std::set<std::string> group_names, tensor_names;
+  for (const GroupEntry& g : m.groups) {
+    if (g.name.empty() || !group_names.insert(g.name).second) return DataLossError("group name '", g.name, "' is empty or repeated");
+    if (g.alignment < 1 || g.alignment > kMaxAlignment) {
+      return DataLossError("group '", g.name, "': alignment ", g.alignment, " outside [1, ", kMaxAlignment, "]");
+    }
+    std::set<std::string> kinds;
+    for (const std::string& k : g.kinds) {
+      if (std::find(std::begin(kStateKinds), std::end(kStateKinds), k) == std::end(kStateKinds)) {
+        return DataLossError("group '", g.name, "': unknown state kind '", k, "'");
+      }
+      if (!kinds.insert(k).second) return DataLossError("group '", g.name, "': state kind '", k, "' repeated");
+    }
+    if (!kinds.contains("master")) return DataLossError("group '", g.name, "' has no master weights");
+    if (g.tensors.empty()) return DataLossError("group '", g.name, "' has no tensors");
+    for (const TensorEntry& te : g.tensors) {
+      if (te.name.empty() || !tensor_names.insert(te.name).second) {
+        return DataLossError("tensor name '", te.name, "' is empty or repeated");
+      }
+      if (!IsFloating(te.dtype)) return DataLossError("tensor '", te.name, "': dtype ", DTypeName(te.dtype), " is not a float type");
+      if (te.numel < 0 || te.numel > kMaxNumel || te.offset < 0) {
+        return DataLossError("tensor '", te.name, "': numel ", te.numel, " or offset ", te.offset, " out of range");
+      }
+      int64_t n = 1;
+      for (int64_t d : te.shape) {
+        if (d < 0 || d > kMaxNumel || (d != 0 && n > kMaxNumel / d)) {
+          return DataLossError("tensor '", te.name, "': shape dimension ", d, " out of range");
+        }
+        n *= d;
+      }
+      if (n != te.numel) return DataLossError("tensor '", te.name, "': shape has ", n, " elements, numel says ", te.numel);
+    }
+  }
+  for (int g = 0; g < static_cast<int>(m.groups.size()); ++g) RETURN_IF_ERROR(SavedLayout(m, g).status());
+  return Status();
+}
 
 Result<json> Open(std::string_view text, const std::string& where) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -168,9 +226,6 @@ Result<Manifest> DecodeManifest(std::string_view text, const std::string& where)
     m.scaler_good_steps = I64(At(e, "scaler_good_steps"), "scaler_good_steps");
     m.scaler_hysteresis_left = I32(At(e, "scaler_hysteresis_left"), "scaler_hysteresis_left");
     m.trainer_state = At(j, "trainer_state");
-    if (m.shards < 1 || m.world_size < 1 || m.chunk_elements < 1 || m.step < 0) {
-      return DataLossError(where, ": nonsense sizes (shards ", m.shards, ", world_size ", m.world_size, ")");
-    }
     for (const json& g : Arr(At(j, "groups"), "groups")) {
       GroupEntry ge;
       ge.name = Str(At(g, "name"), "group name");
@@ -185,11 +240,11 @@ Result<Manifest> DecodeManifest(std::string_view text, const std::string& where)
         ASSIGN_OR_RETURN(te.dtype, ParseDType(Str(At(t, "dtype"), "dtype")), where, ": tensor '", te.name, "'");
         te.offset = I64(At(t, "offset"), "offset");
         te.numel = I64(At(t, "numel"), "numel");
-        if (te.offset < 0 || te.numel < 0) return DataLossError(where, ": tensor '", te.name, "' has a negative offset or size");
         ge.tensors.push_back(std::move(te));
       }
       m.groups.push_back(std::move(ge));
     }
+    RETURN_IF_ERROR(ValidateManifest(m), where);
     return m;
   });
 }
@@ -239,14 +294,86 @@ Result<RankIndex> DecodeIndex(std::string_view text, const std::string& where) {
         return DataLossError(where, ": bad chunk checksum '", hex, "'");
       }
       e.xxh3 = std::stoull(hex, nullptr, 16);
-      if (e.elements < 0 || e.elem_offset < 0 || e.stored_bytes < 0 || e.file_offset < 0 ||
-          e.stored_bytes > r.data_bytes || e.file_offset > r.data_bytes - e.stored_bytes) {
-        return DataLossError(where, ": chunk outside the data file");
+      if (e.elements < 0 || e.elem_offset < 0 || e.stored_bytes < 0 || e.file_offset < 0) {
+        return DataLossError(where, ": chunk ", r.chunks.size(), " has a negative size or offset");
+      }
+      if (r.data_bytes < 0 || e.stored_bytes > r.data_bytes || e.file_offset > r.data_bytes - e.stored_bytes) {
+        return DataLossError(where, ": chunk ", r.chunks.size(), " (bytes ", e.file_offset, "+", e.stored_bytes,
+                             ") lies outside the data file of ", r.data_bytes, " bytes");
       }
       r.chunks.push_back(e);
     }
     return r;
   });
+}
+
+Result<std::vector<ShardLayout>> SavedLayouts(const Manifest& m) {
+  std::vector<ShardLayout> out;
+  for (int g = 0; g < static_cast<int>(m.groups.size()); ++g) {
+    ASSIGN_OR_RETURN(ShardLayout l, SavedLayout(m, g));
+    out.push_back(std::move(l));
+  }
+  return out;
+}
+
+Status ValidateIndex(const Manifest& m, std::span<const ShardLayout> layouts, const RankIndex& r, int rank,
+                     const std::string& where) {
+  if (layouts.size() != m.groups.size()) return InternalError(where, ": layouts for ", layouts.size(), " groups");
+  if (r.rank != rank) return DataLossError(where, ": index of shard ", r.rank, " under the name of shard ", rank);
+  if (r.nonce != m.nonce || r.step != m.step || r.shards != m.shards) {
+    return DataLossError(where, ": belongs to another save (nonce/step/shards disagree with the manifest)");
+  }
+  if (r.data_file != DataFileName(rank)) return DataLossError(where, ": data file '", r.data_file, "' is not ", DataFileName(rank));
+  // Per (group, kind): the chunks' element ranges, to tile the shard exactly once.
+  std::vector<std::vector<std::vector<std::pair<int64_t, int64_t>>>> cover(m.groups.size());
+  for (size_t g = 0; g < m.groups.size(); ++g) cover[g].resize(m.groups[g].kinds.size());
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  spans.reserve(r.chunks.size());
+  for (size_t k = 0; k < r.chunks.size(); ++k) {
+    const ChunkEntry& c = r.chunks[k];
+    if (c.group < 0 || c.group >= static_cast<int>(m.groups.size())) return DataLossError(where, ": chunk ", k, " names unknown group ", c.group);
+    const GroupEntry& ge = m.groups[static_cast<size_t>(c.group)];
+    if (c.kind < 0 || c.kind >= static_cast<int>(ge.kinds.size())) {
+      return DataLossError(where, ": chunk ", k, " names unknown state kind ", c.kind, " of group '", ge.name, "'");
+    }
+    const int64_t shard = layouts[static_cast<size_t>(c.group)].shard_size();
+    if (c.elements < 1 || c.elements > m.chunk_elements || c.elem_offset < 0 || c.elem_offset > shard - c.elements) {
+      return DataLossError(where, ": chunk ", k, " (elements ", c.elem_offset, "+", c.elements, ") lies outside the shard of ",
+                           shard, " elements of group '", ge.name, "' (chunks hold at most ", m.chunk_elements, ")");
+    }
+    if (c.codec == Codec::kRaw ? c.stored_bytes != c.elements * 4 : (c.stored_bytes < 1 || c.stored_bytes >= c.elements * 4)) {
+      return DataLossError(where, ": chunk ", k, " stores ", c.stored_bytes, " bytes for ", c.elements, " elements (",
+                           CodecName(c.codec), ")");
+    }
+    cover[static_cast<size_t>(c.group)][static_cast<size_t>(c.kind)].emplace_back(c.elem_offset, c.elements);
+    spans.emplace_back(c.file_offset, c.stored_bytes);
+  }
+  for (size_t g = 0; g < m.groups.size(); ++g) {
+    const int64_t shard = layouts[g].shard_size();
+    for (size_t k = 0; k < m.groups[g].kinds.size(); ++k) {
+      auto& v = cover[g][k];
+      std::sort(v.begin(), v.end());
+      int64_t at = 0;
+      for (const auto& [off, n] : v) {
+        if (off != at) {
+          return DataLossError(where, ": group '", m.groups[g].name, "' ", m.groups[g].kinds[k], ": chunks ",
+                               off < at ? "overlap" : "leave a gap", " at element ", std::min(off, at));
+        }
+        at += n;
+      }
+      if (at != shard) {
+        return DataLossError(where, ": group '", m.groups[g].name, "' ", m.groups[g].kinds[k], ": chunks cover ", at, " of ", shard,
+                             " elements");
+      }
+    }
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i) {
+    if (spans[i].first < spans[i - 1].first + spans[i - 1].second) {
+      return DataLossError(where, ": two chunks share bytes at offset ", spans[i].first, " of ", r.data_file);
+    }
+  }
+  return Status();
 }
 
 Result<ShardLayout> SavedLayout(const Manifest& m, int group) {

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,6 +26,16 @@ namespace zrt::ckpt {
 
 inline constexpr int kFormatVersion = 1;
 inline constexpr std::string_view kFormatName = "zrt-checkpoint";
+
+// Bounds every reader enforces (docs/checkpoint-format.md, "Rules"): a file beyond them is refused as
+// corrupt before anything is allocated or looped over.
+inline constexpr int kMaxShards = 1 << 20;
+inline constexpr int64_t kMaxChunkElements = int64_t{1} << 27;  // 512 MiB of fp32 decoded per chunk
+inline constexpr int64_t kMaxAlignment = int64_t{1} << 20;
+inline constexpr int64_t kMaxNumel = int64_t{1} << 48;          // per tensor
+inline constexpr int64_t kMaxJsonBytes = int64_t{1} << 30;      // a manifest or an index
+// The state kinds a checkpoint may hold, in the order the engine saves them.
+inline constexpr std::string_view kStateKinds[] = {"master", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
 
 struct TensorEntry {
   std::string name;
@@ -87,17 +98,27 @@ inline constexpr std::string_view kManifestFile = "manifest.json";
 inline constexpr std::string_view kLatestFile = "latest";
 
 std::string EncodeManifest(const Manifest& m);
-// `where` names the file in errors.
+// Parses and checks a manifest against every rule that needs no other file (sizes and their
+// products, bounds, unique names, known state kinds, offsets as the layout gives them). `where`
+// names the file in errors.
 Result<Manifest> DecodeManifest(std::string_view text, const std::string& where);
 std::string EncodeIndex(const RankIndex& r);
+// Parses an index (its own fields only; ValidateIndex checks it against the manifest).
 Result<RankIndex> DecodeIndex(std::string_view text, const std::string& where);
+// The rules an index of shard `rank` must meet against its manifest: the same save, the data file's
+// name, every chunk inside its shard and its file, raw chunks exactly their elements, and the chunks
+// of every (group, kind) covering the shard exactly once with disjoint file ranges.
+// `layouts` are SavedLayouts(m).
+Status ValidateIndex(const Manifest& m, std::span<const ShardLayout> layouts, const RankIndex& r, int rank,
+                     const std::string& where);
 
 namespace internal {
 // Adds the "checksum" member to a JSON object and serialises it (what Encode* do); for tools and fuzzers.
 std::string Seal(nlohmann::json j);
 }  // namespace internal
 
-// The layout a group had when saved (shards ranks, the saved alignment).
+// The layout a group had when saved (shards ranks, the saved alignment); every group's.
 Result<ShardLayout> SavedLayout(const Manifest& m, int group);
+Result<std::vector<ShardLayout>> SavedLayouts(const Manifest& m);
 
 }  // namespace zrt::ckpt

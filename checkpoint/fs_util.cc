@@ -39,6 +39,13 @@ Status FsyncDir(const std::string& dir) {
   return Status();
 }
 
+Status FsyncFile(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return ErrnoStatus(errno, "opening " + path);
+  if (::fsync(fd.get()) != 0) return ErrnoStatus(errno, "fsync " + path);
+  return Status();
+}
+
 Result<std::string> ReadWholeFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return ErrnoStatus(errno ? errno : ENOENT, "reading " + path);

@@ -14,6 +14,7 @@ namespace zrt::ckpt {
 // the directory when the name must be durable.
 Status WriteFileDurably(const IoEngine& io, const std::string& dir, const std::string& name, std::string_view content);
 Status FsyncDir(const std::string& dir);
+Status FsyncFile(const std::string& path);
 Result<std::string> ReadWholeFile(const std::string& path);
 Status RenamePath(const std::string& from, const std::string& to);
 Status MakeDirs(const std::string& dir);

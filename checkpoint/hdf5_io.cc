@@ -3,6 +3,7 @@
 #include <hdf5.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -67,35 +68,108 @@ Status AttrStr(hid_t obj, const char* name, const std::string& v) {
 }
 
 bool HasAttr(hid_t obj, const char* name) { return H5Aexists(obj, name) > 0; }
-Result<int64_t> ReadAttrInt(hid_t obj, const char* name) {
+
+// An attribute, as untrusted input: it must hold exactly one value (a scalar dataspace, or a simple one
+// of one element) of the expected class before anything is read into a buffer sized for one value.
+Result<Hid> OpenScalarAttr(hid_t obj, const char* name, H5T_class_t want, const char* what) {
   Hid a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  if (!a.ok()) return DataLossError("attribute ", name, " unreadable");
+  Hid space(H5Aget_space(a.get()), H5Sclose);
+  const hssize_t n = space.ok() ? H5Sget_simple_extent_npoints(space.get()) : -1;
+  if (n != 1) return DataLossError("attribute ", name, " holds ", n, " values, not one ", what);
+  Hid type(H5Aget_type(a.get()), H5Tclose);
+  if (!type.ok() || H5Tget_class(type.get()) != want) return DataLossError("attribute ", name, " is not ", what);
+  return a;
+}
+Result<int64_t> ReadAttrInt(hid_t obj, const char* name) {
+  ASSIGN_OR_RETURN(Hid a, OpenScalarAttr(obj, name, H5T_INTEGER, "an integer"));
   int64_t v = 0;
-  if (!a.ok() || H5Aread(a.get(), H5T_NATIVE_INT64, &v) < 0) return DataLossError("attribute ", name, " is not an integer");
+  if (H5Aread(a.get(), H5T_NATIVE_INT64, &v) < 0) return DataLossError("attribute ", name, " is not an integer");
   return v;
 }
 Result<double> ReadAttrDouble(hid_t obj, const char* name) {
   Hid a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  Hid type(H5Aget_type(a.get()), H5Tclose);
+  const H5T_class_t cls = type.ok() ? H5Tget_class(type.get()) : H5T_NO_CLASS;
+  ASSIGN_OR_RETURN(Hid checked, OpenScalarAttr(obj, name, cls == H5T_INTEGER ? H5T_INTEGER : H5T_FLOAT, "a number"));
   double v = 0;
-  if (!a.ok() || H5Aread(a.get(), H5T_NATIVE_DOUBLE, &v) < 0) return DataLossError("attribute ", name, " is not a number");
+  if (H5Aread(checked.get(), H5T_NATIVE_DOUBLE, &v) < 0 || !std::isfinite(v)) return DataLossError("attribute ", name, " is not a finite number");
   return v;
 }
 Result<std::string> ReadAttrStr(hid_t obj, const char* name) {
-  Hid a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  ASSIGN_OR_RETURN(Hid a, OpenScalarAttr(obj, name, H5T_STRING, "a string"));
   Hid type(H5Aget_type(a.get()), H5Tclose);
-  if (!a.ok() || H5Tget_class(type.get()) != H5T_STRING) return DataLossError("attribute ", name, " is not a string");
   if (H5Tis_variable_str(type.get()) > 0) {
     char* s = nullptr;
     Hid mem(H5Tcopy(H5T_C_S1), H5Tclose);
     H5Tset_size(mem.get(), H5T_VARIABLE);
+    H5Tset_cset(mem.get(), H5Tget_cset(type.get()));
     if (H5Aread(a.get(), mem.get(), &s) < 0 || s == nullptr) return DataLossError("attribute ", name, " unreadable");
     std::string out(s);
     H5free_memory(s);
     return out;
   }
-  std::string out(H5Tget_size(type.get()), '\0');
+  const size_t size = H5Tget_size(type.get());
+  if (size == 0 || size > (size_t{1} << 26)) return DataLossError("attribute ", name, ": a string of ", size, " bytes");
+  std::string out(size, '\0');
   if (H5Aread(a.get(), type.get(), out.data()) < 0) return DataLossError("attribute ", name, " unreadable");
   out.resize(strnlen(out.data(), out.size()));
   return out;
+}
+
+// A dataset, as untrusted input: a hard link to data stored in this file (no external link, external
+// storage or virtual mapping), a float type or a 2-byte integer marked zrt_dtype = "bf16", and a
+// simple dataspace whose size is checked for overflow. `shape` receives its dimensions.
+struct DatasetInfo {
+  std::vector<int64_t> shape;
+  int64_t numel = 1;
+  bool bf16_bits = false;  // a 2-byte integer holding bf16 bit patterns
+};
+Result<DatasetInfo> CheckDataset(hid_t loc, const std::string& path, hid_t ds, const std::string& where) {
+  H5L_info_t li;
+  if (H5Lget_info(loc, path.c_str(), &li, H5P_DEFAULT) < 0 || li.type != H5L_TYPE_HARD) {
+    return InvalidArgumentError(where, ": ", path, " is a soft or external link (only datasets stored in the file are read)");
+  }
+  Hid dcpl(H5Dget_create_plist(ds), H5Pclose);
+  if (!dcpl.ok() || H5Pget_external_count(dcpl.get()) != 0 || H5Pget_layout(dcpl.get()) == H5D_VIRTUAL) {
+    return InvalidArgumentError(where, ": ", path, " keeps its data in other files (external or virtual storage)");
+  }
+  DatasetInfo info;
+  Hid type(H5Dget_type(ds), H5Tclose);
+  const H5T_class_t cls = H5Tget_class(type.get());
+  const size_t size = H5Tget_size(type.get());
+  if (cls == H5T_INTEGER && size == 2) {
+    // bf16 stored as its bit patterns: uint16 (zrt's export) or int16 (a torch tensor viewed as int16).
+    if (!HasAttr(ds, "zrt_dtype")) return InvalidArgumentError(where, ": ", path, " holds 16-bit integers without zrt_dtype = \"bf16\"");
+    ASSIGN_OR_RETURN(std::string d, ReadAttrStr(ds, "zrt_dtype"), where, ": ", path);
+    if (d != "bf16") return InvalidArgumentError(where, ": ", path, ": zrt_dtype \"", d, "\" is not bf16");
+    info.bf16_bits = true;
+  } else if (cls != H5T_FLOAT || (size != 2 && size != 4 && size != 8)) {
+    return InvalidArgumentError(where, ": dataset ", path, " is not floating point (float16/32/64, or bf16 bits)");
+  }
+  const int filters = H5Pget_nfilters(dcpl.get());
+  Hid space(H5Dget_space(ds), H5Sclose);
+  const H5S_class_t sc = space.ok() ? H5Sget_simple_extent_type(space.get()) : H5S_NO_CLASS;
+  if (sc != H5S_SIMPLE && sc != H5S_SCALAR) return InvalidArgumentError(where, ": ", path, " has no elements to read (null dataspace)");
+  const int rank = H5Sget_simple_extent_ndims(space.get());
+  if (rank < 0 || rank > H5S_MAX_RANK) return DataLossError(where, ": ", path, ": bad rank ", rank);
+  std::vector<hsize_t> dims(static_cast<size_t>(rank));
+  if (rank > 0 && H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr) < 0) return DataLossError(where, ": ", path, ": bad dims");
+  for (hsize_t d : dims) {
+    if (d > static_cast<hsize_t>(kMaxNumel) || (d != 0 && info.numel > kMaxNumel / static_cast<int64_t>(d))) {
+      return InvalidArgumentError(where, ": ", path, " has more than 2^48 elements");
+    }
+    info.shape.push_back(static_cast<int64_t>(d));
+    info.numel *= static_cast<int64_t>(d);
+  }
+  // Unfiltered data takes its full size in the file: less means chunks never written (a sparse dataset
+  // that would make us allocate what the file does not hold).
+  const auto stored = static_cast<int64_t>(H5Dget_storage_size(ds));
+  if (filters == 0 && info.numel > 0 && stored / static_cast<int64_t>(size) < info.numel) {
+    return InvalidArgumentError(where, ": ", path, " stores ", stored, " bytes for ", info.numel, " elements of ", size,
+                                " bytes (not fully written)");
+  }
+  return info;
 }
 
 }  // namespace
@@ -164,7 +238,12 @@ Status ExportHdf5(const std::string& dir, const std::string& out_path, const Exp
   }
   if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0) return H5Error("flushing " + tmp);
   file.Reset();
-  return RenamePath(tmp, out_path);
+  // Durable before it takes the final name, and the name durable after.
+  RETURN_IF_ERROR(FsyncFile(tmp));
+  const std::string parent = fs::path(out_path).has_parent_path() ? fs::path(out_path).parent_path().string() : ".";
+  RETURN_IF_ERROR(FsyncDir(parent));
+  RETURN_IF_ERROR(RenamePath(tmp, out_path));
+  return FsyncDir(parent);
 }
 
 namespace {
@@ -178,23 +257,29 @@ struct InTensor {
   double lr = 0, weight_decay = 0;
 };
 
-// Reads a whole dataset as float (float32/float64/float16, or uint16 bf16 with zrt_dtype = bf16).
-Result<std::vector<float>> ReadTensor(hid_t file, const std::string& path, int64_t numel, const std::string& where) {
+// Reads a whole dataset as float; its shape must be `shape` (an optimizer state has its parameter's).
+Result<std::vector<float>> ReadTensor(hid_t file, const std::string& path, const std::vector<int64_t>& shape, const std::string& where) {
   Hid ds(H5Dopen2(file, path.c_str(), H5P_DEFAULT), H5Dclose);
   if (!ds.ok()) return DataLossError(where, ": dataset ", path, " is missing");
-  Hid type(H5Dget_type(ds.get()), H5Tclose);
-  std::vector<float> out(static_cast<size_t>(numel));
-  if (numel == 0) return out;
-  const H5T_class_t cls = H5Tget_class(type.get());
+  ASSIGN_OR_RETURN(DatasetInfo info, CheckDataset(file, path, ds.get(), where));
+  if (info.shape != shape) {
+    return InvalidArgumentError(where, ": ", path, " has shape ", TensorSpec{path, info.shape, DType::kF32}.ToString(),
+                                ", its parameter ", TensorSpec{path, shape, DType::kF32}.ToString());
+  }
+  std::vector<float> out;
+  try {  // the size comes from the file
+    out.resize(static_cast<size_t>(info.numel));
+  } catch (const std::exception&) {
+    return OutOfMemoryError(where, ": no memory for the ", info.numel, " elements of ", path);
+  }
+  if (info.numel == 0) return out;
   herr_t rc = -1;
-  if (cls == H5T_FLOAT) {
+  if (!info.bf16_bits) {
     rc = H5Dread(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data());  // HDF5 converts
-  } else if (cls == H5T_INTEGER && H5Tget_size(type.get()) == 2 && HasAttr(ds.get(), "zrt_dtype")) {
-    std::vector<uint16_t> h(out.size());
-    rc = H5Dread(ds.get(), H5T_NATIVE_UINT16, H5S_ALL, H5S_ALL, H5P_DEFAULT, h.data());
-    for (size_t i = 0; i < h.size(); ++i) out[i] = Bf16ToFloat(h[i]);
   } else {
-    return InvalidArgumentError(where, ": dataset ", path, " is not floating point (unexpected layout)");
+    std::vector<uint16_t> h(out.size());
+    rc = H5Dread(ds.get(), H5T_NATIVE_UINT16, H5S_ALL, H5S_ALL, H5P_DEFAULT, h.data());  // int16 bits read as they are
+    for (size_t i = 0; i < h.size(); ++i) out[i] = Bf16ToFloat(h[i]);
   }
   if (rc < 0) return IoError(where, ": reading ", path);
   return out;
@@ -218,16 +303,17 @@ Status ImportHdf5(const std::string& in_path, const std::string& out_root, const
   for (hsize_t i = 0; i < info.nlinks; ++i) {
     char name[1024];
     if (H5Lget_name_by_idx(params.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof(name), H5P_DEFAULT) < 0) continue;
+    H5L_info_t li;
+    if (H5Lget_info(params.get(), name, &li, H5P_DEFAULT) < 0 || li.type != H5L_TYPE_HARD) {
+      return InvalidArgumentError("import: /params/", name, " in ", in_path, " is a soft or external link (only datasets stored in the file are read)");
+    }
     Hid ds(H5Dopen2(params.get(), name, H5P_DEFAULT), H5Dclose);
     if (!ds.ok()) return InvalidArgumentError("import: /params/", name, " in ", in_path, " is not a dataset (unexpected layout)");
     InTensor t;
     t.name = name;
     t.order = static_cast<int64_t>(i);
-    Hid space(H5Dget_space(ds.get()), H5Sclose);
-    const int rank = H5Sget_simple_extent_ndims(space.get());
-    std::vector<hsize_t> dims(static_cast<size_t>(std::max(rank, 0)));
-    if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
-    t.shape.assign(dims.begin(), dims.end());
+    ASSIGN_OR_RETURN(DatasetInfo di, CheckDataset(params.get(), name, ds.get(), in_path), "import");
+    t.shape = di.shape;
     if (HasAttr(ds.get(), "group")) {
       ASSIGN_OR_RETURN(t.group, ReadAttrStr(ds.get(), "group"), in_path, ": ", name);
     }
@@ -252,7 +338,12 @@ Status ImportHdf5(const std::string& in_path, const std::string& out_root, const
   std::vector<std::string> kinds = {"master"};
   for (const char* k : {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}) {
     int have = 0;
-    for (const InTensor& t : tensors) have += H5Lexists(file.get(), ("/optimizer/" + std::string(k) + "/" + t.name).c_str(), H5P_DEFAULT) > 0;
+    for (const InTensor& t : tensors) {
+      // H5Lexists needs every link on the way to exist.
+      const std::string dir = "/optimizer/" + std::string(k);
+      have += H5Lexists(file.get(), "/optimizer", H5P_DEFAULT) > 0 && H5Lexists(file.get(), dir.c_str(), H5P_DEFAULT) > 0 &&
+              H5Lexists(file.get(), (dir + "/" + t.name).c_str(), H5P_DEFAULT) > 0;
+    }
     if (have == static_cast<int>(tensors.size())) kinds.push_back(k);
     else if (have > 0) return InvalidArgumentError("import: /optimizer/", k, " in ", in_path, " covers only some tensors");
   }
@@ -265,9 +356,11 @@ Status ImportHdf5(const std::string& in_path, const std::string& out_root, const
   m.created_unix = static_cast<int64_t>(std::time(nullptr));
   if (HasAttr(file.get(), "step")) {
     ASSIGN_OR_RETURN(m.step, ReadAttrInt(file.get(), "step"), in_path);
+    if (m.step < 0) return InvalidArgumentError("import: ", in_path, ": negative step ", m.step);
   }
   if (HasAttr(file.get(), "loss_scale")) {
     ASSIGN_OR_RETURN(m.loss_scale, ReadAttrDouble(file.get(), "loss_scale"), in_path);
+    if (!(m.loss_scale > 0)) return InvalidArgumentError("import: ", in_path, ": loss_scale must be > 0");
   }
   if (HasAttr(file.get(), "trainer_state")) {
     ASSIGN_OR_RETURN(std::string ts, ReadAttrStr(file.get(), "trainer_state"), in_path);
@@ -313,7 +406,7 @@ Status ImportHdf5(const std::string& in_path, const std::string& out_root, const
             const TensorEntry& te = ge.tensors[static_cast<size_t>(p.tensor)];
             const std::string path = (kinds[k] == "master" ? "/params/" : "/optimizer/" + kinds[k] + "/") + te.name;
             if (path != cached_path) {
-              ASSIGN_OR_RETURN(cached, ReadTensor(file.get(), path, te.numel, in_path));
+              ASSIGN_OR_RETURN(cached, ReadTensor(file.get(), path, te.shape, in_path));
               cached_path = path;
             }
             std::memcpy(b.as<float>() + p.shard_offset, cached.data() + p.tensor_offset, static_cast<size_t>(p.count) * 4);

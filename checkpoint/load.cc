@@ -5,20 +5,21 @@
 #include <list>
 #include <map>
 #include <memory>
+#include <set>
 
 #include "zrt/checkpoint/files.h"
 #include "zrt/checkpoint/whole_group.h"
-#include "zrt/core/logging.h"
 
 namespace zrt::ckpt {
 
 namespace {
 
+// The saved shards, opened on demand: each index is read and checked against the manifest (its chunks
+// tile every (group, kind) exactly once) before any of its chunks is read.
 class ShardSource {
  public:
-  ShardSource(std::string dir, const Manifest& m, IoEngine& io) : dir_(std::move(dir)), m_(m), io_(io) {
-    for (int g = 0; g < static_cast<int>(m.groups.size()); ++g) layouts_.push_back(*SavedLayout(m, g));
-  }
+  ShardSource(const CheckpointDir& dir, const Manifest& m, std::vector<ShardLayout> layouts, IoEngine& io)
+      : dir_(dir), m_(m), io_(io), layouts_(std::move(layouts)) {}
   const ShardLayout& layout(int g) const { return layouts_[static_cast<size_t>(g)]; }
   int64_t bytes_read() const { return bytes_read_; }
 
@@ -53,9 +54,8 @@ class ShardSource {
     auto it = ranks_.find(rank);
     if (it != ranks_.end()) return it->second.get();
     auto r = std::make_unique<Rank>();
-    ASSIGN_OR_RETURN(r->index, ReadIndex(dir_, rank));
-    if (r->index.nonce != m_.nonce) return DataLossError(dir_, "/", IndexFileName(rank), ": belongs to another save than the manifest");
-    ASSIGN_OR_RETURN(r->file, IoFile::Open(dir_ + "/" + r->index.data_file, IoFile::Mode::kRead));
+    ASSIGN_OR_RETURN(r->index, ReadIndex(dir_, m_, layouts_, rank));
+    ASSIGN_OR_RETURN(r->file, dir_.OpenData(r->index.data_file, r->index.data_bytes));
     for (size_t k = 0; k < r->index.chunks.size(); ++k) r->by_kind[{r->index.chunks[k].group, r->index.chunks[k].kind}].push_back(k);
     for (auto& [key, v] : r->by_kind) {
       std::sort(v.begin(), v.end(), [&](size_t a, size_t b) { return r->index.chunks[a].elem_offset < r->index.chunks[b].elem_offset; });
@@ -71,8 +71,7 @@ class ShardSource {
       }
     }
     Cached c{r.index.rank, k, {}};
-    const int g = r.index.chunks[k].group;
-    if (g < 0 || g >= static_cast<int>(layouts_.size())) return DataLossError(r.index.data_file, ": chunk ", k, " names unknown group ", g);
+    const int g = r.index.chunks[k].group;  // in range: the index was validated
     RETURN_IF_ERROR(ReadChunk(io_, r.file, m_, layouts_[static_cast<size_t>(g)], r.index, k, &c.data, &scratch_, &bytes_read_));
     cache_.push_front(std::move(c));
     if (cache_.size() > 4) cache_.pop_back();
@@ -83,7 +82,7 @@ class ShardSource {
     size_t chunk;
     std::vector<float> data;
   };
-  std::string dir_;
+  const CheckpointDir& dir_;
   const Manifest& m_;
   IoEngine& io_;
   std::vector<ShardLayout> layouts_;
@@ -96,26 +95,58 @@ class ShardSource {
 }  // namespace
 
 Result<LoadResult> Load(const std::string& dir, const StateView& target, const LoadOptions& options) {
-  ASSIGN_OR_RETURN(Manifest m, ReadManifest(dir), "loading checkpoint");
+  ASSIGN_OR_RETURN(CheckpointDir cd, CheckpointDir::Open(dir), "loading checkpoint");
+  ASSIGN_OR_RETURN(Manifest m, ReadManifest(cd), "loading checkpoint");
+  ASSIGN_OR_RETURN(std::vector<ShardLayout> saved, SavedLayouts(m), "loading checkpoint");
   ASSIGN_OR_RETURN(auto io, IoEngine::Create(options.io), "loading checkpoint");
-  std::map<std::string, std::pair<int, int>> where;  // tensor name -> (group, tensor)
+  LoadResult r;
+  std::map<std::string, std::pair<int, int>> where;  // tensor name -> (group, tensor); names are unique
   for (int g = 0; g < static_cast<int>(m.groups.size()); ++g) {
     for (int t = 0; t < static_cast<int>(m.groups[static_cast<size_t>(g)].tensors.size()); ++t) {
       where[m.groups[static_cast<size_t>(g)].tensors[static_cast<size_t>(t)].name] = {g, t};
     }
   }
-  std::vector<ShardLayout> saved;
-  for (int g = 0; g < static_cast<int>(m.groups.size()); ++g) {
-    ASSIGN_OR_RETURN(ShardLayout l, SavedLayout(m, g), dir);
-    saved.push_back(std::move(l));
+  // Every target tensor against the checkpoint first (names, shapes, dtypes), before any data is read.
+  std::set<std::string> in_target;
+  for (const StateGroup& tg : target.groups) {
+    for (const TensorSpec& spec : tg.tensors) {
+      in_target.insert(spec.name);
+      auto w = where.find(spec.name);
+      if (w == where.end()) {
+        if (options.strict) {
+          return NotFoundError("load: tensor '", spec.name, "' is not in checkpoint ", dir, " (LoadOptions::strict = false starts it at zero)");
+        }
+        r.missing.push_back("tensor '" + spec.name + "'");
+        continue;
+      }
+      const TensorEntry& te = m.groups[static_cast<size_t>(w->second.first)].tensors[static_cast<size_t>(w->second.second)];
+      if (te.shape != spec.shape) {
+        return InvalidArgumentError("load: tensor '", spec.name, "' has shape ", TensorSpec{te.name, te.shape, te.dtype}.ToString(),
+                                    " in ", dir, ", the model has ", spec.ToString());
+      }
+      if (te.dtype != spec.dtype) {
+        const std::string what = ::zrt::internal::StrCat("tensor '", spec.name, "': ", DTypeName(te.dtype), " in the checkpoint, ",
+                                                         DTypeName(spec.dtype), " in the model");
+        if (options.strict) return InvalidArgumentError("load: ", what, " (", dir, "; LoadOptions::strict = false loads it)");
+        r.mismatched.push_back(what);
+      }
+    }
   }
-  ShardSource src(dir, m, *io);
+  for (const auto& [name, gt] : where) {
+    if (in_target.contains(name)) continue;
+    if (options.strict) {
+      return InvalidArgumentError("load: checkpoint ", dir, " has tensor '", name, "', which the model does not (",
+                                  "LoadOptions::strict = false ignores it)");
+    }
+    r.unexpected.push_back("tensor '" + name + "'");
+  }
+  ShardSource src(cd, m, saved, *io);
   for (const StateGroup& tg : target.groups) {
     const int rank = tg.layout.world_size() == 1 ? 0 : target.rank;
     for (const StateBuffer& b : tg.buffers) {
       if (b.dtype != DType::kF32) return InvalidArgumentError("load: state '", b.kind, "' must be f32");
       if (!b.resident() && !b.write) return InvalidArgumentError("load: state '", b.kind, "' of group '", tg.name, "' is not resident and has no write");
-      // Resolve this buffer's pieces first (one check and one warning per tensor).
+      // Resolve this buffer's pieces first (one check per tensor).
       struct Source {
         ShardPiece piece;  // in the target shard
         int group, tensor, kind;
@@ -125,18 +156,16 @@ Result<LoadResult> Load(const std::string& dir, const StateView& target, const L
         for (const ShardPiece& p : tg.layout.RankPieces(rank)) {
           const TensorSpec& spec = tg.tensors[static_cast<size_t>(p.tensor)];
           auto w = where.find(spec.name);
-          if (w == where.end()) return NotFoundError("load: tensor '", spec.name, "' is not in checkpoint ", dir);
+          if (w == where.end()) continue;  // not strict, reported above
           const auto [g, t] = w->second;
           const GroupEntry& ge = m.groups[static_cast<size_t>(g)];
-          const TensorEntry& te = ge.tensors[static_cast<size_t>(t)];
-          if (te.numel != spec.numel()) {
-            return InvalidArgumentError("load: tensor '", spec.name, "' has ", te.numel, " elements in ", dir, ", the model has ",
-                                        spec.numel(), " (", spec.ToString(), ")");
-          }
           const auto kind = std::find(ge.kinds.begin(), ge.kinds.end(), b.kind);
           if (kind == ge.kinds.end()) {
-            if (b.kind == "master") return DataLossError("load: checkpoint ", dir, " has no master weights for group '", ge.name, "'");
-            ZRT_LOG(kWarn) << "load: checkpoint has no " << b.kind << " for tensor " << spec.name << "; it starts at zero";
+            if (options.strict || b.kind == "master") {
+              return DataLossError("load: checkpoint ", dir, " has no ", b.kind, " for tensor '", spec.name, "' (group '", ge.name,
+                                   "' saved ", ge.kinds.size(), " state kinds)");
+            }
+            if (p.tensor_offset == 0) r.missing.push_back("tensor '" + spec.name + "' (" + b.kind + ")");
             continue;
           }
           sources.push_back({p, g, t, static_cast<int>(kind - ge.kinds.begin())});
@@ -166,12 +195,8 @@ Result<LoadResult> Load(const std::string& dir, const StateView& target, const L
       }
     }
   }
-  LoadResult r;
-  r.step = m.step;
+  r.counters = {m.step, m.loss_scale, m.scaler_good_steps, m.scaler_hysteresis_left};
   r.trainer_state = m.trainer_state;
-  r.loss_scale = m.loss_scale;
-  r.scaler_good_steps = m.scaler_good_steps;
-  r.scaler_hysteresis_left = m.scaler_hysteresis_left;
   r.saved_world_size = m.world_size;
   r.saved_stage = m.stage;
   r.bytes_read = src.bytes_read();
@@ -199,11 +224,17 @@ Result<WholeGroup> LoadWholeGroup(const std::string& dir, const Manifest& m, int
   ASSIGN_OR_RETURN(StateGroup sg, GroupForShards(m, group, 1));
   w.data.resize(kinds.size());
   for (size_t k = 0; k < kinds.size(); ++k) {
-    w.data[k].resize(static_cast<size_t>(sg.layout.shard_size()));
+    try {  // the size comes from the file: a hostile one may ask for more than the machine has
+      w.data[k].resize(static_cast<size_t>(sg.layout.shard_size()));
+    } catch (const std::exception&) {
+      return OutOfMemoryError("group '", sg.name, "' of ", dir, ": no memory for ", sg.layout.shard_size(), " elements of ", kinds[k]);
+    }
     sg.buffers.push_back({kinds[k], DType::kF32, w.data[k].data(), sg.layout.shard_size()});
   }
   w.view.groups.push_back(std::move(sg));
-  RETURN_IF_ERROR(Load(dir, w.view).status());
+  LoadOptions o;
+  o.strict = false;  // one group of the checkpoint: the others are expected to be "missing" from the view
+  RETURN_IF_ERROR(Load(dir, w.view, o).status());
   return w;
 }
 

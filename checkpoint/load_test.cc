@@ -57,9 +57,9 @@ TEST_P(LoadTest, AnyRanksToAnyRanksAtAnotherAlignmentAndGrouping) {
       testing::SyntheticState target(shapes, loaded, r, 8, false);
       auto res = Load(dir, target.view);
       ASSERT_TRUE(res.ok()) << res.status();
-      EXPECT_EQ(res->step, 7);
+      EXPECT_EQ(res->counters.step, 7);
       EXPECT_EQ(res->saved_world_size, saved);
-      EXPECT_EQ(res->loss_scale, 1024);
+      EXPECT_EQ(res->counters.loss_scale, 1024);
       EXPECT_EQ(res->trainer_state["epoch"], 3);
       target.ExpectValues();
     }

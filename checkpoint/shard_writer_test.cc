@@ -54,7 +54,10 @@ TEST_P(ShardWriterTest, EveryChunkReadsBackWithItsChecksum) {
   ShardWriteStats stats;
   ASSERT_TRUE(WriteShard(**io, dir_.string(), m_, 0, State(), {GetParam(), 1}, &stats).ok());
   EXPECT_EQ(reads_, 3);  // the streamed buffer, one chunk at a time
-  auto idx = ReadIndex(dir_.string(), 0);
+  auto cd = CheckpointDir::Open(dir_.string());
+  ASSERT_TRUE(cd.ok()) << cd.status();
+  const std::vector<ShardLayout> layouts = {layout_};
+  auto idx = ReadIndex(*cd, m_, layouts, 0);
   ASSERT_TRUE(idx.ok()) << idx.status();
   EXPECT_EQ(idx->chunks.size(), 6u);
   auto f = IoFile::Open((dir_ / idx->data_file).string(), IoFile::Mode::kRead);

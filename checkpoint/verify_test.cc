@@ -33,7 +33,7 @@ class VerifyTest : public ::testing::Test {
         o.chunk_elements = 1024;
         ASSIGN_OR_RETURN(auto ck, Checkpointer::Create(&comm, &staging, o));
         testing::SyntheticState state(testing::SmallModel(), 3, comm.rank(), 16, true);
-        state.view.step = step;
+        state.view.counters.step = step;
         RETURN_IF_ERROR(ck->SaveAsync(state.view));
         return ck->Wait();
       }).ok());
@@ -57,8 +57,11 @@ TEST_F(VerifyTest, CompleteAtBothLevels) {
 }
 
 TEST_F(VerifyTest, AFlippedDataByteIsFoundByFullVerificationAndNamed) {
-  auto idx = ReadIndex(dir_, 1);
-  ASSERT_TRUE(idx.ok());
+  auto cd = CheckpointDir::Open(dir_);
+  auto m = ReadManifest(dir_);
+  ASSERT_TRUE(cd.ok() && m.ok());
+  auto idx = ReadIndex(*cd, *m, *SavedLayouts(*m), 1);
+  ASSERT_TRUE(idx.ok()) << idx.status();
   const ChunkEntry& c = idx->chunks[2];
   {
     std::fstream f(fs::path(dir_) / idx->data_file, std::ios::in | std::ios::out | std::ios::binary);

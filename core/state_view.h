@@ -42,15 +42,24 @@ struct StateGroup {
   double weight_decay = 0;
 };
 
+// The owner's counters a checkpoint carries besides the buffers.
+struct StateCounters {
+  int64_t step = 0;               // optimizer steps taken (skipped ones excluded)
+  double loss_scale = 1;          // current dynamic/static loss scale
+  int64_t scaler_good_steps = 0;  // dynamic loss scaler's counters
+  int scaler_hysteresis_left = 1;
+};
+
 struct StateView {
   int rank = 0;
   int world_size = 1;
   int stage = 0;
-  int64_t step = 0;        // optimizer steps taken (skipped ones excluded)
-  double loss_scale = 1;   // current dynamic/static loss scale
-  int64_t scaler_good_steps = 0;    // dynamic loss scaler's counters
-  int scaler_hysteresis_left = 1;
+  StateCounters counters;
   std::vector<StateGroup> groups;
+  // Set by the state's owner (the engine): after a load wrote the buffers, takes the saved counters
+  // and re-derives what depends on the state (the parameters, from master). Collective; called by
+  // ckpt::Resume on every rank once every rank's load succeeded. Empty: nothing to re-derive.
+  std::function<Status(const StateCounters& saved)> restore;
 };
 
 }  // namespace zrt

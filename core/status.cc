@@ -3,10 +3,18 @@
 #include <mpi.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ostream>
 
 namespace zrt {
+
+void internal::DieOnValueOfError(const Status& s) {
+  std::fprintf(stderr, "zrt: value() of an error Result: %s\n", s.ToString().c_str());
+  std::fflush(stderr);
+  std::abort();
+}
 
 std::string_view StatusCodeName(StatusCode code) {
   switch (code) {

@@ -106,6 +106,13 @@ Status ErrnoStatus(int err, std::string_view what);
 // MPI error code -> Status (MPI_SUCCESS -> OK); uses MPI_Error_string for the text.
 Status MpiStatus(int mpi_error, std::string_view what);
 
+namespace internal {
+// Prints "zrt: value() of an error Result: <status>" to stderr and aborts: reading the value of an
+// error is a programming error, and its message must not be lost (std::get would say only "wrong
+// index for variant").
+[[noreturn]] void DieOnValueOfError(const Status& s);
+}  // namespace internal
+
 // ---------------------------------------------------------------------------------------------------
 // Result<T>: a T or a non-OK Status.
 template <typename T>
@@ -126,10 +133,19 @@ class [[nodiscard]] Result {
   // OK when a value is held.
   Status status() const { return ok() ? Status() : std::get<0>(v_); }
 
-  // Precondition: ok(). Accessing the value of an error Result is a programming error.
-  T& value() & { return std::get<1>(v_); }
-  const T& value() const& { return std::get<1>(v_); }
-  T&& value() && { return std::get<1>(std::move(v_)); }
+  // Precondition: ok(). The value of an error Result aborts, printing the status.
+  T& value() & {
+    CheckOk();
+    return std::get<1>(v_);
+  }
+  const T& value() const& {
+    CheckOk();
+    return std::get<1>(v_);
+  }
+  T&& value() && {
+    CheckOk();
+    return std::get<1>(std::move(v_));
+  }
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
   T&& operator*() && { return std::move(*this).value(); }
@@ -137,6 +153,9 @@ class [[nodiscard]] Result {
   const T* operator->() const { return &value(); }
 
  private:
+  void CheckOk() const {
+    if (!ok()) internal::DieOnValueOfError(std::get<0>(v_));
+  }
   std::variant<Status, T> v_;
 };
 

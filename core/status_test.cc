@@ -63,6 +63,12 @@ TEST(Status, MoveOnlyValues) {
   EXPECT_EQ(*p, 7);
 }
 
+TEST(Result, ValueOfAnErrorAbortsPrintingTheStatus) {
+  Result<int> r = NotFoundError("no tensor 'w7' in /ckpt/step-3");
+  EXPECT_DEATH((void)r.value(), "value\\(\\) of an error Result: NOT_FOUND: no tensor 'w7' in /ckpt/step-3");
+  EXPECT_DEATH((void)*Result<std::string>(IoError("disk gone")), "IO: disk gone");
+}
+
 TEST(Status, ErrnoMapping) {
   EXPECT_EQ(ErrnoStatus(ENOENT, "open /x").code(), StatusCode::kNotFound);
   EXPECT_EQ(ErrnoStatus(EEXIST, "").code(), StatusCode::kAlreadyExists);

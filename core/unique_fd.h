@@ -33,6 +33,8 @@ class UniqueFd {
     if (fd_ >= 0) ::close(fd_);  // errors ignored here: call Close() where they matter
     fd_ = -1;
   }
+  // Gives up ownership (e.g. to fdopendir) and returns the descriptor.
+  [[nodiscard]] int Release() && { return std::exchange(fd_, -1); }
   Status Close() && {
     const int fd = std::exchange(fd_, -1);
     if (fd >= 0 && ::close(fd) != 0) return ErrnoStatus(errno, "close");

@@ -36,6 +36,31 @@ Result<IoFile> IoFile::Open(const std::string& path, Mode mode, bool direct) {
   return f;
 }
 
+Result<IoFile> IoFile::OpenAt(int dir_fd, const std::string& name, const std::string& path, Mode mode, bool direct) {
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos) {
+    return InvalidArgumentError("opening ", path, ": '", name, "' is not a plain file name");
+  }
+  int flags = O_CLOEXEC | O_NOFOLLOW;
+  switch (mode) {
+    case Mode::kRead: flags |= O_RDONLY; break;
+    case Mode::kReadWrite: flags |= O_RDWR; break;
+    case Mode::kCreate: flags |= O_RDWR | O_CREAT | O_TRUNC; break;
+  }
+  IoFile f;
+  f.path_ = path;
+  f.fd_ = UniqueFd(::openat(dir_fd, name.c_str(), flags, 0644));
+  if (!f.fd_.valid()) {
+    const int err = errno;
+    if (err == ELOOP) return DataLossError("opening ", path, ": a symbolic link (checkpoint files are never followed through links)");
+    return ErrnoStatus(err, "opening " + path);
+  }
+  struct stat st;
+  if (::fstat(f.fd_.get(), &st) != 0) return ErrnoStatus(errno, "stat " + path);
+  if (!S_ISREG(st.st_mode)) return DataLossError("opening ", path, ": not a regular file");
+  if (direct) f.direct_ = UniqueFd(::openat(dir_fd, name.c_str(), (flags & ~(O_CREAT | O_TRUNC)) | O_DIRECT));
+  return f;
+}
+
 Result<int64_t> IoFile::Size() const {
   struct stat st;
   if (::fstat(fd_.get(), &st) != 0) return ErrnoStatus(errno, "stat " + path_);

@@ -38,6 +38,9 @@ class IoFile {
  public:
   enum class Mode { kRead, kReadWrite, kCreate };  // kCreate: create or truncate, read-write
   static Result<IoFile> Open(const std::string& path, Mode mode, bool direct = true);
+  // `name` inside the directory open as `dir_fd`, never through a symbolic link (O_NOFOLLOW); `name`
+  // must be one path component (no '/', not "." or ".."). `path` names the file in errors.
+  static Result<IoFile> OpenAt(int dir_fd, const std::string& name, const std::string& path, Mode mode, bool direct = true);
   const std::string& path() const { return path_; }
   int fd() const { return fd_.get(); }
   int direct_fd() const { return direct_.get(); }  // -1 when O_DIRECT is unavailable or not asked for

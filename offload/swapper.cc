@@ -37,6 +37,31 @@ Status ClearStale(const std::string& dir) {
   return s;
 }
 
+// Removes the swap directory of a rank the job no longer has, unless a live process holds its lock.
+void RemoveVanishedRank(const std::string& rank_dir) {
+  UniqueFd lock(::open((rank_dir + "/lock").c_str(), O_RDWR | O_CLOEXEC));
+  if (lock.valid() && ::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) return;  // in use: another job's
+  if (!ClearStale(rank_dir).ok()) return;
+  ::unlink((rank_dir + "/lock").c_str());
+  if (::rmdir(rank_dir.c_str()) == 0) ZRT_LOG(kInfo) << "offload: removed " << rank_dir << " (a rank this job no longer has)";
+}
+
+void RemoveVanishedRanks(const std::string& dir, int world_size) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return;
+  std::vector<std::string> stale;
+  constexpr std::string_view kPrefix = "zrt-swap.rank";
+  while (const dirent* e = ::readdir(d)) {
+    const std::string_view name = e->d_name;
+    if (!name.starts_with(kPrefix) || name.size() == kPrefix.size() || name.size() > kPrefix.size() + 7) continue;
+    const std::string digits(name.substr(kPrefix.size()));
+    if (digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (std::stoi(digits) >= world_size) stale.push_back(dir + "/" + std::string(name));
+  }
+  ::closedir(d);
+  for (const std::string& s : stale) RemoveVanishedRank(s);
+}
+
 }  // namespace
 
 Result<std::unique_ptr<StateSwapper>> StateSwapper::Create(const SwapperOptions& o, std::vector<SwapRegion> regions,
@@ -118,6 +143,7 @@ Result<std::unique_ptr<StateSwapper>> StateSwapper::Create(const SwapperOptions&
                                    lock_path, " is locked); give each job its own offload.nvme_dir");
   }
   RETURN_IF_ERROR(ClearStale(s->rank_dir_), "offload");
+  if (o.world_size > 0) RemoveVanishedRanks(o.dir, o.world_size);
 
   // Space first, for an error that says how much is missing; fallocate below catches races.
   int64_t need = 0;

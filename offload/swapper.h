@@ -11,7 +11,7 @@
 //
 // Swap files are scratch: created (and preallocated, so "no space" shows at creation) by Create,
 // removed by the destructor; a directory left by a killed process is cleared by the next Create for
-// that rank. The source of truth across crashes is the checkpoint. An flock on the rank's directory
+// that rank, and those of ranks a resumed job no longer has by any rank's Create (world_size). The source of truth across crashes is the checkpoint. An flock on the rank's directory
 // refuses two live processes sharing it.
 //
 // Errors name the file (or the setting): a missing directory, no space, a file removed underneath
@@ -47,6 +47,9 @@ struct SwapStream {
 struct SwapperOptions {
   std::string dir;                  // must exist
   int rank = 0;                     // names the rank's subdirectory
+  // The job's ranks (0: unknown). Directories of ranks >= world_size that no live process holds (a
+  // job resumed on fewer ranks) are removed.
+  int world_size = 0;
   int64_t sub_group_elements = 0;   // 0: as large as the host budget allows, at most kMaxAutoSubGroup
   int buffer_sets = 3;              // >= 1; 3 overlaps read i+1, update i, write i-1
   static constexpr int64_t kMaxAutoSubGroup = int64_t{1} << 25;

@@ -199,6 +199,32 @@ TEST_P(SwapperTest, IoErrorMidStreamIsReportedAndBuffersAreIdle) {
   EXPECT_NE(cb.message().find("callback failed"), std::string::npos) << cb;
 }
 
+TEST_P(SwapperTest, DirectoriesOfRanksTheJobNoLongerHasAreRemovedUnlessLive) {
+  // A 4-rank job's leftovers (killed), one of them still held by a live process; the job comes back
+  // on 2 ranks.
+  for (int r : {2, 3}) {
+    fs::create_directories(dir_ / ("zrt-swap.rank" + std::to_string(r)));
+    std::ofstream(dir_ / ("zrt-swap.rank" + std::to_string(r)) / "0.master.swp") << "stale";
+  }
+  SwapperOptions live;
+  live.dir = dir_.string();
+  live.rank = 5;  // another job's rank, alive (its lock is held)
+  live.sub_group_elements = 4096;
+  auto other = StateSwapper::Create(live, kRegions, {{"a", 4}}, io_.get(), host_.get());
+  ASSERT_TRUE(other.ok()) << other.status();
+  SwapperOptions o;
+  o.dir = dir_.string();
+  o.rank = 1;
+  o.world_size = 2;
+  o.sub_group_elements = 4096;
+  auto s = StateSwapper::Create(o, kRegions, {{"a", 4}}, io_.get(), host_.get());
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_FALSE(fs::exists(dir_ / "zrt-swap.rank2"));
+  EXPECT_FALSE(fs::exists(dir_ / "zrt-swap.rank3"));
+  EXPECT_TRUE(fs::exists(dir_ / "zrt-swap.rank5")) << "a live process's directory was removed";
+  EXPECT_TRUE(fs::exists(dir_ / "zrt-swap.rank1"));
+}
+
 TEST(HostMemoryTest, PageAlignedBudgetedAndAccounted) {
   auto host = HostMemory::Create(1 << 20, "offload.host_budget_bytes");
   EXPECT_EQ(host->budget(), 1 << 20);

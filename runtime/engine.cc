@@ -151,6 +151,7 @@ Result<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Communicator* comm, Devic
   so.offload = oc;
   so.amsgrad = c.adam.amsgrad;
   so.rank = comm->rank();
+  so.world_size = comm->size();
   ASSIGN_OR_RETURN(e->impl_->store, OptimizerStore::Create(comm, device, e->impl_->compute.get(), e->impl_->host.get(),
                                                           e->impl_->host_compute.get(), so), "engine");
   return e;
@@ -163,6 +164,10 @@ Status ZeroEngine::AddParam(const std::string& name, const std::vector<int64_t>&
   RETURN_IF_ERROR(Validate(spec), "add_param");
   if (!IsFloating(dtype)) return InvalidArgumentError("add_param '", name, "': dtype must be f32, bf16 or f16");
   if (group.empty()) return InvalidArgumentError("add_param '", name, "': empty group name");
+  // Checkpoints match tensors by name: a repeated one would save and verify but never load.
+  if (!param_names_.insert(name).second) {
+    return InvalidArgumentError("add_param '", name, "': a parameter of that name is already registered");
+  }
   params_.push_back(std::move(spec));
   param_groups_.push_back(group);
   return Status();
@@ -493,10 +498,8 @@ StateView ZeroEngine::state_view() {
   v.rank = comm_->rank();
   v.world_size = comm_->size();
   v.stage = config_.stage;
-  v.step = steps_;
-  v.loss_scale = scaler_.scale();
-  v.scaler_good_steps = scaler_.state().good_steps;
-  v.scaler_hysteresis_left = scaler_.state().hysteresis_left;
+  v.counters = {steps_, scaler_.scale(), scaler_.state().good_steps, scaler_.state().hysteresis_left};
+  v.restore = [this](const StateCounters& saved) { return Restore(saved); };
   for (auto& gp : groups_) {
     Group& g = *gp;
     StateGroup sg;
@@ -511,10 +514,13 @@ StateView ZeroEngine::state_view() {
   return v;
 }
 
-Status ZeroEngine::Restore(int64_t step, const LossScaler::State& scaler) {
-  if (step < 0) return InvalidArgumentError("restore: negative step ", step);
-  steps_ = step;
-  scaler_.set_state(scaler);
+Status ZeroEngine::Restore(const StateCounters& saved) {
+  if (saved.step < 0) return InvalidArgumentError("restore: negative step ", saved.step);
+  if (!(saved.loss_scale > 0) || !std::isfinite(saved.loss_scale)) {
+    return InvalidArgumentError("restore: loss scale must be finite and > 0, got ", saved.loss_scale);
+  }
+  steps_ = saved.step;
+  scaler_.set_state({saved.loss_scale, saved.scaler_good_steps, saved.scaler_hysteresis_left});
   return RefreshParamsFromMaster();
 }
 

@@ -28,6 +28,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <vector>
 
 #include "zrt/core/communicator.h"
@@ -88,12 +89,14 @@ class ZeroEngine {
   double loss_scale() const { return scaler_.scale(); }
   int64_t steps() const { return steps_; }
 
-  // This rank's optimizer state, for checkpoints.
+  // This rank's optimizer state, for checkpoints (its `restore` is Restore).
   StateView state_view();
   // After restoring master/moments through state_view() buffers: re-derive the model parameters.
+  // Collective.
   Status RefreshParamsFromMaster();
   // After a checkpoint load: the step counter and loss scaler state, then RefreshParamsFromMaster.
-  Status Restore(int64_t step, const LossScaler::State& scaler);
+  // Collective. ckpt::Resume calls it through the state view.
+  Status Restore(const StateCounters& saved);
 
   MemoryTracker::Snapshot memory() const;
   // Host memory taken by offload (state with offload = host; NVMe buffer sets), by category.
@@ -126,6 +129,7 @@ class ZeroEngine {
   bool sync_ = true;
   int64_t steps_ = 0;
   std::vector<TensorSpec> params_;
+  std::unordered_set<std::string> param_names_;
   std::vector<std::string> param_groups_;
   std::vector<std::unique_ptr<Group>> groups_;
   struct Impl;

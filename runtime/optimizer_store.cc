@@ -295,6 +295,7 @@ class SwappedStore final : public OptimizerStore {
     SwapperOptions so;
     so.dir = o_.offload.nvme_dir;
     so.rank = o_.rank;
+    so.world_size = o_.world_size;
     so.sub_group_elements = o_.offload.sub_group_elements;
     ASSIGN_OR_RETURN(swapper_, StateSwapper::Create(so, std::move(regions), std::move(streams), io_.get(), host_));
     // Initial state, streamed: master from init, zero moments, and the parameters cast from master.

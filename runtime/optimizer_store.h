@@ -48,7 +48,8 @@ class OptimizerStore {
   struct Options {
     OffloadConfig offload;
     bool amsgrad = false;
-    int rank = 0;  // names this rank's swap directory
+    int rank = 0;        // names this rank's swap directory
+    int world_size = 0;  // swap directories of ranks beyond it (a job resumed on fewer) are removed
   };
 
   // `compute` runs on `device`'s memory, `host_compute` on host memory; all must outlive the store.

@@ -156,22 +156,21 @@ int main(int argc, char** argv) {
     if (!ck_or.ok()) return Fail(ck_or.status());
     ck = std::move(*ck_or);
     ckpt::InstallPreemptionHandler();
-    auto latest = ckpt::FindLatestComplete(ckpt_root);
-    if (latest.ok()) {
-      auto r = ckpt::Load(*latest, engine.state_view());
-      if (!r.ok()) return Fail(r.status());
-      if (r->trainer_state.value("seed", uint64_t{0}) != seed) {
-        return Fail(InvalidArgumentError("checkpoint ", *latest, " was trained with seed ", r->trainer_state.value("seed", uint64_t{0})));
+    // The newest checkpoint every rank can load (older ones if it cannot), the engine restored.
+    auto r = ckpt::Resume(&comm, ckpt_root, engine.state_view());
+    if (r.ok()) {
+      const ckpt::LoadResult& l = r->loaded;
+      if (l.trainer_state.value("seed", uint64_t{0}) != seed) {
+        return Fail(InvalidArgumentError("checkpoint ", r->dir, " was trained with seed ", l.trainer_state.value("seed", uint64_t{0})));
       }
-      st = engine.Restore(r->step, {r->loss_scale, r->scaler_good_steps, r->scaler_hysteresis_left});
-      if (!st.ok()) return Fail(st);
-      resumed_from = *latest;
+      resumed_from = r->dir;
       if (rank == 0) {
-        std::printf("resumed from %s: step %lld, saved by %d rank(s) at stage %d, now %d rank(s) at stage %d\n",
-                    latest->c_str(), static_cast<long long>(r->step), r->saved_world_size, r->saved_stage, world, stage);
+        std::printf("resumed from %s: step %lld, saved by %d rank(s) at stage %d, now %d rank(s) at stage %d\n", r->dir.c_str(),
+                    static_cast<long long>(l.counters.step), l.saved_world_size, l.saved_stage, world, stage);
+        for (const std::string& s : r->skipped) std::printf("  (skipped %s)\n", s.c_str());
       }
-    } else if (latest.status().code() != StatusCode::kNotFound) {
-      return Fail(latest.status());
+    } else if (r.status().code() != StatusCode::kNotFound) {
+      return Fail(r.status());
     }
   }
   if (rank == 0 && resumed_from.empty()) {
@@ -256,6 +255,7 @@ int main(int argc, char** argv) {
     if (ck && every > 0 && r->step % every == 0 && r->step < steps) {
       if (!(st = save(r->step)).ok()) return Fail(st);
     }
+    if (ck && !(st = ck->Poll()).ok()) return Fail(st);  // commits a save once every rank has written it
     if (ck) {
       auto pre = ckpt::PreemptionRequested(&comm);
       if (pre.ok() && *pre) {

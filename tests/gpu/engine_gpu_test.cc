@@ -200,7 +200,7 @@ TEST_F(EngineGpuTest, CheckpointsOfDeviceStateResumeOnCpuAndGpu) {
     ASSERT_TRUE(e.ok()) << e.status();
     auto r = ckpt::Load(*dir, (*e)->state_view());
     ASSERT_TRUE(r.ok()) << r.status();
-    ASSERT_TRUE((*e)->Restore(r->step, {r->loss_scale, r->scaler_good_steps, r->scaler_hysteresis_left}).ok());
+    ASSERT_TRUE((*e)->Restore(r->counters).ok());
     Train(**e, dev, 3, 4);
     ExpectSame(Params(**gpu, gpu_.get()), Params(**e, dev), DType::kBF16, on_gpu ? "resumed on the gpu" : "resumed on the cpu");
   }

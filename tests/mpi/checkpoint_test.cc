@@ -119,7 +119,7 @@ class CheckpointTest : public ::testing::Test {
     lo.params_only = params_only;
     auto r = Load(dir, e.state_view(), lo);
     ASSERT_TRUE(r.ok()) << r.status();
-    ASSERT_TRUE(e.Restore(params_only ? 0 : r->step, {r->loss_scale, r->scaler_good_steps, r->scaler_hysteresis_left}).ok());
+    ASSERT_TRUE(e.Restore(params_only ? StateCounters{} : r->counters).ok());
   }
 
   CpuDevice device_;
@@ -153,7 +153,7 @@ TEST_F(CheckpointTest, ResumeIsBitExactAtEveryStage) {
       ASSERT_TRUE(r.ok()) << r.status();
       EXPECT_EQ(r->trainer_state["data_position"], 3000);
       EXPECT_EQ(r->trainer_state["rng"], "seed-42");
-      ASSERT_TRUE(e2->Restore(r->step, {r->loss_scale, r->scaler_good_steps, r->scaler_hysteresis_left}).ok());
+      ASSERT_TRUE(e2->Restore(r->counters).ok());
       EXPECT_EQ(e2->steps(), 3);
       Train(*e2, 4);
       Train(*e2, 5);
@@ -264,7 +264,10 @@ TEST_F(CheckpointTest, CorruptionIsNamedAndTheNewestGoodOneIsFound) {
       std::ofstream(data, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     };
     // A byte inside a chunk in the middle of the file, and one in the padding between chunks.
-    auto idx = ReadIndex(dir, size() - 1);
+    auto cd = CheckpointDir::Open(dir);
+    auto m = ReadManifest(dir);
+    ASSERT_TRUE(cd.ok() && m.ok());
+    auto idx = ReadIndex(*cd, *m, *SavedLayouts(*m), size() - 1);
     ASSERT_TRUE(idx.ok()) << idx.status();
     const ChunkEntry& mid = idx->chunks[idx->chunks.size() / 2];
     const size_t in_chunk = static_cast<size_t>(mid.file_offset + mid.stored_bytes / 2);

@@ -318,6 +318,14 @@ TEST_F(EngineTest, BadInputGivesClearErrors) {
   auto e = Make(cfg, kModel, DType::kF32, InitFn());
   ASSERT_TRUE(e.ok()) << e.status();
   EXPECT_EQ((*e)->AddParam("late", {3}, DType::kF32).code(), StatusCode::kFailedPrecondition);
+  {
+    auto dup = ZeroEngine::Create(comm_.get(), &device_, EngineConfig{});
+    ASSERT_TRUE(dup.ok());
+    ASSERT_TRUE((*dup)->AddParam("w", {3}, DType::kF32, "a").ok());
+    Status s = (*dup)->AddParam("w", {5}, DType::kF32, "b");  // another group: checkpoints match by name
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("already registered"), std::string_view::npos) << s;
+  }
   EXPECT_EQ((*e)->Gather(99).status().code(), StatusCode::kNotFound);
   ASSERT_TRUE((*e)->Gather(0).ok());
   ASSERT_TRUE((*e)->Release(0).ok());

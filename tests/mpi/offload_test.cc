@@ -162,7 +162,7 @@ TEST_F(OffloadTest, CheckpointsOfNvmeStateLoadBothWays) {
     ASSERT_TRUE(e.ok()) << e.status();
     auto r = ckpt::Load(*dir, (*e)->state_view());
     ASSERT_TRUE(r.ok()) << r.status();
-    ASSERT_TRUE((*e)->Restore(r->step, {r->loss_scale, r->scaler_good_steps, r->scaler_hysteresis_left}).ok());
+    ASSERT_TRUE((*e)->Restore(r->counters).ok());
     Train(**e, 4, 8);
     ExpectBitIdentical(Params(**e, kModel.size()), want, std::string("resumed into ") + std::string(OffloadTargetName(target)));
     ExpectBitIdentical(State(**e), want_state, std::string("state resumed into ") + std::string(OffloadTargetName(target)));
@@ -184,7 +184,7 @@ TEST_F(OffloadTest, CheckpointsOfNvmeStateLoadBothWays) {
   ASSERT_TRUE(e.ok());
   auto r = ckpt::Load(*dir2, (*e)->state_view());
   ASSERT_TRUE(r.ok()) << r.status();
-  ASSERT_TRUE((*e)->Restore(r->step, {r->loss_scale, r->scaler_good_steps, r->scaler_hysteresis_left}).ok());
+  ASSERT_TRUE((*e)->Restore(r->counters).ok());
   ExpectBitIdentical(State(**e), State(**mem), "in-memory checkpoint into nvme");
   ExpectBitIdentical(Params(**e, kModel.size()), Params(**mem, kModel.size()), "in-memory checkpoint into nvme: params");
 }
@@ -247,7 +247,7 @@ TEST_F(OffloadTest, DeviceMemoryPathsAreBitIdentical) {
     ASSERT_TRUE(e.ok()) << e.status();
     auto r = ckpt::Load(*dir, (*e)->state_view());
     ASSERT_TRUE(r.ok()) << r.status();
-    ASSERT_TRUE((*e)->Restore(r->step, {r->loss_scale, r->scaler_good_steps, r->scaler_hysteresis_left}).ok());
+    ASSERT_TRUE((*e)->Restore(r->counters).ok());
     Train(**e, 3, 4);
     ExpectBitIdentical(Params(**e, kModel.size()), Params(**dev, kModel.size()), "resumed from device state on " + target->name());
     // A stage-3 engine holds other shards than the stage-2 one: compare parameters only.

@@ -3,6 +3,7 @@
 // (tensor name, element, kind), laid out for any world size, rank and alignment.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -26,10 +27,11 @@ inline GroupShapes SmallModel() {
           {"head", {{"bias", {3}}}}};
 }
 
-inline float StateValue(const std::string& tensor, int64_t i, const std::string& kind) {
+// `salt` tells checkpoints of different steps apart.
+inline float StateValue(const std::string& tensor, int64_t i, const std::string& kind, int salt = 0) {
   uint32_t h = 2166136261u;
   for (char c : tensor + "/" + kind) h = (h ^ static_cast<unsigned char>(c)) * 16777619u;
-  return static_cast<float>(h % 1000) * 0.001f + static_cast<float>(i) * 0.5f;
+  return static_cast<float>(h % 1000) * 0.001f + static_cast<float>(i) * 0.5f + static_cast<float>(salt) * 1000.0f;
 }
 
 inline const std::vector<std::string>& StateKinds() {
@@ -41,12 +43,14 @@ inline const std::vector<std::string>& StateKinds() {
 // otherwise the buffers hold a poison value.
 class SyntheticState {
  public:
-  SyntheticState(const GroupShapes& groups, int world, int rank, int64_t alignment, bool fill, int stage = 3) {
+  SyntheticState(const GroupShapes& groups, int world, int rank, int64_t alignment, bool fill, int stage = 3, int salt = 0,
+                 const std::vector<std::string>& kinds = StateKinds())
+      : salt_(salt) {
     view.rank = rank;
     view.world_size = world;
     view.stage = stage;
-    view.step = 7;
-    view.loss_scale = 1024;
+    view.counters.step = 7;
+    view.counters.loss_scale = 1024;
     for (const auto& [name, tensors] : groups) {
       StateGroup g;
       g.name = name;
@@ -54,12 +58,13 @@ class SyntheticState {
       for (const TensorShape& t : tensors) g.tensors.push_back(TensorSpec{t.name, t.shape, DType::kBF16});
       g.layout = *ShardLayout::Create(g.tensors, world, alignment);
       const int r = world == 1 ? 0 : rank;
-      for (const std::string& kind : StateKinds()) {
+      for (const std::string& kind : kinds) {
         auto& buf = storage_.emplace_back(static_cast<size_t>(g.layout.shard_size()), fill ? 0.0f : -12345.0f);
         if (fill) {
           for (const ShardPiece& p : g.layout.RankPieces(r)) {
             for (int64_t i = 0; i < p.count; ++i) {
-              buf[static_cast<size_t>(p.shard_offset + i)] = StateValue(g.tensors[static_cast<size_t>(p.tensor)].name, p.tensor_offset + i, kind);
+              buf[static_cast<size_t>(p.shard_offset + i)] =
+                  StateValue(g.tensors[static_cast<size_t>(p.tensor)].name, p.tensor_offset + i, kind, salt);
             }
           }
         }
@@ -70,8 +75,10 @@ class SyntheticState {
   }
   SyntheticState(const SyntheticState&) = delete;
 
-  // Every tensor element of every buffer holds its value (only `kinds` when given); padding is zero.
-  void ExpectValues(const std::vector<std::string>& kinds = StateKinds()) const {
+  // Every tensor element of every buffer holds its value for `salt` (only `kinds` when given; the
+  // others zero); padding is zero.
+  void ExpectValues(const std::vector<std::string>& kinds = StateKinds()) const { ExpectValues(salt_, kinds); }
+  void ExpectValues(int salt, const std::vector<std::string>& kinds = StateKinds()) const {
     const int r = view.world_size == 1 ? 0 : view.rank;
     for (const StateGroup& g : view.groups) {
       for (const StateBuffer& b : g.buffers) {
@@ -81,7 +88,7 @@ class SyntheticState {
         for (const ShardPiece& p : g.layout.RankPieces(r)) {
           for (int64_t i = 0; i < p.count; ++i) {
             real[static_cast<size_t>(p.shard_offset + i)] = true;
-            const float want = expected ? StateValue(g.tensors[static_cast<size_t>(p.tensor)].name, p.tensor_offset + i, b.kind) : 0.0f;
+            const float want = expected ? StateValue(g.tensors[static_cast<size_t>(p.tensor)].name, p.tensor_offset + i, b.kind, salt) : 0.0f;
             ASSERT_EQ(d[p.shard_offset + i], want) << g.name << "/" << b.kind << " rank " << r << " shard element " << p.shard_offset + i;
           }
         }
@@ -96,7 +103,27 @@ class SyntheticState {
 
   StateView view;
 
+  // Whether every element equals the values for `salt` (no gtest failure: for checking which of two
+  // checkpoints was loaded).
+  bool HoldsValues(int salt) const {
+    const int r = view.world_size == 1 ? 0 : view.rank;
+    for (const StateGroup& g : view.groups) {
+      for (const StateBuffer& b : g.buffers) {
+        const auto* d = static_cast<const float*>(b.data);
+        for (const ShardPiece& p : g.layout.RankPieces(r)) {
+          for (int64_t i = 0; i < p.count; ++i) {
+            if (d[p.shard_offset + i] != StateValue(g.tensors[static_cast<size_t>(p.tensor)].name, p.tensor_offset + i, b.kind, salt)) {
+              return false;
+            }
+          }
+        }
+      }
+    }
+    return true;
+  }
+
  private:
+  int salt_ = 0;
   std::vector<std::vector<float>> storage_;
 };
 

@@ -122,15 +122,19 @@ Status CkptLs(const std::string& root, bool as_json, std::ostream& out) {
 }
 
 Status CkptInspect(const std::string& dir, const std::string& tensor, bool stats, bool as_json, std::ostream& out) {
-  ASSIGN_OR_RETURN(Manifest m, ReadManifest(dir), "inspect");
+  // Everything below trusts the checkpoint's structure: it must be complete first.
+  std::vector<std::string> problems;
+  RETURN_IF_ERROR(CheckComplete(dir, VerifyLevel::kMetadata, &problems), "inspect");
+  if (!problems.empty()) return DataLossError("inspect: ", dir, " is not a complete checkpoint: ", problems.front());
+  ASSIGN_OR_RETURN(CheckpointDir cd, CheckpointDir::Open(dir), "inspect");
+  ASSIGN_OR_RETURN(Manifest m, ReadManifest(cd), "inspect");
+  ASSIGN_OR_RETURN(const std::vector<ShardLayout> layouts, SavedLayouts(m), "inspect");
   // Stored vs raw bytes per kind, from the indexes.
   std::map<std::string, std::pair<int64_t, int64_t>> ratio;
   for (int r = 0; r < m.shards; ++r) {
-    ASSIGN_OR_RETURN(RankIndex idx, ReadIndex(dir, r), "inspect");
+    ASSIGN_OR_RETURN(RankIndex idx, ReadIndex(cd, m, layouts, r), "inspect");
     for (const ChunkEntry& c : idx.chunks) {
-      if (c.group < 0 || c.group >= static_cast<int>(m.groups.size())) return DataLossError(IndexFileName(r), ": bad group");
-      const auto& kinds = m.groups[static_cast<size_t>(c.group)].kinds;
-      auto& [raw, stored] = ratio[c.kind >= 0 && c.kind < static_cast<int>(kinds.size()) ? kinds[static_cast<size_t>(c.kind)] : "?"];
+      auto& [raw, stored] = ratio[m.groups[static_cast<size_t>(c.group)].kinds[static_cast<size_t>(c.kind)]];
       raw += c.elements * 4;
       stored += c.stored_bytes;
     }
@@ -235,8 +239,13 @@ Status CkptVerify(const std::string& dir, bool as_json, std::ostream& out) {
   RETURN_IF_ERROR(CheckComplete(dir, VerifyLevel::kFull, &problems), "verify");
   int64_t chunks = 0;
   if (problems.empty()) {
-    ASSIGN_OR_RETURN(Manifest m, ReadManifest(dir));
-    for (int r = 0; r < m.shards; ++r) chunks += static_cast<int64_t>(ReadIndex(dir, r)->chunks.size());
+    ASSIGN_OR_RETURN(CheckpointDir cd, CheckpointDir::Open(dir));
+    ASSIGN_OR_RETURN(Manifest m, ReadManifest(cd));
+    ASSIGN_OR_RETURN(const std::vector<ShardLayout> layouts, SavedLayouts(m));
+    for (int r = 0; r < m.shards; ++r) {
+      ASSIGN_OR_RETURN(RankIndex idx, ReadIndex(cd, m, layouts, r));
+      chunks += static_cast<int64_t>(idx.chunks.size());
+    }
   }
   if (as_json) {
     out << json{{"dir", dir}, {"ok", problems.empty()}, {"problems", problems}, {"chunks_verified", chunks}}.dump(1) << "\n";
@@ -266,7 +275,7 @@ Status CkptDiff(const std::string& a, const std::string& b, bool as_json, std::o
   ASSIGN_OR_RETURN(Manifest ma, ReadManifest(a), "diff");
   ASSIGN_OR_RETURN(Manifest mb, ReadManifest(b), "diff");
   json rows = json::array();
-  double worst = 0;
+  int64_t differing = 0;
   for (int g = 0; g < static_cast<int>(ma.groups.size()); ++g) {
     const GroupEntry& ge = ma.groups[static_cast<size_t>(g)];
     ASSIGN_OR_RETURN(WholeGroup va, LoadWholeGroup(a, ma, g, ge.kinds), "diff: ", a);
@@ -274,29 +283,44 @@ Status CkptDiff(const std::string& a, const std::string& b, bool as_json, std::o
     for (size_t t = 0; t < ge.tensors.size(); ++t) {
       for (size_t k = 0; k < ge.kinds.size(); ++k) {
         const int64_t off = va.view.groups[0].layout.tensor_offset(static_cast<int64_t>(t));
+        // NaN equals NaN and an infinity its own sign (the same value stored); anything else that is
+        // not equal differs, a NaN or infinity against a number by an infinite amount.
         double max_abs = 0, max_rel = 0;
+        int64_t elements_differing = 0;
         for (int64_t i = 0; i < ge.tensors[t].numel; ++i) {
           const double x = va.data[k][static_cast<size_t>(off + i)], y = vb.data[k][static_cast<size_t>(off + i)];
-          const double d = std::abs(x - y);
+          if (x == y || (std::isnan(x) && std::isnan(y))) continue;
+          ++elements_differing;
+          const double d = std::isfinite(x) && std::isfinite(y) ? std::abs(x - y) : std::numeric_limits<double>::infinity();
           max_abs = std::max(max_abs, d);
-          if (d > 0) max_rel = std::max(max_rel, d / std::max({std::abs(x), std::abs(y), 1e-30}));
+          max_rel = std::max(max_rel, std::isfinite(d) ? d / std::max({std::abs(x), std::abs(y), 1e-30}) : d);
         }
-        worst = std::max(worst, max_abs);
-        rows.push_back({{"tensor", ge.tensors[t].name}, {"kind", ge.kinds[k]}, {"max_abs", max_abs}, {"max_rel", max_rel}});
+        differing += elements_differing;
+        rows.push_back({{"tensor", ge.tensors[t].name}, {"kind", ge.kinds[k]}, {"max_abs", max_abs}, {"max_rel", max_rel},
+                        {"elements_differing", elements_differing}});
       }
     }
   }
   if (as_json) {
-    out << json{{"a", a}, {"b", b}, {"step_a", ma.step}, {"step_b", mb.step}, {"tensors", rows}}.dump(1) << "\n";
-    return Status();
+    json j = {{"a", a}, {"b", b}, {"step_a", ma.step}, {"step_b", mb.step}, {"identical", differing == 0},
+              {"elements_differing", differing}, {"tensors", rows}};
+    // JSON has no infinity: an infinite difference is written as the string "inf".
+    for (json& r : j["tensors"]) {
+      for (const char* f : {"max_abs", "max_rel"}) {
+        if (!std::isfinite(r[f].get<double>())) r[f] = "inf";
+      }
+    }
+    out << j.dump(1) << "\n";
+  } else {
+    out << "diff " << a << " (step " << ma.step << ") vs " << b << " (step " << mb.step << ")\n";
+    for (const json& r : rows) {
+      out << "  " << std::left << std::setw(24) << r["tensor"].get<std::string>() << std::setw(16) << r["kind"].get<std::string>()
+          << std::right << std::scientific << std::setprecision(3) << " max abs " << r["max_abs"].get<double>() << "  max rel "
+          << r["max_rel"].get<double>() << std::defaultfloat << "  (" << r["elements_differing"].get<int64_t>() << " differ)\n";
+    }
+    out << (differing == 0 ? "identical\n" : "differ\n");
   }
-  out << "diff " << a << " (step " << ma.step << ") vs " << b << " (step " << mb.step << ")\n";
-  for (const json& r : rows) {
-    out << "  " << std::left << std::setw(24) << r["tensor"].get<std::string>() << std::setw(16) << r["kind"].get<std::string>()
-        << std::right << std::scientific << std::setprecision(3) << " max abs " << r["max_abs"].get<double>() << "  max rel "
-        << r["max_rel"].get<double>() << std::defaultfloat << "\n";
-  }
-  out << (worst == 0 ? "identical\n" : "differ\n");
+  if (differing != 0) return DataLossError("diff: ", differing, " elements differ between ", a, " and ", b);
   return Status();
 }
 

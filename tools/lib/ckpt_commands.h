@@ -34,7 +34,9 @@ Status CkptExport(const std::string& dir, const std::string& out_h5, const std::
 // An HDF5 file (as exported, or /params/* datasets from elsewhere) into a checkpoint for M ranks.
 Status CkptImport(const std::string& in_h5, const std::string& out_root, int world_size, int stage, std::ostream& out);
 
-// Per-tensor (and per state kind) max absolute / relative difference between two checkpoints.
+// Per-tensor (and per state kind) max absolute / relative difference between two checkpoints, NaN and
+// infinities included (NaN equals NaN; NaN or inf against a number is an infinite difference). Not
+// OK (exit 1) when any element differs.
 Status CkptDiff(const std::string& a, const std::string& b, bool json, std::ostream& out);
 
 }  // namespace zrt::tools

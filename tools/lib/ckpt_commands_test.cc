@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
+#include <limits>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -27,8 +29,11 @@ class CkptCommands : public ::testing::Test {
   void SetUp() override {
     root_ = (fs::temp_directory_path() / ("zrt_cli_" + std::to_string(::getpid()))).string();
     fs::remove_all(root_);
-    // A 3-shard checkpoint of two tensors with known values: element i of tensor t = t*1000 + i (master),
-    // moments = -(that).
+    dir_ = Write(root_, [](int64_t, float v) { return v; });
+  }
+  // A 3-shard checkpoint of two tensors with known values: element i of tensor t = t*1000 + i (master;
+  // through `edit(flat, v)`), moments = -(that).
+  std::string Write(const std::string& root, const std::function<float(int64_t tensor_element, float v)>& edit) {
     Manifest m;
     m.nonce = "feedfacecafebeef";
     m.step = 42;
@@ -36,26 +41,26 @@ class CkptCommands : public ::testing::Test {
     m.stage = 3;
     m.trainer_state = {{"seed", 9}};
     m.groups.push_back({"g", 1e-3, 0, 4, {{"a", {5, 7}, DType::kBF16, 0, 35}, {"b", {9}, DType::kBF16, 36, 9}}, {"master", "exp_avg"}});
-    const std::string dir = root_ + "/" + StepDirName(42);
-    ASSERT_TRUE(MakeDirs(dir).ok());
+    const std::string dir = root + "/" + StepDirName(42);
+    EXPECT_TRUE(MakeDirs(dir).ok());
     auto layout = SavedLayout(m, 0);
     auto io = IoEngine::Create(IoOptions{});
-    ASSERT_TRUE(layout.ok() && io.ok());
+    EXPECT_TRUE(layout.ok() && io.ok());
     for (int r = 0; r < 3; ++r) {
       std::vector<std::vector<float>> data(2, std::vector<float>(static_cast<size_t>(layout->shard_size()), 0.0f));
       for (const ShardPiece& p : layout->RankPieces(r)) {
         for (int64_t i = 0; i < p.count; ++i) {
           const float v = static_cast<float>(p.tensor * 1000 + p.tensor_offset + i);
-          data[0][static_cast<size_t>(p.shard_offset + i)] = v;
+          data[0][static_cast<size_t>(p.shard_offset + i)] = edit(p.tensor * 1000 + p.tensor_offset + i, v);
           data[1][static_cast<size_t>(p.shard_offset + i)] = -v;
         }
       }
       const ShardState state = {{{"master", DType::kF32, data[0].data(), layout->shard_size()},
                                  {"exp_avg", DType::kF32, data[1].data(), layout->shard_size()}}};
-      ASSERT_TRUE(WriteShard(**io, dir, m, r, state, CompressOptions{}).ok());
+      EXPECT_TRUE(WriteShard(**io, dir, m, r, state, CompressOptions{}).ok());
     }
-    ASSERT_TRUE(WriteFileDurably(**io, dir, "manifest.json", EncodeManifest(m)).ok());
-    dir_ = dir;
+    EXPECT_TRUE(WriteFileDurably(**io, dir, "manifest.json", EncodeManifest(m)).ok());
+    return dir;
   }
   void TearDown() override { fs::remove_all(root_); }
   std::string root_, dir_;
@@ -103,6 +108,26 @@ TEST_F(CkptCommands, ReshardDiffExportImportAgree) {
   ASSERT_TRUE(CkptDiff(dir_, root_ + "/imp/step-00000042", true, d).ok());
   const auto diff = nlohmann::json::parse(d.str());  // keep it alive: the loop iterates a sub-object
   for (const auto& row : diff["tensors"]) EXPECT_EQ(row["max_abs"], 0.0) << row.dump();
+}
+
+TEST_F(CkptCommands, DiffSeesNanAndInfinityAndExitsNonZeroWhenDifferent) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::string both_nan_a = Write(root_ + "/na", [&](int64_t e, float v) { return e == 3 ? nan : v; });
+  const std::string both_nan_b = Write(root_ + "/nb", [&](int64_t e, float v) { return e == 3 ? nan : v; });
+  std::ostringstream same;
+  EXPECT_TRUE(CkptDiff(both_nan_a, both_nan_b, false, same).ok()) << same.str();  // NaN where the other has NaN
+  for (const auto& [what, value] : std::vector<std::pair<const char*, float>>{{"NaN", nan}, {"inf", inf}, {"-inf", -inf}, {"1e-7", 1e-7f}}) {
+    SCOPED_TRACE(what);
+    const std::string other = Write(root_ + "/" + what, [&](int64_t e, float v) { return e == 1 ? v + value : v; });
+    std::ostringstream text, js;
+    Status s = CkptDiff(dir_, other, false, text);
+    EXPECT_EQ(s.code(), StatusCode::kDataLoss) << text.str();
+    EXPECT_NE(text.str().find("differ\n"), std::string::npos) << text.str();
+    EXPECT_FALSE(CkptDiff(dir_, other, true, js).ok());
+    const auto j = nlohmann::json::parse(js.str());
+    EXPECT_FALSE(j["identical"].get<bool>());
+    EXPECT_EQ(j["elements_differing"], 1);
+  }
 }
 
 TEST_F(CkptCommands, ProblemsAreStatuses) {
