@@ -5,8 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "tests/support/synthetic_state.h"
 #include "zrt/checkpoint/catalog.h"
@@ -138,6 +140,32 @@ TEST_F(VerifyTest, CatalogListsNewestFirstAndSavesInProgress) {
   EXPECT_GT((*list)[1].bytes, 0);
   EXPECT_EQ(*FindLatestComplete(root_.string()), dir_);
   EXPECT_EQ(FindLatestComplete((root_ / "nowhere").string()).status().code(), StatusCode::kNotFound);
+}
+
+// A job renames and deletes directories under the root while an operator lists it: entries that
+// vanish mid-listing are skipped, never an error (nor an exception).
+TEST_F(VerifyTest, ListingSurvivesEntriesVanishingUnderIt) {
+  std::atomic<bool> stop{false};
+  std::thread churn([&] {
+    for (int i = 0; !stop.load(); ++i) {
+      std::error_code ec;
+      const fs::path tmp = root_ / ("step-00000040.tmp-" + std::to_string(i));
+      fs::copy(root_ / "step-00000010", tmp, fs::copy_options::recursive, ec);
+      fs::rename(tmp, root_ / "step-00000040", ec);
+      fs::remove_all(root_ / "step-00000040", ec);
+    }
+  });
+  int listed = 0;
+  for (int i = 0; i < 200; ++i) {
+    auto list = ListCheckpoints(root_.string());
+    ASSERT_TRUE(list.ok()) << list.status();
+    auto latest = FindLatestComplete(root_.string());
+    ASSERT_TRUE(latest.ok()) << latest.status();
+    listed += static_cast<int>(list->size());
+  }
+  stop = true;
+  churn.join();
+  EXPECT_GE(listed, 400);
 }
 
 }  // namespace

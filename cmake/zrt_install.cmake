@@ -13,6 +13,7 @@ install(FILES ${PROJECT_SOURCE_DIR}/zrt.h DESTINATION include/zrt)
 if(ZRT_HAVE_CUDA)
   install(FILES ${PROJECT_SOURCE_DIR}/gpu.h DESTINATION include/zrt)
 endif()
+install(PROGRAMS ${PROJECT_SOURCE_DIR}/scripts/zrt-mpirun DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(EXPORT zrtTargets NAMESPACE zrt:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/zrt)
 configure_package_config_file(cmake/zrtConfig.cmake.in ${PROJECT_BINARY_DIR}/zrtConfig.cmake
                               INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/zrt)

@@ -18,8 +18,12 @@ if(ZRT_SANITIZE STREQUAL "address+undefined")
 elseif(ZRT_SANITIZE STREQUAL "thread")
   add_compile_options("$<$<COMPILE_LANGUAGE:CXX>:-fsanitize=thread;-fno-omit-frame-pointer>")
   add_link_options(-fsanitize=thread)
+elseif(ZRT_SANITIZE STREQUAL "fuzzer")
+  # clang: libFuzzer's coverage everywhere, ASan + UBSan; the fuzz targets add -fsanitize=fuzzer (main).
+  add_compile_options("$<$<COMPILE_LANGUAGE:CXX>:-fsanitize=fuzzer-no-link,address,undefined;-fno-sanitize-recover=undefined;-fno-omit-frame-pointer>")
+  add_link_options(-fsanitize=address,undefined)
 elseif(NOT ZRT_SANITIZE STREQUAL "")
-  message(FATAL_ERROR "ZRT_SANITIZE must be '', 'address+undefined' or 'thread', got '${ZRT_SANITIZE}'")
+  message(FATAL_ERROR "ZRT_SANITIZE must be '', 'address+undefined', 'thread' or 'fuzzer', got '${ZRT_SANITIZE}'")
 endif()
 
 # ---- CUDA -------------------------------------------------------------------------------------------

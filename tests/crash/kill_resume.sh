@@ -7,7 +7,9 @@
 #   3. preemption: SIGUSR1 to one rank makes every rank save at the next step boundary and exit 0;
 #   4. NVMe offload (state and parameter shards in swap files): killed mid-run, restarted (the dead
 #      run's swap files are scratch: cleared), final parameters identical to the in-memory baseline;
-#   5. a 4-rank run killed, then resumed on 2 ranks (resharded) runs to the end.
+#   5. a 4-rank run killed, then resumed on 2 ranks (resharded) runs to the end;
+#   6. SIGTERM to the launcher (scripts/zrt-mpirun, the documented recipe): every rank saves, the job
+#      exits 0, and the resumed run is bit-identical to the baseline.
 # usage: kill_resume.sh CHARLM WORKDIR [KILLS]
 set -euo pipefail
 bin=$1; work=$2; kills=${3:-4}
@@ -95,4 +97,19 @@ mpi 2 "$bin" "${args[@]}" --ckpt "$work/reshard" > "$work/reshard.final.log"
 grep -h "^resumed from" "$work/reshard.final.log" || true
 tail -1 "$work/reshard.final.log"
 grep -q "SUMMARY steps=$steps" "$work/reshard.final.log" || { echo "FAIL: the 2-rank resume did not finish"; exit 1; }
+echo "== SIGTERM to the launcher (zrt-mpirun)"
+launcher="$(cd "$(dirname "$0")/../.." && pwd)/scripts/zrt-mpirun"
+"$launcher" -n 4 --oversubscribe --bind-to none "$bin" "${args[@]}" --ckpt "$work/term" > "$work/term.log" 2>&1 &
+job=$!
+wait_for_checkpoint "$work/term" $job
+kill -TERM $job
+wait $job || { echo "FAIL: SIGTERM to zrt-mpirun must end in a save and exit 0"; cat "$work/term.log"; exit 1; }
+if grep -q "^preempted" "$work/term.log"; then
+  grep "^preempted" "$work/term.log"
+  mpi 4 "$bin" "${args[@]}" --ckpt "$work/term" --dump "$work/term.bin" > "$work/term.final.log"
+  cmp "$work/base.bin" "$work/term.bin" || { echo "FAIL: the run stopped by SIGTERM and resumed differs"; exit 1; }
+  echo "   saved on SIGTERM, exit 0, resumed identical to the uninterrupted run"
+else
+  echo "   (the run finished before the signal arrived)"
+fi
 echo "PASS"

@@ -2,6 +2,8 @@
 // a Status, never a crash, hang or sanitizer report. Inputs that are JSON objects are also re-sealed
 // (given a valid checksum) so the fuzzer reaches the field-by-field parsing behind the checksum.
 #include <cstdint>
+#include <cstdlib>
+#include <fstream>
 #include <string_view>
 
 #include "zrt/checkpoint/format.h"
@@ -16,6 +18,31 @@ void Exercise(std::string_view text) {
   if (auto r = DecodeIndex(text, "fuzz"); r.ok()) (void)DecodeIndex(EncodeIndex(*r), "fuzz-roundtrip").ok();
 }
 }  // namespace
+
+// ZRT_FUZZ_WRITE_SEEDS=DIR: write a valid manifest and index there (the seed corpus) and exit.
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  const char* dir = std::getenv("ZRT_FUZZ_WRITE_SEEDS");
+  if (dir == nullptr) return 0;
+  using namespace zrt::ckpt;
+  Manifest m;
+  m.nonce = "0123456789abcdef";
+  m.step = 7;
+  m.world_size = m.shards = 3;
+  m.stage = 2;
+  m.trainer_state = {{"seed", 1}};
+  m.groups.push_back({"g", 1e-3, 0, 4, {{"w", {3, 5}, zrt::DType::kBF16, 0, 15}, {"b", {5}, zrt::DType::kF32, 16, 5}},
+                      {"master", "exp_avg"}});
+  RankIndex r;
+  r.nonce = m.nonce;
+  r.shards = 3;
+  r.rank = 1;
+  r.data_file = DataFileName(1);
+  r.data_bytes = 8192;
+  r.chunks.push_back({0, 1, 0, 8, 4096, 32, Codec::kZstd, 42});
+  std::ofstream(std::string(dir) + "/manifest.json") << EncodeManifest(m);
+  std::ofstream(std::string(dir) + "/index.json") << EncodeIndex(r);
+  std::exit(0);
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
