@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string_view>
+#include <type_traits>
 
 #include "zrt/core/hd.h"
 #include "zrt/core/status.h"
@@ -116,6 +117,43 @@ ZRT_HD float F16ToFloat(uint16_t h) {
   }
   return BitsToFloat(sign | (e << 23) | ((mant & 0x3ffu) << 13));
 }
+
+// ---- element types a trainer reads and writes directly -------------------------------------------
+// bf16 and f16 hold the bit pattern; converting from float rounds to nearest even (as
+// StoreFromFloat), to float is exact. TensorView::as<bf16>() hands out spans of them.
+struct bf16 {
+  uint16_t bits = 0;
+  bf16() = default;
+  ZRT_HD_MEMBER bf16(float f) : bits(FloatToBf16(f)) {}  // NOLINT: implicit, like a float
+  ZRT_HD_MEMBER operator float() const { return Bf16ToFloat(bits); }  // NOLINT
+  static constexpr bf16 FromBits(uint16_t b) {
+    bf16 h;
+    h.bits = b;
+    return h;
+  }
+};
+
+struct f16 {
+  uint16_t bits = 0;
+  f16() = default;
+  ZRT_HD_MEMBER f16(float f) : bits(FloatToF16(f)) {}  // NOLINT
+  ZRT_HD_MEMBER operator float() const { return F16ToFloat(bits); }  // NOLINT
+  static constexpr f16 FromBits(uint16_t b) {
+    f16 h;
+    h.bits = b;
+    return h;
+  }
+};
+static_assert(sizeof(bf16) == 2 && sizeof(f16) == 2);
+
+// The DType of an element type: DTypeOf<float> = kF32, DTypeOf<bf16> = kBF16, DTypeOf<f16> = kF16.
+template <typename T>
+inline constexpr DType DTypeOf = [] {
+  using U = std::remove_const_t<T>;
+  static_assert(std::is_same_v<U, float> || std::is_same_v<U, bf16> || std::is_same_v<U, f16>,
+                "zrt element types are float, zrt::bf16 and zrt::f16");
+  return std::is_same_v<U, float> ? DType::kF32 : std::is_same_v<U, bf16> ? DType::kBF16 : DType::kF16;
+}();
 
 // Loads element i of a buffer of dtype t (f32/bf16/f16) as float.
 ZRT_HD float LoadAsFloat(const void* p, int64_t i, DType t) {

@@ -137,5 +137,29 @@ TEST(DType, LoadStoreHelpers) {
   EXPECT_EQ(LoadAsFloat(h, 0, DType::kF16), -2.25f);
 }
 
+TEST(DType, ElementTypesConvertAsTheScalarFunctions) {
+  static_assert(DTypeOf<float> == DType::kF32 && DTypeOf<bf16> == DType::kBF16 && DTypeOf<const f16> == DType::kF16);
+  std::mt19937 rng(std::random_device{}());
+  for (int i = 0; i < 100000; ++i) {
+    const float f = BitsToFloat(static_cast<uint32_t>(rng()));
+    const bf16 b = f;
+    const f16 h = f;
+    EXPECT_EQ(b.bits, FloatToBf16(f));
+    EXPECT_EQ(h.bits, FloatToF16(f));
+    const float back = b, hback = h;
+    EXPECT_EQ(FloatBits(back), FloatBits(Bf16ToFloat(b.bits)));
+    EXPECT_EQ(FloatBits(hback), FloatBits(F16ToFloat(h.bits)));
+  }
+  // Arithmetic goes through float; arrays of them are the buffers' bytes.
+  bf16 v[2] = {1.5f, 0.25f};
+  v[0] = v[0] * v[1] + 1.0f;
+  EXPECT_EQ(static_cast<float>(v[0]), 1.375f);
+  uint16_t raw[2];
+  std::memcpy(raw, v, sizeof(raw));
+  EXPECT_EQ(raw[1], FloatToBf16(0.25f));
+  EXPECT_EQ(bf16::FromBits(0x3f80).bits, 0x3f80);
+  EXPECT_EQ(static_cast<float>(f16::FromBits(0x3c00)), 1.0f);
+}
+
 }  // namespace
 }  // namespace zrt

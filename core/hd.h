@@ -9,6 +9,9 @@
 
 #if defined(__CUDACC__)
 #define ZRT_HD static __host__ __device__ __forceinline__
+#define ZRT_HD_MEMBER __host__ __device__ __forceinline__
 #else
 #define ZRT_HD static inline
+// Members cannot be static: always inlined instead, so no out-of-line copy is called.
+#define ZRT_HD_MEMBER inline __attribute__((always_inline))
 #endif

@@ -1,5 +1,7 @@
 #include "zrt/core/tensor_spec.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <sstream>
 
@@ -31,5 +33,13 @@ Status Validate(const TensorSpec& spec) {
   }
   return Status();
 }
+
+namespace internal {
+void DieOnDTypeMismatch(const TensorSpec& spec, DType have, DType requested) {
+  std::fprintf(stderr, "zrt: TensorView::as<%s>() of tensor '%s', whose elements are %s\n", std::string(DTypeName(requested)).c_str(),
+               spec.name.c_str(), std::string(DTypeName(have)).c_str());
+  std::abort();
+}
+}  // namespace internal
 
 }  // namespace zrt
