@@ -44,7 +44,7 @@ std::unique_ptr<ZeroEngine> MakeEngine(Communicator* comm, Device* dev, int stag
   cfg.stage = stage;
   cfg.optimizer_threads = 1;
   auto e = ZeroEngine::Create(comm, dev, cfg).value();
-  for (int g = 0; g < groups; ++g) (void)e->AddParam("w" + std::to_string(g), {params / groups}, DType::kBF16, "l" + std::to_string(g));
+  for (int g = 0; g < groups; ++g) (void)e->AddParam("w" + std::to_string(g), {params / groups}, DType::kBF16, {.group = "l" + std::to_string(g)});
   (void)e->Finalize([](int64_t p, int64_t off, int64_t n, float* out) {
     for (int64_t i = 0; i < n; ++i) out[i] = 0.02f * std::sin(0.001f * static_cast<float>(off + i) + static_cast<float>(p));
   });

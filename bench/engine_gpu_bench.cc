@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
     auto e = ZeroEngine::Create(nccl->get(), &d, cfg);
     Die(e.status(), "engine");
     for (int g = 0; g < groups; ++g) {
-      Die((*e)->AddParam("w" + std::to_string(g), {per_group}, DType::kBF16, "layer" + std::to_string(g)), "add");
+      Die((*e)->AddParam("w" + std::to_string(g), {per_group}, DType::kBF16, {.group = "layer" + std::to_string(g)}).status(), "add");
     }
     Die((*e)->Finalize([](int64_t, int64_t, int64_t n, float* out) { std::fill(out, out + n, 0.01f); }), "finalize");
     auto step = [&] {

@@ -38,7 +38,7 @@ Result<Figures> Run(Communicator* comm, int64_t params, OffloadTarget where, con
   cfg.offload.host_budget_bytes = where == OffloadTarget::kNvme ? budget : 0;
   ASSIGN_OR_RETURN(auto e, ZeroEngine::Create(comm, &dev, cfg));
   for (int g = 0; g < kGroups; ++g) {
-    RETURN_IF_ERROR(e->AddParam("w" + std::to_string(g), {params / kGroups}, DType::kBF16, "layer" + std::to_string(g)));
+    RETURN_IF_ERROR(e->AddParam("w" + std::to_string(g), {params / kGroups}, DType::kBF16, {.group = "layer" + std::to_string(g)}).status());
   }
   RETURN_IF_ERROR(e->Finalize([](int64_t, int64_t, int64_t n, float* out) {
     for (int64_t i = 0; i < n; ++i) out[i] = 0.01f;

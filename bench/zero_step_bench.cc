@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
     auto e = ZeroEngine::Create(comm->get(), &dev, cfg);
     if (!e.ok()) return 1;
     for (int g = 0; g < groups; ++g) {
-      if (!(*e)->AddParam("w" + std::to_string(g), {per_group}, DType::kBF16, "layer" + std::to_string(g)).ok()) return 1;
+      if (!(*e)->AddParam("w" + std::to_string(g), {per_group}, DType::kBF16, {.group = "layer" + std::to_string(g)}).ok()) return 1;
     }
     Status st = (*e)->Finalize([](int64_t, int64_t, int64_t cnt, float* out) {
       for (int64_t i = 0; i < cnt; ++i) out[i] = 0.01f;

@@ -130,6 +130,8 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
   m.loss_scale = state.counters.loss_scale;
   m.scaler_good_steps = state.counters.scaler_good_steps;
   m.scaler_hysteresis_left = state.counters.scaler_hysteresis_left;
+  m.engine_state = nlohmann::json::parse(state.counters.engine_state, nullptr, false);
+  if (!m.engine_state.is_object()) return InvalidArgumentError("checkpoint: the engine state is not a JSON object");
   m.trainer_state = trainer_state;
   m.shards = state.groups.empty() ? state.world_size : state.groups[0].layout.world_size();
   for (const StateGroup& g : state.groups) {

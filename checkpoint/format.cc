@@ -194,7 +194,7 @@ std::string EncodeManifest(const Manifest& m) {
   j["created_unix"] = m.created_unix;
   j["chunk_elements"] = m.chunk_elements;
   j["engine"] = {{"loss_scale", m.loss_scale}, {"scaler_good_steps", m.scaler_good_steps},
-                 {"scaler_hysteresis_left", m.scaler_hysteresis_left}};
+                 {"scaler_hysteresis_left", m.scaler_hysteresis_left}, {"state", m.engine_state}};
   j["trainer_state"] = m.trainer_state;
   json groups = json::array();
   for (const GroupEntry& g : m.groups) {
@@ -225,6 +225,10 @@ Result<Manifest> DecodeManifest(std::string_view text, const std::string& where)
     m.loss_scale = F64(At(e, "loss_scale"), "loss_scale");
     m.scaler_good_steps = I64(At(e, "scaler_good_steps"), "scaler_good_steps");
     m.scaler_hysteresis_left = I32(At(e, "scaler_hysteresis_left"), "scaler_hysteresis_left");
+    if (e.contains("state")) {  // absent in checkpoints written before it existed
+      m.engine_state = e["state"];
+      if (!m.engine_state.is_object()) throw FieldError("engine.state is not an object");
+    }
     m.trainer_state = At(j, "trainer_state");
     for (const json& g : Arr(At(j, "groups"), "groups")) {
       GroupEntry ge;

@@ -65,6 +65,7 @@ struct Manifest {
   double loss_scale = 1;
   int64_t scaler_good_steps = 0;
   int scaler_hysteresis_left = 1;
+  nlohmann::json engine_state = nlohmann::json::object();   // StateCounters::engine_state
   nlohmann::json trainer_state = nlohmann::json::object();
   std::vector<GroupEntry> groups;
 };

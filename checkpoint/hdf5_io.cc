@@ -193,6 +193,7 @@ Status ExportHdf5(const std::string& dir, const std::string& out_path, const Exp
   RETURN_IF_ERROR(AttrInt(file.get(), "stage", m.stage));
   RETURN_IF_ERROR(AttrDouble(file.get(), "loss_scale", m.loss_scale));
   RETURN_IF_ERROR(AttrStr(file.get(), "trainer_state", m.trainer_state.dump()));
+  RETURN_IF_ERROR(AttrStr(file.get(), "engine_state", m.engine_state.dump()));
   int64_t order = 0, total = 0, done = 0;
   for (const GroupEntry& ge : m.groups) total += static_cast<int64_t>(ge.tensors.size());
   for (int g = 0; g < static_cast<int>(m.groups.size()); ++g) {
@@ -366,6 +367,11 @@ Status ImportHdf5(const std::string& in_path, const std::string& out_root, const
     ASSIGN_OR_RETURN(std::string ts, ReadAttrStr(file.get(), "trainer_state"), in_path);
     m.trainer_state = nlohmann::json::parse(ts, nullptr, false);
     if (m.trainer_state.is_discarded()) return DataLossError("import: ", in_path, ": trainer_state is not JSON");
+  }
+  if (HasAttr(file.get(), "engine_state")) {
+    ASSIGN_OR_RETURN(std::string es, ReadAttrStr(file.get(), "engine_state"), in_path);
+    m.engine_state = nlohmann::json::parse(es, nullptr, false);
+    if (!m.engine_state.is_object()) return DataLossError("import: ", in_path, ": engine_state is not a JSON object");
   }
   std::map<std::string, int> gindex;
   for (const InTensor& t : tensors) {

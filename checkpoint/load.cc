@@ -195,7 +195,7 @@ Result<LoadResult> Load(const std::string& dir, const StateView& target, const L
       }
     }
   }
-  r.counters = {m.step, m.loss_scale, m.scaler_good_steps, m.scaler_hysteresis_left};
+  r.counters = {m.step, m.loss_scale, m.scaler_good_steps, m.scaler_hysteresis_left, m.engine_state.dump()};
   r.trainer_state = m.trainer_state;
   r.saved_world_size = m.world_size;
   r.saved_stage = m.stage;

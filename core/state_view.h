@@ -48,6 +48,9 @@ struct StateCounters {
   double loss_scale = 1;          // current dynamic/static loss scale
   int64_t scaler_good_steps = 0;  // dynamic loss scaler's counters
   int scaler_hysteresis_left = 1;
+  // The owner's settings that evolve or must come back with the state (the engine: its lr, schedule
+  // and per-tensor optimizer settings), as the text of a JSON object; carried verbatim.
+  std::string engine_state = "{}";
 };
 
 struct StateView {

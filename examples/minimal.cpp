@@ -11,7 +11,7 @@ zrt::Status Train(zrt::Communicator& comm, const std::string& root) {
   cfg.adam.lr = 0.3;
   ASSIGN_OR_RETURN(auto engine, zrt::ZeroEngine::Create(&comm, &device, cfg));
   const int n = 10;
-  RETURN_IF_ERROR(engine->AddParam("w", {n}, zrt::DType::kF32));
+  ASSIGN_OR_RETURN(zrt::ParamHandle w, engine->AddParam("w", {n}, zrt::DType::kF32));  // in group 0, "default"
   RETURN_IF_ERROR(engine->Finalize([](int64_t, int64_t, int64_t count, float* out) { std::fill(out, out + count, 0.0f); }));
 
   ASSIGN_OR_RETURN(auto ck, zrt::ckpt::Checkpointer::Create(&comm, &device, {.root = root}));
@@ -20,10 +20,11 @@ zrt::Status Train(zrt::Communicator& comm, const std::string& root) {
   while (engine->steps() < 200) {
     // Each rank's sample: x = e_k (k = step + rank), target y = k, so w converges to w_k = k.
     const int k = static_cast<int>((engine->steps() + comm.rank()) % n);
-    ASSIGN_OR_RETURN(void* wp, engine->Gather(0));
-    const float err = static_cast<float*>(wp)[k] - static_cast<float>(k);  // forward: loss = err^2 / 2
-    ASSIGN_OR_RETURN(void* gp, engine->GradBuffer(0));
-    static_cast<float*>(gp)[k] += err;                                      // backward
+    RETURN_IF_ERROR(engine->Gather(0).status());
+    ASSIGN_OR_RETURN(zrt::TensorView wv, engine->Param(w));
+    ASSIGN_OR_RETURN(zrt::TensorView gv, engine->Grad(w));
+    const float err = wv.as<float>()[k] - static_cast<float>(k);  // forward: loss = err^2 / 2
+    gv.as<float>()[k] += err;                                      // backward
     RETURN_IF_ERROR(engine->Release(0));
     RETURN_IF_ERROR(engine->GradsReady(0));
     ASSIGN_OR_RETURN(zrt::StepResult step, engine->Step());
@@ -31,10 +32,11 @@ zrt::Status Train(zrt::Communicator& comm, const std::string& root) {
     RETURN_IF_ERROR(ck->Poll());  // commits a save as soon as every rank has written it
   }
   RETURN_IF_ERROR(ck->Wait());
-  ASSIGN_OR_RETURN(void* wp, engine->Gather(0));
-  const auto* w = static_cast<const float*>(wp);
+  RETURN_IF_ERROR(engine->Gather(0).status());
+  ASSIGN_OR_RETURN(zrt::TensorView wv, engine->Param(w));
   if (comm.rank() == 0) {
-    std::printf("step %lld: w[3] = %.3f (target 3), w[7] = %.3f (target 7)\n", static_cast<long long>(engine->steps()), w[3], w[7]);
+    std::printf("step %lld: w[3] = %.3f (target 3), w[7] = %.3f (target 7)\n", static_cast<long long>(engine->steps()),
+                wv.as<float>()[3], wv.as<float>()[7]);
   }
   return engine->Release(0);
 }

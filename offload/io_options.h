@@ -4,7 +4,11 @@
 
 #include <cstdint>
 
+#include "zrt/core/status.h"
+
 namespace zrt {
+
+class JsonReader;
 
 struct IoOptions {
   enum class Backend { kAuto, kUring, kThreads };
@@ -13,5 +17,9 @@ struct IoOptions {
   int64_t block_bytes = 1 << 20;  // requests are split into blocks of this size
   int threads = 4;                // workers of the thread backend
 };
+
+// The "io" object of a JSON configuration (docs/configuration.md): backend ("auto", "uring",
+// "threads"), queue_depth, block_bytes, threads; absent keys keep *io's values.
+Status ReadIoOptions(JsonReader& r, IoOptions* io);
 
 }  // namespace zrt

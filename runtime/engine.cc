@@ -21,6 +21,7 @@
 #include <limits>
 #include <map>
 
+#include "zrt/core/json_reader.h"
 #include "zrt/core/logging.h"
 #include "zrt/core/thread_pool.h"
 #include "zrt/kernels/adam.h"
@@ -36,16 +37,25 @@ namespace zrt {
 
 struct ZeroEngine::Group {
   std::string name;
-  DType dtype = DType::kF32;
+  DType dtype = DType::kF32;       // of the parameters
+  DType grad_dtype = DType::kF32;  // of the gradients: dtype, or f32 with fp32_grads
   std::vector<int64_t> params;
   std::vector<TensorSpec> tensors;
   ShardLayout layout;
-  double lr = 0, weight_decay = 0;
+  // This rank's shard as runs [begin, end) of tensors whose optimizer settings are classes[cls]
+  // (padding goes with the run before it); one Adam call per class per window.
+  struct Run {
+    int64_t begin, end;
+    int cls;
+  };
+  std::vector<Run> runs;
+  std::vector<Settings> classes;
   DeviceBuffer full_param, param_shard, full_grad, grad_shard;
   bool gathered = false;      // stages 0-2 bookkeeping for Release
   bool grad_live = false;     // full gradient exists (and is zeroed) for this step
   bool grad_reduced = false;  // reduction queued this step
   size_t esize() const { return DTypeSize(dtype); }
+  size_t gsize() const { return DTypeSize(grad_dtype); }
 };
 
 struct ZeroEngine::Impl {
@@ -79,12 +89,19 @@ uint64_t Fnv(uint64_t h, const void* data, size_t n) {
   return h;
 }
 
-uint64_t SpecHash(const TensorSpec& s, const std::string& group) {
+uint64_t SpecHash(const TensorSpec& s, const std::string& group, double lr_scale, double weight_decay) {
   uint64_t h = 1469598103934665603ull;
   h = Fnv(h, s.name.data(), s.name.size());
   h = Fnv(h, s.shape.data(), s.shape.size() * sizeof(int64_t));
   h = Fnv(h, &s.dtype, sizeof(s.dtype));
+  h = Fnv(h, &lr_scale, sizeof(lr_scale));
+  h = Fnv(h, &weight_decay, sizeof(weight_decay));
   return Fnv(h, group.data(), group.size());
+}
+
+Status CheckRate(const char* what, const std::string& name, double v) {
+  if (!(v >= 0) || !std::isfinite(v)) return InvalidArgumentError(what, " of '", name, "' must be finite and >= 0, got ", v);
+  return Status();
 }
 
 }  // namespace
@@ -106,7 +123,7 @@ std::string_view OffloadTargetName(OffloadTarget t) {
 }
 
 ZeroEngine::ZeroEngine(Communicator* comm, Device* device, const EngineConfig& config)
-    : comm_(comm), device_(device), config_(config) {}
+    : comm_(comm), device_(device), config_(config), lr_(config.adam.lr), schedule_(config.lr_schedule) {}
 ZeroEngine::~ZeroEngine() {
   groups_.clear();  // their buffers may come from impl_'s host memory, which goes with impl_
 }
@@ -125,6 +142,7 @@ Result<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Communicator* comm, Devic
                                 "the MPI communicator works on host buffers only");
   }
   RETURN_IF_ERROR(kernels::MakeAdamStepScalars(c.adam, 1).status(), "engine");
+  RETURN_IF_ERROR(c.lr_schedule.Validate(), "engine");
   const OffloadConfig& oc = c.offload;
   if (oc.params != OffloadTarget::kNone && c.stage != 3) {
     return InvalidArgumentError("engine: offload.params = ", OffloadTargetName(oc.params), " needs stage 3 (stage ", c.stage,
@@ -157,20 +175,25 @@ Result<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Communicator* comm, Devic
   return e;
 }
 
-Status ZeroEngine::AddParam(const std::string& name, const std::vector<int64_t>& shape, DType dtype,
-                            const std::string& group) {
+Result<ParamHandle> ZeroEngine::AddParam(const std::string& name, const std::vector<int64_t>& shape, DType dtype,
+                                         const ParamOptions& o) {
   if (finalized_) return FailedPreconditionError("add_param '", name, "': the engine is already finalized");
   TensorSpec spec{name, shape, dtype};
   RETURN_IF_ERROR(Validate(spec), "add_param");
   if (!IsFloating(dtype)) return InvalidArgumentError("add_param '", name, "': dtype must be f32, bf16 or f16");
-  if (group.empty()) return InvalidArgumentError("add_param '", name, "': empty group name");
+  if (o.group.empty()) return InvalidArgumentError("add_param '", name, "': empty group name");
+  const Settings st{o.lr_scale, o.weight_decay.value_or(config_.adam.weight_decay)};
+  RETURN_IF_ERROR(CheckRate("add_param: lr_scale", name, st.lr_scale));
+  RETURN_IF_ERROR(CheckRate("add_param: weight_decay", name, st.weight_decay));
   // Checkpoints match tensors by name: a repeated one would save and verify but never load.
-  if (!param_names_.insert(name).second) {
+  const auto index = static_cast<int64_t>(params_.size());
+  if (!param_index_.emplace(name, index).second) {
     return InvalidArgumentError("add_param '", name, "': a parameter of that name is already registered");
   }
   params_.push_back(std::move(spec));
-  param_groups_.push_back(group);
-  return Status();
+  settings_.push_back(st);
+  param_groups_.push_back(o.group);
+  return ParamHandle{index};
 }
 
 Status ZeroEngine::CheckRegistration() {
@@ -185,7 +208,9 @@ Status ZeroEngine::CheckRegistration() {
                                 ", rank ", comm_->rank(), ": ", count, ")");
   }
   std::vector<uint64_t> mine(params_.size()), root(params_.size());
-  for (size_t i = 0; i < params_.size(); ++i) mine[i] = root[i] = SpecHash(params_[i], param_groups_[i]);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    mine[i] = root[i] = SpecHash(params_[i], param_groups_[i], settings_[i].lr_scale, settings_[i].weight_decay);
+  }
   RETURN_IF_ERROR(comm_->Broadcast(root.data(), root.size() * sizeof(uint64_t), DType::kBytes, 0));
   size_t first = params_.size();
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -199,7 +224,8 @@ Status ZeroEngine::CheckRegistration() {
   const auto f = static_cast<size_t>(first_f);
   if (f < params_.size()) {
     return InvalidArgumentError("finalize: parameter #", f, " differs across ranks (rank ", comm_->rank(), " has ",
-                                params_[f].ToString(), " in group '", param_groups_[f], "'",
+                                params_[f].ToString(), " in group '", param_groups_[f], "' with lr_scale ", settings_[f].lr_scale,
+                                " and weight_decay ", settings_[f].weight_decay,
                                 mine[f] == root[f] ? ", as rank 0 does" : ", rank 0 has something else", ")");
   }
   return Status();
@@ -216,18 +242,20 @@ Status ZeroEngine::Finalize(const InitFn& init) {
       groups_.push_back(std::make_unique<Group>());
       groups_.back()->name = param_groups_[i];
       groups_.back()->dtype = params_[i].dtype;
-      groups_.back()->lr = config_.adam.lr;
-      groups_.back()->weight_decay = config_.adam.weight_decay;
+      groups_.back()->grad_dtype = config_.fp32_grads ? DType::kF32 : params_[i].dtype;
     }
     Group& g = *groups_[static_cast<size_t>(it->second)];
     if (g.dtype != params_[i].dtype) {
       return InvalidArgumentError("finalize: parameter '", params_[i].name, "' is ", DTypeName(params_[i].dtype),
                                   " but group '", g.name, "' is ", DTypeName(g.dtype), " (one dtype per group)");
     }
+    param_group_index_.push_back(it->second);
+    param_pos_.push_back(static_cast<int64_t>(g.params.size()));
     g.params.push_back(static_cast<int64_t>(i));
     g.tensors.push_back(params_[i]);
   }
   RETURN_IF_ERROR(Allocate(init));
+  BuildSettingRuns();
   finalized_ = true;
   return Status();
 }
@@ -254,13 +282,14 @@ Status ZeroEngine::Allocate(const InitFn& init) {
       ASSIGN_OR_RETURN(g.param_shard, device_->Allocate(S * g.esize(), MemCategory::kParameters), ctx);
     }
     if (config_.stage <= 1) {
-      ASSIGN_OR_RETURN(g.full_grad, device_->Allocate(P * g.esize(), MemCategory::kGradients), ctx);
+      ASSIGN_OR_RETURN(g.full_grad, device_->Allocate(P * g.gsize(), MemCategory::kGradients), ctx);
     } else {
-      ASSIGN_OR_RETURN(g.grad_shard, device_->Allocate(S * g.esize(), MemCategory::kGradients), ctx);
+      ASSIGN_OR_RETURN(g.grad_shard, device_->Allocate(S * g.gsize(), MemCategory::kGradients), ctx);
     }
     OptimizerStore::Group sg;
     sg.name = g.name;
     sg.dtype = g.dtype;
+    sg.grad_dtype = g.grad_dtype;
     sg.elements = g.layout.shard_size();
     sg.grads = GradShard(g);
     sg.params = OwnParams(g);
@@ -298,7 +327,34 @@ void* ZeroEngine::OwnParams(Group& g) const {
 void* ZeroEngine::GradShard(Group& g) const {
   if (config_.stage >= 2) return g.grad_shard.data();
   const int rank = config_.stage == 0 ? 0 : comm_->rank();
-  return g.full_grad.as<char>() + static_cast<size_t>(g.layout.shard_begin(rank)) * g.esize();
+  return g.full_grad.as<char>() + static_cast<size_t>(g.layout.shard_begin(rank)) * g.gsize();
+}
+
+void ZeroEngine::BuildSettingRuns() {
+  const int rank = config_.stage == 0 ? 0 : comm_->rank();
+  for (auto& gp : groups_) {
+    Group& g = *gp;
+    g.runs.clear();
+    g.classes.clear();
+    auto class_of = [&](const Settings& st) {
+      for (size_t c = 0; c < g.classes.size(); ++c) {
+        if (g.classes[c] == st) return static_cast<int>(c);
+      }
+      g.classes.push_back(st);
+      return static_cast<int>(g.classes.size() - 1);
+    };
+    for (const ShardPiece& p : g.layout.RankPieces(rank)) {
+      const int c = class_of(settings_[static_cast<size_t>(g.params[static_cast<size_t>(p.tensor)])]);
+      if (!g.runs.empty() && g.runs.back().cls == c) {
+        g.runs.back().end = p.shard_offset + p.count;
+      } else {
+        if (!g.runs.empty()) g.runs.back().end = p.shard_offset;
+        g.runs.push_back({g.runs.empty() ? 0 : p.shard_offset, p.shard_offset + p.count, c});
+      }
+    }
+    if (g.runs.empty()) g.runs.push_back({0, 0, class_of(settings_[static_cast<size_t>(g.params[0])])});  // padding only
+    g.runs.back().end = g.layout.shard_size();
+  }
 }
 
 Status ZeroEngine::GatherUpdatedParams() {
@@ -332,18 +388,43 @@ Result<int> ZeroEngine::GroupIndex(const std::string& name) const {
   return NotFoundError("no group named '", name, "'");
 }
 
-Result<ZeroEngine::ParamLocation> ZeroEngine::Locate(int64_t param) const {
-  if (!finalized_) return FailedPreconditionError("locate: the engine is not finalized");
-  if (param < 0 || param >= static_cast<int64_t>(params_.size())) return NotFoundError("locate: no parameter #", param);
-  for (size_t gi = 0; gi < groups_.size(); ++gi) {
-    const Group& g = *groups_[gi];
-    for (size_t k = 0; k < g.params.size(); ++k) {
-      if (g.params[k] == param) {
-        return ParamLocation{static_cast<int>(gi), g.layout.tensor_offset(static_cast<int64_t>(k)), params_[static_cast<size_t>(param)].numel(), g.dtype};
-      }
-    }
+Result<ParamHandle> ZeroEngine::Find(std::string_view name) const {
+  auto it = param_index_.find(std::string(name));
+  if (it == param_index_.end()) return NotFoundError("no parameter named '", name, "'");
+  return ParamHandle{it->second};
+}
+
+const TensorSpec& ZeroEngine::spec(ParamHandle p) const { return params_.at(static_cast<size_t>(p.index)); }
+int ZeroEngine::group(ParamHandle p) const { return param_group_index_.at(static_cast<size_t>(p.index)); }
+
+Result<TensorView> ZeroEngine::View(ParamHandle p, bool grad) {
+  const char* what = grad ? "grad" : "param";
+  if (!finalized_) return FailedPreconditionError(what, ": the engine is not finalized");
+  if (p.index < 0 || p.index >= static_cast<int64_t>(params_.size())) return NotFoundError(what, ": no parameter #", p.index);
+  const auto i = static_cast<size_t>(p.index);
+  const int gi = param_group_index_[i];
+  Group& g = *groups_[static_cast<size_t>(gi)];
+  const auto offset = static_cast<size_t>(g.layout.tensor_offset(param_pos_[i]));
+  if (grad) {
+    ASSIGN_OR_RETURN(void* base, GradBuffer(gi), "grad of '", params_[i].name, "'");
+    return TensorView{static_cast<char*>(base) + offset * g.gsize(), &params_[i], g.grad_dtype};
   }
-  return InternalError("locate: parameter #", param, " is in no group");
+  void* base = config_.stage == 3 ? impl_->gatherer->gathered_data(gi) : g.full_param.data();
+  if (base == nullptr) {
+    return FailedPreconditionError("param '", params_[i].name, "': its group '", g.name, "' is not gathered (Gather(", gi, ") first)");
+  }
+  return TensorView{static_cast<char*>(base) + offset * g.esize(), &params_[i], g.dtype};
+}
+
+Result<TensorView> ZeroEngine::Param(ParamHandle p) { return View(p, false); }
+Result<TensorView> ZeroEngine::Grad(ParamHandle p) { return View(p, true); }
+Result<TensorView> ZeroEngine::Param(std::string_view name) {
+  ASSIGN_OR_RETURN(ParamHandle p, Find(name), "param");
+  return View(p, false);
+}
+Result<TensorView> ZeroEngine::Grad(std::string_view name) {
+  ASSIGN_OR_RETURN(ParamHandle p, Find(name), "grad");
+  return View(p, true);
 }
 
 Result<void*> ZeroEngine::Gather(int group) {
@@ -367,7 +448,7 @@ Result<void*> ZeroEngine::GradBuffer(int group) {
     return FailedPreconditionError("grad_buffer: gradients of group '", g->name, "' were already reduced this step");
   }
   if (!g->grad_live) {
-    const size_t bytes = static_cast<size_t>(g->layout.padded_size()) * g->esize();
+    const size_t bytes = static_cast<size_t>(g->layout.padded_size()) * g->gsize();
     if (config_.stage >= 2) {
       ASSIGN_OR_RETURN(g->full_grad, impl_->staging.Acquire(bytes), "gradient buffer of '", g->name, "'");
     }
@@ -387,7 +468,7 @@ Status ZeroEngine::GradsReady(int group) {
 
 Status ZeroEngine::ReduceGroup(int gi) {
   Group& g = *groups_[static_cast<size_t>(gi)];
-  RETURN_IF_ERROR(impl_->bucketer->Add(g.full_grad.data(), g.dtype, g.layout, GradShard(g), g.dtype), "reducing group '", g.name, "'");
+  RETURN_IF_ERROR(impl_->bucketer->Add(g.full_grad.data(), g.grad_dtype, g.layout, GradShard(g), g.grad_dtype), "reducing group '", g.name, "'");
   g.grad_reduced = true;
   if (config_.stage >= 2) {  // the bucket holds a copy: the full gradient can go
     impl_->staging.Release(std::move(g.full_grad));
@@ -427,7 +508,7 @@ Result<StepResult> ZeroEngine::Step() {
   for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
     std::vector<kernels::GradRef> refs;
     for (auto& gp : groups_) {
-      if (gp->dtype == t) refs.push_back({GradShard(*gp), gp->layout.shard_size()});
+      if (gp->grad_dtype == t) refs.push_back({GradShard(*gp), gp->layout.shard_size()});
     }
     if (refs.empty()) continue;
     ASSIGN_OR_RETURN(kernels::GradStats st, impl_->compute->SumSquares(refs, t), "step");
@@ -438,7 +519,7 @@ Result<StepResult> ZeroEngine::Step() {
 
   StepResult r;
   r.loss_scale = scaler_.scale();
-  r.lr = groups_.empty() ? config_.adam.lr : groups_[0]->lr;
+  r.lr = lr();
   if (!std::isfinite(global)) {
     scaler_.Update(true);
     r.skipped = true;
@@ -452,22 +533,40 @@ Result<StepResult> ZeroEngine::Step() {
   const float mult = kernels::GradMultiplier(global, static_cast<float>(denom), static_cast<float>(config_.max_grad_norm), &norm);
   r.grad_norm = norm;
 
-  std::vector<kernels::AdamStepScalars> scalars;
-  for (auto& gp : groups_) {
-    kernels::AdamConfig c = config_.adam;
-    c.lr = gp->lr;
-    c.weight_decay = gp->weight_decay;
-    ASSIGN_OR_RETURN(kernels::AdamStepScalars sc, kernels::MakeAdamStepScalars(c, steps_ + 1, mult), "step, group '", gp->name, "'");
-    scalars.push_back(sc);
+  // Scalars per group and settings class: lr = peak * schedule * lr_scale, the tensor's weight decay.
+  std::vector<std::vector<kernels::AdamStepScalars>> scalars(groups_.size());
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    for (const Settings& st : groups_[gi]->classes) {
+      kernels::AdamConfig c = config_.adam;
+      c.lr = r.lr * st.lr_scale;
+      c.weight_decay = st.weight_decay;
+      ASSIGN_OR_RETURN(kernels::AdamStepScalars sc, kernels::MakeAdamStepScalars(c, steps_ + 1, mult), "step, group '",
+                       groups_[gi]->name, "'");
+      scalars[gi].push_back(sc);
+    }
   }
-  // Adam over every part of every shard, wherever the store keeps it; fp32 models' parameters are the
-  // master weights, 16-bit ones get the rounded copy in the same pass.
+  // Adam over every part of every shard, wherever the store keeps it, one multi-tensor call per
+  // settings class; fp32 models' parameters are the master weights, 16-bit ones get the rounded copy
+  // in the same pass.
+  std::vector<kernels::AdamTensorArgs> args;
   auto adam = [&](const OptimizerStore::Window& w) -> Status {
     const Group& g = *groups_[static_cast<size_t>(w.group)];
     const bool f32 = g.dtype == DType::kF32;
-    kernels::AdamTensorArgs t{w.master, w.grads, w.exp_avg, w.exp_avg_sq, w.max_exp_avg_sq, f32 ? nullptr : w.params, w.count};
-    RETURN_IF_ERROR(w.compute->Adam(scalars[static_cast<size_t>(w.group)], std::span(&t, 1), g.dtype, f32 ? DType::kBF16 : g.dtype),
-                    "step, group '", g.name, "'");
+    const int64_t w0 = w.offset, w1 = w.offset + w.count;
+    for (size_t c = 0; c < g.classes.size(); ++c) {
+      args.clear();
+      for (const Group::Run& run : g.runs) {
+        const int64_t a = std::max(run.begin, w0), b = std::min(run.end, w1);
+        if (run.cls != static_cast<int>(c) || a >= b) continue;
+        const auto d = static_cast<size_t>(a - w0);
+        args.push_back({w.master + d, static_cast<const char*>(w.grads) + d * g.gsize(), w.exp_avg + d, w.exp_avg_sq + d,
+                        w.max_exp_avg_sq != nullptr ? w.max_exp_avg_sq + d : nullptr,
+                        f32 ? nullptr : static_cast<char*>(w.params) + d * g.esize(), b - a});
+      }
+      if (args.empty()) continue;
+      RETURN_IF_ERROR(w.compute->Adam(scalars[static_cast<size_t>(w.group)][c], args, g.grad_dtype, f32 ? DType::kBF16 : g.dtype),
+                      "step, group '", g.name, "'");
+    }
     if (f32) RETURN_IF_ERROR(w.compute->Move(w.params, w.master, static_cast<size_t>(w.count) * 4));
     return Status();
   };
@@ -479,26 +578,26 @@ Result<StepResult> ZeroEngine::Step() {
   return r;
 }
 
-Status ZeroEngine::SetLr(int group, double lr) {
-  ASSIGN_OR_RETURN(Group * g, Get(group, "set_lr"));
+Status ZeroEngine::SetLr(double lr) {
   if (!(lr >= 0) || !std::isfinite(lr)) return InvalidArgumentError("set_lr: lr must be finite and >= 0, got ", lr);
-  g->lr = lr;
+  lr_ = lr;
   return Status();
 }
 
-Status ZeroEngine::SetWeightDecay(int group, double wd) {
-  ASSIGN_OR_RETURN(Group * g, Get(group, "set_weight_decay"));
-  if (!(wd >= 0) || !std::isfinite(wd)) return InvalidArgumentError("set_weight_decay: must be finite and >= 0, got ", wd);
-  g->weight_decay = wd;
+Status ZeroEngine::SetLrSchedule(const LrSchedule& schedule) {
+  RETURN_IF_ERROR(schedule.Validate(), "set_lr_schedule");
+  schedule_ = schedule;
   return Status();
 }
+
+double ZeroEngine::lr() const { return lr_ * schedule_.Factor(steps_); }
 
 StateView ZeroEngine::state_view() {
   StateView v;
   v.rank = comm_->rank();
   v.world_size = comm_->size();
   v.stage = config_.stage;
-  v.counters = {steps_, scaler_.scale(), scaler_.state().good_steps, scaler_.state().hysteresis_left};
+  v.counters = {steps_, scaler_.scale(), scaler_.state().good_steps, scaler_.state().hysteresis_left, EngineState()};
   v.restore = [this](const StateCounters& saved) { return Restore(saved); };
   for (auto& gp : groups_) {
     Group& g = *gp;
@@ -506,8 +605,8 @@ StateView ZeroEngine::state_view() {
     sg.name = g.name;
     sg.tensors = g.tensors;
     sg.layout = g.layout;
-    sg.lr = g.lr;
-    sg.weight_decay = g.weight_decay;
+    sg.lr = lr();
+    sg.weight_decay = config_.adam.weight_decay;
     sg.buffers = impl_->store->StateBuffers(static_cast<int>(v.groups.size()));
     v.groups.push_back(std::move(sg));
   }
@@ -519,9 +618,82 @@ Status ZeroEngine::Restore(const StateCounters& saved) {
   if (!(saved.loss_scale > 0) || !std::isfinite(saved.loss_scale)) {
     return InvalidArgumentError("restore: loss scale must be finite and > 0, got ", saved.loss_scale);
   }
+  RETURN_IF_ERROR(ApplyEngineState(saved.engine_state), "restore");
   steps_ = saved.step;
   scaler_.set_state({saved.loss_scale, saved.scaler_good_steps, saved.scaler_hysteresis_left});
   return RefreshParamsFromMaster();
+}
+
+// The engine's part of a checkpoint (StateCounters::engine_state):
+//   {"lr": peak, "lr_schedule": {"kind", "warmup_steps", "total_steps", "min_lr_ratio"},
+//    "weight_decay": the default, "tensors": {name: {"lr_scale", "weight_decay"}} for those that differ}
+std::string ZeroEngine::EngineState() const {
+  nlohmann::json j;
+  j["lr"] = lr_;
+  j["lr_schedule"] = {{"kind", LrScheduleKindName(schedule_.kind)}, {"warmup_steps", schedule_.warmup_steps},
+                      {"total_steps", schedule_.total_steps}, {"min_lr_ratio", schedule_.min_lr_ratio}};
+  j["weight_decay"] = config_.adam.weight_decay;
+  nlohmann::json tensors = nlohmann::json::object();
+  const Settings fallback{1, config_.adam.weight_decay};
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (settings_[i] != fallback) tensors[params_[i].name] = {{"lr_scale", settings_[i].lr_scale}, {"weight_decay", settings_[i].weight_decay}};
+  }
+  j["tensors"] = std::move(tensors);
+  return j.dump();
+}
+
+Status ZeroEngine::ApplyEngineState(const std::string& text) {
+  ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(text, "engine state"));
+  if (j.is_object() && j.empty()) return Status();  // saved by an engine that kept none
+  // Everything is read and checked before anything changes.
+  ASSIGN_OR_RETURN(JsonReader r, JsonReader::Object(j, "engine.state"));
+  double lr = lr_, wd = config_.adam.weight_decay;
+  LrSchedule sched;
+  RETURN_IF_ERROR(r.Read("lr", &lr));
+  RETURN_IF_ERROR(CheckRate("saved", "lr", lr));
+  RETURN_IF_ERROR(r.Read("weight_decay", &wd));
+  RETURN_IF_ERROR(CheckRate("saved", "weight_decay", wd));
+  {
+    ASSIGN_OR_RETURN(JsonReader sr, r.Child("lr_schedule"));
+    RETURN_IF_ERROR(sr.Read<LrSchedule::Kind>("kind", &sched.kind, ParseLrScheduleKind));
+    RETURN_IF_ERROR(sr.Read("warmup_steps", &sched.warmup_steps));
+    RETURN_IF_ERROR(sr.Read("total_steps", &sched.total_steps));
+    RETURN_IF_ERROR(sr.Read("min_lr_ratio", &sched.min_lr_ratio));
+    RETURN_IF_ERROR(sr.Finish());
+    RETURN_IF_ERROR(sched.Validate(), "engine.state.lr_schedule");
+  }
+  std::vector<Settings> settings(params_.size(), Settings{1, wd});
+  const nlohmann::json& tensors = r.Raw("tensors");
+  if (!tensors.is_null()) {
+    ASSIGN_OR_RETURN(JsonReader tr, JsonReader::Object(tensors, "engine.state.tensors"));
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!tr.has(params_[i].name)) continue;
+      ASSIGN_OR_RETURN(JsonReader one, tr.Child(params_[i].name));
+      RETURN_IF_ERROR(one.Read("lr_scale", &settings[i].lr_scale));
+      RETURN_IF_ERROR(one.Read("weight_decay", &settings[i].weight_decay));
+      RETURN_IF_ERROR(one.Finish());
+      RETURN_IF_ERROR(CheckRate("saved lr_scale", params_[i].name, settings[i].lr_scale));
+      RETURN_IF_ERROR(CheckRate("saved weight_decay", params_[i].name, settings[i].weight_decay));
+    }
+    // Tensors the engine does not have are the load's business (strict loads refuse them).
+  }
+  RETURN_IF_ERROR(r.Finish());
+  size_t differ = 0, first = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (settings[i] != settings_[i] && differ++ == 0) first = i;
+  }
+  if (differ > 0 && comm_->rank() == 0) {
+    ZRT_LOG(kWarn) << "restore: the checkpoint's optimizer settings of " << differ << " tensor(s) differ from their registration "
+                   << "(first: '" << params_[first].name << "', saved lr_scale " << settings[first].lr_scale << " weight_decay "
+                   << settings[first].weight_decay << ", registered " << settings_[first].lr_scale << " / " << settings_[first].weight_decay
+                   << "); the checkpoint's are used";
+  }
+  lr_ = lr;
+  schedule_ = sched;
+  config_.adam.weight_decay = wd;
+  settings_ = std::move(settings);
+  BuildSettingRuns();
+  return Status();
 }
 
 Status ZeroEngine::RefreshParamsFromMaster() {

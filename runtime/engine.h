@@ -1,41 +1,49 @@
 // ZeroEngine: ZeRO stages 0-3 over a Communicator and a Device (../shared/DESIGN.md "Data flow").
 //
-// Use:
+// Use (docs/engine.md has the whole story):
 //   engine = ZeroEngine::Create(comm, device, config)
-//   engine->AddParam("w1", {1024, 512}, DType::kBF16, "layer0") ... (same order on every rank)
+//   w = engine->AddParam("l0.w", {1024, 512}, DType::kBF16, {.group = "l0"})   // same order on every rank
+//   b = engine->AddParam("l0.b", {1024}, DType::kBF16, {.group = "l0", .weight_decay = 0})
 //   engine->Finalize(init)                   // init fills fp32 values of a tensor range
 //   each step, per micro-batch:
-//     p = engine->Gather(g)                  // full parameters of group g (stage 3: all-gathered)
-//     ... forward ... engine->Release(g)
-//     gbuf = engine->GradBuffer(g)           // full gradient of group g, zeroed at first use; +=
-//     ... backward ... engine->GradsReady(g) // queued for bucketed reduce-scatter (async)
-//   result = engine->Step()
+//     engine->Gather(g)                      // group g's full parameters (stage 3: all-gathered)
+//     engine->Param(w)->as<bf16>() ...       // forward reads tensors by handle
+//     engine->Grad(w)->as<bf16>() ...        // backward adds into the gradient (zeroed at first use)
+//     engine->Release(g); engine->GradsReady(g)  // queued for bucketed reduce-scatter (async)
+//   result = engine->Step()                  // lr from the schedule, clipping, Adam, all-gather
 //
-// Groups are the unit of gathering and reduction: each has one flat buffer (its tensors in
-// registration order, ShardLayout-padded) and one dtype. Stage 0: all-reduce, full optimizer state on
-// every rank. Stage 1: full params and grads, optimizer state sharded. Stage 2: gradients sharded too
-// (a group's full gradient lives only from GradBuffer to GradsReady). Stage 3: parameters sharded too.
+// Groups are the unit of gathering and reduction (FSDP's wrapped module): each has one flat buffer
+// (its tensors in registration order, ShardLayout-padded) and one dtype. Optimizer settings are per
+// tensor (ParamOptions), independent of groups. Stage 0: all-reduce, full optimizer state on every
+// rank. Stage 1: full params and grads, optimizer state sharded. Stage 2: gradients sharded too (a
+// group's full gradient lives only from its first Grad/GradBuffer to GradsReady). Stage 3: parameters
+// sharded too.
 //
 // Gradient accumulation: SetSync(false) for the first micro-steps (no communication; full gradients
 // persist, also at stages 2-3), SetSync(true) before the last; gradients are divided by
-// `grad_accum_steps` at the step. The trainer scales its loss by loss_scale() (fp16).
+// `grad_accum_steps` at the step. With `fp32_grads` a 16-bit model's gradients are f32 from the buffer
+// the trainer adds into to the shard Adam reads. The trainer scales its loss by loss_scale() (fp16).
 //
-// Thread-safety: one thread at a time. Pointers returned by Gather/GradBuffer are valid until
-// Release/GradsReady (stages 2-3) or the next Step.
+// Thread-safety: one thread at a time. Views and pointers from Param/Gather are valid until Release
+// (stage 3) or, at stages 0-2, for the engine's life (the values change at Step); from Grad/GradBuffer
+// until GradsReady (stages 2-3) or the next Step.
 #pragma once
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
-#include <unordered_set>
+#include <unordered_map>
 #include <vector>
 
 #include "zrt/core/communicator.h"
 #include "zrt/core/device.h"
 #include "zrt/core/state_view.h"
+#include "zrt/core/tensor_view.h"
 #include "zrt/runtime/engine_config.h"
 #include "zrt/runtime/loss_scaler.h"
+#include "zrt/runtime/schedule.h"
 #include "zrt/runtime/stats.h"
 
 namespace zrt {
@@ -44,8 +52,23 @@ struct StepResult {
   bool skipped = false;     // non-finite gradients on some rank: nothing was updated
   double grad_norm = 0;     // global pre-clip norm of the (unscaled, averaged) gradients
   double loss_scale = 1;    // the scale used for this step's gradients
-  double lr = 0;            // of the first group
+  double lr = 0;            // this step's scheduled lr (a tensor's is lr * its lr_scale)
   int64_t step = 0;         // optimizer steps taken so far (skipped ones excluded)
+};
+
+// A registered parameter; index = registration order (InitFn's `param`).
+struct ParamHandle {
+  int64_t index = -1;
+  friend bool operator==(ParamHandle, ParamHandle) = default;
+};
+
+// How one tensor is registered. Against torch parameter groups: a torch group's "lr" is
+// config.adam.lr * lr_scale and its "weight_decay" is weight_decay, per tensor, with no effect on how
+// tensors are gathered or reduced (that is `group`).
+struct ParamOptions {
+  std::string group = "default";       // gather/reduction unit; tensors of one group share a dtype
+  double lr_scale = 1;                 // this tensor's lr = scheduled lr * lr_scale (>= 0)
+  std::optional<double> weight_decay;  // unset: config.adam.weight_decay; 0 for biases, norms, embeddings
 };
 
 class ZeroEngine {
@@ -54,28 +77,34 @@ class ZeroEngine {
   static Result<std::unique_ptr<ZeroEngine>> Create(Communicator* comm, Device* device, const EngineConfig& config);
   ~ZeroEngine();
 
-  // Registers a parameter (before Finalize). All parameters of a group share one dtype.
-  Status AddParam(const std::string& name, const std::vector<int64_t>& shape, DType dtype,
-                  const std::string& group = "default");
+  // Registers a parameter (before Finalize); the handle names it from then on. Names are unique.
+  Result<ParamHandle> AddParam(const std::string& name, const std::vector<int64_t>& shape, DType dtype,
+                               const ParamOptions& options = {});
 
   // Initial values: init(param, offset, count, out) writes fp32 values of elements [offset,
-  // offset+count) of parameter `param` (registration index). Each rank is asked only for its shard.
+  // offset+count) of parameter `param` (ParamHandle::index). Each rank is asked only for its shard.
   using InitFn = std::function<void(int64_t param, int64_t offset, int64_t count, float* out)>;
   // Checks that every rank registered the same parameters (the error names the first that differs),
   // builds the layouts and allocates the buffers.
   Status Finalize(const InitFn& init);
 
+  // ---- tensors by name or handle ----
+  Result<ParamHandle> Find(std::string_view name) const;
+  const TensorSpec& spec(ParamHandle p) const;  // precondition: p came from AddParam
+  int group(ParamHandle p) const;               // its group's index (after Finalize)
+  // The tensor's full parameters: at stage 3 its group must be gathered (an error names both).
+  Result<TensorView> Param(ParamHandle p);
+  Result<TensorView> Param(std::string_view name);
+  // The tensor's full gradient buffer (the trainer adds into it; zeroed at the group's first use each
+  // step; f32 elements with fp32_grads). Stages 2-3: not after its group's GradsReady.
+  Result<TensorView> Grad(ParamHandle p);
+  Result<TensorView> Grad(std::string_view name);
+
+  // ---- groups: the gather/reduce unit ----
   int num_groups() const;
   Result<int> GroupIndex(const std::string& name) const;
-  // Where parameter `param` lives: its group and element offset in the group's full buffers.
-  struct ParamLocation {
-    int group;
-    int64_t offset;
-    int64_t numel;
-    DType dtype;
-  };
-  Result<ParamLocation> Locate(int64_t param) const;
-
+  // The group's whole flat buffers (tensors at their layout offsets): for trainers that work on a
+  // group at once. Param/Grad are the same memory.
   Result<void*> Gather(int group);
   Status Release(int group);
   Result<void*> GradBuffer(int group);
@@ -84,8 +113,11 @@ class ZeroEngine {
 
   Result<StepResult> Step();
 
-  Status SetLr(int group, double lr);
-  Status SetWeightDecay(int group, double weight_decay);
+  // The peak lr the schedule multiplies (config.adam.lr until set), and the schedule. Both are saved
+  // with checkpoints and come back with Restore; set them after a resume to override the saved ones.
+  Status SetLr(double lr);
+  Status SetLrSchedule(const LrSchedule& schedule);
+  double lr() const;  // the lr the next step uses (before lr_scale)
   double loss_scale() const { return scaler_.scale(); }
   int64_t steps() const { return steps_; }
 
@@ -94,8 +126,9 @@ class ZeroEngine {
   // After restoring master/moments through state_view() buffers: re-derive the model parameters.
   // Collective.
   Status RefreshParamsFromMaster();
-  // After a checkpoint load: the step counter and loss scaler state, then RefreshParamsFromMaster.
-  // Collective. ckpt::Resume calls it through the state view.
+  // After a checkpoint load: the step counter, loss scaler, lr, schedule and per-tensor settings
+  // (the checkpoint's win; a difference from the registration is logged), then
+  // RefreshParamsFromMaster. Collective. ckpt::Resume calls it through the state view.
   Status Restore(const StateCounters& saved);
 
   MemoryTracker::Snapshot memory() const;
@@ -117,6 +150,11 @@ class ZeroEngine {
   // the gradient shard).
   void* OwnParams(Group& g) const;
   void* GradShard(Group& g) const;
+  // Splits each group's shard into runs of tensors with equal optimizer settings.
+  void BuildSettingRuns();
+  std::string EngineState() const;
+  Status ApplyEngineState(const std::string& json);
+  Result<TensorView> View(ParamHandle p, bool grad);
   Status GatherUpdatedParams();
   Status ReduceGroup(int g);
   Result<Group*> Get(int group, const char* what);
@@ -128,9 +166,18 @@ class ZeroEngine {
   bool finalized_ = false;
   bool sync_ = true;
   int64_t steps_ = 0;
+  double lr_ = 0;
+  LrSchedule schedule_;
+  struct Settings {
+    double lr_scale = 1, weight_decay = 0;
+    friend bool operator==(const Settings&, const Settings&) = default;
+  };
   std::vector<TensorSpec> params_;
-  std::unordered_set<std::string> param_names_;
+  std::vector<Settings> settings_;
+  std::unordered_map<std::string, int64_t> param_index_;
   std::vector<std::string> param_groups_;
+  std::vector<int> param_group_index_;
+  std::vector<int64_t> param_pos_;  // within its group
   std::vector<std::unique_ptr<Group>> groups_;
   struct Impl;
   std::unique_ptr<Impl> impl_;

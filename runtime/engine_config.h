@@ -10,6 +10,7 @@
 #include "zrt/kernels/adam_math.h"
 #include "zrt/offload/io_options.h"
 #include "zrt/runtime/loss_scaler.h"
+#include "zrt/runtime/schedule.h"
 
 namespace zrt {
 
@@ -40,8 +41,12 @@ struct EngineConfig {
   int prefetch_depth = 2;                 // stage 3: groups gathered ahead of use
   double max_grad_norm = 0;               // global-norm clipping; 0 = off
   int grad_accum_steps = 1;               // gradients are divided by this at the step
+  // 16-bit models: gradient buffers, accumulation over micro-steps, reductions' results and the
+  // shard Adam reads in f32 (Megatron's main_grads), at 4 instead of 2 bytes per gradient element.
+  bool fp32_grads = false;
   LossScaleConfig loss_scale;             // fp16: dynamic; bf16/f32: none
-  kernels::AdamConfig adam;               // defaults for every group (lr, weight decay per group settable)
+  kernels::AdamConfig adam;               // lr = the peak; weight_decay = the default (ParamOptions overrides)
+  LrSchedule lr_schedule;                 // lr at step t = adam.lr * lr_schedule.Factor(t)
   int optimizer_threads = 0;              // CPU Adam threads (caller included); <= 0: all hardware threads
   OffloadConfig offload;
 };

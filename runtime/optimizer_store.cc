@@ -94,7 +94,7 @@ Status OptimizerStore::Init(std::vector<Group> groups) {
         ASSIGN_OR_RETURN(s.param_shard, host_->Allocate(bytes, MemCategory::kParameters), ctx);
       }
       if (mirror_) {
-        ASSIGN_OR_RETURN(s.host_grad, host_->Allocate(bytes, MemCategory::kGradients), ctx);
+        ASSIGN_OR_RETURN(s.host_grad, host_->Allocate(static_cast<size_t>(s.in.elements) * DTypeSize(s.in.grad_dtype), MemCategory::kGradients), ctx);
         if (!holds_params()) {
           ASSIGN_OR_RETURN(s.host_params, host_->Allocate(bytes, MemCategory::kParameters), ctx);
         }
@@ -224,7 +224,7 @@ class SwappedStore final : public OptimizerStore {
     Status st = swapper_->Stream(access, [&](const StateSwapper::Window& w) -> Status {
       if (w.offset == 0) RETURN_IF_ERROR(copies.Begin(static_cast<size_t>(w.region)));
       Slot& s = slots_[static_cast<size_t>(w.region)];
-      const void* grads = static_cast<const char*>(HostGrads(s)) + static_cast<size_t>(w.offset) * esize(s);
+      const void* grads = static_cast<const char*>(HostGrads(s)) + static_cast<size_t>(w.offset) * DTypeSize(s.in.grad_dtype);
       return fn(Window{w.region, w.offset, w.count, Data(w, master_), Data(w, exp_avg_), Data(w, exp_avg_sq_),
                        Data(w, max_exp_avg_sq_), grads, ParamsAt(w), host_compute_});
     }, &stats_);

@@ -34,7 +34,8 @@ class OptimizerStore {
   // One parameter group as the engine hands it over at Init.
   struct Group {
     std::string name;   // for errors
-    DType dtype = DType::kF32;  // of the gradients and parameters
+    DType dtype = DType::kF32;       // of the parameters
+    DType grad_dtype = DType::kF32;  // of the gradient shard (dtype, or f32 with fp32 main gradients)
     int64_t elements = 0;       // this rank's shard
     const void* grads = nullptr;  // this rank's reduced gradient shard (the engine's device memory)
     // This rank's block of the model parameters (the engine's device memory); null when the store

@@ -61,7 +61,7 @@ Result<Outcome> RunStore(Communicator& comm, const Placement& p, const fs::path&
     const auto n = static_cast<size_t>(kShards[g]);
     ASSIGN_OR_RETURN(DeviceBuffer gb, device.Allocate(n * 2, MemCategory::kGradients));  // bf16, as the group
     grads.push_back(std::move(gb));
-    OptimizerStore::Group sg{"g" + std::to_string(g), DType::kBF16, kShards[g], grads.back().data(), nullptr, {}};
+    OptimizerStore::Group sg{"g" + std::to_string(g), DType::kBF16, DType::kBF16, kShards[g], grads.back().data(), nullptr, {}};
     if (!store->holds_params()) {
       ASSIGN_OR_RETURN(DeviceBuffer pb, device.Allocate(n * 2, MemCategory::kParameters));
       params.push_back(std::move(pb));

@@ -54,6 +54,8 @@ class ParamGatherer {
   Result<void*> Gather(int g);
   Status Release(int g);
   bool gathered(int g) const { return state_[static_cast<size_t>(g)].phase == Phase::kGathered; }
+  // The full parameters of a gathered group (null otherwise), without Gather's bookkeeping.
+  void* gathered_data(int g) { return gathered(g) ? state_[static_cast<size_t>(g)].buffer.data() : nullptr; }
   // Ends a step: drops unused prefetches; the first call freezes the recorded order.
   Status EndStep();
   int64_t live_bytes() const { return live_bytes_; }

@@ -120,6 +120,7 @@ int main(int argc, char** argv) {
   cfg.stage = stage;
   cfg.adam.lr = lr;
   cfg.adam.weight_decay = 1e-4;
+  cfg.lr_schedule = LrSchedule::Cosine(/*warmup=*/20, /*total=*/steps, /*min_lr_ratio=*/0.1);
   cfg.max_grad_norm = 1.0;
   cfg.optimizer_threads = threads;
   cfg.bucket_bytes = 1 << 20;
@@ -133,16 +134,28 @@ int main(int argc, char** argv) {
   if (!engine_or.ok()) return Fail(engine_or.status());
   ZeroEngine& engine = **engine_or;
   const int in = charlm::kContext * dims.dim;
+  // Three gather groups (the model's layers); no weight decay on the embedding and the biases.
+  const struct {
+    const char* name;
+    std::vector<int64_t> shape;
+    ParamOptions options;
+    float init_scale;
+  } tensors[] = {
+      {"embed", {charlm::kVocab, dims.dim}, {.group = "embed", .weight_decay = 0}, 0.5f},
+      {"w1", {dims.hidden, in}, {.group = "hidden"}, 1.0f / std::sqrt(static_cast<float>(in))},
+      {"b1", {dims.hidden}, {.group = "hidden", .weight_decay = 0}, 0.0f},
+      {"w2", {charlm::kVocab, dims.hidden}, {.group = "out"}, 0.5f / std::sqrt(static_cast<float>(dims.hidden))},
+      {"b2", {charlm::kVocab}, {.group = "out", .weight_decay = 0}, 0.0f},
+  };
+  std::vector<ParamHandle> handles;
+  for (const auto& t : tensors) {
+    auto h = engine.AddParam(t.name, t.shape, DType::kF32, t.options);
+    if (!h.ok()) return Fail(h.status());
+    handles.push_back(*h);
+  }
   Status st;
-  st = engine.AddParam("embed", {charlm::kVocab, dims.dim}, DType::kF32, "embed");
-  if (st.ok()) st = engine.AddParam("w1", {dims.hidden, in}, DType::kF32, "hidden");
-  if (st.ok()) st = engine.AddParam("b1", {dims.hidden}, DType::kF32, "hidden");
-  if (st.ok()) st = engine.AddParam("w2", {charlm::kVocab, dims.hidden}, DType::kF32, "out");
-  if (st.ok()) st = engine.AddParam("b2", {charlm::kVocab}, DType::kF32, "out");
-  if (!st.ok()) return Fail(st);
-  const float scale[] = {0.5f, 1.0f / std::sqrt(static_cast<float>(in)), 0.0f, 0.5f / std::sqrt(static_cast<float>(dims.hidden)), 0.0f};
   st = engine.Finalize([&](int64_t p, int64_t off, int64_t n, float* out) {
-    for (int64_t i = 0; i < n; ++i) out[i] = scale[p] * Uniform(seed * 977 + static_cast<uint64_t>(p) * 1000003 + static_cast<uint64_t>(off + i));
+    for (int64_t i = 0; i < n; ++i) out[i] = tensors[p].init_scale * Uniform(seed * 977 + static_cast<uint64_t>(p) * 1000003 + static_cast<uint64_t>(off + i));
   });
   if (!st.ok()) return Fail(st);
 
@@ -178,30 +191,34 @@ int main(int argc, char** argv) {
                 world, stage, offload.c_str(), static_cast<long long>(steps));
   }
 
-  // Device memory the host cannot address: the model works on host copies of each group.
+  // The model's tensors, by handle. Device memory the host cannot address: the model works on host
+  // copies (parameters copied down after the gather, gradients up before GradsReady).
   const bool staged = !device->host_accessible();
-  std::vector<float> host_params[3], host_grads[3];
-  auto group_floats = [&](int g) {
-    int64_t end = 0;
-    for (int64_t p = 0; p < 5; ++p) {
-      auto l = engine.Locate(p);
-      if (l->group == g) end = std::max(end, l->offset + l->numel);
-    }
-    return static_cast<size_t>(end);
+  std::vector<float> host_params[5], host_grads[5];
+  auto params_view = [&](size_t t) -> Result<float*> {
+    ASSIGN_OR_RETURN(TensorView v, engine.Param(handles[t]));
+    if (!staged) return v.as<float>().data();
+    host_params[t].resize(static_cast<size_t>(v.numel()));
+    RETURN_IF_ERROR(device->Copy(host_params[t].data(), v.data, host_params[t].size() * 4));
+    return host_params[t].data();
   };
-  // Where the model reads group g's parameters (gathered at `dev`).
-  auto host_view = [&](int g, void* dev) -> Result<float*> {
-    if (!staged) return static_cast<float*>(dev);
-    host_params[g].resize(group_floats(g));
-    RETURN_IF_ERROR(device->Copy(host_params[g].data(), dev, host_params[g].size() * 4));
-    return host_params[g].data();
+  auto grads_view = [&](size_t t) -> Result<float*> {
+    ASSIGN_OR_RETURN(TensorView v, engine.Grad(handles[t]));
+    if (!staged) return v.as<float>().data();
+    host_grads[t].assign(static_cast<size_t>(v.numel()), 0.0f);
+    return host_grads[t].data();
+  };
+  auto grads_up = [&](size_t t) -> Status {
+    if (!staged) return Status();
+    ASSIGN_OR_RETURN(TensorView v, engine.Grad(handles[t]));
+    return device->Copy(v.data, host_grads[t].data(), host_grads[t].size() * 4);
   };
 
   std::vector<charlm::Example> mb(static_cast<size_t>(batch));
   double last_loss = 0, stall_total = 0;
   int saves = 0;
   auto save = [&](int64_t step) -> Status {
-    nlohmann::json ts = {{"seed", seed}, {"examples_seen", step * batch * world}, {"lr", lr}};
+    nlohmann::json ts = {{"seed", seed}, {"examples_seen", step * batch * world}};
     RETURN_IF_ERROR(ck->SaveAsync(engine.state_view(), ts));
     stall_total += ck->last_stats().stall_seconds;
     ++saves;
@@ -213,34 +230,25 @@ int main(int argc, char** argv) {
     for (int k = 0; k < batch; ++k) {
       mb[static_cast<size_t>(k)] = data[Mix(seed ^ Mix(static_cast<uint64_t>(step) * 4099 + static_cast<uint64_t>(rank) * 131 + static_cast<uint64_t>(k))) % data.size()];
     }
-    // Linear warm-up over 20 steps, then linear decay to 10% at the end.
-    const double frac = static_cast<double>(step) / static_cast<double>(std::max<int64_t>(steps, 1));
-    const double lr_now = lr * std::min(1.0, (step + 1) / 20.0) * (1.0 - 0.9 * frac);
-    for (int g = 0; g < engine.num_groups(); ++g) (void)engine.SetLr(g, lr_now);
     // Forward + backward need every group's parameters and gradients.
-    float* base[3];
-    float* grad[3];
-    void* device_grad[3];
-    for (int g = 0; g < 3; ++g) {
-      auto b = engine.Gather(g);
-      auto gb = engine.GradBuffer(g);
-      if (!b.ok() || !gb.ok()) return Fail(b.ok() ? gb.status() : b.status());
-      auto hb = host_view(g, *b);
-      if (!hb.ok()) return Fail(hb.status());
-      base[g] = *hb;
-      device_grad[g] = *gb;
-      grad[g] = static_cast<float*>(*gb);
-      if (staged) {
-        host_grads[g].assign(group_floats(g), 0.0f);
-        grad[g] = host_grads[g].data();
-      }
+    float* pv[5];
+    float* gv[5];
+    for (int g = 0; g < engine.num_groups(); ++g) {
+      if (!(st = engine.Gather(g).status()).ok()) return Fail(st);
     }
-    auto at = [&](float** bufs, int64_t param) { auto l = engine.Locate(param); return bufs[l->group] + l->offset; };
-    const charlm::Tensors p{at(base, 0), at(base, 1), at(base, 2), at(base, 3), at(base, 4)};
-    charlm::Tensors gr{at(grad, 0), at(grad, 1), at(grad, 2), at(grad, 3), at(grad, 4)};
-    double loss = charlm::ForwardBackward(dims, p, mb.data(), batch, &gr);
-    for (int g = 2; g >= 0; --g) {
-      if (staged && !(st = device->Copy(device_grad[g], grad[g], host_grads[g].size() * 4)).ok()) return Fail(st);
+    for (size_t t = 0; t < 5; ++t) {
+      auto a = params_view(t);
+      auto b = grads_view(t);
+      if (!a.ok() || !b.ok()) return Fail(a.ok() ? b.status() : a.status());
+      pv[t] = *a;
+      gv[t] = *b;
+    }
+    charlm::Tensors gr{gv[0], gv[1], gv[2], gv[3], gv[4]};
+    double loss = charlm::ForwardBackward(dims, {pv[0], pv[1], pv[2], pv[3], pv[4]}, mb.data(), batch, &gr);
+    for (size_t t = 0; t < 5; ++t) {
+      if (!(st = grads_up(t)).ok()) return Fail(st);
+    }
+    for (int g = engine.num_groups() - 1; g >= 0; --g) {
       if (!(st = engine.Release(g)).ok() || !(st = engine.GradsReady(g)).ok()) return Fail(st);
     }
     auto r = engine.Step();
@@ -249,7 +257,7 @@ int main(int argc, char** argv) {
     if (!(st = comm.AllReduce(&l, &l, 1, DType::kF32, ReduceOp::kAvg)).ok()) return Fail(st);
     last_loss = l;
     if (rank == 0 && (r->step % print_every == 0 || r->step == steps)) {
-      std::printf("step %5lld  loss %.4f  grad norm %.3f  lr %.2e\n", static_cast<long long>(r->step), l, r->grad_norm, lr_now);
+      std::printf("step %5lld  loss %.4f  grad norm %.3f  lr %.2e\n", static_cast<long long>(r->step), l, r->grad_norm, r->lr);
       std::fflush(stdout);
     }
     if (ck && every > 0 && r->step % every == 0 && r->step < steps) {
@@ -272,20 +280,18 @@ int main(int argc, char** argv) {
 
   // Final parameters (gathered) for sampling and the optional dump.
   std::vector<float> all;
-  float* base[3];
-  for (int g = 0; g < 3; ++g) {
-    auto b = engine.Gather(g);
-    auto hb = b.ok() ? host_view(g, *b) : Result<float*>(b.status());
-    if (!hb.ok()) return Fail(hb.status());
-    base[g] = *hb;
+  float* pv[5];
+  for (int g = 0; g < engine.num_groups(); ++g) {
+    if (!(st = engine.Gather(g).status()).ok()) return Fail(st);
   }
-  for (int64_t p = 0; p < 5; ++p) {
-    auto l = engine.Locate(p);
-    all.insert(all.end(), base[l->group] + l->offset, base[l->group] + l->offset + l->numel);
+  for (size_t t = 0; t < 5; ++t) {
+    auto a = params_view(t);
+    if (!a.ok()) return Fail(a.status());
+    pv[t] = *a;
+    all.insert(all.end(), pv[t], pv[t] + engine.spec(handles[t]).numel());
   }
   if (rank == 0) {
-    auto at = [&](int64_t param) { auto l = engine.Locate(param); return base[l->group] + l->offset; };
-    const charlm::Tensors p{at(0), at(1), at(2), at(3), at(4)};
+    const charlm::Tensors p{pv[0], pv[1], pv[2], pv[3], pv[4]};
     std::printf("generated words:");
     for (int i = 0; i < 10; ++i) std::printf(" %s", charlm::Sample(dims, p, seed + static_cast<uint64_t>(i)).c_str());
     std::printf("\n");
@@ -297,6 +303,6 @@ int main(int argc, char** argv) {
                 static_cast<long long>(engine.steps()), last_loss, saves, saves ? 1e3 * stall_total / saves : 0.0,
                 resumed_from.empty() ? "-" : resumed_from.c_str(), seconds);
   }
-  for (int g = 0; g < 3; ++g) (void)engine.Release(g);
+  for (int g = 0; g < engine.num_groups(); ++g) (void)engine.Release(g);
   return 0;
 }

@@ -58,7 +58,7 @@ class EngineGpuTest : public testing::NcclFixture {
   Result<std::unique_ptr<ZeroEngine>> Make(Communicator* comm, Device* dev, const EngineConfig& cfg, DType dtype,
                                            const ZeroEngine::InitFn& init) {
     ASSIGN_OR_RETURN(auto e, ZeroEngine::Create(comm, dev, cfg));
-    for (const Def& p : kModel) RETURN_IF_ERROR(e->AddParam(p.name, p.shape, dtype, p.group));
+    for (const Def& p : kModel) RETURN_IF_ERROR(e->AddParam(p.name, p.shape, dtype, {.group = p.group}));
     RETURN_IF_ERROR(e->Finalize(init));
     return e;
   }
@@ -67,35 +67,26 @@ class EngineGpuTest : public testing::NcclFixture {
       for (int64_t i = 0; i < n; ++i) out[i] = Init(p, off + i);
     };
   }
-  static size_t GroupBytes(ZeroEngine& e, int g) {
-    size_t end = 0;
-    for (size_t p = 0; p < kModel.size(); ++p) {
-      auto loc = e.Locate(static_cast<int64_t>(p));
-      if (loc->group == g) end = std::max(end, static_cast<size_t>(loc->offset + loc->numel) * DTypeSize(loc->dtype));
-    }
-    return end;
-  }
+  static size_t Bytes(const TensorView& v) { return static_cast<size_t>(v.numel()) * DTypeSize(v.dtype); }
 
   // Backward of the quadratic loss: gradients computed on the host from the gathered parameters.
   void Train(ZeroEngine& e, Device* d, int from, int to) {
     for (int step = from; step < to; ++step) {
       for (int g = e.num_groups() - 1; g >= 0; --g) {
-        auto base = e.Gather(g);
-        ASSERT_TRUE(base.ok()) << base.status();
-        const size_t bytes = GroupBytes(e, g);
-        std::vector<char> params = Fetch(d, *base, bytes), grads(bytes, 0);
+        ASSERT_TRUE(e.Gather(g).ok());
         for (size_t p = 0; p < kModel.size(); ++p) {
-          auto loc = e.Locate(static_cast<int64_t>(p));
-          if (loc->group != g) continue;
-          for (int64_t i = 0; i < loc->numel; ++i) {
-            const float v = LoadAsFloat(params.data(), loc->offset + i, loc->dtype);
-            StoreFromFloat(grads.data(), loc->offset + i, loc->dtype,
-                           v - Target(rank(), static_cast<int64_t>(p), i) + 0.01f * static_cast<float>(step));
+          const ParamHandle h{static_cast<int64_t>(p)};
+          if (e.group(h) != g) continue;
+          auto w = e.Param(h);
+          auto gv = e.Grad(h);
+          ASSERT_TRUE(w.ok() && gv.ok()) << w.status() << gv.status();
+          std::vector<char> params = Fetch(d, w->data, Bytes(*w)), grads(Bytes(*gv), 0);
+          for (int64_t i = 0; i < w->numel(); ++i) {
+            const float v = LoadAsFloat(params.data(), i, w->dtype);
+            StoreFromFloat(grads.data(), i, gv->dtype, v - Target(rank(), static_cast<int64_t>(p), i) + 0.01f * static_cast<float>(step));
           }
+          ASSERT_TRUE(d->Copy(gv->data, grads.data(), grads.size()).ok());
         }
-        auto gbuf = e.GradBuffer(g);
-        ASSERT_TRUE(gbuf.ok()) << gbuf.status();
-        ASSERT_TRUE(d->Copy(*gbuf, grads.data(), bytes).ok());
         ASSERT_TRUE(e.Release(g).ok());
         ASSERT_TRUE(e.GradsReady(g).ok());
       }
@@ -108,9 +99,17 @@ class EngineGpuTest : public testing::NcclFixture {
   std::vector<std::vector<char>> Params(ZeroEngine& e, Device* d) {
     std::vector<std::vector<char>> out;
     for (int g = 0; g < e.num_groups(); ++g) {
-      auto base = e.Gather(g);
-      EXPECT_TRUE(base.ok()) << base.status();
-      out.push_back(Fetch(d, *base, GroupBytes(e, g)));
+      EXPECT_TRUE(e.Gather(g).ok());
+      std::vector<char> bytes;
+      for (size_t p = 0; p < kModel.size(); ++p) {
+        const ParamHandle h{static_cast<int64_t>(p)};
+        if (e.group(h) != g) continue;
+        auto w = e.Param(h);
+        EXPECT_TRUE(w.ok()) << w.status();
+        std::vector<char> t = Fetch(d, w->data, Bytes(*w));
+        bytes.insert(bytes.end(), t.begin(), t.end());
+      }
+      out.push_back(std::move(bytes));
       EXPECT_TRUE(e.Release(g).ok());
     }
     return out;

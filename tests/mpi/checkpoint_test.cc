@@ -63,7 +63,7 @@ class CheckpointTest : public ::testing::Test {
     cfg.loss_scale.init_scale = 256;
     auto e = ZeroEngine::Create(comm, &device_, cfg);
     EXPECT_TRUE(e.ok()) << e.status();
-    for (const auto& [name, shape, group] : kModel) EXPECT_TRUE((*e)->AddParam(name, shape, DType::kF32, group).ok());
+    for (const auto& [name, shape, group] : kModel) EXPECT_TRUE((*e)->AddParam(name, shape, DType::kF32, {.group = group}).ok());
     EXPECT_TRUE((*e)->Finalize([](int64_t p, int64_t off, int64_t n, float* out) {
       for (int64_t i = 0; i < n; ++i) out[i] = 0.3f * std::sin(0.7f * static_cast<float>(off + i) + static_cast<float>(p));
     }).ok());
@@ -73,17 +73,12 @@ class CheckpointTest : public ::testing::Test {
   // One deterministic step: every rank's gradient depends on the step only (any world size agrees).
   static void Train(ZeroEngine& e, int64_t step) {
     for (int g = e.num_groups() - 1; g >= 0; --g) {
-      auto base = e.Gather(g);
-      ASSERT_TRUE(base.ok());
-      auto gb = e.GradBuffer(g);
-      ASSERT_TRUE(gb.ok());
+      ASSERT_TRUE(e.Gather(g).ok());
       for (int64_t p = 0; p < static_cast<int64_t>(kModel.size()); ++p) {
-        auto loc = e.Locate(p);
-        if (loc->group != g) continue;
-        for (int64_t i = 0; i < loc->numel; ++i) {
-          const float v = static_cast<float*>(*base)[loc->offset + i];
-          static_cast<float*>(*gb)[loc->offset + i] = 256.0f * (v - std::cos(0.01f * static_cast<float>(i + 31 * p + 7 * step)));
-        }
+        if (e.group({p}) != g) continue;
+        std::span<const float> w = e.Param({p}).value().as<float>();
+        std::span<float> grad = e.Grad({p}).value().as<float>();
+        for (size_t i = 0; i < w.size(); ++i) grad[i] = 256.0f * (w[i] - std::cos(0.01f * static_cast<float>(static_cast<int64_t>(i) + 31 * p + 7 * step)));
       }
       ASSERT_TRUE(e.Release(g).ok());
       ASSERT_TRUE(e.GradsReady(g).ok());
@@ -95,10 +90,11 @@ class CheckpointTest : public ::testing::Test {
   static std::vector<float> FullParams(ZeroEngine& e) {
     std::vector<float> out;
     for (int g = 0; g < e.num_groups(); ++g) {
-      auto base = e.Gather(g);
+      EXPECT_TRUE(e.Gather(g).ok());
       for (int64_t p = 0; p < static_cast<int64_t>(kModel.size()); ++p) {
-        auto loc = e.Locate(p);
-        if (loc->group == g) out.insert(out.end(), static_cast<float*>(*base) + loc->offset, static_cast<float*>(*base) + loc->offset + loc->numel);
+        if (e.group({p}) != g) continue;
+        std::span<const float> w = e.Param({p}).value().as<float>();
+        out.insert(out.end(), w.begin(), w.end());
       }
       EXPECT_TRUE(e.Release(g).ok());
     }

@@ -41,7 +41,7 @@ class EngineTest : public ::testing::Test {
   Result<std::unique_ptr<ZeroEngine>> Make(const EngineConfig& cfg, const std::vector<ParamDef>& model, DType dtype,
                                            const ZeroEngine::InitFn& init, Device* device = nullptr) {
     ASSIGN_OR_RETURN(auto e, ZeroEngine::Create(comm_.get(), device != nullptr ? device : &device_, cfg));
-    for (const ParamDef& p : model) RETURN_IF_ERROR(e->AddParam(p.name, p.shape, dtype, p.group));
+    for (const ParamDef& p : model) RETURN_IF_ERROR(e->AddParam(p.name, p.shape, dtype, {.group = p.group}));
     RETURN_IF_ERROR(e->Finalize(init));
     return e;
   }
@@ -53,9 +53,11 @@ class EngineTest : public ::testing::Test {
       auto base = e.Gather(g);
       EXPECT_TRUE(base.ok()) << base.status();
       for (size_t p = 0; p < count; ++p) {
-        auto loc = e.Locate(static_cast<int64_t>(p));
-        if (loc->group != g) continue;
-        for (int64_t i = 0; i < loc->numel; ++i) out[p].push_back(LoadAsFloat(*base, loc->offset + i, loc->dtype));
+        const ParamHandle h{static_cast<int64_t>(p)};
+        if (e.group(h) != g) continue;
+        auto v = e.Param(h);
+        EXPECT_TRUE(v.ok()) << v.status();
+        for (int64_t i = 0; i < v->numel(); ++i) out[p].push_back(LoadAsFloat(v->data, i, v->dtype));
       }
       EXPECT_TRUE(e.Release(g).ok());
     }
@@ -76,12 +78,15 @@ class EngineTest : public ::testing::Test {
       auto gbuf = e.GradBuffer(g);
       ASSERT_TRUE(gbuf.ok()) << gbuf.status();
       for (size_t p = 0; p < nparams; ++p) {
-        auto loc = e.Locate(static_cast<int64_t>(p));
-        if (loc->group != g) continue;
-        for (int64_t i = 0; i < loc->numel; ++i) {
-          const float v = LoadAsFloat(*base, loc->offset + i, loc->dtype);
-          const float old = LoadAsFloat(*gbuf, loc->offset + i, loc->dtype);
-          StoreFromFloat(*gbuf, loc->offset + i, loc->dtype, old + grad_fn(static_cast<int64_t>(p), i, v));
+        const ParamHandle h{static_cast<int64_t>(p)};
+        if (e.group(h) != g) continue;
+        auto w = e.Param(h);
+        auto gr = e.Grad(h);
+        ASSERT_TRUE(w.ok() && gr.ok()) << w.status() << gr.status();
+        for (int64_t i = 0; i < w->numel(); ++i) {
+          const float v = LoadAsFloat(w->data, i, w->dtype);
+          const float old = LoadAsFloat(gr->data, i, gr->dtype);
+          StoreFromFloat(gr->data, i, gr->dtype, old + grad_fn(static_cast<int64_t>(p), i, v));
         }
       }
       ASSERT_TRUE(e.Release(g).ok());

@@ -224,12 +224,14 @@ TEST_F(EngineTest, Bf16MlpTrainsWithTheSameLossCurveAtEveryStage) {
     std::vector<double> curve;
     for (int step = 0; step < kSteps; ++step) {
       // Forward + backward by hand, in float, from the bf16 parameters.
-      auto p1 = (*e)->Gather(0), p2 = (*e)->Gather(1);
-      ASSERT_TRUE(p1.ok() && p2.ok());
-      std::vector<float> W1(kHidden * kIn), B1(kHidden), W2(kHidden);
-      for (int i = 0; i < kHidden * kIn; ++i) W1[static_cast<size_t>(i)] = LoadAsFloat(*p1, (*e)->Locate(0)->offset + i, DType::kBF16);
-      for (int i = 0; i < kHidden; ++i) B1[static_cast<size_t>(i)] = LoadAsFloat(*p1, (*e)->Locate(1)->offset + i, DType::kBF16);
-      for (int i = 0; i < kHidden; ++i) W2[static_cast<size_t>(i)] = LoadAsFloat(*p2, (*e)->Locate(2)->offset + i, DType::kBF16);
+      // Typed views by name: bf16 elements convert to float as they are read.
+      ASSERT_TRUE((*e)->Gather(0).ok() && (*e)->Gather(1).ok());
+      auto as_floats = [&](const char* name) {
+        std::span<const bf16> v = (*e)->Param(name).value().as<bf16>();
+        return std::vector<float>(v.begin(), v.end());
+      };
+      std::vector<float> W1 = as_floats("w1"), B1 = as_floats("b1"), W2 = as_floats("w2");
+      ASSERT_EQ(W1.size(), size_t{kHidden * kIn});
       ASSERT_TRUE((*e)->Release(0).ok());
       ASSERT_TRUE((*e)->Release(1).ok());
       std::vector<float> gW1(W1.size()), gB1(B1.size()), gW2(W2.size());
@@ -260,12 +262,11 @@ TEST_F(EngineTest, Bf16MlpTrainsWithTheSameLossCurveAtEveryStage) {
       curve.push_back(total);
       const std::vector<float>* g[] = {&gW1, &gB1, &gW2};
       for (int grp = 1; grp >= 0; --grp) {
-        auto gb = (*e)->GradBuffer(grp);
-        ASSERT_TRUE(gb.ok());
         for (int64_t p = 0; p < 3; ++p) {
-          auto loc = (*e)->Locate(p);
-          if (loc->group != grp) continue;
-          for (int64_t i = 0; i < loc->numel; ++i) StoreFromFloat(*gb, loc->offset + i, DType::kBF16, (*g[p])[static_cast<size_t>(i)]);
+          const ParamHandle h{p};
+          if ((*e)->group(h) != grp) continue;
+          std::span<bf16> gv = (*e)->Grad(h).value().as<bf16>();
+          std::copy(g[p]->begin(), g[p]->end(), gv.begin());  // float -> bf16, rounded to nearest even
         }
         ASSERT_TRUE((*e)->GradsReady(grp).ok());
       }
@@ -294,7 +295,7 @@ TEST_F(EngineTest, MemoryPerRankMatchesZeroFormulas) {
     CpuDevice dev;  // fresh accounting per stage
     auto e = ZeroEngine::Create(comm_.get(), &dev, cfg);
     ASSERT_TRUE(e.ok());
-    for (const ParamDef& p : model) ASSERT_TRUE((*e)->AddParam(p.name, p.shape, DType::kBF16, p.group).ok());
+    for (const ParamDef& p : model) ASSERT_TRUE((*e)->AddParam(p.name, p.shape, DType::kBF16, {.group = p.group}).ok());
     ASSERT_TRUE((*e)->Finalize(InitFn()).ok());
     Backward(**e, model.size(), [](int64_t, int64_t, float v) { return v * 0.01f; });
     ASSERT_TRUE((*e)->Step().ok());
@@ -317,12 +318,12 @@ TEST_F(EngineTest, BadInputGivesClearErrors) {
   EXPECT_EQ(ZeroEngine::Create(comm_.get(), &device_, bad_stage).status().code(), StatusCode::kInvalidArgument);
   auto e = Make(cfg, kModel, DType::kF32, InitFn());
   ASSERT_TRUE(e.ok()) << e.status();
-  EXPECT_EQ((*e)->AddParam("late", {3}, DType::kF32).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*e)->AddParam("late", {3}, DType::kF32).status().code(), StatusCode::kFailedPrecondition);
   {
     auto dup = ZeroEngine::Create(comm_.get(), &device_, EngineConfig{});
     ASSERT_TRUE(dup.ok());
-    ASSERT_TRUE((*dup)->AddParam("w", {3}, DType::kF32, "a").ok());
-    Status s = (*dup)->AddParam("w", {5}, DType::kF32, "b");  // another group: checkpoints match by name
+    ASSERT_TRUE((*dup)->AddParam("w", {3}, DType::kF32, {.group = "a"}).ok());
+    Status s = (*dup)->AddParam("w", {5}, DType::kF32, {.group = "b"}).status();  // another group: checkpoints match by name
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
     EXPECT_NE(s.message().find("already registered"), std::string_view::npos) << s;
   }
@@ -333,12 +334,12 @@ TEST_F(EngineTest, BadInputGivesClearErrors) {
   EXPECT_EQ(twice.code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(twice.message().find("g0"), std::string_view::npos) << twice;
   EXPECT_EQ((*e)->GradsReady(1).code(), StatusCode::kFailedPrecondition);
-  EXPECT_EQ(ZeroEngine::Create(comm_.get(), &device_, cfg).value()->AddParam("neg", {-1}, DType::kF32).code(),
+  EXPECT_EQ(ZeroEngine::Create(comm_.get(), &device_, cfg).value()->AddParam("neg", {-1}, DType::kF32).status().code(),
             StatusCode::kInvalidArgument);
   // Mixed dtypes in one group.
   auto mixed = ZeroEngine::Create(comm_.get(), &device_, cfg);
-  ASSERT_TRUE((*mixed)->AddParam("x", {4}, DType::kF32, "g").ok());
-  ASSERT_TRUE((*mixed)->AddParam("y", {4}, DType::kBF16, "g").ok());
+  ASSERT_TRUE((*mixed)->AddParam("x", {4}, DType::kF32, {.group = "g"}).ok());
+  ASSERT_TRUE((*mixed)->AddParam("y", {4}, DType::kBF16, {.group = "g"}).ok());
   Status md = (*mixed)->Finalize(InitFn());
   EXPECT_EQ(md.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(md.message().find("'y'"), std::string_view::npos) << md;

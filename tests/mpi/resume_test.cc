@@ -56,8 +56,8 @@ class ResumeTest : public ::testing::Test {
     cfg.adam.lr = 1e-2;
     auto e = ZeroEngine::Create(comm_.get(), &device_, cfg);
     EXPECT_TRUE(e.ok());
-    EXPECT_TRUE((*e)->AddParam("w", {37, 29}, DType::kBF16, "a").ok());
-    EXPECT_TRUE((*e)->AddParam("b", {1001}, DType::kBF16, "b").ok());
+    EXPECT_TRUE((*e)->AddParam("w", {37, 29}, DType::kBF16, {.group = "a"}).ok());
+    EXPECT_TRUE((*e)->AddParam("b", {1001}, DType::kBF16, {.group = "b"}).ok());
     EXPECT_TRUE((*e)->Finalize([](int64_t p, int64_t off, int64_t n, float* out) {
       for (int64_t i = 0; i < n; ++i) out[i] = 0.01f * static_cast<float>((p * 7919 + off + i) % 101) - 0.5f;
     }).ok());

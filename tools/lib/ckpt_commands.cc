@@ -148,6 +148,7 @@ Status CkptInspect(const std::string& dir, const std::string& tensor, bool stats
   j["stage"] = m.stage;
   j["zrt_version"] = m.zrt_version;
   j["trainer_state"] = m.trainer_state;
+  j["engine_state"] = m.engine_state;
   j["loss_scale"] = m.loss_scale;
   for (const auto& [kind, rs] : ratio) j["compression"][kind] = {{"raw_bytes", rs.first}, {"stored_bytes", rs.second}};
   json groups = json::array();
@@ -199,6 +200,7 @@ Status CkptInspect(const std::string& dir, const std::string& tensor, bool stats
   out << "checkpoint " << dir << "\n  format v" << kFormatVersion << ", step " << m.step << ", saved by " << m.world_size
       << " rank(s) at stage " << m.stage << " (" << m.shards << " shard file(s)), zrt " << m.zrt_version << "\n";
   out << "  trainer state: " << m.trainer_state.dump() << "\n";
+  if (!m.engine_state.empty()) out << "  engine state: " << m.engine_state.dump() << "\n";
   for (const auto& [kind, rs] : ratio) {
     out << "  " << std::left << std::setw(16) << kind << std::right << FormatBytes(rs.first) << " -> " << FormatBytes(rs.second)
         << std::fixed << std::setprecision(2) << "  (ratio " << (rs.second ? static_cast<double>(rs.first) / rs.second : 0.0) << ")\n"

@@ -1,0 +1,34 @@
+#include "zrt/checkpoint/options_json.h"
+
+#include "zrt/core/json_reader.h"
+
+namespace zrt::ckpt {
+
+Result<CheckpointOptions> CheckpointOptionsFromJson(const nlohmann::json& j, const CheckpointOptions& defaults,
+                                                    const std::string& path) {
+  CheckpointOptions o = defaults;
+  ASSIGN_OR_RETURN(JsonReader r, JsonReader::Object(j, path));
+  RETURN_IF_ERROR(r.Read("root", &o.root));
+  RETURN_IF_ERROR(r.Read("chunk_elements", &o.chunk_elements));
+  RETURN_IF_ERROR(r.Read("keep_last", &o.keep_last));
+  RETURN_IF_ERROR(r.Read("keep_every", &o.keep_every));
+  {
+    ASSIGN_OR_RETURN(JsonReader c, r.Child("compression"));
+    RETURN_IF_ERROR(c.Read<Codec>("codec", &o.compression.codec, ParseCodec));
+    RETURN_IF_ERROR(c.Read("level", &o.compression.level));
+    RETURN_IF_ERROR(c.Finish());
+  }
+  {
+    ASSIGN_OR_RETURN(JsonReader io, r.Child("io"));
+    RETURN_IF_ERROR(ReadIoOptions(io, &o.io));
+  }
+  RETURN_IF_ERROR(r.Finish());
+  if (o.chunk_elements < 1024 || o.chunk_elements % 1024 != 0) {
+    return InvalidArgumentError(r.Path("chunk_elements"), ": must be a positive multiple of 1024, got ", o.chunk_elements);
+  }
+  if (o.keep_last < 0) return InvalidArgumentError(r.Path("keep_last"), ": must be >= 0 (0 = keep all)");
+  if (o.keep_every < 0) return InvalidArgumentError(r.Path("keep_every"), ": must be >= 0 (0 = none)");
+  return o;
+}
+
+}  // namespace zrt::ckpt

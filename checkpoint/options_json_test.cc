@@ -1,0 +1,48 @@
+#include "zrt/checkpoint/options_json.h"
+
+#include <gtest/gtest.h>
+
+#include "zrt/core/json_reader.h"
+
+namespace zrt::ckpt {
+namespace {
+
+TEST(CheckpointOptionsJson, EveryFieldIsRead) {
+  auto j = ParseJson(R"({"root": "/ckpt", "chunk_elements": 4096, "keep_last": 2, "keep_every": 1000,
+                         "compression": {"codec": "bg+zstd", "level": 3},
+                         "io": {"backend": "uring", "queue_depth": 16, "block_bytes": 262144, "threads": 3}})", "test");
+  ASSERT_TRUE(j.ok());
+  auto o = CheckpointOptionsFromJson(*j);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->root, "/ckpt");
+  EXPECT_EQ(o->chunk_elements, 4096);
+  EXPECT_EQ(o->keep_last, 2);
+  EXPECT_EQ(o->keep_every, 1000);
+  EXPECT_EQ(o->compression.codec, Codec::kByteGroupZstd);
+  EXPECT_EQ(o->compression.level, 3);
+  EXPECT_EQ(o->io.backend, IoOptions::Backend::kUring);
+  EXPECT_EQ(o->io.queue_depth, 16);
+  EXPECT_EQ(o->io.block_bytes, 262144);
+  EXPECT_EQ(o->io.threads, 3);
+}
+
+TEST(CheckpointOptionsJson, UnknownKeysAndBadValuesAreRefusedWithTheirPath) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"keep": 2})", "checkpoint.keep"},
+      {R"({"compression": {"codec": "lz4"}})", "checkpoint.compression.codec"},
+      {R"({"compression": {"level": 3, "threads": 2}})", "checkpoint.compression.threads"},
+      {R"({"chunk_elements": 1000})", "checkpoint.chunk_elements: must be a positive multiple of 1024"},
+      {R"({"keep_last": -1})", "checkpoint.keep_last"},
+      {R"({"root": 7})", "checkpoint.root: expected a string"},
+  };
+  for (const auto& [text, want] : cases) {
+    auto j = ParseJson(text, "test");
+    ASSERT_TRUE(j.ok()) << text;
+    auto o = CheckpointOptionsFromJson(*j);
+    ASSERT_FALSE(o.ok()) << text;
+    EXPECT_NE(o.status().message().find(want), std::string_view::npos) << text << " -> " << o.status();
+  }
+}
+
+}  // namespace
+}  // namespace zrt::ckpt

@@ -1,0 +1,87 @@
+#include "zrt/runtime/config_json.h"
+
+#include "zrt/kernels/adam.h"
+
+namespace zrt {
+
+namespace {
+
+Result<kernels::AdamMode> ParseAdamMode(std::string_view s) {
+  if (s == "adamw") return kernels::AdamMode::kAdamW;
+  if (s == "adam" || s == "adam_l2") return kernels::AdamMode::kAdamL2;
+  return InvalidArgumentError("adam mode must be adamw or adam (L2 weight decay), got '", s, "'");
+}
+
+}  // namespace
+
+Result<EngineConfig> EngineConfigFromJson(const nlohmann::json& j, const EngineConfig& defaults, const std::string& path) {
+  EngineConfig c = defaults;
+  ASSIGN_OR_RETURN(JsonReader r, JsonReader::Object(j, path));
+  RETURN_IF_ERROR(r.Read("stage", &c.stage));
+  RETURN_IF_ERROR(r.Read<DType>("reduce_dtype", &c.reduce_dtype, ParseDType));
+  RETURN_IF_ERROR(r.Read("bucket_bytes", &c.bucket_bytes));
+  RETURN_IF_ERROR(r.Read("alignment", &c.alignment));
+  RETURN_IF_ERROR(r.Read("max_live_gathered_bytes", &c.max_live_gathered_bytes));
+  RETURN_IF_ERROR(r.Read("prefetch_depth", &c.prefetch_depth));
+  RETURN_IF_ERROR(r.Read("max_grad_norm", &c.max_grad_norm));
+  RETURN_IF_ERROR(r.Read("grad_accum_steps", &c.grad_accum_steps));
+  RETURN_IF_ERROR(r.Read("fp32_grads", &c.fp32_grads));
+  RETURN_IF_ERROR(r.Read("optimizer_threads", &c.optimizer_threads));
+  {
+    ASSIGN_OR_RETURN(JsonReader a, r.Child("adam"));
+    RETURN_IF_ERROR(a.Read("lr", &c.adam.lr));
+    RETURN_IF_ERROR(a.Read("beta1", &c.adam.beta1));
+    RETURN_IF_ERROR(a.Read("beta2", &c.adam.beta2));
+    RETURN_IF_ERROR(a.Read("eps", &c.adam.eps));
+    RETURN_IF_ERROR(a.Read("weight_decay", &c.adam.weight_decay));
+    RETURN_IF_ERROR(a.Read<kernels::AdamMode>("mode", &c.adam.mode, ParseAdamMode));
+    RETURN_IF_ERROR(a.Read("amsgrad", &c.adam.amsgrad));
+    RETURN_IF_ERROR(a.Read("bias_correction", &c.adam.bias_correction));
+    RETURN_IF_ERROR(a.Finish());
+  }
+  {
+    ASSIGN_OR_RETURN(JsonReader s, r.Child("lr_schedule"));
+    RETURN_IF_ERROR(s.Read<LrSchedule::Kind>("kind", &c.lr_schedule.kind, ParseLrScheduleKind));
+    RETURN_IF_ERROR(s.Read("warmup_steps", &c.lr_schedule.warmup_steps));
+    RETURN_IF_ERROR(s.Read("total_steps", &c.lr_schedule.total_steps));
+    RETURN_IF_ERROR(s.Read("min_lr_ratio", &c.lr_schedule.min_lr_ratio));
+    RETURN_IF_ERROR(s.Finish());
+    RETURN_IF_ERROR(c.lr_schedule.Validate(), s.path());
+  }
+  {
+    ASSIGN_OR_RETURN(JsonReader l, r.Child("loss_scale"));
+    RETURN_IF_ERROR(l.Read<LossScaleMode>("mode", &c.loss_scale.mode, ParseLossScaleMode));
+    RETURN_IF_ERROR(l.Read("init_scale", &c.loss_scale.init_scale));
+    RETURN_IF_ERROR(l.Read("growth", &c.loss_scale.growth));
+    RETURN_IF_ERROR(l.Read("backoff", &c.loss_scale.backoff));
+    RETURN_IF_ERROR(l.Read("growth_interval", &c.loss_scale.growth_interval));
+    RETURN_IF_ERROR(l.Read("hysteresis", &c.loss_scale.hysteresis));
+    RETURN_IF_ERROR(l.Read("min_scale", &c.loss_scale.min_scale));
+    RETURN_IF_ERROR(l.Finish());
+    RETURN_IF_ERROR(LossScaler::Create(c.loss_scale).status(), l.path());
+  }
+  {
+    ASSIGN_OR_RETURN(JsonReader o, r.Child("offload"));
+    RETURN_IF_ERROR(o.Read<OffloadTarget>("optimizer", &c.offload.optimizer, ParseOffloadTarget));
+    RETURN_IF_ERROR(o.Read<OffloadTarget>("params", &c.offload.params, ParseOffloadTarget));
+    RETURN_IF_ERROR(o.Read("nvme_dir", &c.offload.nvme_dir));
+    RETURN_IF_ERROR(o.Read("host_budget_bytes", &c.offload.host_budget_bytes));
+    RETURN_IF_ERROR(o.Read("sub_group_elements", &c.offload.sub_group_elements));
+    ASSIGN_OR_RETURN(JsonReader io, o.Child("io"));
+    RETURN_IF_ERROR(ReadIoOptions(io, &c.offload.io));
+    RETURN_IF_ERROR(o.Finish());
+  }
+  RETURN_IF_ERROR(r.Finish());
+  // The rest of the checks are ZeroEngine::Create's; run them here so a bad file fails at parse time.
+  if (c.stage < 0 || c.stage > 3) return InvalidArgumentError(r.Path("stage"), ": must be 0, 1, 2 or 3, got ", c.stage);
+  if (c.reduce_dtype == DType::kBytes) return InvalidArgumentError(r.Path("reduce_dtype"), ": must be a floating type");
+  if (c.bucket_bytes < 1) return InvalidArgumentError(r.Path("bucket_bytes"), ": must be >= 1");
+  if (c.alignment < 1) return InvalidArgumentError(r.Path("alignment"), ": must be >= 1");
+  if (c.grad_accum_steps < 1) return InvalidArgumentError(r.Path("grad_accum_steps"), ": must be >= 1");
+  if (!(c.max_grad_norm >= 0)) return InvalidArgumentError(r.Path("max_grad_norm"), ": must be >= 0 (0 = off)");
+  if (c.prefetch_depth < 0) return InvalidArgumentError(r.Path("prefetch_depth"), ": must be >= 0");
+  RETURN_IF_ERROR(kernels::MakeAdamStepScalars(c.adam, 1).status(), r.Path("adam"));
+  return c;
+}
+
+}  // namespace zrt

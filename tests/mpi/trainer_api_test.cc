@@ -1,0 +1,265 @@
+// The trainer-facing API at 1-4 ranks: per-tensor optimizer settings independent of gather groups,
+// schedules applied at Step, fp32 gradients, everything the engine needs carried by a checkpoint, and
+// tensors reached by name or handle.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+
+#include "tests/mpi/engine_fixture.h"
+#include "zrt/checkpoint/checkpointer.h"
+#include "zrt/checkpoint/resume.h"
+
+namespace zrt {
+namespace {
+
+using InitFn = ZeroEngine::InitFn;
+
+float Init(int64_t p, int64_t i) { return 0.4f * std::sin(0.37f * static_cast<float>(i) + 1.3f * static_cast<float>(p)); }
+InitFn Inits() {
+  return [](int64_t p, int64_t off, int64_t n, float* out) {
+    for (int64_t i = 0; i < n; ++i) out[i] = Init(p, off + i);
+  };
+}
+// Elementwise in the parameter's own value, so a tensor's trajectory depends on its settings only.
+float Grad(int64_t p, int64_t i, float v) { return v - 0.1f * static_cast<float>((i * 7 + p) % 13) + 0.05f; }
+
+// kModel's tensors with settings unlike their groups: decay off for some tensors of a group, lr
+// scaled for others, so every group holds more than one settings class on some rank.
+const std::map<std::string, ParamOptions> kSettings = {
+    {"embed", {.weight_decay = 0.0}},
+    {"w1", {.lr_scale = 0.5, .weight_decay = 0.2}},
+    {"b1", {.weight_decay = 0.0}},
+    {"tiny", {.lr_scale = 2.0}},
+};
+
+class TrainerApiTest : public EngineTest {
+ protected:
+  Result<std::unique_ptr<ZeroEngine>> MakeWith(const EngineConfig& cfg, DType dtype, bool settings) {
+    ASSIGN_OR_RETURN(auto e, ZeroEngine::Create(comm_.get(), &device_, cfg));
+    for (const ParamDef& p : kModel) {
+      ParamOptions o;
+      if (settings && kSettings.count(p.name)) o = kSettings.at(p.name);
+      o.group = p.group;
+      RETURN_IF_ERROR(e->AddParam(p.name, p.shape, dtype, o).status());
+    }
+    RETURN_IF_ERROR(e->Finalize(Inits()));
+    return e;
+  }
+  void Steps(ZeroEngine& e, int n) {
+    for (int s = 0; s < n; ++s) {
+      Backward(e, kModel.size(), Grad);
+      auto r = e.Step();
+      ASSERT_TRUE(r.ok()) << r.status();
+    }
+  }
+};
+
+TEST_F(TrainerApiTest, PerTensorSettingsEqualWholeEnginesConfiguredThatWay) {
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      EngineConfig cfg;
+      cfg.stage = stage;
+      cfg.alignment = 4;  // tensors meet inside shards: runs of several settings per rank
+      cfg.adam.lr = 1e-2;
+      cfg.adam.weight_decay = 0.05;
+      auto a = MakeWith(cfg, dtype, true);
+      ASSERT_TRUE(a.ok()) << a.status();
+      Steps(**a, 3);
+      const auto got = Params(**a, kModel.size());
+      for (size_t p = 0; p < kModel.size(); ++p) {
+        // The reference: an engine whose defaults are this tensor's settings.
+        EngineConfig rc = cfg;
+        if (kSettings.count(kModel[p].name)) {
+          const ParamOptions& o = kSettings.at(kModel[p].name);
+          rc.adam.lr *= o.lr_scale;
+          rc.adam.weight_decay = o.weight_decay.value_or(cfg.adam.weight_decay);
+        }
+        auto ref = MakeWith(rc, dtype, false);
+        ASSERT_TRUE(ref.ok()) << ref.status();
+        Steps(**ref, 3);
+        const auto want = Params(**ref, kModel.size());
+        ASSERT_EQ(got[p].size(), want[p].size());
+        for (size_t i = 0; i < got[p].size(); ++i) {
+          ASSERT_EQ(got[p][i], want[p][i]) << kModel[p].name << "[" << i << "], stage " << stage << ", " << DTypeName(dtype);
+        }
+      }
+    }
+  }
+}
+
+TEST_F(TrainerApiTest, TheScheduleIsAppliedAtStepAsSetLrByHandWouldBe) {
+  for (int stage : {1, 3}) {
+    EngineConfig cfg;
+    cfg.stage = stage;
+    cfg.adam.lr = 2e-2;
+    cfg.lr_schedule = LrSchedule::Cosine(2, 6, 0.1);
+    auto a = MakeWith(cfg, DType::kBF16, true);
+    EngineConfig manual = cfg;
+    manual.lr_schedule = LrSchedule::Constant();
+    auto b = MakeWith(manual, DType::kBF16, true);
+    ASSERT_TRUE(a.ok() && b.ok());
+    for (int t = 0; t < 8; ++t) {  // past total_steps: holds the floor
+      const double want = cfg.adam.lr * cfg.lr_schedule.Factor(t);
+      EXPECT_DOUBLE_EQ((*a)->lr(), want);
+      ASSERT_TRUE((*b)->SetLr(want).ok());
+      Backward(**a, kModel.size(), Grad);
+      Backward(**b, kModel.size(), Grad);
+      auto ra = (*a)->Step();
+      auto rb = (*b)->Step();
+      ASSERT_TRUE(ra.ok() && rb.ok());
+      EXPECT_DOUBLE_EQ(ra->lr, want) << "step " << t;
+    }
+    EXPECT_EQ(Params(**a, kModel.size()), Params(**b, kModel.size())) << "stage " << stage;
+  }
+}
+
+TEST_F(TrainerApiTest, ACheckpointCarriesLrScheduleAndPerTensorSettings) {
+  const std::string root = ::testing::TempDir() + "/zrt_trainer_api_" + std::to_string(size());
+  if (rank() == 0) std::filesystem::remove_all(root);
+  MPI_Barrier(MPI_COMM_WORLD);
+  EngineConfig cfg;
+  cfg.stage = 3;
+  cfg.adam.lr = 1e-2;
+  cfg.adam.weight_decay = 0.05;
+  cfg.lr_schedule = LrSchedule::Linear(1, 20);
+  auto a = MakeWith(cfg, DType::kBF16, true);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE((*a)->SetLr(3e-2).ok());  // a trainer's override: saved too
+  Steps(**a, 4);
+  CpuDevice staging;
+  auto ck = ckpt::Checkpointer::Create(comm_.get(), &staging, {.root = root});
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  ASSERT_TRUE((*ck)->SaveAsync((*a)->state_view(), {{"epoch", 1}}).ok());
+  ASSERT_TRUE((*ck)->Wait().ok());
+  Steps(**a, 4);
+
+  // A restart whose code registers nothing special: the checkpoint brings back what the run had.
+  EngineConfig plain;
+  plain.stage = 3;
+  auto b = MakeWith(plain, DType::kBF16, false);
+  ASSERT_TRUE(b.ok());
+  auto r = ckpt::Resume(comm_.get(), root, (*b)->state_view());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->loaded.trainer_state["epoch"], 1);
+  EXPECT_EQ((*b)->steps(), 4);
+  EXPECT_DOUBLE_EQ((*b)->lr(), 3e-2 * LrSchedule::Linear(1, 20).Factor(4));
+  Steps(**b, 4);
+  EXPECT_EQ(Params(**b, kModel.size()), Params(**a, kModel.size()));
+  EXPECT_DOUBLE_EQ((*b)->lr(), (*a)->lr());
+  // Overriding after the resume is the trainer's call.
+  ASSERT_TRUE((*b)->SetLrSchedule(LrSchedule::Constant()).ok());
+  ASSERT_TRUE((*b)->SetLr(1e-3).ok());
+  EXPECT_DOUBLE_EQ((*b)->lr(), 1e-3);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank() == 0) std::filesystem::remove_all(root);
+}
+
+TEST_F(TrainerApiTest, Fp32GradsAccumulate32Bf16MicroStepsWhere16BitsLoseThem) {
+  // Micro-step 0 adds 1, the 31 others 2^-9 each: below half a bf16 ulp of 1 (2^-8), so 16-bit
+  // accumulation rounds every one of them away; f32 keeps them exactly.
+  constexpr int kMicro = 32;
+  constexpr int64_t kN = 1001;
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (bool fp32 : {false, true}) {
+      EngineConfig cfg;
+      cfg.stage = stage;
+      cfg.grad_accum_steps = kMicro;
+      cfg.fp32_grads = fp32;
+      auto e = ZeroEngine::Create(comm_.get(), &device_, cfg);
+      ASSERT_TRUE(e.ok());
+      auto h = (*e)->AddParam("w", {kN}, DType::kBF16);
+      ASSERT_TRUE(h.ok());
+      ASSERT_TRUE((*e)->Finalize(Inits()).ok());
+      for (int m = 0; m < kMicro; ++m) {
+        (*e)->SetSync(m == kMicro - 1);
+        ASSERT_TRUE((*e)->Gather(0).ok());
+        auto g = (*e)->Grad(*h);
+        ASSERT_TRUE(g.ok()) << g.status();
+        EXPECT_EQ(g->dtype, fp32 ? DType::kF32 : DType::kBF16);
+        const float add = m == 0 ? 1.0f : 0x1p-9f;
+        if (fp32) {
+          for (float& x : g->as<float>()) x += add;
+        } else {
+          for (bf16& x : g->as<bf16>()) x = x + add;
+        }
+        ASSERT_TRUE((*e)->Release(0).ok());
+        ASSERT_TRUE((*e)->GradsReady(0).ok());
+      }
+      auto r = (*e)->Step();
+      ASSERT_TRUE(r.ok()) << r.status();
+      const double exact = std::sqrt(static_cast<double>(kN)) * (1.0 + 31.0 / 512.0) / kMicro;
+      const double lost = std::sqrt(static_cast<double>(kN)) * 1.0 / kMicro;
+      if (fp32) {
+        EXPECT_NEAR(r->grad_norm, exact, 1e-6 * exact) << "stage " << stage;
+      } else {
+        EXPECT_NEAR(r->grad_norm, lost, 1e-6 * lost) << "stage " << stage << ": 16-bit accumulation kept what it cannot";
+      }
+      // The memory report: gradients at 4 bytes per element (stages 0-1 full, 2-3 the shard).
+      const int64_t per = fp32 ? 4 : 2;
+      const auto m = (*e)->memory();
+      const int64_t shard = (kN + 63) / 64 * 64;  // alignment 64, world of `size()` ranks
+      (void)shard;
+      const int64_t grads = m.current_of(MemCategory::kGradients);
+      if (stage <= 1) {
+        EXPECT_GE(grads, kN * per) << "stage " << stage;
+        EXPECT_LT(grads, (kN + 64 * size()) * per) << "stage " << stage;
+      } else {
+        EXPECT_GE(grads * size(), kN * per) << "stage " << stage;
+        EXPECT_LT(grads * size(), (kN + 64 * size()) * per) << "stage " << stage;
+      }
+    }
+  }
+}
+
+TEST_F(TrainerApiTest, TensorsByNameAndHandleWithClearMisuseErrors) {
+  EngineConfig cfg;
+  cfg.stage = 3;
+  auto e = MakeWith(cfg, DType::kBF16, true);
+  ASSERT_TRUE(e.ok());
+  auto h = (*e)->Find("w2");
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ((*e)->spec(*h).name, "w2");
+  EXPECT_EQ((*e)->Find("w3").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ((*e)->Param("w3").status().code(), StatusCode::kNotFound);
+  // Stage 3: a tensor's parameters exist only while its group is gathered.
+  Status not_gathered = (*e)->Param(*h).status();
+  EXPECT_EQ(not_gathered.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(not_gathered.message().find("'w2'"), std::string_view::npos) << not_gathered;
+  EXPECT_NE(not_gathered.message().find("'g2'"), std::string_view::npos) << not_gathered;
+  const int g = (*e)->group(*h);
+  auto base = (*e)->Gather(g);
+  ASSERT_TRUE(base.ok());
+  auto v = (*e)->Param("w2");
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(v->data, base.value());  // first tensor of its group
+  EXPECT_EQ(v->numel(), 4099);
+  EXPECT_EQ(static_cast<float>(v->as<bf16>()[5]), static_cast<float>(bf16(Init(h->index, 5))));
+  auto tiny = (*e)->Param("tiny");
+  ASSERT_TRUE(tiny.ok());
+  EXPECT_EQ(static_cast<float>(tiny->as<bf16>()[0]), static_cast<float>(bf16(Init(5, 0))));
+  // Stages 2-3: no gradient after the group's reduction was queued.
+  ASSERT_TRUE((*e)->Grad(*h).ok());
+  ASSERT_TRUE((*e)->Release(g).ok());
+  ASSERT_TRUE((*e)->GradsReady(g).ok());
+  EXPECT_EQ((*e)->Grad("w2").status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE((*e)->Step().ok());
+  // Settings must be finite and non-negative, and agree across ranks.
+  auto f = ZeroEngine::Create(comm_.get(), &device_, cfg);
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ((*f)->AddParam("x", {3}, DType::kF32, {.lr_scale = -1}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*f)->AddParam("y", {3}, DType::kF32, {.weight_decay = NAN}).status().code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE((*f)->AddParam("z", {3}, DType::kF32, {.weight_decay = rank() == size() - 1 && size() > 1 ? 0.5 : 0.0}).ok());
+  Status mixed = (*f)->Finalize(Inits());
+  if (size() > 1) {
+    EXPECT_EQ(mixed.code(), StatusCode::kInvalidArgument) << mixed;
+    EXPECT_NE(mixed.message().find("weight_decay"), std::string_view::npos) << mixed;
+  } else {
+    EXPECT_TRUE(mixed.ok()) << mixed;
+  }
+}
+
+}  // namespace
+}  // namespace zrt
