@@ -50,6 +50,7 @@ struct ZeroEngine::Group {
   };
   std::vector<Run> runs;
   std::vector<Settings> classes;
+  bool frozen = false;  // no gradients, no optimizer state (not in the store)
   DeviceBuffer full_param, param_shard, full_grad, grad_shard;
   bool gathered = false;      // stages 0-2 bookkeeping for Release
   bool grad_live = false;     // full gradient exists (and is zeroed) for this step
@@ -89,8 +90,9 @@ uint64_t Fnv(uint64_t h, const void* data, size_t n) {
   return h;
 }
 
-uint64_t SpecHash(const TensorSpec& s, const std::string& group, double lr_scale, double weight_decay) {
+uint64_t SpecHash(const TensorSpec& s, const std::string& group, double lr_scale, double weight_decay, char frozen) {
   uint64_t h = 1469598103934665603ull;
+  h = Fnv(h, &frozen, 1);
   h = Fnv(h, s.name.data(), s.name.size());
   h = Fnv(h, s.shape.data(), s.shape.size() * sizeof(int64_t));
   h = Fnv(h, &s.dtype, sizeof(s.dtype));
@@ -192,6 +194,7 @@ Result<ParamHandle> ZeroEngine::AddParam(const std::string& name, const std::vec
   }
   params_.push_back(std::move(spec));
   settings_.push_back(st);
+  param_frozen_.push_back(o.frozen ? 1 : 0);
   param_groups_.push_back(o.group);
   return ParamHandle{index};
 }
@@ -209,7 +212,7 @@ Status ZeroEngine::CheckRegistration() {
   }
   std::vector<uint64_t> mine(params_.size()), root(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
-    mine[i] = root[i] = SpecHash(params_[i], param_groups_[i], settings_[i].lr_scale, settings_[i].weight_decay);
+    mine[i] = root[i] = SpecHash(params_[i], param_groups_[i], settings_[i].lr_scale, settings_[i].weight_decay, param_frozen_[i]);
   }
   RETURN_IF_ERROR(comm_->Broadcast(root.data(), root.size() * sizeof(uint64_t), DType::kBytes, 0));
   size_t first = params_.size();
@@ -225,7 +228,7 @@ Status ZeroEngine::CheckRegistration() {
   if (f < params_.size()) {
     return InvalidArgumentError("finalize: parameter #", f, " differs across ranks (rank ", comm_->rank(), " has ",
                                 params_[f].ToString(), " in group '", param_groups_[f], "' with lr_scale ", settings_[f].lr_scale,
-                                " and weight_decay ", settings_[f].weight_decay,
+                                " and weight_decay ", settings_[f].weight_decay, param_frozen_[f] ? ", frozen" : "",
                                 mine[f] == root[f] ? ", as rank 0 does" : ", rank 0 has something else", ")");
   }
   return Status();
@@ -243,11 +246,16 @@ Status ZeroEngine::Finalize(const InitFn& init) {
       groups_.back()->name = param_groups_[i];
       groups_.back()->dtype = params_[i].dtype;
       groups_.back()->grad_dtype = config_.fp32_grads ? DType::kF32 : params_[i].dtype;
+      groups_.back()->frozen = param_frozen_[i] != 0;
     }
     Group& g = *groups_[static_cast<size_t>(it->second)];
     if (g.dtype != params_[i].dtype) {
       return InvalidArgumentError("finalize: parameter '", params_[i].name, "' is ", DTypeName(params_[i].dtype),
                                   " but group '", g.name, "' is ", DTypeName(g.dtype), " (one dtype per group)");
+    }
+    if (g.frozen != (param_frozen_[i] != 0)) {
+      return InvalidArgumentError("finalize: group '", g.name, "' mixes frozen and trainable tensors ('", params_[i].name, "' is ",
+                                  g.frozen ? "trainable" : "frozen", ", '", g.tensors[0].name, "' is not): frozen tensors go in groups of their own");
     }
     param_group_index_.push_back(it->second);
     param_pos_.push_back(static_cast<int64_t>(g.params.size()));
@@ -278,8 +286,14 @@ Status ZeroEngine::Allocate(const InitFn& init) {
     if (config_.stage <= 2) {
       ASSIGN_OR_RETURN(g.full_param, device_->Allocate(P * g.esize(), MemCategory::kParameters), ctx);
       RETURN_IF_ERROR(device_->Fill(g.full_param.data(), 0, P * g.esize()));
-    } else if (!store.holds_params()) {
+    } else if (g.frozen && store.holds_params()) {  // with the held shards: host memory (uploaded the same way)
+      ASSIGN_OR_RETURN(g.param_shard, impl_->host->Allocate(S * g.esize(), MemCategory::kParameters), ctx);
+    } else if (g.frozen || !store.holds_params()) {
       ASSIGN_OR_RETURN(g.param_shard, device_->Allocate(S * g.esize(), MemCategory::kParameters), ctx);
+    }
+    if (g.frozen) {
+      RETURN_IF_ERROR(InitFrozen(g, init), ctx);
+      continue;
     }
     if (config_.stage <= 1) {
       ASSIGN_OR_RETURN(g.full_grad, device_->Allocate(P * g.gsize(), MemCategory::kGradients), ctx);
@@ -300,14 +314,22 @@ Status ZeroEngine::Allocate(const InitFn& init) {
         if (a < b) init(g.params[static_cast<size_t>(p.tensor)], p.tensor_offset + (a - p.shard_offset), b - a, out + (a - lo));
       }
     };
+    store_to_group_.push_back(static_cast<int>(&gp - groups_.data()));
     store_groups.push_back(std::move(sg));
   }
   RETURN_IF_ERROR(store.Init(std::move(store_groups)), "finalize");
+  std::vector<int> group_to_store(groups_.size(), -1);
+  for (size_t si = 0; si < store_to_group_.size(); ++si) group_to_store[static_cast<size_t>(store_to_group_[si])] = static_cast<int>(si);
   if (config_.stage == 3) {
     std::vector<ParamGatherer::GroupRef> refs;
     for (size_t gi = 0; gi < groups_.size(); ++gi) {
       Group& g = *groups_[gi];
-      OptimizerStore::ParamSource src = store.Params(static_cast<int>(gi));
+      OptimizerStore::ParamSource src;
+      if (g.frozen) {
+        src.shard = g.param_shard.data();
+      } else {
+        src = store.Params(group_to_store[gi]);
+      }
       refs.push_back({src.shard, g.dtype, &g.layout, g.name, std::move(src.load), src.load_bytes});
     }
     Compute* upload = store.params_need_upload() ? impl_->compute.get() : nullptr;
@@ -315,7 +337,40 @@ Status ZeroEngine::Allocate(const InitFn& init) {
                                                       config_.max_live_gathered_bytes, config_.prefetch_depth);
     impl_->gatherer->SetGroups(std::move(refs));
   }
-  return GatherUpdatedParams();
+  return GatherUpdatedParams(true);
+}
+
+Status ZeroEngine::InitFrozen(Group& g, const InitFn& init) {
+  const int rank = config_.stage == 0 ? 0 : comm_->rank();
+  std::vector<float> values(static_cast<size_t>(g.layout.shard_size()), 0.0f);  // padding: zero
+  for (const ShardPiece& p : g.layout.RankPieces(rank)) {
+    init(g.params[static_cast<size_t>(p.tensor)], p.tensor_offset, p.count, values.data() + p.shard_offset);
+  }
+  return FrozenWrite(g, 0, g.layout.shard_size(), values.data());
+}
+
+Status ZeroEngine::FrozenWrite(Group& g, int64_t offset, int64_t n, const float* in) {
+  char* dst = static_cast<char*>(OwnParams(g)) + static_cast<size_t>(offset) * g.esize();
+  const bool on_host = device_->host_accessible() || (config_.stage == 3 && impl_->store->holds_params());
+  if (on_host) return impl_->host_compute->Cast(in, DType::kF32, dst, g.dtype, n);
+  ASSIGN_OR_RETURN(DeviceBuffer tmp, impl_->staging.Acquire(static_cast<size_t>(n) * 4), "frozen group '", g.name, "'");
+  Status s = device_->Copy(tmp.data(), in, static_cast<size_t>(n) * 4);
+  if (s.ok()) s = impl_->compute->Cast(tmp.data(), DType::kF32, dst, g.dtype, n);
+  if (s.ok()) s = impl_->compute->Synchronize();
+  impl_->staging.Release(std::move(tmp));
+  return s;
+}
+
+Status ZeroEngine::FrozenRead(Group& g, int64_t offset, int64_t n, float* out) {
+  const char* src = static_cast<const char*>(OwnParams(g)) + static_cast<size_t>(offset) * g.esize();
+  const bool on_host = device_->host_accessible() || (config_.stage == 3 && impl_->store->holds_params());
+  if (on_host) return impl_->host_compute->Cast(src, g.dtype, out, DType::kF32, n);
+  ASSIGN_OR_RETURN(DeviceBuffer tmp, impl_->staging.Acquire(static_cast<size_t>(n) * 4), "frozen group '", g.name, "'");
+  Status s = impl_->compute->Cast(src, g.dtype, tmp.data(), DType::kF32, n);
+  if (s.ok()) s = impl_->compute->Synchronize();
+  if (s.ok()) s = device_->Copy(out, tmp.data(), static_cast<size_t>(n) * 4);
+  impl_->staging.Release(std::move(tmp));
+  return s;
 }
 
 void* ZeroEngine::OwnParams(Group& g) const {
@@ -336,6 +391,7 @@ void ZeroEngine::BuildSettingRuns() {
     Group& g = *gp;
     g.runs.clear();
     g.classes.clear();
+    if (g.frozen) continue;
     auto class_of = [&](const Settings& st) {
       for (size_t c = 0; c < g.classes.size(); ++c) {
         if (g.classes[c] == st) return static_cast<int>(c);
@@ -357,11 +413,12 @@ void ZeroEngine::BuildSettingRuns() {
   }
 }
 
-Status ZeroEngine::GatherUpdatedParams() {
+Status ZeroEngine::GatherUpdatedParams(bool include_frozen) {
   if (config_.stage != 1 && config_.stage != 2) return Status();
   std::vector<CommHandle> handles;
   for (auto& gp : groups_) {
     Group& g = *gp;
+    if (g.frozen && !include_frozen) continue;  // unchanged since they were gathered
     const size_t S = static_cast<size_t>(g.layout.shard_size());
     ASSIGN_OR_RETURN(CommHandle h, comm_->AllGatherAsync(OwnParams(g), g.full_param.data(), S, g.dtype), "gathering group '",
                      g.name, "'");
@@ -406,6 +463,7 @@ Result<TensorView> ZeroEngine::View(ParamHandle p, bool grad) {
   Group& g = *groups_[static_cast<size_t>(gi)];
   const auto offset = static_cast<size_t>(g.layout.tensor_offset(param_pos_[i]));
   if (grad) {
+    if (g.frozen) return FailedPreconditionError("grad: tensor '", params_[i].name, "' is frozen (no gradient)");
     ASSIGN_OR_RETURN(void* base, GradBuffer(gi), "grad of '", params_[i].name, "'");
     return TensorView{static_cast<char*>(base) + offset * g.gsize(), &params_[i], g.grad_dtype};
   }
@@ -444,6 +502,7 @@ Status ZeroEngine::Release(int group) {
 
 Result<void*> ZeroEngine::GradBuffer(int group) {
   ASSIGN_OR_RETURN(Group * g, Get(group, "grad_buffer"));
+  if (g->frozen) return FailedPreconditionError("grad_buffer: group '", g->name, "' is frozen (no gradients)");
   if (g->grad_reduced && config_.stage >= 2) {
     return FailedPreconditionError("grad_buffer: gradients of group '", g->name, "' were already reduced this step");
   }
@@ -460,6 +519,7 @@ Result<void*> ZeroEngine::GradBuffer(int group) {
 
 Status ZeroEngine::GradsReady(int group) {
   ASSIGN_OR_RETURN(Group * g, Get(group, "grads_ready"));
+  if (g->frozen) return Status();  // nothing to reduce: a loop over every group may call it
   if (!g->grad_live) return FailedPreconditionError("grads_ready: group '", g->name, "' has no gradient buffer this step");
   if (g->grad_reduced) return FailedPreconditionError("grads_ready: group '", g->name, "' was already reduced this step");
   if (!sync_) return Status();  // accumulation micro-step: keep the full gradient, no communication
@@ -490,7 +550,7 @@ Result<StepResult> ZeroEngine::Step() {
   // Every group takes part in the reductions, in index order, even if it got no gradient.
   for (int gi = 0; gi < num_groups(); ++gi) {
     Group& g = *groups_[static_cast<size_t>(gi)];
-    if (g.grad_reduced) continue;
+    if (g.grad_reduced || g.frozen) continue;
     if (!g.grad_live) RETURN_IF_ERROR(GradBuffer(gi).status());
     RETURN_IF_ERROR(ReduceGroup(gi));
   }
@@ -508,7 +568,7 @@ Result<StepResult> ZeroEngine::Step() {
   for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
     std::vector<kernels::GradRef> refs;
     for (auto& gp : groups_) {
-      if (gp->grad_dtype == t) refs.push_back({GradShard(*gp), gp->layout.shard_size()});
+      if (gp->grad_dtype == t && !gp->frozen) refs.push_back({GradShard(*gp), gp->layout.shard_size()});
     }
     if (refs.empty()) continue;
     ASSIGN_OR_RETURN(kernels::GradStats st, impl_->compute->SumSquares(refs, t), "step");
@@ -550,7 +610,8 @@ Result<StepResult> ZeroEngine::Step() {
   // in the same pass.
   std::vector<kernels::AdamTensorArgs> args;
   auto adam = [&](const OptimizerStore::Window& w) -> Status {
-    const Group& g = *groups_[static_cast<size_t>(w.group)];
+    const size_t gi = static_cast<size_t>(store_to_group_[static_cast<size_t>(w.group)]);
+    const Group& g = *groups_[gi];
     const bool f32 = g.dtype == DType::kF32;
     const int64_t w0 = w.offset, w1 = w.offset + w.count;
     for (size_t c = 0; c < g.classes.size(); ++c) {
@@ -564,7 +625,7 @@ Result<StepResult> ZeroEngine::Step() {
                         f32 ? nullptr : static_cast<char*>(w.params) + d * g.esize(), b - a});
       }
       if (args.empty()) continue;
-      RETURN_IF_ERROR(w.compute->Adam(scalars[static_cast<size_t>(w.group)][c], args, g.grad_dtype, f32 ? DType::kBF16 : g.dtype),
+      RETURN_IF_ERROR(w.compute->Adam(scalars[gi][c], args, g.grad_dtype, f32 ? DType::kBF16 : g.dtype),
                       "step, group '", g.name, "'");
     }
     if (f32) RETURN_IF_ERROR(w.compute->Move(w.params, w.master, static_cast<size_t>(w.count) * 4));
@@ -572,7 +633,7 @@ Result<StepResult> ZeroEngine::Step() {
   };
   RETURN_IF_ERROR(impl_->store->Update(adam), "step");
   RETURN_IF_ERROR(impl_->compute->MarkUpdated(), "step");  // what a checkpoint snapshot waits for
-  RETURN_IF_ERROR(GatherUpdatedParams(), "step");
+  RETURN_IF_ERROR(GatherUpdatedParams(false), "step");
   scaler_.Update(false);
   r.step = ++steps_;
   return r;
@@ -599,6 +660,7 @@ StateView ZeroEngine::state_view() {
   v.stage = config_.stage;
   v.counters = {steps_, scaler_.scale(), scaler_.state().good_steps, scaler_.state().hysteresis_left, EngineState()};
   v.restore = [this](const StateCounters& saved) { return Restore(saved); };
+  int store_index = 0;
   for (auto& gp : groups_) {
     Group& g = *gp;
     StateGroup sg;
@@ -607,7 +669,14 @@ StateView ZeroEngine::state_view() {
     sg.layout = g.layout;
     sg.lr = lr();
     sg.weight_decay = config_.adam.weight_decay;
-    sg.buffers = impl_->store->StateBuffers(static_cast<int>(v.groups.size()));
+    if (g.frozen) {  // its values, as master: read and written through casts of the parameters
+      StateBuffer b{"master", DType::kF32, nullptr, g.layout.shard_size(), {}, {}, true};
+      b.read = [this, &g](int64_t off, int64_t n, void* out) { return FrozenRead(g, off, n, static_cast<float*>(out)); };
+      b.write = [this, &g](int64_t off, int64_t n, const void* in) { return FrozenWrite(g, off, n, static_cast<const float*>(in)); };
+      sg.buffers.push_back(std::move(b));
+    } else {
+      sg.buffers = impl_->store->StateBuffers(store_index++);
+    }
     v.groups.push_back(std::move(sg));
   }
   return v;
@@ -699,7 +768,7 @@ Status ZeroEngine::ApplyEngineState(const std::string& text) {
 Status ZeroEngine::RefreshParamsFromMaster() {
   if (!finalized_) return FailedPreconditionError("refresh: the engine is not finalized");
   RETURN_IF_ERROR(impl_->store->RefreshParams(), "refresh");
-  return GatherUpdatedParams();
+  return GatherUpdatedParams(true);
 }
 
 MemoryTracker::Snapshot ZeroEngine::memory() const { return device_->memory().Read(); }

@@ -69,6 +69,10 @@ struct ParamOptions {
   std::string group = "default";       // gather/reduction unit; tensors of one group share a dtype
   double lr_scale = 1;                 // this tensor's lr = scheduled lr * lr_scale (>= 0)
   std::optional<double> weight_decay;  // unset: config.adam.weight_decay; 0 for biases, norms, embeddings
+  // No gradient, no optimizer state, no reduction, not in the norm; its values are saved and loaded
+  // with checkpoints (as "master"). A group is frozen or not: frozen tensors go in groups of their
+  // own (as FSDP's flat parameters require).
+  bool frozen = false;
 };
 
 class ZeroEngine {
@@ -155,7 +159,11 @@ class ZeroEngine {
   std::string EngineState() const;
   Status ApplyEngineState(const std::string& json);
   Result<TensorView> View(ParamHandle p, bool grad);
-  Status GatherUpdatedParams();
+  Status GatherUpdatedParams(bool include_frozen);
+  Status InitFrozen(Group& g, const InitFn& init);
+  // A frozen group's shard elements [offset, offset + n) as f32 in host memory, either way.
+  Status FrozenRead(Group& g, int64_t offset, int64_t n, float* out);
+  Status FrozenWrite(Group& g, int64_t offset, int64_t n, const float* in);
   Status ReduceGroup(int g);
   Result<Group*> Get(int group, const char* what);
 
@@ -178,6 +186,8 @@ class ZeroEngine {
   std::vector<std::string> param_groups_;
   std::vector<int> param_group_index_;
   std::vector<int64_t> param_pos_;  // within its group
+  std::vector<char> param_frozen_;
+  std::vector<int> store_to_group_;  // the optimizer store's groups are the trainable ones
   std::vector<std::unique_ptr<Group>> groups_;
   struct Impl;
   std::unique_ptr<Impl> impl_;

@@ -214,6 +214,111 @@ TEST_F(TrainerApiTest, Fp32GradsAccumulate32Bf16MicroStepsWhere16BitsLoseThem) {
   }
 }
 
+TEST_F(TrainerApiTest, FrozenTensorsTakeNoGradientNoStateAndComeBackFromACheckpoint) {
+  const std::string root = ::testing::TempDir() + "/zrt_trainer_frozen_" + std::to_string(size());
+  // Every stage; then the offloaded stage 3 (parameter shards in host memory) and device memory the
+  // host cannot address (CpuDevice(false): the frozen shard is cast through device staging).
+  struct Case {
+    int stage;
+    OffloadTarget offload;
+    bool host_accessible;
+  };
+  for (const Case c : {Case{0, OffloadTarget::kNone, true}, Case{1, OffloadTarget::kNone, true}, Case{2, OffloadTarget::kNone, true},
+                       Case{3, OffloadTarget::kNone, true}, Case{3, OffloadTarget::kHost, false}, Case{2, OffloadTarget::kNone, false}}) {
+    const int stage = c.stage;
+    if (rank() == 0) std::filesystem::remove_all(root);
+    MPI_Barrier(MPI_COMM_WORLD);
+    EngineConfig cfg;
+    cfg.stage = stage;
+    cfg.adam.lr = 1e-2;
+    cfg.adam.weight_decay = 0.1;
+    cfg.offload.optimizer = c.offload;
+    if (stage == 3) cfg.offload.params = c.offload;
+    // "embed" (group g0) frozen; the reference trains it with lr 0 and no decay, which leaves it as it
+    // was, so every other tensor must follow the same trajectory bit for bit (no clipping).
+    CpuDevice dev_a(c.host_accessible), dev_ref(c.host_accessible), dev_b(c.host_accessible);  // accounting per engine
+    auto make = [&](bool frozen, const InitFn& init, Device* dev) -> Result<std::unique_ptr<ZeroEngine>> {
+      ASSIGN_OR_RETURN(auto e, ZeroEngine::Create(comm_.get(), dev, cfg));
+      for (const ParamDef& p : kModel) {
+        ParamOptions o{.group = p.group};
+        if (p.name == "embed") {
+          o.frozen = frozen;
+          o.lr_scale = 0;
+          o.weight_decay = 0;
+        }
+        RETURN_IF_ERROR(e->AddParam(p.name, p.shape, DType::kBF16, o).status());
+      }
+      RETURN_IF_ERROR(e->Finalize(init));
+      return e;
+    };
+    auto a = make(true, Inits(), &dev_a);
+    auto ref = make(false, Inits(), &dev_ref);
+    ASSERT_TRUE(a.ok() && ref.ok()) << a.status() << ref.status();
+    const auto initial = Params(**a, kModel.size());
+    auto train = [&](ZeroEngine& e, bool frozen, int steps) {
+      for (int s = 0; s < steps; ++s) {
+        for (int g = e.num_groups() - 1; g >= 0; --g) {
+          ASSERT_TRUE(e.Gather(g).ok());
+          for (size_t p = 0; p < kModel.size(); ++p) {
+            const ParamHandle h{static_cast<int64_t>(p)};
+            if (e.group(h) != g) continue;
+            if (frozen && kModel[p].name == "embed") {
+              EXPECT_EQ(e.Grad(h).status().code(), StatusCode::kFailedPrecondition);
+              continue;
+            }
+            std::span<const bf16> w = e.Param(h).value().as<bf16>();
+            std::span<bf16> gr = e.Grad(h).value().as<bf16>();
+            for (size_t i = 0; i < w.size(); ++i) gr[i] = Grad(h.index, static_cast<int64_t>(i), w[i]);
+          }
+          ASSERT_TRUE(e.Release(g).ok());
+          ASSERT_TRUE(e.GradsReady(g).ok());  // a no-op for the frozen group
+        }
+        auto r = e.Step();
+        ASSERT_TRUE(r.ok()) << r.status();
+      }
+    };
+    train(**a, true, 3);
+    train(**ref, false, 3);
+    const auto got = Params(**a, kModel.size());
+    EXPECT_EQ(got, Params(**ref, kModel.size())) << "stage " << stage;
+    EXPECT_EQ(got[0], initial[0]) << "stage " << stage << ": the frozen tensor changed";
+    // The saving: no gradient and no optimizer state for the frozen group.
+    const auto ma = c.offload == OffloadTarget::kNone ? (*a)->memory() : (*a)->host_memory();
+    const auto mr = c.offload == OffloadTarget::kNone ? (*ref)->memory() : (*ref)->host_memory();
+    const int64_t embed = 37 * 29, n = stage == 0 ? 1 : size();
+    EXPECT_GE(mr.current_of(MemCategory::kOptimizerState) - ma.current_of(MemCategory::kOptimizerState), 12 * (embed / n))
+        << "stage " << stage << "\n" << ma.ToString() << mr.ToString();
+    if (stage <= 1 && c.offload == OffloadTarget::kNone) {
+      EXPECT_GE(mr.current_of(MemCategory::kGradients) - ma.current_of(MemCategory::kGradients), 2 * embed);
+    }
+    // Saved (its values, as master, and nothing else) and loaded into an engine that initialised it
+    // otherwise.
+    CpuDevice staging;
+    auto ck = ckpt::Checkpointer::Create(comm_.get(), &staging, {.root = root});
+    ASSERT_TRUE(ck.ok());
+    ASSERT_TRUE((*ck)->SaveAsync((*a)->state_view()).ok());
+    ASSERT_TRUE((*ck)->Wait().ok());
+    auto b = make(true, [](int64_t, int64_t, int64_t count, float* out) { std::fill(out, out + count, 0.25f); }, &dev_b);
+    ASSERT_TRUE(b.ok());
+    auto r = ckpt::Resume(comm_.get(), root, (*b)->state_view());
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(Params(**b, kModel.size()), got) << "stage " << stage;
+    train(**a, true, 2);
+    train(**b, true, 2);
+    EXPECT_EQ(Params(**b, kModel.size()), Params(**a, kModel.size())) << "stage " << stage;
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank() == 0) std::filesystem::remove_all(root);
+  // A group is frozen or not.
+  auto m = ZeroEngine::Create(comm_.get(), &device_, EngineConfig{});
+  ASSERT_TRUE(m.ok());
+  ASSERT_TRUE((*m)->AddParam("a", {4}, DType::kF32, {.group = "g"}).ok());
+  ASSERT_TRUE((*m)->AddParam("b", {4}, DType::kF32, {.group = "g", .frozen = true}).ok());
+  Status mixed = (*m)->Finalize(Inits());
+  EXPECT_EQ(mixed.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(mixed.message().find("mixes frozen and trainable"), std::string_view::npos) << mixed;
+}
+
 TEST_F(TrainerApiTest, TensorsByNameAndHandleWithClearMisuseErrors) {
   EngineConfig cfg;
   cfg.stage = 3;
