@@ -35,5 +35,6 @@
 #include "zrt/runtime/config_json.h"
 #include "zrt/runtime/engine.h"
 #include "zrt/runtime/engine_config.h"
+#include "zrt/runtime/full_state.h"
 #include "zrt/runtime/schedule.h"
 #include "zrt/runtime/stats.h"

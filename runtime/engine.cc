@@ -771,6 +771,24 @@ Status ZeroEngine::RefreshParamsFromMaster() {
   return GatherUpdatedParams(true);
 }
 
+Status ZeroEngine::ForEachFullTensor(const FullStateOptions& options, const FullStateFn& fn) {
+  if (!finalized_) return FailedPreconditionError("full state: the engine is not finalized");
+  return zrt::ForEachFullTensor(comm_, state_view(), options, fn);
+}
+
+Result<std::vector<float>> ZeroEngine::FullMaster(ParamHandle p, int root) {
+  if (p.index < 0 || p.index >= static_cast<int64_t>(params_.size())) return NotFoundError("full master: no parameter #", p.index);
+  FullStateOptions o;
+  o.root = root;
+  o.tensors = {params_[static_cast<size_t>(p.index)].name};
+  std::vector<float> out;
+  RETURN_IF_ERROR(ForEachFullTensor(o, [&](const TensorSpec&, std::string_view, std::span<const float> v) {
+    out.assign(v.begin(), v.end());
+    return Status();
+  }));
+  return out;
+}
+
 MemoryTracker::Snapshot ZeroEngine::memory() const { return device_->memory().Read(); }
 MemoryTracker::Snapshot ZeroEngine::host_memory() const { return impl_->host->memory().Read(); }
 SwapStats ZeroEngine::swap_stats() const { return impl_->store->swap_stats(); }

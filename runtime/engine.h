@@ -42,6 +42,7 @@
 #include "zrt/core/state_view.h"
 #include "zrt/core/tensor_view.h"
 #include "zrt/runtime/engine_config.h"
+#include "zrt/runtime/full_state.h"
 #include "zrt/runtime/loss_scaler.h"
 #include "zrt/runtime/schedule.h"
 #include "zrt/runtime/stats.h"
@@ -134,6 +135,12 @@ class ZeroEngine {
   // (the checkpoint's win; a difference from the registration is logged), then
   // RefreshParamsFromMaster. Collective. ckpt::Resume calls it through the state view.
   Status Restore(const StateCounters& saved);
+
+  // The full (unsharded) fp32 state in process, tensor by tensor (runtime/full_state.h). Collective.
+  Status ForEachFullTensor(const FullStateOptions& options, const FullStateFn& fn);
+  // One tensor's full master weights (a frozen tensor's values) on every rank (root = -1) or on
+  // `root` (an empty vector elsewhere). Collective.
+  Result<std::vector<float>> FullMaster(ParamHandle p, int root = -1);
 
   MemoryTracker::Snapshot memory() const;
   // Host memory taken by offload (state with offload = host; NVMe buffer sets), by category.

@@ -319,6 +319,71 @@ TEST_F(TrainerApiTest, FrozenTensorsTakeNoGradientNoStateAndComeBackFromACheckpo
   EXPECT_NE(mixed.message().find("mixes frozen and trainable"), std::string_view::npos) << mixed;
 }
 
+TEST_F(TrainerApiTest, FullStateInProcessOnOneRankOrEveryRank) {
+  // The full master of a tensor is its parameters' fp32 values: an fp32 model's parameters are the
+  // master bit for bit, so the gathered parameters are the reference, at every stage and placement.
+  for (OffloadTarget off : {OffloadTarget::kNone, OffloadTarget::kHost, OffloadTarget::kNvme}) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      const std::string swap = ::testing::TempDir() + "/zrt_full_state_swap";
+      if (rank() == 0) std::filesystem::create_directories(swap);
+      MPI_Barrier(MPI_COMM_WORLD);
+      EngineConfig cfg;
+      cfg.stage = stage;
+      cfg.adam.amsgrad = true;
+      cfg.offload.optimizer = off;
+      cfg.offload.nvme_dir = swap;
+      cfg.offload.sub_group_elements = 1024;
+      auto e = MakeWith(cfg, DType::kF32, true);
+      ASSERT_TRUE(e.ok()) << e.status();
+      Steps(**e, 2);
+      const auto params = Params(**e, kModel.size());
+      for (int root : {-1, 0, size() - 1}) {
+        std::map<std::string, std::map<std::string, std::vector<float>>> got;
+        FullStateOptions o;
+        o.root = root;
+        o.kinds = {"master", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+        Status s = (*e)->ForEachFullTensor(o, [&](const TensorSpec& t, std::string_view kind, std::span<const float> v) {
+          EXPECT_EQ(static_cast<int64_t>(v.size()), t.numel());
+          got[t.name][std::string(kind)].assign(v.begin(), v.end());
+          return Status();
+        });
+        ASSERT_TRUE(s.ok()) << s;
+        auto one = (*e)->FullMaster({4}, root);  // w2; collective
+        ASSERT_TRUE(one.ok()) << one.status();
+        if (root != -1 && root != rank()) {
+          EXPECT_TRUE(got.empty());
+          EXPECT_TRUE(one->empty());
+          continue;
+        }
+        EXPECT_EQ(*one, params[4]);
+        ASSERT_EQ(got.size(), kModel.size());
+        for (size_t p = 0; p < kModel.size(); ++p) {
+          const auto& kinds = got[kModel[p].name];
+          EXPECT_EQ(kinds.size(), 4u);
+          EXPECT_EQ(kinds.at("master"), params[p]) << kModel[p].name << " stage " << stage << " offload " << OffloadTargetName(off);
+          // After two steps of nonzero gradients the second moment is positive where the tensor is.
+          for (float v : kinds.at("exp_avg_sq")) ASSERT_GT(v, 0.0f) << kModel[p].name;
+        }
+      }
+      EXPECT_EQ((*e)->FullMaster({99}).status().code(), StatusCode::kNotFound);
+      FullStateOptions bad;
+      bad.tensors = {"nope"};
+      EXPECT_EQ((*e)->ForEachFullTensor(bad, [](const TensorSpec&, std::string_view, std::span<const float>) { return Status(); }).code(),
+                StatusCode::kNotFound);
+      // A callback's failure on one rank stops every rank.
+      FullStateOptions all;
+      all.root = -1;
+      int calls = 0;
+      Status stop = (*e)->ForEachFullTensor(all, [&](const TensorSpec&, std::string_view, std::span<const float>) {
+        ++calls;
+        return rank() == size() - 1 ? IoError("disk full") : Status();
+      });
+      EXPECT_EQ(stop.code(), StatusCode::kIo) << stop;
+      EXPECT_EQ(calls, 1);
+    }
+  }
+}
+
 TEST_F(TrainerApiTest, TensorsByNameAndHandleWithClearMisuseErrors) {
   EngineConfig cfg;
   cfg.stage = 3;
