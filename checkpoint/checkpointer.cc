@@ -210,6 +210,7 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
     Status s = WriteFiles(*job);
     stats_.write_seconds = Now() - tw;
     stats_.stall_seconds = Now() - t0;
+    if (state.stalled) state.stalled(stats_.stall_seconds);
     {
       std::lock_guard<std::mutex> lock(mu_);
       job_ = std::move(job);
@@ -220,6 +221,7 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
     return Status();
   }
   stats_.stall_seconds = Now() - t0;
+  if (state.stalled) state.stalled(stats_.stall_seconds);
   {
     std::lock_guard<std::mutex> lock(mu_);
     job_ = std::move(job);

@@ -63,6 +63,8 @@ struct StateView {
   // and re-derives what depends on the state (the parameters, from master). Collective; called by
   // ckpt::Resume on every rank once every rank's load succeeded. Empty: nothing to re-derive.
   std::function<Status(const StateCounters& saved)> restore;
+  // Set by the owner: told how long a checkpoint's snapshot made training wait (its step metrics).
+  std::function<void(double seconds)> stalled;
 };
 
 }  // namespace zrt

@@ -71,6 +71,19 @@ Result<EngineConfig> EngineConfigFromJson(const nlohmann::json& j, const EngineC
     RETURN_IF_ERROR(ReadIoOptions(io, &c.offload.io));
     RETURN_IF_ERROR(o.Finish());
   }
+  {
+    ASSIGN_OR_RETURN(JsonReader m, r.Child("metrics"));
+    RETURN_IF_ERROR(m.Read("tokens_per_step", &c.metrics.tokens_per_step));
+    RETURN_IF_ERROR(m.Read("flops_per_step", &c.metrics.flops_per_step));
+    RETURN_IF_ERROR(m.Read("peak_flops", &c.metrics.peak_flops));
+    RETURN_IF_ERROR(m.Read("jsonl_path", &c.metrics.jsonl_path));
+    RETURN_IF_ERROR(m.Finish());
+    for (const char* k : {"tokens_per_step", "flops_per_step", "peak_flops"}) {
+      double v = 0;
+      RETURN_IF_ERROR(m.Read(k, &v));
+      if (v < 0) return InvalidArgumentError(m.Path(k), ": must be >= 0");
+    }
+  }
   RETURN_IF_ERROR(r.Finish());
   // The rest of the checks are ZeroEngine::Create's; run them here so a bad file fails at parse time.
   if (c.stage < 0 || c.stage > 3) return InvalidArgumentError(r.Path("stage"), ": must be 0, 1, 2 or 3, got ", c.stage);

@@ -16,7 +16,8 @@ TEST(EngineConfigJson, EveryFieldIsRead) {
     "loss_scale": {"mode": "dynamic", "init_scale": 1024, "growth": 4, "backoff": 0.25, "growth_interval": 100,
                    "hysteresis": 2, "min_scale": 2},
     "offload": {"optimizer": "nvme", "params": "nvme", "nvme_dir": "/mnt/nvme", "host_budget_bytes": 4294967296,
-                "sub_group_elements": 1000000, "io": {"backend": "threads", "queue_depth": 8, "block_bytes": 65536, "threads": 2}}
+                "sub_group_elements": 1000000, "io": {"backend": "threads", "queue_depth": 8, "block_bytes": 65536, "threads": 2}},
+    "metrics": {"tokens_per_step": 4096, "flops_per_step": 1e12, "peak_flops": 9.9e14, "jsonl_path": "/tmp/m-{rank}.jsonl"}
   })", "test");
   ASSERT_TRUE(j.ok()) << j.status();
   auto c = EngineConfigFromJson(*j);
@@ -56,6 +57,10 @@ TEST(EngineConfigJson, EveryFieldIsRead) {
   EXPECT_EQ(c->offload.io.queue_depth, 8);
   EXPECT_EQ(c->offload.io.block_bytes, 65536);
   EXPECT_EQ(c->offload.io.threads, 2);
+  EXPECT_EQ(c->metrics.tokens_per_step, 4096);
+  EXPECT_EQ(c->metrics.flops_per_step, 1e12);
+  EXPECT_EQ(c->metrics.peak_flops, 9.9e14);
+  EXPECT_EQ(c->metrics.jsonl_path, "/tmp/m-{rank}.jsonl");
 }
 
 TEST(EngineConfigJson, AbsentKeysKeepTheDefaults) {
@@ -90,6 +95,8 @@ TEST(EngineConfigJson, UnknownKeysAndBadValuesAreRefusedWithTheirPath) {
       {R"({"offload": {"io": {"queue_depth": 0}}})", "engine.offload.io.queue_depth"},
       {R"({"fp32_grads": 1})", "engine.fp32_grads: expected true or false"},
       {R"([1, 2])", "engine: expected an object"},
+      {R"({"metrics": {"peak_flops": -1}})", "engine.metrics.peak_flops: must be >= 0"},
+      {R"({"metrics": {"jsonl": "x"}})", "engine.metrics.jsonl"},
   };
   for (const auto& [text, want] : cases) {
     auto j = ParseJson(text, "test");

@@ -17,9 +17,11 @@
 // all-gather.
 #include "zrt/runtime/engine.h"
 
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <map>
+#include <optional>
 
 #include "zrt/core/json_reader.h"
 #include "zrt/core/logging.h"
@@ -32,6 +34,7 @@
 #include "zrt/runtime/grad_bucketer.h"
 #include "zrt/runtime/optimizer_store.h"
 #include "zrt/runtime/param_gatherer.h"
+#include "zrt/runtime/step_metrics.h"
 
 namespace zrt {
 
@@ -74,6 +77,9 @@ struct ZeroEngine::Impl {
   std::unique_ptr<ParamGatherer> gatherer;
   std::unique_ptr<OptimizerStore> store;
   CommStats step_gathers;  // stages 1-2 parameter all-gathers after the step
+  internal::StepClock clock;
+  std::unique_ptr<internal::JsonlSink> sink;
+  nlohmann::json recorded = nlohmann::json::object();
   kernels::CpuKernelOptions kernel_options() {
     kernels::CpuKernelOptions ko;
     ko.pool = &pool;
@@ -159,10 +165,17 @@ Result<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Communicator* comm, Devic
   }
   if (oc.host_budget_bytes < 0) return InvalidArgumentError("engine: offload.host_budget_bytes must be >= 0 (0 = unbounded)");
   if (oc.sub_group_elements < 0) return InvalidArgumentError("engine: offload.sub_group_elements must be >= 0 (0 = derived)");
+  const MetricsConfig& mc = c.metrics;
+  for (double v : {mc.tokens_per_step, mc.flops_per_step, mc.peak_flops}) {
+    if (!(v >= 0) || !std::isfinite(v)) return InvalidArgumentError("engine: metrics figures must be finite and >= 0");
+  }
   std::unique_ptr<ZeroEngine> e(new ZeroEngine(comm, device, c));
   ASSIGN_OR_RETURN(e->scaler_, LossScaler::Create(c.loss_scale), "engine");
   const int threads = c.optimizer_threads > 0 ? c.optimizer_threads : ThreadPool::HardwareThreads();
   e->impl_ = std::make_unique<Impl>(device, threads);
+  if (!mc.jsonl_path.empty()) {
+    ASSIGN_OR_RETURN(e->impl_->sink, internal::JsonlSink::Open(mc.jsonl_path, comm->rank()), "engine");
+  }
   e->impl_->host = HostMemory::Create(oc.host_budget_bytes, "offload.host_budget_bytes");
   e->impl_->host_staging = std::make_unique<BufferPool>(e->impl_->host.get(), MemCategory::kStaging);
   ASSIGN_OR_RETURN(e->impl_->compute, Compute::For(device, e->impl_->kernel_options()), "engine");
@@ -264,6 +277,7 @@ Status ZeroEngine::Finalize(const InitFn& init) {
   }
   RETURN_IF_ERROR(Allocate(init));
   BuildSettingRuns();
+  impl_->clock.Begin();
   finalized_ = true;
   return Status();
 }
@@ -487,7 +501,10 @@ Result<TensorView> ZeroEngine::Grad(std::string_view name) {
 
 Result<void*> ZeroEngine::Gather(int group) {
   ASSIGN_OR_RETURN(Group * g, Get(group, "gather"));
-  if (config_.stage == 3) return impl_->gatherer->Gather(group);
+  if (config_.stage == 3) {
+    internal::StepClock::Scope t(&impl_->clock, &StepTimes::comm_wait);
+    return impl_->gatherer->Gather(group);
+  }
   g->gathered = true;
   return g->full_param.data();
 }
@@ -523,6 +540,7 @@ Status ZeroEngine::GradsReady(int group) {
   if (!g->grad_live) return FailedPreconditionError("grads_ready: group '", g->name, "' has no gradient buffer this step");
   if (g->grad_reduced) return FailedPreconditionError("grads_ready: group '", g->name, "' was already reduced this step");
   if (!sync_) return Status();  // accumulation micro-step: keep the full gradient, no communication
+  internal::StepClock::Scope t(&impl_->clock, &StepTimes::comm_wait);
   return ReduceGroup(group);
 }
 
@@ -537,9 +555,42 @@ Status ZeroEngine::ReduceGroup(int gi) {
   return Status();
 }
 
+void ZeroEngine::Mark(Phase phase) { impl_->clock.Mark(phase); }
+void ZeroEngine::Record(const std::string& key, double value) { impl_->recorded[key] = value; }
+
 Result<StepResult> ZeroEngine::Step() {
   if (!finalized_) return FailedPreconditionError("step: the engine is not finalized");
   if (!sync_) return FailedPreconditionError("step: called in a no-sync micro-step (call SetSync(true) before the last)");
+  impl_->clock.Mark(std::nullopt);
+  ASSIGN_OR_RETURN(StepResult r, StepImpl());
+  RETURN_IF_ERROR(Report(r), "step");
+  return r;
+}
+
+Status ZeroEngine::Report(StepResult& r) {
+  r.times = impl_->clock.Finish();
+  const MetricsConfig& mc = config_.metrics;
+  if (r.times.total > 0) {
+    r.tokens_per_second = mc.tokens_per_step * comm_->size() / r.times.total;
+    if (mc.peak_flops > 0) r.mfu = mc.flops_per_step / (r.times.total * mc.peak_flops);
+  }
+  nlohmann::json extra = std::move(impl_->recorded);
+  impl_->recorded = nlohmann::json::object();
+  if (!impl_->sink) return Status();
+  const StepTimes& t = r.times;
+  nlohmann::json j = {{"step", r.step}, {"skipped", r.skipped}, {"lr", r.lr}, {"loss_scale", r.loss_scale},
+                      {"grad_norm", std::isfinite(r.grad_norm) ? nlohmann::json(r.grad_norm) : nlohmann::json(nullptr)},
+                      {"time", {{"total", t.total}, {"forward", t.forward}, {"backward", t.backward}, {"comm_wait", t.comm_wait},
+                                {"optimizer", t.optimizer}, {"offload_io", t.offload_io}, {"checkpoint_stall", t.checkpoint_stall},
+                                {"other", t.other}}}};
+  if (mc.tokens_per_step > 0) j["tokens_per_second"] = r.tokens_per_second;
+  if (mc.peak_flops > 0 && mc.flops_per_step > 0) j["mfu"] = r.mfu;
+  for (auto it = extra.begin(); it != extra.end(); ++it) j[it.key()] = it.value();
+  return impl_->sink->Write(j);
+}
+
+Result<StepResult> ZeroEngine::StepImpl() {
+  std::optional<internal::StepClock::Scope> comm_time(std::in_place, &impl_->clock, &StepTimes::comm_wait);
   // Gathered parameters are about to change: drop them (stage 3 buffers go back to the pool).
   for (int gi = 0; gi < num_groups(); ++gi) {
     Group& g = *groups_[static_cast<size_t>(gi)];
@@ -588,6 +639,7 @@ Result<StepResult> ZeroEngine::Step() {
     ZRT_LOG(kInfo) << "step skipped: non-finite gradients (loss scale " << r.loss_scale << " -> " << scaler_.scale() << ")";
     return r;
   }
+  comm_time.reset();
   const double denom = scaler_.scale() * config_.grad_accum_steps;
   float norm = 0;
   const float mult = kernels::GradMultiplier(global, static_cast<float>(denom), static_cast<float>(config_.max_grad_norm), &norm);
@@ -631,9 +683,19 @@ Result<StepResult> ZeroEngine::Step() {
     if (f32) RETURN_IF_ERROR(w.compute->Move(w.params, w.master, static_cast<size_t>(w.count) * 4));
     return Status();
   };
-  RETURN_IF_ERROR(impl_->store->Update(adam), "step");
-  RETURN_IF_ERROR(impl_->compute->MarkUpdated(), "step");  // what a checkpoint snapshot waits for
-  RETURN_IF_ERROR(GatherUpdatedParams(false), "step");
+  {
+    const auto t0 = std::chrono::steady_clock::now();
+    RETURN_IF_ERROR(impl_->store->Update(adam), "step");
+    RETURN_IF_ERROR(impl_->compute->MarkUpdated(), "step");  // what a checkpoint snapshot waits for
+    const double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double io = std::min(spent, impl_->store->swap_stats().wait_seconds);
+    impl_->clock.Charge(&StepTimes::offload_io, io);
+    impl_->clock.Charge(&StepTimes::optimizer, spent - io);
+  }
+  {
+    internal::StepClock::Scope t(&impl_->clock, &StepTimes::comm_wait);
+    RETURN_IF_ERROR(GatherUpdatedParams(false), "step");
+  }
   scaler_.Update(false);
   r.step = ++steps_;
   return r;
@@ -660,6 +722,7 @@ StateView ZeroEngine::state_view() {
   v.stage = config_.stage;
   v.counters = {steps_, scaler_.scale(), scaler_.state().good_steps, scaler_.state().hysteresis_left, EngineState()};
   v.restore = [this](const StateCounters& saved) { return Restore(saved); };
+  v.stalled = [this](double seconds) { impl_->clock.Charge(&StepTimes::checkpoint_stall, seconds); };
   int store_index = 0;
   for (auto& gp : groups_) {
     Group& g = *gp;
@@ -690,7 +753,9 @@ Status ZeroEngine::Restore(const StateCounters& saved) {
   RETURN_IF_ERROR(ApplyEngineState(saved.engine_state), "restore");
   steps_ = saved.step;
   scaler_.set_state({saved.loss_scale, saved.scaler_good_steps, saved.scaler_hysteresis_left});
-  return RefreshParamsFromMaster();
+  RETURN_IF_ERROR(RefreshParamsFromMaster());
+  impl_->clock.Begin();  // the first step after a resume does not count the load
+  return Status();
 }
 
 // The engine's part of a checkpoint (StateCounters::engine_state):

@@ -55,6 +55,9 @@ struct StepResult {
   double loss_scale = 1;    // the scale used for this step's gradients
   double lr = 0;            // this step's scheduled lr (a tensor's is lr * its lr_scale)
   int64_t step = 0;         // optimizer steps taken so far (skipped ones excluded)
+  StepTimes times;          // where the wall time since the previous Step went
+  double tokens_per_second = 0;  // the job's (metrics.tokens_per_step * world size / times.total)
+  double mfu = 0;                // metrics.flops_per_step / (times.total * metrics.peak_flops)
 };
 
 // A registered parameter; index = registration order (InitFn's `param`).
@@ -116,6 +119,12 @@ class ZeroEngine {
   Status GradsReady(int group);
   void SetSync(bool sync) { sync_ = sync; }
 
+  // Step metrics: the trainer marks where its forward and backward begin (the time up to the next
+  // mark or Step, less the engine's, is that phase's), and may record values (the loss) for the
+  // step's JSON line.
+  void Mark(Phase phase);
+  void Record(const std::string& key, double value);
+
   Result<StepResult> Step();
 
   // The peak lr the schedule multiplies (config.adam.lr until set), and the schedule. Both are saved
@@ -172,6 +181,8 @@ class ZeroEngine {
   Status FrozenRead(Group& g, int64_t offset, int64_t n, float* out);
   Status FrozenWrite(Group& g, int64_t offset, int64_t n, const float* in);
   Status ReduceGroup(int g);
+  Result<StepResult> StepImpl();
+  Status Report(StepResult& r);
   Result<Group*> Get(int group, const char* what);
 
   Communicator* comm_;

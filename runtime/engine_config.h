@@ -11,6 +11,7 @@
 #include "zrt/offload/io_options.h"
 #include "zrt/runtime/loss_scaler.h"
 #include "zrt/runtime/schedule.h"
+#include "zrt/runtime/stats.h"
 
 namespace zrt {
 
@@ -47,6 +48,7 @@ struct EngineConfig {
   LossScaleConfig loss_scale;             // fp16: dynamic; bf16/f32: none
   kernels::AdamConfig adam;               // lr = the peak; weight_decay = the default (ParamOptions overrides)
   LrSchedule lr_schedule;                 // lr at step t = adam.lr * lr_schedule.Factor(t)
+  MetricsConfig metrics;                  // tokens/s, MFU and the JSON-lines log of StepResult
   int optimizer_threads = 0;              // CPU Adam threads (caller included); <= 0: all hardware threads
   OffloadConfig offload;
 };

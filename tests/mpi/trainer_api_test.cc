@@ -6,7 +6,10 @@
 
 #include <cmath>
 #include <filesystem>
+#include <chrono>
+#include <fstream>
 #include <map>
+#include <thread>
 
 #include "tests/mpi/engine_fixture.h"
 #include "zrt/checkpoint/checkpointer.h"
@@ -382,6 +385,71 @@ TEST_F(TrainerApiTest, FullStateInProcessOnOneRankOrEveryRank) {
       EXPECT_EQ(calls, 1);
     }
   }
+}
+
+TEST_F(TrainerApiTest, StepTimesAddUpAndTheJsonLinesLogHasOneObjectPerStep) {
+  const std::string dir = ::testing::TempDir() + "/zrt_metrics_" + std::to_string(size());
+  if (rank() == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  EngineConfig cfg;
+  cfg.stage = 3;
+  cfg.metrics = {.tokens_per_step = 512, .flops_per_step = 3e9, .peak_flops = 1e12, .jsonl_path = dir + "/steps-{rank}.jsonl"};
+  auto e = MakeWith(cfg, DType::kBF16, true);
+  ASSERT_TRUE(e.ok()) << e.status();
+  CpuDevice staging;
+  auto ck = ckpt::Checkpointer::Create(comm_.get(), &staging, {.root = dir + "/ckpt"});
+  ASSERT_TRUE(ck.ok());
+  auto sleep = [](int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); };
+  for (int s = 0; s < 3; ++s) {
+    (*e)->Mark(Phase::kForward);
+    sleep(20);
+    (*e)->Mark(Phase::kBackward);
+    Backward(**e, kModel.size(), Grad);  // engine time inside the phase goes to comm_wait, not backward
+    sleep(30);
+    (*e)->Record("loss", 1.5 - s);
+    auto r = (*e)->Step();
+    ASSERT_TRUE(r.ok()) << r.status();
+    const StepTimes& t = r->times;
+    EXPECT_GE(t.forward, 0.02);
+    EXPECT_GE(t.backward, 0.03);
+    EXPECT_GT(t.comm_wait, 0.0);
+    EXPECT_GT(t.optimizer, 0.0);
+    EXPECT_EQ(t.offload_io, 0.0);
+    EXPECT_NEAR(t.forward + t.backward + t.comm_wait + t.optimizer + t.offload_io + t.checkpoint_stall + t.other, t.total, 1e-9);
+    if (s == 2) {
+      EXPECT_GT(t.checkpoint_stall, 0.0);  // the save after step 2 falls in step 3's interval
+    } else {
+      EXPECT_EQ(t.checkpoint_stall, 0.0);
+    }
+    EXPECT_DOUBLE_EQ(r->tokens_per_second, 512.0 * size() / t.total);
+    EXPECT_DOUBLE_EQ(r->mfu, 3e9 / (t.total * 1e12));
+    if (s == 1) {
+      ASSERT_TRUE((*ck)->SaveAsync((*e)->state_view()).ok());
+    }
+  }
+  ASSERT_TRUE((*ck)->Wait().ok());
+  std::ifstream in(dir + "/steps-" + std::to_string(rank()) + ".jsonl");
+  std::vector<nlohmann::json> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(nlohmann::json::parse(l));
+  ASSERT_EQ(lines.size(), 3u);
+  for (int s = 0; s < 3; ++s) {
+    const nlohmann::json& j = lines[static_cast<size_t>(s)];
+    EXPECT_EQ(j["step"], s + 1);
+    EXPECT_EQ(j["loss"], 1.5 - s);
+    EXPECT_GT(j["time"]["total"].get<double>(), 0.05);
+    EXPECT_TRUE(j.contains("tokens_per_second") && j.contains("mfu") && j["time"].contains("checkpoint_stall")) << j.dump();
+  }
+  // A log that cannot be opened fails the engine's creation, naming the path.
+  EngineConfig bad = cfg;
+  bad.metrics.jsonl_path = dir + "/no/such/dir/{rank}.jsonl";
+  auto f = ZeroEngine::Create(comm_.get(), &device_, bad);
+  EXPECT_FALSE(f.ok());
+  EXPECT_NE(f.status().message().find("no/such/dir"), std::string_view::npos) << f.status();
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank() == 0) std::filesystem::remove_all(dir);
 }
 
 TEST_F(TrainerApiTest, TensorsByNameAndHandleWithClearMisuseErrors) {
