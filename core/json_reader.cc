@@ -26,18 +26,18 @@ Result<JsonReader> JsonReader::Object(const nlohmann::json& j, std::string path)
   if (!j.is_object()) {
     return InvalidArgumentError(path.empty() ? "configuration" : path, ": expected an object, got ", Shown(j));
   }
-  return JsonReader(&j, std::move(path));
+  return JsonReader(j, std::move(path));
 }
 
 std::string JsonReader::Path(std::string_view key) const {
   return path_.empty() ? std::string(key) : internal::StrCat(path_, ".", key);
 }
 
-bool JsonReader::has(std::string_view key) const { return j_->find(key) != j_->end(); }
+bool JsonReader::has(std::string_view key) const { return j_.find(key) != j_.end(); }
 
 const nlohmann::json* JsonReader::Get(std::string_view key) {
-  auto it = j_->find(key);
-  if (it == j_->end()) return nullptr;
+  auto it = j_.find(key);
+  if (it == j_.end()) return nullptr;
   read_.emplace(key);
   return &*it;
 }
@@ -105,7 +105,7 @@ const nlohmann::json& JsonReader::Raw(std::string_view key) {
 
 Status JsonReader::Finish() const {
   std::string unknown;
-  for (auto it = j_->begin(); it != j_->end(); ++it) {
+  for (auto it = j_.begin(); it != j_.end(); ++it) {
     if (read_.count(it.key()) == 0) unknown += (unknown.empty() ? "" : ", ") + Path(it.key());
   }
   if (!unknown.empty()) return InvalidArgumentError("unknown configuration key(s): ", unknown);

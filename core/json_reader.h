@@ -7,7 +7,8 @@
 //   ASSIGN_OR_RETURN(JsonReader off, r.Child("offload")); ... RETURN_IF_ERROR(off.Finish());
 //   RETURN_IF_ERROR(r.Finish());
 //
-// Not thread-safe; the json must outlive the reader.
+// Not thread-safe. A reader holds its own copy of the object (configurations are small), so it may
+// be made from a temporary.
 #pragma once
 
 #include <cstdint>
@@ -45,7 +46,8 @@ class JsonReader {
   }
   // A nested object (absent: an empty one, so defaults stay).
   Result<JsonReader> Child(std::string_view key);
-  // The raw value of a key the caller interprets itself (marked as read); null when absent.
+  // The raw value of a key the caller interprets itself (marked as read); null when absent. Valid
+  // while the reader lives.
   const nlohmann::json& Raw(std::string_view key);
 
   bool has(std::string_view key) const;
@@ -55,9 +57,9 @@ class JsonReader {
   Status Finish() const;
 
  private:
-  JsonReader(const nlohmann::json* j, std::string path) : j_(j), path_(std::move(path)) {}
+  JsonReader(nlohmann::json j, std::string path) : j_(std::move(j)), path_(std::move(path)) {}
   const nlohmann::json* Get(std::string_view key);
-  const nlohmann::json* j_;
+  nlohmann::json j_;
   std::string path_;
   std::set<std::string, std::less<>> read_;
 };
