@@ -19,6 +19,7 @@ Manifest Sample() {
   m.stage = 3;
   m.zrt_version = "0.1.0";
   m.trainer_state = {{"data_position", 12345}, {"rng", "abc"}};
+  m.engine_state = {{"lr", 3e-4}, {"lr_schedule", {{"kind", "cosine"}}}};
   GroupEntry g;
   g.name = "layer0";
   g.lr = 1e-3;
@@ -29,6 +30,18 @@ Manifest Sample() {
   return m;
 }
 
+TEST(Format, EngineStateIsOptionalAndMustBeAnObject) {
+  nlohmann::json j = nlohmann::json::parse(EncodeManifest(Sample()));
+  j["engine"].erase("state");  // a checkpoint written before it existed
+  auto old = DecodeManifest(internal::Seal(j), "manifest.json");
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_TRUE(old->engine_state.is_object() && old->engine_state.empty());
+  j["engine"]["state"] = "lr=3";
+  auto bad = DecodeManifest(internal::Seal(j), "manifest.json");
+  EXPECT_EQ(bad.status().code(), StatusCode::kDataLoss) << bad.status();
+  EXPECT_NE(bad.status().message().find("engine.state"), std::string_view::npos) << bad.status();
+}
+
 TEST(Format, ManifestRoundTripAndLayout) {
   const Manifest m = Sample();
   const std::string text = EncodeManifest(m);
@@ -36,6 +49,7 @@ TEST(Format, ManifestRoundTripAndLayout) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->step, 1200);
   EXPECT_EQ(back->trainer_state["data_position"], 12345);
+  EXPECT_EQ(back->engine_state, m.engine_state);
   ASSERT_EQ(back->groups.size(), 1u);
   EXPECT_EQ(back->groups[0].tensors[1].name, "b");
   EXPECT_EQ(back->groups[0].tensors[0].dtype, DType::kBF16);

@@ -40,6 +40,7 @@ class CkptCommands : public ::testing::Test {
     m.world_size = m.shards = 3;
     m.stage = 3;
     m.trainer_state = {{"seed", 9}};
+    m.engine_state = {{"lr", 0.002}, {"weight_decay", 0.1}};
     m.groups.push_back({"g", 1e-3, 0, 4, {{"a", {5, 7}, DType::kBF16, 0, 35}, {"b", {9}, DType::kBF16, 36, 9}}, {"master", "exp_avg"}});
     const std::string dir = root + "/" + StepDirName(42);
     EXPECT_TRUE(MakeDirs(dir).ok());
@@ -108,6 +109,13 @@ TEST_F(CkptCommands, ReshardDiffExportImportAgree) {
   ASSERT_TRUE(CkptDiff(dir_, root_ + "/imp/step-00000042", true, d).ok());
   const auto diff = nlohmann::json::parse(d.str());  // keep it alive: the loop iterates a sub-object
   for (const auto& row : diff["tensors"]) EXPECT_EQ(row["max_abs"], 0.0) << row.dump();
+  // What the engine restores travels through reshard and HDF5 too.
+  for (const std::string& copy : {root_ + "/s0/step-00000042", root_ + "/imp/step-00000042"}) {
+    auto m = ReadManifest(copy);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(m->engine_state["lr"], 0.002) << copy;
+    EXPECT_EQ(m->trainer_state["seed"], 9) << copy;
+  }
 }
 
 TEST_F(CkptCommands, DiffSeesNanAndInfinityAndExitsNonZeroWhenDifferent) {
