@@ -1,5 +1,6 @@
 // LrSchedule: the learning-rate multiplier at each optimizer step, as the usual schedules define it
-// (transformers' get_*_schedule_with_warmup, torch.optim.lr_scheduler.LambdaLR over them):
+// (transformers' get_*_schedule_with_warmup, which torch runs as LambdaLR; without warmup, torch's
+// CosineAnnealingLR and LinearLR; values checked against PyTorch in schedule_test.cc):
 //
 //   kind              factor(t), t = optimizer steps taken before this one (0 at the first step)
 //   constant          1

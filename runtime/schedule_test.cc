@@ -7,10 +7,11 @@
 namespace zrt {
 namespace {
 
-// Values of transformers.optimization's lr lambdas (get_constant_schedule_with_warmup,
-// get_linear_schedule_with_warmup, get_cosine_schedule_with_warmup with num_cycles = 0.5,
-// get_cosine_with_min_lr_schedule_with_warmup with min_lr_rate), which LambdaLR multiplies the base lr
-// by, computed in Python from a transcription of their definitions (torch is not on this machine).
+// Reference values computed with PyTorch 1.13 (Debian's python3-torch) by
+// scripts/reference/lr_schedules.py: transformers' schedules as torch runs them (LambdaLR over
+// get_constant_schedule_with_warmup's, get_linear_schedule_with_warmup's,
+// get_cosine_schedule_with_warmup's and get_cosine_with_min_lr_schedule_with_warmup's lambdas), and
+// torch's own CosineAnnealingLR and LinearLR, read with get_last_lr() before each optimizer step.
 // At steps 0, 1, 5, 9, 10, 11, 37, 50, 99, 100 with W = 10, T = 100.
 const std::vector<int64_t> kSteps = {0, 1, 5, 9, 10, 11, 37, 50, 99, 100};
 const std::vector<double> kWarmupConstant = {0.0, 0.1, 0.5, 0.9, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0};
@@ -19,11 +20,13 @@ const std::vector<double> kCosine = {0.0, 0.1, 0.5, 0.9, 1.0, 0.9996954135095479
                                      0.00030458649045211894, 0.0};
 const std::vector<double> kCosineMin = {0.0, 0.1, 0.5, 0.9, 1.0, 0.9997258721585931, 0.8145033635316129, 0.6281416799501187,
                                         0.10027412784140691, 0.1};
-// W = 0, T = 7, steps 0..7.
-const std::vector<double> kCosineNoWarmup = {1.0, 0.9504844339512095, 0.8117449009293668, 0.6112604669781572, 0.38873953302184283,
-                                             0.18825509907063326, 0.04951556604879048, 0.0};
-const std::vector<double> kLinearNoWarmup = {1.0, 0.8571428571428571, 0.7142857142857143, 0.5714285714285714, 0.42857142857142855,
-                                             0.2857142857142857, 0.14285714285714285, 0.0};
+// Steps 0..7: CosineAnnealingLR(T_max = 7, eta_min = 0 and 0.25), LinearLR(1 -> 0 over 7).
+const std::vector<double> kCosineAnnealing = {1.0, 0.9504844339512095, 0.8117449009293668, 0.6112604669781572, 0.38873953302184283,
+                                              0.18825509907063326, 0.04951556604879048, 0.0};
+const std::vector<double> kCosineAnnealingMin = {1.0, 0.9628633254634071, 0.858808675697025, 0.7084453502336179, 0.5415546497663821,
+                                                 0.39119132430297493, 0.28713667453659286, 0.25};
+const std::vector<double> kLinearLR = {1.0, 0.8571428571428572, 0.7142857142857144, 0.5714285714285715, 0.4285714285714286,
+                                       0.28571428571428575, 0.14285714285714288, 0.0};
 
 void ExpectValues(const LrSchedule& s, const std::vector<int64_t>& steps, const std::vector<double>& want) {
   ASSERT_TRUE(s.Validate().ok()) << s.Validate();
@@ -32,14 +35,15 @@ void ExpectValues(const LrSchedule& s, const std::vector<int64_t>& steps, const 
   }
 }
 
-TEST(LrSchedule, MatchesTheTransformersSchedulesValueForValue) {
+TEST(LrSchedule, MatchesTorchAndTransformersSchedulesValueForValue) {
   ExpectValues(LrSchedule::WarmupConstant(10), kSteps, kWarmupConstant);
   ExpectValues(LrSchedule::Linear(10, 100), kSteps, kLinear);
   ExpectValues(LrSchedule::Cosine(10, 100), kSteps, kCosine);
   ExpectValues(LrSchedule::Cosine(10, 100, 0.1), kSteps, kCosineMin);
   const std::vector<int64_t> seven = {0, 1, 2, 3, 4, 5, 6, 7};
-  ExpectValues(LrSchedule::Cosine(0, 7), seven, kCosineNoWarmup);
-  ExpectValues(LrSchedule::Linear(0, 7), seven, kLinearNoWarmup);
+  ExpectValues(LrSchedule::Cosine(0, 7), seven, kCosineAnnealing);
+  ExpectValues(LrSchedule::Cosine(0, 7, 0.25), seven, kCosineAnnealingMin);
+  ExpectValues(LrSchedule::Linear(0, 7), seven, kLinearLR);
   for (int64_t t : {0, 1, 1000000}) EXPECT_EQ(LrSchedule::Constant().Factor(t), 1.0);
 }
 
