@@ -1,0 +1,382 @@
+// gpt: a GPT-2 architecture transformer trained on zrt (examples/gpt/model.h), byte-level, on the
+// English text of Debian's fortunes package.
+//
+//   mpirun -n 4 gpt --preset small --stage 3 --steps 300 --ckpt /tmp/gpt      # ~11M parameters
+//   mpirun -n 2 gpt --preset tiny --offload nvme --nvme-dir /tmp/swap
+//   gpt --preset tiny --reference DIR     # one forward/backward on fixed weights, for tests/gpt/torch_reference.py
+//
+// One gather group per block (stage 3 gathers block by block, prefetching in the recorded order), bf16
+// parameters with fp32 master weights and fp32 gradients, AdamW without decay on biases, LayerNorm
+// and embeddings, warmup + cosine, clipping, accumulation, async checkpoints with retention,
+// preemption (SIGTERM/SIGUSR1), resume with fallback and resharding. The data a rank reads at a step
+// depends only on (seed, step, micro-step, rank), so a resumed run is the uninterrupted one.
+#include <CLI/CLI.hpp>
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include <zrt/zrt.h>
+
+#include "examples/gpt/model.h"
+
+using zrt::bf16;
+using zrt::Status;
+
+namespace {
+
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// The fortunes text files (not the .dat indexes nor the .u8 duplicates), in name order.
+zrt::Result<std::string> ReadCorpus(const std::string& dir) {
+  std::vector<std::filesystem::path> files;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    if (e.is_regular_file() && !e.path().has_extension()) files.push_back(e.path());
+  }
+  if (ec || files.empty()) return zrt::NotFoundError("no text files in ", dir, " (apt-get install fortunes fortunes-min)");
+  std::sort(files.begin(), files.end());
+  std::string text;
+  for (const auto& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    text.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  return text;
+}
+
+struct Options {
+  std::string preset = "tiny", ckpt, dump, data = "/usr/share/games/fortunes", offload = "none", nvme_dir, reference;
+  int stage = 3, batch = 8, accum = 2, every = 50, keep_last = 2, print_every = 10, val_every = 100, sample = 120;
+  int64_t steps = 200, warmup = 20;
+  double lr = 1e-3, clip = 1.0;
+  uint64_t seed = 1337;
+};
+
+// The trainer's side of the model: fp32 copies of the gathered bf16 parameters, the engine's fp32
+// gradient views.
+class Net {
+ public:
+  Net(zrt::ZeroEngine& e, const gpt::Config& c, std::vector<zrt::ParamHandle> h) : e_(e), c_(c), h_(std::move(h)) {}
+  int group_of_block(int l) const { return e_.group(h_[2 + static_cast<size_t>(l) * gpt::kBlockTensors]); }
+  int embed() const { return e_.group(h_[0]); }
+  int head() const { return e_.group(h_.back()); }
+  // fp32 values of tensor t (its group gathered).
+  zrt::Result<const float*> W(size_t t) {
+    ASSIGN_OR_RETURN(zrt::TensorView v, e_.Param(h_[t]));
+    std::span<const bf16> s = v.as<bf16>();
+    std::vector<float>& f = w_[t];
+    f.assign(s.begin(), s.end());
+    return f.data();
+  }
+  zrt::Result<float*> G(size_t t) {
+    ASSIGN_OR_RETURN(zrt::TensorView v, e_.Grad(h_[t]));
+    return v.as<float>().data();  // fp32_grads
+  }
+  zrt::Result<gpt::BlockParams> Block(int l) {
+    gpt::BlockParams p;
+    for (int i = 0; i < gpt::kBlockTensors; ++i) {
+      ASSIGN_OR_RETURN(p.p[i], W(2 + static_cast<size_t>(l * gpt::kBlockTensors + i)));
+    }
+    return p;
+  }
+  zrt::Result<gpt::BlockGrads> BlockGrads(int l) {
+    gpt::BlockGrads g;
+    for (int i = 0; i < gpt::kBlockTensors; ++i) {
+      ASSIGN_OR_RETURN(g.g[i], G(2 + static_cast<size_t>(l * gpt::kBlockTensors + i)));
+    }
+    return g;
+  }
+  size_t ln_f() const { return h_.size() - 2; }
+
+  // Forward through every block, gathering each group when it is needed. Returns the mean loss.
+  zrt::Result<double> Forward(gpt::Model& m, const uint8_t* tokens) {
+    RETURN_IF_ERROR(e_.Gather(embed()).status());
+    ASSIGN_OR_RETURN(const float* wte, W(0));
+    ASSIGN_OR_RETURN(const float* wpe, W(1));
+    m.Embed(wte, wpe, tokens);
+    RETURN_IF_ERROR(e_.Release(embed()));
+    for (int l = 0; l < c_.layers; ++l) {
+      RETURN_IF_ERROR(e_.Gather(group_of_block(l)).status());
+      ASSIGN_OR_RETURN(gpt::BlockParams p, Block(l));
+      m.Block(l, p);
+      RETURN_IF_ERROR(e_.Release(group_of_block(l)));
+    }
+    RETURN_IF_ERROR(e_.Gather(head()).status());
+    RETURN_IF_ERROR(e_.Gather(embed()).status());  // the tied output projection
+    ASSIGN_OR_RETURN(const float* lw, W(ln_f()));
+    ASSIGN_OR_RETURN(const float* lb, W(ln_f() + 1));
+    ASSIGN_OR_RETURN(const float* wte2, W(0));
+    return m.Head(lw, lb, wte2);
+  }
+  // Backward after Forward (head and embed still gathered).
+  Status Backward(gpt::Model& m) {
+    ASSIGN_OR_RETURN(float* dlw, G(ln_f()));
+    ASSIGN_OR_RETURN(float* dlb, G(ln_f() + 1));
+    ASSIGN_OR_RETURN(float* dwte, G(0));
+    m.HeadBackward(w_[ln_f()].data(), w_[ln_f() + 1].data(), w_[0].data(), dlw, dlb, dwte);
+    RETURN_IF_ERROR(e_.Release(head()));
+    RETURN_IF_ERROR(e_.GradsReady(head()));
+    RETURN_IF_ERROR(e_.Release(embed()));
+    for (int l = c_.layers - 1; l >= 0; --l) {
+      RETURN_IF_ERROR(e_.Gather(group_of_block(l)).status());
+      ASSIGN_OR_RETURN(gpt::BlockParams p, Block(l));
+      ASSIGN_OR_RETURN(gpt::BlockGrads g, BlockGrads(l));
+      m.BlockBackward(l, p, g);
+      RETURN_IF_ERROR(e_.Release(group_of_block(l)));
+      RETURN_IF_ERROR(e_.GradsReady(group_of_block(l)));
+    }
+    ASSIGN_OR_RETURN(float* dwpe, G(1));
+    ASSIGN_OR_RETURN(dwte, G(0));
+    m.EmbedBackward(dwte, dwpe);
+    return e_.GradsReady(embed());
+  }
+
+ private:
+  zrt::ZeroEngine& e_;
+  gpt::Config c_;
+  std::vector<zrt::ParamHandle> h_;
+  std::map<size_t, std::vector<float>> w_;
+};
+
+// One forward/backward on the initial weights in fp32, written for tests/gpt/torch_reference.py.
+Status WriteReference(const gpt::Config& c, const Options& o, const std::string& text) {
+  const auto defs = gpt::Tensors(c);
+  std::vector<std::vector<float>> w(defs.size()), g(defs.size());
+  nlohmann::json meta = {{"vocab", c.vocab}, {"context", c.context}, {"layers", c.layers}, {"dim", c.dim}, {"heads", c.heads},
+                         {"batch", o.batch}, {"tensors", nlohmann::json::array()}};
+  for (size_t t = 0; t < defs.size(); ++t) {
+    int64_t n = 1;
+    for (int64_t d : defs[t].shape) n *= d;
+    w[t].resize(static_cast<size_t>(n));
+    g[t].assign(static_cast<size_t>(n), 0.0f);
+    for (int64_t i = 0; i < n; ++i) w[t][static_cast<size_t>(i)] = gpt::InitValue(c, defs, o.seed, static_cast<int64_t>(t), i);
+    meta["tensors"].push_back({{"name", defs[t].name}, {"shape", defs[t].shape}});
+  }
+  std::vector<uint8_t> tokens(static_cast<size_t>(o.batch) * static_cast<size_t>(c.context + 1));
+  for (int b = 0; b < o.batch; ++b) {
+    const size_t at = Mix(o.seed + static_cast<uint64_t>(b)) % (text.size() - static_cast<size_t>(c.context) - 1);
+    std::copy_n(text.begin() + static_cast<std::ptrdiff_t>(at), c.context + 1, tokens.begin() + b * (c.context + 1));
+  }
+  gpt::Model m(c, o.batch);
+  m.Embed(w[0].data(), w[1].data(), tokens.data());
+  auto block = [&](int l) {
+    gpt::BlockParams p;
+    for (int i = 0; i < gpt::kBlockTensors; ++i) p.p[i] = w[2 + static_cast<size_t>(l * gpt::kBlockTensors + i)].data();
+    return p;
+  };
+  for (int l = 0; l < c.layers; ++l) m.Block(l, block(l));
+  const size_t lf = defs.size() - 2;
+  meta["loss"] = m.Head(w[lf].data(), w[lf + 1].data(), w[0].data());
+  m.HeadBackward(w[lf].data(), w[lf + 1].data(), w[0].data(), g[lf].data(), g[lf + 1].data(), g[0].data());
+  for (int l = c.layers - 1; l >= 0; --l) {
+    gpt::BlockGrads bg;
+    for (int i = 0; i < gpt::kBlockTensors; ++i) bg.g[i] = g[2 + static_cast<size_t>(l * gpt::kBlockTensors + i)].data();
+    m.BlockBackward(l, block(l), bg);
+  }
+  m.EmbedBackward(g[0].data(), g[1].data());
+  std::filesystem::create_directories(o.reference);
+  auto write = [&](const std::string& name, const void* data, size_t bytes) {
+    std::ofstream(o.reference + "/" + name, std::ios::binary | std::ios::app).write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
+  };
+  for (const char* f : {"weights.bin", "grads.bin", "tokens.bin"}) std::filesystem::remove(o.reference + "/" + f);
+  for (size_t t = 0; t < defs.size(); ++t) {
+    write("weights.bin", w[t].data(), w[t].size() * 4);
+    write("grads.bin", g[t].data(), g[t].size() * 4);
+  }
+  write("tokens.bin", tokens.data(), tokens.size());
+  std::ofstream(o.reference + "/meta.json") << meta.dump(1) << "\n";
+  std::printf("reference: loss %.6f, %zu tensors in %s\n", meta["loss"].get<double>(), defs.size(), o.reference.c_str());
+  return Status();
+}
+
+Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o, const std::string& text) {
+  const int rank = comm.rank(), world = comm.size();
+  const size_t split = text.size() / 10 * 9;  // train: the first 90%, validation: the rest
+  zrt::CpuDevice device;
+  zrt::EngineConfig cfg;
+  cfg.stage = o.stage;
+  cfg.adam = {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  cfg.lr_schedule = zrt::LrSchedule::Cosine(o.warmup, std::max(o.steps, o.warmup + 1), 0.1);
+  cfg.max_grad_norm = o.clip;
+  cfg.grad_accum_steps = o.accum;
+  cfg.fp32_grads = true;
+  cfg.bucket_bytes = 4 << 20;
+  cfg.optimizer_threads = 1;
+  ASSIGN_OR_RETURN(cfg.offload.optimizer, zrt::ParseOffloadTarget(o.offload));
+  if (o.stage == 3) cfg.offload.params = cfg.offload.optimizer;
+  cfg.offload.nvme_dir = o.nvme_dir;
+  const double tokens_per_step = static_cast<double>(o.batch) * o.accum * c.context;
+  cfg.metrics.tokens_per_step = tokens_per_step;
+  cfg.metrics.flops_per_step = tokens_per_step * c.flops_per_token();
+  ASSIGN_OR_RETURN(auto engine, zrt::ZeroEngine::Create(&comm, &device, cfg));
+  const auto defs = gpt::Tensors(c);
+  std::vector<zrt::ParamHandle> handles;
+  for (const gpt::TensorDef& d : defs) {
+    zrt::ParamOptions po{.group = d.group};
+    if (!d.decay) po.weight_decay = 0;
+    ASSIGN_OR_RETURN(zrt::ParamHandle h, engine->AddParam(d.name, d.shape, zrt::DType::kBF16, po));
+    handles.push_back(h);
+  }
+  RETURN_IF_ERROR(engine->Finalize([&](int64_t t, int64_t off, int64_t n, float* out) {
+    for (int64_t i = 0; i < n; ++i) out[i] = gpt::InitValue(c, defs, o.seed, t, off + i);
+  }));
+  Net net(*engine, c, handles);
+  std::unique_ptr<zrt::ckpt::Checkpointer> ck;
+  if (!o.ckpt.empty()) {
+    ASSIGN_OR_RETURN(ck, zrt::ckpt::Checkpointer::Create(&comm, &device, {.root = o.ckpt, .keep_last = o.keep_last}));
+    zrt::ckpt::InstallPreemptionHandler();
+    auto r = zrt::ckpt::Resume(&comm, o.ckpt, engine->state_view());
+    if (r.ok() && rank == 0) {
+      std::printf("resumed from %s (saved by %d ranks at stage %d)\n", r->dir.c_str(), r->loaded.saved_world_size, r->loaded.saved_stage);
+    }
+    if (!r.ok() && r.status().code() != zrt::StatusCode::kNotFound) return r.status();
+    // A resume brings back the saved schedule; this run's --steps decides where it ends (the same
+    // schedule when the command line is the same).
+    RETURN_IF_ERROR(engine->SetLrSchedule(cfg.lr_schedule));
+  }
+  if (rank == 0) {
+    std::printf("gpt %s: %lld parameters, %d layers, dim %d, %d heads, context %d; %d ranks, stage %d, offload %s; %zu bytes of text\n",
+                o.preset.c_str(), static_cast<long long>(c.num_params()), c.layers, c.dim, c.heads, c.context, world, o.stage,
+                o.offload.c_str(), text.size());
+  }
+  gpt::Model model(c, o.batch);
+  const size_t row = static_cast<size_t>(c.context) + 1;
+  std::vector<uint8_t> tokens(static_cast<size_t>(o.batch) * row);
+  auto fill = [&](uint64_t key, size_t lo, size_t hi) {
+    for (int b = 0; b < o.batch; ++b) {
+      const size_t at = lo + Mix(key * 131 + static_cast<uint64_t>(b)) % (hi - lo - row);
+      std::copy_n(text.begin() + static_cast<std::ptrdiff_t>(at), row, tokens.begin() + static_cast<std::ptrdiff_t>(b * row));
+    }
+  };
+  double loss = 0;
+  while (engine->steps() < o.steps) {
+    loss = 0;
+    for (int micro = 0; micro < o.accum; ++micro) {
+      engine->SetSync(micro == o.accum - 1);
+      fill(Mix(o.seed ^ Mix(static_cast<uint64_t>(engine->steps()) * 1009 + static_cast<uint64_t>(micro) * 37 + static_cast<uint64_t>(rank))), 0, split);
+      engine->Mark(zrt::Phase::kForward);
+      ASSIGN_OR_RETURN(double l, net.Forward(model, tokens.data()));
+      loss += l / o.accum;
+      engine->Mark(zrt::Phase::kBackward);
+      RETURN_IF_ERROR(net.Backward(model));
+    }
+    float avg = static_cast<float>(loss);
+    RETURN_IF_ERROR(comm.AllReduce(&avg, &avg, 1, zrt::DType::kF32, zrt::ReduceOp::kAvg));
+    loss = avg;
+    engine->Record("loss", loss);
+    ASSIGN_OR_RETURN(zrt::StepResult r, engine->Step());
+    if (rank == 0 && (r.step % o.print_every == 0 || r.step == o.steps)) {
+      const zrt::StepTimes& t = r.times;
+      std::printf("step %5lld  loss %.4f  lr %.2e  norm %.2f  %.0f tok/s  %.1f ms (fwd %.0f%% bwd %.0f%% comm %.0f%% opt %.0f%% io %.0f%%)\n",
+                  static_cast<long long>(r.step), loss, r.lr, r.grad_norm, r.tokens_per_second, 1e3 * t.total, 100 * t.forward / t.total,
+                  100 * t.backward / t.total, 100 * t.comm_wait / t.total, 100 * t.optimizer / t.total, 100 * t.offload_io / t.total);
+      std::fflush(stdout);
+    }
+    if (o.val_every > 0 && (r.step % o.val_every == 0 || r.step == o.steps)) {
+      double val = 0;
+      for (int k = 0; k < 4; ++k) {
+        fill(Mix(static_cast<uint64_t>(r.step) * 7 + static_cast<uint64_t>(k) * 1000003 + static_cast<uint64_t>(rank)), split, text.size());
+        ASSIGN_OR_RETURN(double l, net.Forward(model, tokens.data()));
+        val += l / 4;
+        RETURN_IF_ERROR(engine->Release(net.head()));
+        RETURN_IF_ERROR(engine->Release(net.embed()));
+      }
+      float v = static_cast<float>(val);
+      RETURN_IF_ERROR(comm.AllReduce(&v, &v, 1, zrt::DType::kF32, zrt::ReduceOp::kAvg));
+      if (rank == 0) std::printf("step %5lld  validation loss %.4f\n", static_cast<long long>(r.step), v);
+    }
+    if (ck) {
+      if (o.every > 0 && r.step % o.every == 0) RETURN_IF_ERROR(ck->SaveAsync(engine->state_view(), {{"seed", o.seed}}));
+      RETURN_IF_ERROR(ck->Poll());
+      ASSIGN_OR_RETURN(bool preempted, zrt::ckpt::PreemptionRequested(&comm));
+      if (preempted) {
+        if (rank == 0) std::printf("preempted: saving step %lld\n", static_cast<long long>(r.step));
+        RETURN_IF_ERROR(ck->SaveAsync(engine->state_view(), {{"seed", o.seed}}));
+        return ck->Wait();
+      }
+    }
+  }
+  if (ck) RETURN_IF_ERROR(ck->Wait());
+  // Sample text (every rank runs the forwards: stage 3 gathers are collective).
+  if (o.sample > 0) {
+    gpt::Model one(c, 1);
+    std::string out = "The ";
+    std::vector<uint8_t> ctx(row, ' ');
+    uint64_t rng = o.seed;
+    while (static_cast<int>(out.size()) < o.sample) {
+      const size_t n = std::min(out.size(), static_cast<size_t>(c.context));
+      std::fill(ctx.begin(), ctx.end(), ' ');
+      std::copy_n(out.end() - static_cast<std::ptrdiff_t>(n), n, ctx.begin());
+      RETURN_IF_ERROR(net.Forward(one, ctx.data()).status());
+      RETURN_IF_ERROR(engine->Release(net.head()));
+      RETURN_IF_ERROR(engine->Release(net.embed()));
+      const float* p = one.probs(static_cast<int>(n) - 1);
+      rng = Mix(rng);
+      double u = static_cast<double>(rng >> 11) * 0x1.0p-53, acc = 0;
+      int next = 0;
+      for (; next < c.vocab - 1; ++next) {
+        if ((acc += p[next]) > u) break;
+      }
+      out.push_back(static_cast<char>(next));
+    }
+    if (rank == 0) std::printf("sample: %s\n", out.c_str());
+  }
+  std::ofstream dump;
+  if (rank == 0 && !o.dump.empty()) dump.open(o.dump, std::ios::binary | std::ios::trunc);
+  RETURN_IF_ERROR(engine->ForEachFullTensor({}, [&](const zrt::TensorSpec&, std::string_view, std::span<const float> v) {
+    dump.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size_bytes()));
+    return Status();
+  }));
+  if (rank == 0) std::printf("SUMMARY steps=%lld loss=%.4f\n", static_cast<long long>(engine->steps()), loss);
+  return Status();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"gpt: a GPT-2 architecture transformer trained with zrt on Debian's fortunes"};
+  Options o;
+  app.add_option("--preset", o.preset, "tiny, small (~11M parameters) or gpt2 (GPT-2 124M's shape, byte tokens)");
+  app.add_option("--stage", o.stage, "ZeRO stage")->check(CLI::Range(0, 3));
+  app.add_option("--steps", o.steps, "optimizer steps in total");
+  app.add_option("--batch", o.batch, "sequences per rank per micro-step");
+  app.add_option("--accum", o.accum, "micro-steps per step")->check(CLI::PositiveNumber);
+  app.add_option("--lr", o.lr, "peak learning rate");
+  app.add_option("--warmup", o.warmup, "warmup steps (then cosine to 10%)");
+  app.add_option("--clip", o.clip, "global-norm clipping (0: off)");
+  app.add_option("--seed", o.seed, "initialisation and data order");
+  app.add_option("--data", o.data, "directory of text files");
+  app.add_option("--offload", o.offload, "none, host or nvme")->check(CLI::IsMember({"none", "host", "nvme"}));
+  app.add_option("--nvme-dir", o.nvme_dir, "swap directory for --offload nvme");
+  app.add_option("--ckpt", o.ckpt, "checkpoint root (resumes from its newest complete checkpoint)");
+  app.add_option("--every", o.every, "save every N steps");
+  app.add_option("--keep-last", o.keep_last, "keep the newest N checkpoints");
+  app.add_option("--print-every", o.print_every, "log every N steps");
+  app.add_option("--val-every", o.val_every, "validation loss every N steps (0: never)");
+  app.add_option("--sample", o.sample, "characters of text to generate at the end (0: none)");
+  app.add_option("--dump", o.dump, "write the final fp32 weights here (rank 0)");
+  app.add_option("--reference", o.reference, "write one fp32 forward/backward on the initial weights into this directory and exit");
+  CLI11_PARSE(app, argc, argv);
+  openblas_set_num_threads(1);  // one rank per core; the ranks are the parallelism
+  auto c = gpt::Preset(o.preset);
+  auto text = ReadCorpus(o.data);
+  Status s = !c.ok() ? c.status() : !text.ok() ? text.status() : Status();
+  if (s.ok() && !o.reference.empty()) {
+    s = WriteReference(*c, o, *text);
+  } else if (s.ok()) {
+    auto session = zrt::MpiSession::Init(&argc, &argv);
+    auto comm = session.ok() ? zrt::MpiCommunicator::Create() : zrt::Result<std::unique_ptr<zrt::MpiCommunicator>>(session.status());
+    s = comm.ok() ? Train(**comm, *c, o, *text) : comm.status();
+  }
+  if (!s.ok()) std::fprintf(stderr, "gpt: %s\n", s.ToString().c_str());
+  return s.ok() ? 0 : 1;
+}
