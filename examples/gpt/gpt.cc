@@ -217,6 +217,7 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
   const double tokens_per_step = static_cast<double>(o.batch) * o.accum * c.context;
   cfg.metrics.tokens_per_step = tokens_per_step;
   cfg.metrics.flops_per_step = tokens_per_step * c.flops_per_token();
+  cfg.metrics.peak_flops = gpt::MeasurePeakGemmFlops();  // this rank's core, measured now
   ASSIGN_OR_RETURN(auto engine, zrt::ZeroEngine::Create(&comm, &device, cfg));
   const auto defs = gpt::Tensors(c);
   std::vector<zrt::ParamHandle> handles;
@@ -257,7 +258,8 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
       std::copy_n(text.begin() + static_cast<std::ptrdiff_t>(at), row, tokens.begin() + static_cast<std::ptrdiff_t>(b * row));
     }
   };
-  double loss = 0;
+  double loss = 0, tok_s = 0, mfu = 0;
+  int timed = 0;
   while (engine->steps() < o.steps) {
     loss = 0;
     for (int micro = 0; micro < o.accum; ++micro) {
@@ -274,11 +276,17 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
     loss = avg;
     engine->Record("loss", loss);
     ASSIGN_OR_RETURN(zrt::StepResult r, engine->Step());
+    if (r.step > 2 && r.times.checkpoint_stall == 0) {  // steady state: past warm-up, no save in it
+      tok_s += r.tokens_per_second;
+      mfu += r.mfu;
+      ++timed;
+    }
     if (rank == 0 && (r.step % o.print_every == 0 || r.step == o.steps)) {
       const zrt::StepTimes& t = r.times;
-      std::printf("step %5lld  loss %.4f  lr %.2e  norm %.2f  %.0f tok/s  %.1f ms (fwd %.0f%% bwd %.0f%% comm %.0f%% opt %.0f%% io %.0f%%)\n",
-                  static_cast<long long>(r.step), loss, r.lr, r.grad_norm, r.tokens_per_second, 1e3 * t.total, 100 * t.forward / t.total,
-                  100 * t.backward / t.total, 100 * t.comm_wait / t.total, 100 * t.optimizer / t.total, 100 * t.offload_io / t.total);
+      std::printf("step %5lld  loss %.4f  lr %.2e  norm %.2f  %.0f tok/s  MFU %.1f%%  %.1f ms (fwd %.0f%% bwd %.0f%% comm %.0f%% opt %.0f%% io %.0f%% ckpt %.0f%%)\n",
+                  static_cast<long long>(r.step), loss, r.lr, r.grad_norm, r.tokens_per_second, 100 * r.mfu, 1e3 * t.total,
+                  100 * t.forward / t.total, 100 * t.backward / t.total, 100 * t.comm_wait / t.total, 100 * t.optimizer / t.total,
+                  100 * t.offload_io / t.total, 100 * t.checkpoint_stall / t.total);
       std::fflush(stdout);
     }
     if (o.val_every > 0 && (r.step % o.val_every == 0 || r.step == o.steps)) {
@@ -336,7 +344,20 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
     dump.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size_bytes()));
     return Status();
   }));
-  if (rank == 0) std::printf("SUMMARY steps=%lld loss=%.4f\n", static_cast<long long>(engine->steps()), loss);
+  if (rank == 0) {
+    // Memory per rank: the engine's by category, beside the ZeRO paper's model-state formula
+    // (bf16 parameters and fp32 gradients here: 2 + 4 + 12 bytes per parameter before sharding).
+    const double psi = static_cast<double>(c.num_params()), n = o.stage == 0 ? 1 : world;
+    const double formula[] = {18 * psi, 6 * psi + 12 * psi / n, 2 * psi + 16 * psi / n, 18 * psi / n};
+    const auto m = engine->memory();
+    const double state = static_cast<double>(m.peak_of(zrt::MemCategory::kParameters) + m.peak_of(zrt::MemCategory::kGradients) +
+                                             m.peak_of(zrt::MemCategory::kOptimizerState));
+    std::printf("memory per rank: model state %.1f MiB (ZeRO formula %.1f MiB) + activations %.1f MiB\n%s", state / 1048576,
+                formula[o.stage] / 1048576, static_cast<double>(model.activation_bytes()) / 1048576, m.ToString().c_str());
+    if (o.offload != "none") std::printf("host memory (offload):\n%s", engine->host_memory().ToString().c_str());
+    std::printf("SUMMARY steps=%lld loss=%.4f tokens_per_s=%.0f mfu=%.4f\n", static_cast<long long>(engine->steps()), loss,
+                timed ? tok_s / timed : 0.0, timed ? mfu / timed : 0.0);
+  }
   return Status();
 }
 

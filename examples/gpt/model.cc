@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -141,6 +142,30 @@ float InitValue(const Config& c, const std::vector<TensorDef>& defs, uint64_t se
   const double normal = std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
   const double std = ends("c_proj.weight") ? 0.02 / std::sqrt(2.0 * c.layers) : 0.02;
   return static_cast<float>(std * normal);
+}
+
+double MeasurePeakGemmFlops(int n) {
+  std::vector<float> a(Z(n) * Z(n), 0.5f), b(Z(n) * Z(n), 0.25f), out(Z(n) * Z(n));
+  double best = 0;
+  for (int rep = 0; rep < 6; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    MatMul(a.data(), b.data(), out.data(), n, n, n, false);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rep > 0) best = std::max(best, 2.0 * n * n * n / s);  // the first warms up
+  }
+  return best;
+}
+
+int64_t Model::activation_bytes() const {
+  int64_t floats = 0;
+  for (const Acts& a : acts_) {
+    for (const auto* v : {&a.x, &a.ln1, &a.mean1, &a.rstd1, &a.qkv, &a.att, &a.y, &a.x_mid, &a.ln2, &a.mean2, &a.rstd2, &a.fc, &a.gelu}) {
+      floats += static_cast<int64_t>(v->size());
+    }
+  }
+  floats += static_cast<int64_t>(x_.size() + lnf_.size() + meanf_.size() + rstdf_.size() + probs_.size() + dx_.size() + scratch_a_.size() +
+                                 scratch_b_.size() + scratch_c_.size());
+  return floats * 4;
 }
 
 Model::Model(const Config& c, int batch) : c_(c), B_(batch), N_(batch * c.context), acts_(Z(c.layers)) {

@@ -31,6 +31,10 @@ struct Config {
 // "tiny" (CI), "small" (~11M parameters), "gpt2" (GPT-2 124M's shape with byte tokens: 86M).
 zrt::Result<Config> Preset(std::string_view name);
 
+// This core's fp32 GEMM rate (FLOP/s) on n x n x n products through the same BLAS, one thread: the
+// peak MFU is measured against.
+double MeasurePeakGemmFlops(int n = 512);
+
 // The parameters, in registration order: name, shape, gather group, and whether AdamW decays it
 // (matrices yes; biases, LayerNorm and embeddings no).
 struct TensorDef {
@@ -68,6 +72,9 @@ class Model {
   void HeadBackward(const float* ln_w, const float* ln_b, const float* wte, float* d_ln_w, float* d_ln_b, float* d_wte);
   void BlockBackward(int layer, const BlockParams& w, const BlockGrads& g);
   void EmbedBackward(float* d_wte, float* d_wpe);
+
+  // Bytes of activations kept for the backward (what a trainer holds besides the model state).
+  int64_t activation_bytes() const;
 
   // Next-token probabilities at position `pos` of sequence 0 (after Head).
   const float* probs(int pos) const { return probs_.data() + static_cast<size_t>(pos) * static_cast<size_t>(c_.vocab); }
