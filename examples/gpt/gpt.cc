@@ -61,8 +61,8 @@ struct Options {
   uint64_t seed = 1337;
 };
 
-// The trainer's side of the model: fp32 copies of the gathered bf16 parameters, the engine's fp32
-// gradient views.
+// The trainer's side of the model: fp32 copies of the gathered bf16 parameters (a block's while it
+// computes, the embedding's and the head's through the step), the engine's fp32 gradient views.
 class Net {
  public:
   Net(zrt::ZeroEngine& e, const gpt::Config& c, std::vector<zrt::ParamHandle> h) : e_(e), c_(c), h_(std::move(h)) {}
@@ -96,6 +96,11 @@ class Net {
     return g;
   }
   size_t ln_f() const { return h_.size() - 2; }
+  // Frees block l's fp32 copies once the block is done (so the trainer holds one block's, as stage 3
+  // holds one block's gathered parameters).
+  void Drop(int l) {
+    for (int i = 0; i < gpt::kBlockTensors; ++i) w_.erase(2 + static_cast<size_t>(l * gpt::kBlockTensors + i));
+  }
 
   // Forward through every block, gathering each group when it is needed. Returns the mean loss.
   zrt::Result<double> Forward(gpt::Model& m, const uint8_t* tokens) {
@@ -108,6 +113,7 @@ class Net {
       RETURN_IF_ERROR(e_.Gather(group_of_block(l)).status());
       ASSIGN_OR_RETURN(gpt::BlockParams p, Block(l));
       m.Block(l, p);
+      Drop(l);
       RETURN_IF_ERROR(e_.Release(group_of_block(l)));
     }
     RETURN_IF_ERROR(e_.Gather(head()).status());
@@ -131,6 +137,7 @@ class Net {
       ASSIGN_OR_RETURN(gpt::BlockParams p, Block(l));
       ASSIGN_OR_RETURN(gpt::BlockGrads g, BlockGrads(l));
       m.BlockBackward(l, p, g);
+      Drop(l);
       RETURN_IF_ERROR(e_.Release(group_of_block(l)));
       RETURN_IF_ERROR(e_.GradsReady(group_of_block(l)));
     }
