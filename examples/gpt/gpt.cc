@@ -239,10 +239,20 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
   }));
   Net net(*engine, c, handles);
   std::unique_ptr<zrt::ckpt::Checkpointer> ck;
+  std::string resumed_from = "-";
+  int saves = 0;
+  double stall = 0, val_loss = -1;
+  auto save = [&]() -> Status {
+    RETURN_IF_ERROR(ck->SaveAsync(engine->state_view(), {{"seed", o.seed}}));
+    stall += ck->last_stats().stall_seconds;
+    ++saves;
+    return Status();
+  };
   if (!o.ckpt.empty()) {
     ASSIGN_OR_RETURN(ck, zrt::ckpt::Checkpointer::Create(&comm, &device, {.root = o.ckpt, .keep_last = o.keep_last}));
     zrt::ckpt::InstallPreemptionHandler();
     auto r = zrt::ckpt::Resume(&comm, o.ckpt, engine->state_view());
+    if (r.ok()) resumed_from = r->dir;
     if (r.ok() && rank == 0) {
       std::printf("resumed from %s (saved by %d ranks at stage %d)\n", r->dir.c_str(), r->loaded.saved_world_size, r->loaded.saved_stage);
     }
@@ -307,15 +317,16 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
       }
       float v = static_cast<float>(val);
       RETURN_IF_ERROR(comm.AllReduce(&v, &v, 1, zrt::DType::kF32, zrt::ReduceOp::kAvg));
+      val_loss = v;
       if (rank == 0) std::printf("step %5lld  validation loss %.4f\n", static_cast<long long>(r.step), v);
     }
     if (ck) {
-      if (o.every > 0 && r.step % o.every == 0) RETURN_IF_ERROR(ck->SaveAsync(engine->state_view(), {{"seed", o.seed}}));
+      if (o.every > 0 && r.step % o.every == 0) RETURN_IF_ERROR(save());
       RETURN_IF_ERROR(ck->Poll());
       ASSIGN_OR_RETURN(bool preempted, zrt::ckpt::PreemptionRequested(&comm));
       if (preempted) {
         if (rank == 0) std::printf("preempted: saving step %lld\n", static_cast<long long>(r.step));
-        RETURN_IF_ERROR(ck->SaveAsync(engine->state_view(), {{"seed", o.seed}}));
+        RETURN_IF_ERROR(save());
         return ck->Wait();
       }
     }
@@ -343,6 +354,9 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
       }
       out.push_back(static_cast<char>(next));
     }
+    for (char& ch : out) {  // bytes the model made up that are not printable text
+      if ((ch < 32 && ch != '\n') || static_cast<unsigned char>(ch) >= 127) ch = '?';
+    }
     if (rank == 0) std::printf("sample: %s\n", out.c_str());
   }
   std::ofstream dump;
@@ -362,8 +376,9 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
     std::printf("memory per rank: model state %.1f MiB (ZeRO formula %.1f MiB) + activations %.1f MiB\n%s", state / 1048576,
                 formula[o.stage] / 1048576, static_cast<double>(model.activation_bytes()) / 1048576, m.ToString().c_str());
     if (o.offload != "none") std::printf("host memory (offload):\n%s", engine->host_memory().ToString().c_str());
-    std::printf("SUMMARY steps=%lld loss=%.4f tokens_per_s=%.0f mfu=%.4f\n", static_cast<long long>(engine->steps()), loss,
-                timed ? tok_s / timed : 0.0, timed ? mfu / timed : 0.0);
+    std::printf("SUMMARY steps=%lld loss=%.4f val_loss=%.4f tokens_per_s=%.0f mfu=%.4f checkpoints=%d stall_per_save_ms=%.2f resumed_from=%s\n",
+                static_cast<long long>(engine->steps()), loss, val_loss, timed ? tok_s / timed : 0.0, timed ? mfu / timed : 0.0, saves,
+                saves ? 1e3 * stall / saves : 0.0, resumed_from.c_str());
   }
   return Status();
 }

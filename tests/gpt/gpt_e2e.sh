@@ -18,7 +18,7 @@ echo "== stages 0-3 at 1-4 ranks"
 for n in 1 2 3 4; do
   ref=""
   for stage in 0 1 2 3; do
-    loss=$(mpi $n "$bin" "${common[@]}" --steps 25 --stage $stage | sed -n 's/^SUMMARY .* loss=\([0-9.]*\).*/\1/p')
+    loss=$(mpi $n "$bin" "${common[@]}" --steps 25 --stage $stage | sed -n 's/^SUMMARY steps=[0-9]* loss=\([0-9.]*\).*/\1/p')
     [ -n "$loss" ] || { echo "FAIL: no loss from stage $stage at $n ranks"; exit 1; }
     [ -z "$ref" ] && ref=$loss
     python3 -c "import sys; a, b = float('$loss'), float('$ref'); sys.exit(0 if abs(a - b) <= 0.01 * b else 1)" ||

@@ -200,7 +200,20 @@ Status CkptInspect(const std::string& dir, const std::string& tensor, bool stats
   out << "checkpoint " << dir << "\n  format v" << kFormatVersion << ", step " << m.step << ", saved by " << m.world_size
       << " rank(s) at stage " << m.stage << " (" << m.shards << " shard file(s)), zrt " << m.zrt_version << "\n";
   out << "  trainer state: " << m.trainer_state.dump() << "\n";
-  if (!m.engine_state.empty()) out << "  engine state: " << m.engine_state.dump() << "\n";
+  if (!m.engine_state.empty()) {  // in full with --json; untrusted: shown only where the types are right
+    const json& es = m.engine_state;
+    auto shown = [](const json& o, const char* key) {
+      return o.is_object() && o.contains(key) && (o[key].is_number() || o[key].is_string()) ? o[key].dump() : std::string("?");
+    };
+    out << "  engine state: lr " << shown(es, "lr");
+    if (es.contains("lr_schedule")) {
+      const json& sc = es["lr_schedule"];
+      out << ", schedule " << shown(sc, "kind") << " (warmup " << shown(sc, "warmup_steps") << ", total " << shown(sc, "total_steps")
+          << ", floor " << shown(sc, "min_lr_ratio") << ")";
+    }
+    out << ", weight decay " << shown(es, "weight_decay") << ", "
+        << (es.contains("tensors") && es["tensors"].is_object() ? es["tensors"].size() : 0) << " tensor(s) with their own settings\n";
+  }
   for (const auto& [kind, rs] : ratio) {
     out << "  " << std::left << std::setw(16) << kind << std::right << FormatBytes(rs.first) << " -> " << FormatBytes(rs.second)
         << std::fixed << std::setprecision(2) << "  (ratio " << (rs.second ? static_cast<double>(rs.first) / rs.second : 0.0) << ")\n"
