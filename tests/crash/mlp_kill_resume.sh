@@ -4,6 +4,7 @@
 # the uninterrupted run's weights, bit for bit.
 # usage: mlp_kill_resume.sh MLP CONFIG WORKDIR
 set -euo pipefail
+source "$(dirname "$0")/../support/kill.sh"
 bin=$1; config=$2; work=$3
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 ZRT_LOG_LEVEL=warn
 mpi() { mpirun -n 2 --oversubscribe --bind-to none "$@"; }
@@ -19,16 +20,7 @@ for attempt in $(seq 1 9); do
   [ $killed -ge 3 ] && break
   mpi "$bin" --config "$work/config.json" --ckpt "$work/run" --dump "$work/run.bin" > "$work/run.$attempt.log" 2>&1 &
   job=$!
-  for _ in $(seq 1 1200); do
-    { [ -f "$work/run/latest" ] || ! kill -0 $job 2>/dev/null; } && break
-    sleep 0.05
-  done
-  sleep "0.$((RANDOM % 8))"
-  victim=$(pgrep -f "mlp.*$work/run " | shuf -n 1 || true)
-  if [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null; then
-    killed=$((killed + 1))
-    echo "attempt $attempt: killed $victim ($(ls "$work/run" 2>/dev/null | tr '\n' ' '))"
-  fi
+  kill_after_checkpoint "$work/run" "mlp.*$work/run " $job && killed=$((killed + 1))
   wait $job || true
   rm -f "$work/run.bin"  # only a run that finishes cleanly may leave the dump
 done

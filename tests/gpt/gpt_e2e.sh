@@ -7,6 +7,7 @@
 #   3. the tiny preset learns: validation loss under 3.0 (from ln 256 = 5.55) within 300 steps.
 # usage: gpt_e2e.sh GPT WORKDIR
 set -euo pipefail
+source "$(dirname "$0")/../support/kill.sh"
 bin=$1; work=$2
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 ZRT_LOG_LEVEL=warn
 mpi() { local n=$1; shift; mpirun -n "$n" --oversubscribe --bind-to none "$@"; }
@@ -36,16 +37,7 @@ for attempt in $(seq 1 9); do
   [ $killed -ge 3 ] && break
   mpi 2 "$bin" "${args[@]}" --ckpt "$work/run" --dump "$work/run.bin" > "$work/run.$attempt.log" 2>&1 &
   job=$!
-  for _ in $(seq 1 1200); do
-    { [ -f "$work/run/latest" ] || ! kill -0 $job 2>/dev/null; } && break
-    sleep 0.05
-  done
-  sleep "0.$((RANDOM % 9))"
-  victim=$(pgrep -f "gpt.*$work/run " | shuf -n 1 || true)
-  if [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null; then
-    killed=$((killed + 1))
-    echo "   attempt $attempt: killed $victim ($(ls "$work/run" 2>/dev/null | tr '\n' ' '))"
-  fi
+  kill_after_checkpoint "$work/run" "gpt.*$work/run " $job && killed=$((killed + 1))
   wait $job || true
   rm -f "$work/run.bin"
 done
