@@ -1,5 +1,7 @@
 // ZeroEngine: orchestrates the components (layouts and buffers per group, GradBucketer,
-// ParamGatherer, LossScaler, OptimizerStore) for one training step; see engine.h for the API.
+// ParamGatherer, LossScaler, OptimizerStore) for one training step; see engine.h for the API, and
+// engine_settings.cc for the optimizer settings (per-tensor runs, lr, schedule) and their checkpointed
+// state.
 //
 // Buffers per group (E = bytes per element of the group's dtype, P = padded size, S = P / N); the
 // optimizer state (fp32 master, m, v: S each; P at stage 0, whose layout has one "rank") is the
@@ -23,70 +25,14 @@
 #include <map>
 #include <optional>
 
-#include "zrt/core/json_reader.h"
 #include "zrt/core/logging.h"
-#include "zrt/core/thread_pool.h"
 #include "zrt/kernels/adam.h"
 #include "zrt/kernels/grad_norm.h"
-#include "zrt/offload/host_memory.h"
-#include "zrt/runtime/buffer_pool.h"
-#include "zrt/runtime/compute.h"
-#include "zrt/runtime/grad_bucketer.h"
-#include "zrt/runtime/optimizer_store.h"
-#include "zrt/runtime/param_gatherer.h"
-#include "zrt/runtime/step_metrics.h"
+#include "zrt/runtime/engine_internal.h"
 
 namespace zrt {
 
-struct ZeroEngine::Group {
-  std::string name;
-  DType dtype = DType::kF32;       // of the parameters
-  DType grad_dtype = DType::kF32;  // of the gradients: dtype, or f32 with fp32_grads
-  std::vector<int64_t> params;
-  std::vector<TensorSpec> tensors;
-  ShardLayout layout;
-  // This rank's shard as runs [begin, end) of tensors whose optimizer settings are classes[cls]
-  // (padding goes with the run before it); one Adam call per class per window.
-  struct Run {
-    int64_t begin, end;
-    int cls;
-  };
-  std::vector<Run> runs;
-  std::vector<Settings> classes;
-  bool frozen = false;  // no gradients, no optimizer state (not in the store)
-  DeviceBuffer full_param, param_shard, full_grad, grad_shard;
-  bool gathered = false;      // stages 0-2 bookkeeping for Release
-  bool grad_live = false;     // full gradient exists (and is zeroed) for this step
-  bool grad_reduced = false;  // reduction queued this step
-  size_t esize() const { return DTypeSize(dtype); }
-  size_t gsize() const { return DTypeSize(grad_dtype); }
-};
-
-struct ZeroEngine::Impl {
-  Impl(Device* d, int n_threads) : pool(n_threads - 1, "zrt-adam"), threads(n_threads), staging(d, MemCategory::kStaging) {}
-  ThreadPool pool;
-  int threads;  // optimizer threads, caller included
-  // Host memory offload takes (state with offload = host; NVMe buffer sets; held parameter shards).
-  // Declared before the components whose buffers come from it.
-  std::unique_ptr<HostMemory> host;
-  std::unique_ptr<BufferPool> host_staging;  // stage-3 parameter shards read from NVMe
-  std::unique_ptr<Compute> compute;          // kernels on the device's buffers
-  std::unique_ptr<Compute> host_compute;     // CPU kernels on offloaded state
-  BufferPool staging;
-  std::unique_ptr<GradBucketer> bucketer;
-  std::unique_ptr<ParamGatherer> gatherer;
-  std::unique_ptr<OptimizerStore> store;
-  CommStats step_gathers;  // stages 1-2 parameter all-gathers after the step
-  internal::StepClock clock;
-  std::unique_ptr<internal::JsonlSink> sink;
-  nlohmann::json recorded = nlohmann::json::object();
-  kernels::CpuKernelOptions kernel_options() {
-    kernels::CpuKernelOptions ko;
-    ko.pool = &pool;
-    ko.threads = threads;
-    return ko;
-  }
-};
+using internal::CheckRate;
 
 namespace {
 
@@ -107,10 +53,6 @@ uint64_t SpecHash(const TensorSpec& s, const std::string& group, double lr_scale
   return Fnv(h, group.data(), group.size());
 }
 
-Status CheckRate(const char* what, const std::string& name, double v) {
-  if (!(v >= 0) || !std::isfinite(v)) return InvalidArgumentError(what, " of '", name, "' must be finite and >= 0, got ", v);
-  return Status();
-}
 
 }  // namespace
 
@@ -399,34 +341,6 @@ void* ZeroEngine::GradShard(Group& g) const {
   return g.full_grad.as<char>() + static_cast<size_t>(g.layout.shard_begin(rank)) * g.gsize();
 }
 
-void ZeroEngine::BuildSettingRuns() {
-  const int rank = config_.stage == 0 ? 0 : comm_->rank();
-  for (auto& gp : groups_) {
-    Group& g = *gp;
-    g.runs.clear();
-    g.classes.clear();
-    if (g.frozen) continue;
-    auto class_of = [&](const Settings& st) {
-      for (size_t c = 0; c < g.classes.size(); ++c) {
-        if (g.classes[c] == st) return static_cast<int>(c);
-      }
-      g.classes.push_back(st);
-      return static_cast<int>(g.classes.size() - 1);
-    };
-    for (const ShardPiece& p : g.layout.RankPieces(rank)) {
-      const int c = class_of(settings_[static_cast<size_t>(g.params[static_cast<size_t>(p.tensor)])]);
-      if (!g.runs.empty() && g.runs.back().cls == c) {
-        g.runs.back().end = p.shard_offset + p.count;
-      } else {
-        if (!g.runs.empty()) g.runs.back().end = p.shard_offset;
-        g.runs.push_back({g.runs.empty() ? 0 : p.shard_offset, p.shard_offset + p.count, c});
-      }
-    }
-    if (g.runs.empty()) g.runs.push_back({0, 0, class_of(settings_[static_cast<size_t>(g.params[0])])});  // padding only
-    g.runs.back().end = g.layout.shard_size();
-  }
-}
-
 Status ZeroEngine::GatherUpdatedParams(bool include_frozen) {
   if (config_.stage != 1 && config_.stage != 2) return Status();
   std::vector<CommHandle> handles;
@@ -701,20 +615,6 @@ Result<StepResult> ZeroEngine::StepImpl() {
   return r;
 }
 
-Status ZeroEngine::SetLr(double lr) {
-  if (!(lr >= 0) || !std::isfinite(lr)) return InvalidArgumentError("set_lr: lr must be finite and >= 0, got ", lr);
-  lr_ = lr;
-  return Status();
-}
-
-Status ZeroEngine::SetLrSchedule(const LrSchedule& schedule) {
-  RETURN_IF_ERROR(schedule.Validate(), "set_lr_schedule");
-  schedule_ = schedule;
-  return Status();
-}
-
-double ZeroEngine::lr() const { return lr_ * schedule_.Factor(steps_); }
-
 StateView ZeroEngine::state_view() {
   StateView v;
   v.rank = comm_->rank();
@@ -755,78 +655,6 @@ Status ZeroEngine::Restore(const StateCounters& saved) {
   scaler_.set_state({saved.loss_scale, saved.scaler_good_steps, saved.scaler_hysteresis_left});
   RETURN_IF_ERROR(RefreshParamsFromMaster());
   impl_->clock.Begin();  // the first step after a resume does not count the load
-  return Status();
-}
-
-// The engine's part of a checkpoint (StateCounters::engine_state):
-//   {"lr": peak, "lr_schedule": {"kind", "warmup_steps", "total_steps", "min_lr_ratio"},
-//    "weight_decay": the default, "tensors": {name: {"lr_scale", "weight_decay"}} for those that differ}
-std::string ZeroEngine::EngineState() const {
-  nlohmann::json j;
-  j["lr"] = lr_;
-  j["lr_schedule"] = {{"kind", LrScheduleKindName(schedule_.kind)}, {"warmup_steps", schedule_.warmup_steps},
-                      {"total_steps", schedule_.total_steps}, {"min_lr_ratio", schedule_.min_lr_ratio}};
-  j["weight_decay"] = config_.adam.weight_decay;
-  nlohmann::json tensors = nlohmann::json::object();
-  const Settings fallback{1, config_.adam.weight_decay};
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (settings_[i] != fallback) tensors[params_[i].name] = {{"lr_scale", settings_[i].lr_scale}, {"weight_decay", settings_[i].weight_decay}};
-  }
-  j["tensors"] = std::move(tensors);
-  return j.dump();
-}
-
-Status ZeroEngine::ApplyEngineState(const std::string& text) {
-  ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(text, "engine state"));
-  if (j.is_object() && j.empty()) return Status();  // saved by an engine that kept none
-  // Everything is read and checked before anything changes.
-  ASSIGN_OR_RETURN(JsonReader r, JsonReader::Object(j, "engine.state"));
-  double lr = lr_, wd = config_.adam.weight_decay;
-  LrSchedule sched;
-  RETURN_IF_ERROR(r.Read("lr", &lr));
-  RETURN_IF_ERROR(CheckRate("saved", "lr", lr));
-  RETURN_IF_ERROR(r.Read("weight_decay", &wd));
-  RETURN_IF_ERROR(CheckRate("saved", "weight_decay", wd));
-  {
-    ASSIGN_OR_RETURN(JsonReader sr, r.Child("lr_schedule"));
-    RETURN_IF_ERROR(sr.Read<LrSchedule::Kind>("kind", &sched.kind, ParseLrScheduleKind));
-    RETURN_IF_ERROR(sr.Read("warmup_steps", &sched.warmup_steps));
-    RETURN_IF_ERROR(sr.Read("total_steps", &sched.total_steps));
-    RETURN_IF_ERROR(sr.Read("min_lr_ratio", &sched.min_lr_ratio));
-    RETURN_IF_ERROR(sr.Finish());
-    RETURN_IF_ERROR(sched.Validate(), "engine.state.lr_schedule");
-  }
-  std::vector<Settings> settings(params_.size(), Settings{1, wd});
-  const nlohmann::json& tensors = r.Raw("tensors");
-  if (!tensors.is_null()) {
-    ASSIGN_OR_RETURN(JsonReader tr, JsonReader::Object(tensors, "engine.state.tensors"));
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (!tr.has(params_[i].name)) continue;
-      ASSIGN_OR_RETURN(JsonReader one, tr.Child(params_[i].name));
-      RETURN_IF_ERROR(one.Read("lr_scale", &settings[i].lr_scale));
-      RETURN_IF_ERROR(one.Read("weight_decay", &settings[i].weight_decay));
-      RETURN_IF_ERROR(one.Finish());
-      RETURN_IF_ERROR(CheckRate("saved lr_scale", params_[i].name, settings[i].lr_scale));
-      RETURN_IF_ERROR(CheckRate("saved weight_decay", params_[i].name, settings[i].weight_decay));
-    }
-    // Tensors the engine does not have are the load's business (strict loads refuse them).
-  }
-  RETURN_IF_ERROR(r.Finish());
-  size_t differ = 0, first = 0;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (settings[i] != settings_[i] && differ++ == 0) first = i;
-  }
-  if (differ > 0 && comm_->rank() == 0) {
-    ZRT_LOG(kWarn) << "restore: the checkpoint's optimizer settings of " << differ << " tensor(s) differ from their registration "
-                   << "(first: '" << params_[first].name << "', saved lr_scale " << settings[first].lr_scale << " weight_decay "
-                   << settings[first].weight_decay << ", registered " << settings_[first].lr_scale << " / " << settings_[first].weight_decay
-                   << "); the checkpoint's are used";
-  }
-  lr_ = lr;
-  schedule_ = sched;
-  config_.adam.weight_decay = wd;
-  settings_ = std::move(settings);
-  BuildSettingRuns();
   return Status();
 }
 

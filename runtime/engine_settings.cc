@@ -1,0 +1,131 @@
+// ZeroEngine's optimizer settings: per-tensor lr scales and decays grouped into runs of each
+// group's shard, the peak lr and its schedule, and the part of a checkpoint that carries them
+// (StateCounters::engine_state). The step itself is engine.cc.
+#include <cmath>
+
+#include <nlohmann/json.hpp>
+
+#include "zrt/core/json_reader.h"
+#include "zrt/core/logging.h"
+#include "zrt/runtime/engine.h"
+#include "zrt/runtime/engine_internal.h"
+
+namespace zrt {
+
+using internal::CheckRate;
+
+void ZeroEngine::BuildSettingRuns() {
+  const int rank = config_.stage == 0 ? 0 : comm_->rank();
+  for (auto& gp : groups_) {
+    Group& g = *gp;
+    g.runs.clear();
+    g.classes.clear();
+    if (g.frozen) continue;
+    auto class_of = [&](const Settings& st) {
+      for (size_t c = 0; c < g.classes.size(); ++c) {
+        if (g.classes[c] == st) return static_cast<int>(c);
+      }
+      g.classes.push_back(st);
+      return static_cast<int>(g.classes.size() - 1);
+    };
+    for (const ShardPiece& p : g.layout.RankPieces(rank)) {
+      const int c = class_of(settings_[static_cast<size_t>(g.params[static_cast<size_t>(p.tensor)])]);
+      if (!g.runs.empty() && g.runs.back().cls == c) {
+        g.runs.back().end = p.shard_offset + p.count;
+      } else {
+        if (!g.runs.empty()) g.runs.back().end = p.shard_offset;
+        g.runs.push_back({g.runs.empty() ? 0 : p.shard_offset, p.shard_offset + p.count, c});
+      }
+    }
+    if (g.runs.empty()) g.runs.push_back({0, 0, class_of(settings_[static_cast<size_t>(g.params[0])])});  // padding only
+    g.runs.back().end = g.layout.shard_size();
+  }
+}
+
+Status ZeroEngine::SetLr(double lr) {
+  if (!(lr >= 0) || !std::isfinite(lr)) return InvalidArgumentError("set_lr: lr must be finite and >= 0, got ", lr);
+  lr_ = lr;
+  return Status();
+}
+
+Status ZeroEngine::SetLrSchedule(const LrSchedule& schedule) {
+  RETURN_IF_ERROR(schedule.Validate(), "set_lr_schedule");
+  schedule_ = schedule;
+  return Status();
+}
+
+double ZeroEngine::lr() const { return lr_ * schedule_.Factor(steps_); }
+
+// The engine's part of a checkpoint (StateCounters::engine_state):
+//   {"lr": peak, "lr_schedule": {"kind", "warmup_steps", "total_steps", "min_lr_ratio"},
+//    "weight_decay": the default, "tensors": {name: {"lr_scale", "weight_decay"}} for those that differ}
+std::string ZeroEngine::EngineState() const {
+  nlohmann::json j;
+  j["lr"] = lr_;
+  j["lr_schedule"] = {{"kind", LrScheduleKindName(schedule_.kind)}, {"warmup_steps", schedule_.warmup_steps},
+                      {"total_steps", schedule_.total_steps}, {"min_lr_ratio", schedule_.min_lr_ratio}};
+  j["weight_decay"] = config_.adam.weight_decay;
+  nlohmann::json tensors = nlohmann::json::object();
+  const Settings fallback{1, config_.adam.weight_decay};
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (settings_[i] != fallback) tensors[params_[i].name] = {{"lr_scale", settings_[i].lr_scale}, {"weight_decay", settings_[i].weight_decay}};
+  }
+  j["tensors"] = std::move(tensors);
+  return j.dump();
+}
+
+Status ZeroEngine::ApplyEngineState(const std::string& text) {
+  ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(text, "engine state"));
+  if (j.is_object() && j.empty()) return Status();  // saved by an engine that kept none
+  // Everything is read and checked before anything changes.
+  ASSIGN_OR_RETURN(JsonReader r, JsonReader::Object(j, "engine.state"));
+  double lr = lr_, wd = config_.adam.weight_decay;
+  LrSchedule sched;
+  RETURN_IF_ERROR(r.Read("lr", &lr));
+  RETURN_IF_ERROR(CheckRate("saved", "lr", lr));
+  RETURN_IF_ERROR(r.Read("weight_decay", &wd));
+  RETURN_IF_ERROR(CheckRate("saved", "weight_decay", wd));
+  {
+    ASSIGN_OR_RETURN(JsonReader sr, r.Child("lr_schedule"));
+    RETURN_IF_ERROR(sr.Read<LrSchedule::Kind>("kind", &sched.kind, ParseLrScheduleKind));
+    RETURN_IF_ERROR(sr.Read("warmup_steps", &sched.warmup_steps));
+    RETURN_IF_ERROR(sr.Read("total_steps", &sched.total_steps));
+    RETURN_IF_ERROR(sr.Read("min_lr_ratio", &sched.min_lr_ratio));
+    RETURN_IF_ERROR(sr.Finish());
+    RETURN_IF_ERROR(sched.Validate(), "engine.state.lr_schedule");
+  }
+  std::vector<Settings> settings(params_.size(), Settings{1, wd});
+  const nlohmann::json& tensors = r.Raw("tensors");
+  if (!tensors.is_null()) {
+    ASSIGN_OR_RETURN(JsonReader tr, JsonReader::Object(tensors, "engine.state.tensors"));
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!tr.has(params_[i].name)) continue;
+      ASSIGN_OR_RETURN(JsonReader one, tr.Child(params_[i].name));
+      RETURN_IF_ERROR(one.Read("lr_scale", &settings[i].lr_scale));
+      RETURN_IF_ERROR(one.Read("weight_decay", &settings[i].weight_decay));
+      RETURN_IF_ERROR(one.Finish());
+      RETURN_IF_ERROR(CheckRate("saved lr_scale", params_[i].name, settings[i].lr_scale));
+      RETURN_IF_ERROR(CheckRate("saved weight_decay", params_[i].name, settings[i].weight_decay));
+    }
+    // Tensors the engine does not have are the load's business (strict loads refuse them).
+  }
+  RETURN_IF_ERROR(r.Finish());
+  size_t differ = 0, first = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (settings[i] != settings_[i] && differ++ == 0) first = i;
+  }
+  if (differ > 0 && comm_->rank() == 0) {
+    ZRT_LOG(kWarn) << "restore: the checkpoint's optimizer settings of " << differ << " tensor(s) differ from their registration "
+                   << "(first: '" << params_[first].name << "', saved lr_scale " << settings[first].lr_scale << " weight_decay "
+                   << settings[first].weight_decay << ", registered " << settings_[first].lr_scale << " / " << settings_[first].weight_decay
+                   << "); the checkpoint's are used";
+  }
+  lr_ = lr;
+  schedule_ = sched;
+  config_.adam.weight_decay = wd;
+  settings_ = std::move(settings);
+  BuildSettingRuns();
+  return Status();
+}
+
+}  // namespace zrt
