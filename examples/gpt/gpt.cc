@@ -224,7 +224,16 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
   const double tokens_per_step = static_cast<double>(o.batch) * o.accum * c.context;
   cfg.metrics.tokens_per_step = tokens_per_step;
   cfg.metrics.flops_per_step = tokens_per_step * c.flops_per_token();
-  cfg.metrics.peak_flops = gpt::MeasurePeakGemmFlops();  // this rank's core, measured now
+  // The GEMM peak of one core, measured now by each rank in turn (so that no rank shares its core
+  // while it measures), the best of them: MFU is against a core per rank, also when ranks share cores.
+  double peak = 0;
+  for (int r = 0; r < world; ++r) {
+    if (r == rank) peak = gpt::MeasurePeakGemmFlops();
+    RETURN_IF_ERROR(comm.Barrier());
+  }
+  float peak_f = static_cast<float>(peak);
+  RETURN_IF_ERROR(comm.AllReduce(&peak_f, &peak_f, 1, zrt::DType::kF32, zrt::ReduceOp::kMax));
+  cfg.metrics.peak_flops = peak_f;
   ASSIGN_OR_RETURN(auto engine, zrt::ZeroEngine::Create(&comm, &device, cfg));
   const auto defs = gpt::Tensors(c);
   std::vector<zrt::ParamHandle> handles;
@@ -262,9 +271,10 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
     RETURN_IF_ERROR(engine->SetLrSchedule(cfg.lr_schedule));
   }
   if (rank == 0) {
-    std::printf("gpt %s: %lld parameters, %d layers, dim %d, %d heads, context %d; %d ranks, stage %d, offload %s; %zu bytes of text\n",
+    std::printf("gpt %s: %lld parameters, %d layers, dim %d, %d heads, context %d; %d ranks, stage %d, offload %s; %zu bytes of text; "
+                "GEMM peak %.1f GFLOP/s per core\n",
                 o.preset.c_str(), static_cast<long long>(c.num_params()), c.layers, c.dim, c.heads, c.context, world, o.stage,
-                o.offload.c_str(), text.size());
+                o.offload.c_str(), text.size(), cfg.metrics.peak_flops / 1e9);
   }
   gpt::Model model(c, o.batch);
   const size_t row = static_cast<size_t>(c.context) + 1;

@@ -147,7 +147,8 @@ float InitValue(const Config& c, const std::vector<TensorDef>& defs, uint64_t se
 double MeasurePeakGemmFlops(int n) {
   std::vector<float> a(Z(n) * Z(n), 0.5f), b(Z(n) * Z(n), 0.25f), out(Z(n) * Z(n));
   double best = 0;
-  for (int rep = 0; rep < 6; ++rep) {
+  const auto start = std::chrono::steady_clock::now();
+  for (int rep = 0; rep < 4 || std::chrono::steady_clock::now() - start < std::chrono::milliseconds(200); ++rep) {
     const auto t0 = std::chrono::steady_clock::now();
     MatMul(a.data(), b.data(), out.data(), n, n, n, false);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -31,8 +31,8 @@ struct Config {
 // "tiny" (CI), "small" (~11M parameters), "gpt2" (GPT-2 124M's shape with byte tokens: 86M).
 zrt::Result<Config> Preset(std::string_view name);
 
-// This core's fp32 GEMM rate (FLOP/s) on n x n x n products through the same BLAS, one thread: the
-// peak MFU is measured against.
+// This core's fp32 GEMM rate (FLOP/s) on n x n x n products through the same BLAS, one thread, best
+// of at least 0.2 s of products: the peak MFU is measured against (measure it with the core to itself).
 double MeasurePeakGemmFlops(int n = 512);
 
 // The parameters, in registration order: name, shape, gather group, and whether AdamW decays it
