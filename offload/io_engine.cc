@@ -18,13 +18,19 @@
 namespace zrt {
 
 // ---- IoFile ----------------------------------------------------------------------------------------
-Result<IoFile> IoFile::Open(const std::string& path, Mode mode, bool direct) {
-  int flags = O_CLOEXEC;
+namespace {
+int ModeFlags(IoFile::Mode mode) {
   switch (mode) {
-    case Mode::kRead: flags |= O_RDONLY; break;
-    case Mode::kReadWrite: flags |= O_RDWR; break;
-    case Mode::kCreate: flags |= O_RDWR | O_CREAT | O_TRUNC; break;
+    case IoFile::Mode::kRead: return O_RDONLY;
+    case IoFile::Mode::kReadWrite: return O_RDWR;
+    case IoFile::Mode::kCreate: return O_RDWR | O_CREAT | O_TRUNC;
   }
+  return O_RDONLY;
+}
+}  // namespace
+
+Result<IoFile> IoFile::Open(const std::string& path, Mode mode, bool direct) {
+  const int flags = O_CLOEXEC | ModeFlags(mode);
   IoFile f;
   f.path_ = path;
   f.fd_ = UniqueFd(::open(path.c_str(), flags, 0644));
@@ -40,12 +46,7 @@ Result<IoFile> IoFile::OpenAt(int dir_fd, const std::string& name, const std::st
   if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos) {
     return InvalidArgumentError("opening ", path, ": '", name, "' is not a plain file name");
   }
-  int flags = O_CLOEXEC | O_NOFOLLOW;
-  switch (mode) {
-    case Mode::kRead: flags |= O_RDONLY; break;
-    case Mode::kReadWrite: flags |= O_RDWR; break;
-    case Mode::kCreate: flags |= O_RDWR | O_CREAT | O_TRUNC; break;
-  }
+  const int flags = O_CLOEXEC | O_NOFOLLOW | ModeFlags(mode);
   IoFile f;
   f.path_ = path;
   f.fd_ = UniqueFd(::openat(dir_fd, name.c_str(), flags, 0644));
