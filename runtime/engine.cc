@@ -691,6 +691,8 @@ CommStats ZeroEngine::comm_stats() const {
   if (impl_->bucketer) {
     s.reduce_bytes += impl_->bucketer->stats().reduce_bytes;
     s.collectives += impl_->bucketer->stats().collectives;
+    s.reduce_seconds += impl_->bucketer->stats().reduce_seconds;
+    s.reduce_wait_seconds += impl_->bucketer->stats().reduce_wait_seconds;
   }
   if (impl_->gatherer) {
     s.gather_bytes += impl_->gatherer->stats().gather_bytes;

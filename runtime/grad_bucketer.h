@@ -11,6 +11,7 @@
 // Source gradients may be reused as soon as Add returns (they are copied into the bucket).
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -58,6 +59,7 @@ class GradBucketer {
     std::vector<Dest> dests;
     CommHandle handle;
     bool in_flight = false;
+    std::chrono::steady_clock::time_point launched;
   };
 
   GradBucketer(Communicator* comm, Compute* compute, const Options& o, int64_t capacity)

@@ -15,6 +15,13 @@ struct CommStats {
   int64_t reduce_bytes = 0;
   int64_t gather_bytes = 0;
   int64_t collectives = 0;
+  // Gradient reductions, host clock: each collective's time from launch to the completion the engine
+  // saw (it polls on every GradsReady), and the part of that the caller spent in them (blocked in a
+  // wait, or in the polls themselves, where CPU MPI does the collective's work).
+  // 1 - reduce_wait_seconds / reduce_seconds is the fraction hidden behind compute (on NCCL the host
+  // never blocks: the device-side overlap needs a profiler).
+  double reduce_seconds = 0;
+  double reduce_wait_seconds = 0;
 };
 
 // The trainer's phases, marked with ZeroEngine::Mark.

@@ -285,8 +285,9 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
       std::copy_n(text.begin() + static_cast<std::ptrdiff_t>(at), row, tokens.begin() + static_cast<std::ptrdiff_t>(b * row));
     }
   };
-  double loss = 0, tok_s = 0, mfu = 0;
+  double loss = 0, tok_s = 0, mfu = 0, reduce_s = 0, reduce_wait_s = 0;
   int timed = 0;
+  zrt::CommStats comm_before = engine->comm_stats();
   while (engine->steps() < o.steps) {
     loss = 0;
     for (int micro = 0; micro < o.accum; ++micro) {
@@ -303,11 +304,15 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
     loss = avg;
     engine->Record("loss", loss);
     ASSIGN_OR_RETURN(zrt::StepResult r, engine->Step());
+    const zrt::CommStats comm_now = engine->comm_stats();
     if (r.step > 2 && r.times.checkpoint_stall == 0) {  // steady state: past warm-up, no save in it
       tok_s += r.tokens_per_second;
       mfu += r.mfu;
+      reduce_s += comm_now.reduce_seconds - comm_before.reduce_seconds;
+      reduce_wait_s += comm_now.reduce_wait_seconds - comm_before.reduce_wait_seconds;
       ++timed;
     }
+    comm_before = comm_now;
     if (rank == 0 && (r.step % o.print_every == 0 || r.step == o.steps)) {
       const zrt::StepTimes& t = r.times;
       std::printf("step %5lld  loss %.4f  lr %.2e  norm %.2f  %.0f tok/s  MFU %.1f%%  %.1f ms (fwd %.0f%% bwd %.0f%% comm %.0f%% opt %.0f%% io %.0f%% ckpt %.0f%%)\n",
@@ -386,9 +391,15 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
     std::printf("memory per rank: model state %.1f MiB (ZeRO formula %.1f MiB) + activations %.1f MiB\n%s", state / 1048576,
                 formula[o.stage] / 1048576, static_cast<double>(model.activation_bytes()) / 1048576, m.ToString().c_str());
     if (o.offload != "none") std::printf("host memory (offload):\n%s", engine->host_memory().ToString().c_str());
-    std::printf("SUMMARY steps=%lld loss=%.4f val_loss=%.4f tokens_per_s=%.0f mfu=%.4f checkpoints=%d stall_per_save_ms=%.2f resumed_from=%s\n",
-                static_cast<long long>(engine->steps()), loss, val_loss, timed ? tok_s / timed : 0.0, timed ? mfu / timed : 0.0, saves,
-                saves ? 1e3 * stall / saves : 0.0, resumed_from.c_str());
+    // Gradient reductions hidden behind backward: 1 - (time blocked on them) / (time they were in flight).
+    const double hidden = reduce_s > 0 ? 1 - reduce_wait_s / reduce_s : 0;
+    if (world > 1 && timed > 0) {
+      std::printf("gradient reductions: %.1f ms in flight per step, %.1f ms of it waited for: %.0f%% hidden behind backward\n",
+                  1e3 * reduce_s / timed, 1e3 * reduce_wait_s / timed, 100 * hidden);
+    }
+    std::printf("SUMMARY steps=%lld loss=%.4f val_loss=%.4f tokens_per_s=%.0f mfu=%.4f reduce_hidden=%.3f checkpoints=%d stall_per_save_ms=%.2f resumed_from=%s\n",
+                static_cast<long long>(engine->steps()), loss, val_loss, timed ? tok_s / timed : 0.0, timed ? mfu / timed : 0.0, hidden,
+                saves, saves ? 1e3 * stall / saves : 0.0, resumed_from.c_str());
   }
   return Status();
 }
