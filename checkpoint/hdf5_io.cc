@@ -10,6 +10,7 @@
 #include <map>
 
 #include "zrt/checkpoint/commit.h"
+#include "zrt/checkpoint/import_full.h"
 #include "zrt/checkpoint/files.h"
 #include "zrt/checkpoint/fs_util.h"
 #include "zrt/checkpoint/shard_writer.h"
@@ -59,12 +60,13 @@ Status WriteAttr(hid_t obj, const char* name, hid_t mem_type, hid_t file_type, c
 }
 Status AttrInt(hid_t obj, const char* name, int64_t v) { return WriteAttr(obj, name, H5T_NATIVE_INT64, H5T_STD_I64LE, &v); }
 Status AttrDouble(hid_t obj, const char* name, double v) { return WriteAttr(obj, name, H5T_NATIVE_DOUBLE, H5T_IEEE_F64LE, &v); }
+// Variable-length UTF-8: h5py reads it as str (a fixed-length ASCII string comes back as bytes).
 Status AttrStr(hid_t obj, const char* name, const std::string& v) {
   Hid type(H5Tcopy(H5T_C_S1), H5Tclose);
-  H5Tset_size(type.get(), std::max<size_t>(v.size(), 1));
-  H5Tset_strpad(type.get(), H5T_STR_NULLPAD);
-  std::string padded = v.empty() ? std::string(1, '\0') : v;
-  return WriteAttr(obj, name, type.get(), type.get(), padded.data());
+  H5Tset_size(type.get(), H5T_VARIABLE);
+  H5Tset_cset(type.get(), H5T_CSET_UTF8);
+  const char* p = v.c_str();
+  return WriteAttr(obj, name, type.get(), type.get(), &p);
 }
 
 bool HasAttr(hid_t obj, const char* name) { return H5Aexists(obj, name) > 0; }
@@ -289,8 +291,6 @@ Result<std::vector<float>> ReadTensor(hid_t file, const std::string& path, const
 }  // namespace
 
 Status ImportHdf5(const std::string& in_path, const std::string& out_root, const ImportOptions& o, const ProgressFn& progress) {
-  if (o.world_size < 1) return InvalidArgumentError("import: --world-size must be >= 1");
-  if (o.stage < 0 || o.stage > 3) return InvalidArgumentError("import: --stage must be 0..3");
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   if (!fs::exists(in_path)) return NotFoundError("import: ", in_path, " does not exist");
   Hid file(H5Fopen(in_path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
@@ -349,12 +349,6 @@ Status ImportHdf5(const std::string& in_path, const std::string& out_root, const
     else if (have > 0) return InvalidArgumentError("import: /optimizer/", k, " in ", in_path, " covers only some tensors");
   }
   Manifest m;
-  m.nonce = NewNonce();
-  m.world_size = o.world_size;
-  m.shards = o.stage == 0 ? 1 : o.world_size;
-  m.stage = o.stage;
-  m.zrt_version = "import";
-  m.created_unix = static_cast<int64_t>(std::time(nullptr));
   if (HasAttr(file.get(), "step")) {
     ASSIGN_OR_RETURN(m.step, ReadAttrInt(file.get(), "step"), in_path);
     if (m.step < 0) return InvalidArgumentError("import: ", in_path, ": negative step ", m.step);
@@ -373,60 +367,24 @@ Status ImportHdf5(const std::string& in_path, const std::string& out_root, const
     m.engine_state = nlohmann::json::parse(es, nullptr, false);
     if (!m.engine_state.is_object()) return DataLossError("import: ", in_path, ": engine_state is not a JSON object");
   }
-  std::map<std::string, int> gindex;
-  for (const InTensor& t : tensors) {
-    auto [it, fresh] = gindex.try_emplace(t.group, static_cast<int>(m.groups.size()));
-    if (fresh) m.groups.push_back({t.group, t.lr, t.weight_decay, o.alignment, {}, kinds});
-    GroupEntry& ge = m.groups[static_cast<size_t>(it->second)];
-    TensorSpec spec{t.name, t.shape, t.model_dtype};
-    RETURN_IF_ERROR(Validate(spec), "import: ", in_path);
-    ge.tensors.push_back({t.name, t.shape, t.model_dtype, 0, spec.numel()});
-  }
-  std::vector<ShardLayout> layouts;
-  for (GroupEntry& ge : m.groups) {
-    std::vector<int64_t> numels;
-    for (const TensorEntry& te : ge.tensors) numels.push_back(te.numel);
-    ASSIGN_OR_RETURN(ShardLayout l, ShardLayout::Create(numels, m.shards, ge.alignment), "import");
-    for (size_t t = 0; t < ge.tensors.size(); ++t) ge.tensors[t].offset = l.tensor_offset(static_cast<int64_t>(t));
-    layouts.push_back(std::move(l));
-  }
-  const SaveDir save = SaveDirFor(out_root, m.step, m.nonce);
-  if (fs::exists(save.final)) return AlreadyExistsError("import: ", save.final, " exists");
-  RETURN_IF_ERROR(BeginSave(save), "import");
-  ASSIGN_OR_RETURN(auto io, IoEngine::Create(IoOptions{}), "import");
-  CpuDevice device;
-  // One new shard at a time; the last tensor read stays cached (consecutive shards share it).
+  std::vector<FullTensor> full;
+  for (const InTensor& t : tensors) full.push_back({t.name, t.shape, t.model_dtype, t.group, t.lr, t.weight_decay});
+  // The last tensor read stays cached (consecutive shards share it).
   std::string cached_path;
   std::vector<float> cached;
-  auto write_shards = [&]() -> Status {
-    for (int r = 0; r < m.shards; ++r) {
-      std::vector<DeviceBuffer> bufs;
-      ShardState state(m.groups.size());
-      for (int g = 0; g < static_cast<int>(m.groups.size()); ++g) {
-        const GroupEntry& ge = m.groups[static_cast<size_t>(g)];
-        const ShardLayout& l = layouts[static_cast<size_t>(g)];
-        for (size_t k = 0; k < kinds.size(); ++k) {
-          ASSIGN_OR_RETURN(DeviceBuffer b, device.Allocate(static_cast<size_t>(l.shard_size()) * 4, MemCategory::kStaging, kIoAlignment));
-          std::memset(b.data(), 0, static_cast<size_t>(l.shard_size()) * 4);
-          for (const ShardPiece& p : l.RankPieces(r)) {
-            const TensorEntry& te = ge.tensors[static_cast<size_t>(p.tensor)];
-            const std::string path = (kinds[k] == "master" ? "/params/" : "/optimizer/" + kinds[k] + "/") + te.name;
-            if (path != cached_path) {
-              ASSIGN_OR_RETURN(cached, ReadTensor(file.get(), path, te.shape, in_path));
-              cached_path = path;
-            }
-            std::memcpy(b.as<float>() + p.shard_offset, cached.data() + p.tensor_offset, static_cast<size_t>(p.count) * 4);
-          }
-          state[static_cast<size_t>(g)].push_back({kinds[k], DType::kF32, b.data(), l.shard_size()});
-          bufs.push_back(std::move(b));
-        }
-      }
-      RETURN_IF_ERROR(WriteShard(*io, save.tmp, m, r, state, CompressOptions{}));
-      if (progress) progress(r + 1, m.shards);
+  auto read = [&](size_t t, const std::string& kind, int64_t offset, int64_t count, float* out) -> Status {
+    const std::string path = (kind == "master" ? "/params/" : "/optimizer/" + kind + "/") + tensors[t].name;
+    if (path != cached_path) {
+      cached_path.clear();
+      ASSIGN_OR_RETURN(cached, ReadTensor(file.get(), path, tensors[t].shape, in_path));
+      cached_path = path;
     }
-    return PublishFile(*io, save.tmp, kManifestFile, EncodeManifest(m));
+    std::memcpy(out, cached.data() + offset, static_cast<size_t>(count) * 4);
+    return Status();
   };
-  return Commit(nullptr, write_shards(), save, Retention{}, *io).WithContext("import");
+  std::map<std::string, std::vector<std::string>> group_kinds;
+  for (const InTensor& t : tensors) group_kinds[t.group] = kinds;
+  return WriteCheckpointFromFull(out_root, full, group_kinds, std::move(m), read, o, progress);
 }
 
 }  // namespace zrt::ckpt

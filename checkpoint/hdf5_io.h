@@ -14,6 +14,7 @@
 
 #include <string>
 
+#include "zrt/checkpoint/import_full.h"
 #include "zrt/checkpoint/progress.h"
 #include "zrt/core/dtype.h"
 #include "zrt/core/status.h"
@@ -28,11 +29,6 @@ struct ExportOptions {
 Status ExportHdf5(const std::string& dir, const std::string& out_path, const ExportOptions& options,
                   const ProgressFn& progress = nullptr);
 
-struct ImportOptions {
-  int world_size = 1;
-  int stage = 3;             // recorded in the manifest; stage 0 gives one shard file
-  int64_t alignment = 64;
-};
 // Writes a complete checkpoint under `out_root` (step from the file, else 0). One new shard and one
 // tensor in memory at a time. Errors name the file and dataset when the layout is unexpected.
 Status ImportHdf5(const std::string& in_path, const std::string& out_root, const ImportOptions& options,

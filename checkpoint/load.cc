@@ -8,6 +8,7 @@
 #include <set>
 
 #include "zrt/checkpoint/files.h"
+#include "zrt/checkpoint/state_fill.h"
 #include "zrt/checkpoint/whole_group.h"
 
 namespace zrt::ckpt {
@@ -171,15 +172,7 @@ Result<LoadResult> Load(const std::string& dir, const StateView& target, const L
           sources.push_back({p, g, t, static_cast<int>(kind - ge.kinds.begin())});
         }
       }
-      // Resident state is filled in place (one window); other state through a bounded bounce buffer
-      // written back window by window. Padding and missing kinds end up zero.
-      constexpr int64_t kWindow = int64_t{1} << 22;
-      const int64_t window = b.resident() ? std::max<int64_t>(b.count, 1) : kWindow;
-      std::vector<float> bounce(b.resident() ? 0 : static_cast<size_t>(std::min(window, b.count)));
-      for (int64_t w0 = 0; w0 < b.count; w0 += window) {
-        const int64_t w1 = std::min(b.count, w0 + window);
-        float* base = b.resident() ? static_cast<float*>(b.data) + w0 : bounce.data();  // element w0
-        std::memset(base, 0, static_cast<size_t>(w1 - w0) * 4);
+      auto fill = [&](int64_t w0, int64_t w1, float* base) -> Status {
         for (const Source& src_piece : sources) {
           const ShardPiece& p = src_piece.piece;
           const int64_t lo = std::max(w0, p.shard_offset), hi = std::min(w1, p.shard_offset + p.count);
@@ -191,8 +184,9 @@ Result<LoadResult> Load(const std::string& dir, const StateView& target, const L
                             "loading tensor '", tg.tensors[static_cast<size_t>(p.tensor)].name, "' (", b.kind, ") from ", dir);
           }
         }
-        if (!b.resident()) RETURN_IF_ERROR(b.write(w0, w1 - w0, base), "loading ", b.kind, " of group '", tg.name, "'");
-      }
+        return Status();
+      };
+      RETURN_IF_ERROR(FillStateBuffer(b, tg.name, fill));
     }
   }
   r.counters = {m.step, m.loss_scale, m.scaler_good_steps, m.scaler_hysteresis_left, m.engine_state.dump()};

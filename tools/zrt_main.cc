@@ -1,6 +1,6 @@
 // zrt: command-line entry point. Each subcommand parses its arguments and calls a library function
-// (tools/lib) that writes to std::ostream and returns Status. Exit codes: 0 ok, 1 problem found
-// (or any error), 2 usage.
+// (tools/lib) that writes to std::ostream and returns Status. Exit codes (docs/cli.md): 0 ok, 1 a
+// problem found (or any error), 2 usage — every option value is checked here, so a bad one is usage.
 #include <CLI/CLI.hpp>
 
 #include <iostream>
@@ -11,73 +11,122 @@
 #include "tools/lib/plan.h"
 
 namespace {
+
 int Report(const zrt::Status& s) {
   if (s.ok()) return 0;
   std::cerr << "zrt: " << s.message() << "\n";
   return 1;
 }
+
+// "--world-size 0" should read "must be at least 1", not CLI11's range of doubles.
+CLI::Validator AtLeast(int lo) {
+  return CLI::Validator(
+      [lo](std::string& v) -> std::string {
+        try {
+          size_t used = 0;
+          const long long x = std::stoll(v, &used);
+          if (used == v.size() && x >= lo && x <= (1 << 24)) return "";
+        } catch (const std::exception&) {
+        }
+        return "must be an integer >= " + std::to_string(lo) + ", got '" + v + "'";
+      },
+      ">= " + std::to_string(lo));
+}
+
+// "5G", "512M", "1048576": bytes.
+CLI::Validator ByteSize() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        try {
+          size_t used = 0;
+          const double x = std::stod(v, &used);
+          std::string unit = v.substr(used);
+          const double mult = unit.empty() || unit == "B" ? 1 : unit == "K" || unit == "KiB" ? 1024.0 : unit == "M" || unit == "MiB" ? 1048576.0
+                              : unit == "G" || unit == "GiB" ? 1073741824.0 : -1;
+          if (mult > 0 && x * mult >= 1 && x * mult < 9e18) {
+            v = std::to_string(static_cast<long long>(x * mult));
+            return "";
+          }
+        } catch (const std::exception&) {
+        }
+        return "must be a size such as 5G, 512M or 1048576, got '" + v + "'";
+      },
+      "SIZE");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   zrt::SetLogLevel(zrt::LogLevel::kWarn);
-  CLI::App app{"zrt: inspect, verify, reshard and compare ZeRO checkpoints; plan a model's memory and time"};
+  CLI::App app{"zrt: inspect, verify, reshard, compare and convert ZeRO checkpoints; plan a model's memory and time"};
   app.require_subcommand(0, 1);
   bool version = false, json = false;
   app.add_flag("--version", version, "print the version and build features");
-  app.add_flag("--json", json, "machine-readable output");
+  app.add_flag("--json", json, "machine-readable output (every command; docs/cli.md)");
 
-  CLI::App* ckpt = app.add_subcommand("ckpt", "checkpoint commands");
+  CLI::App* ckpt = app.add_subcommand("ckpt", "checkpoint commands: ls, inspect, verify, reshard, diff, export, import");
   ckpt->require_subcommand(1);
+  ckpt->add_flag("--json", json, "machine-readable output");
   std::string root, dir, tensor, out_dir, other;
   bool stats = false;
   int world = 0;
   CLI::App* ls = ckpt->add_subcommand("ls", "checkpoints under a root: complete or not (and why), step, size, age");
   ls->add_option("ROOT", root, "checkpoint root")->required();
   CLI::App* inspect = ckpt->add_subcommand("inspect", "what a checkpoint holds");
-  inspect->add_option("DIR", dir, "checkpoint directory")->required();
+  inspect->add_option("DIR", dir, "checkpoint directory, or a root (its newest complete checkpoint)")->required();
   inspect->add_option("--tensor", tensor, "only tensors whose name contains this");
   inspect->add_flag("--stats", stats, "min/max/mean/std/L2/NaN/Inf of the fp32 master weights per tensor");
   CLI::App* verify = ckpt->add_subcommand("verify", "re-read every chunk and check every checksum (exit 1 on any problem)");
-  verify->add_option("DIR", dir, "checkpoint directory")->required();
+  verify->add_option("DIR", dir, "checkpoint directory, or a root (its newest complete checkpoint)")->required();
   CLI::App* reshard = ckpt->add_subcommand("reshard", "write a copy laid out for another number of ranks");
-  reshard->add_option("DIR", dir, "checkpoint directory")->required();
+  reshard->add_option("DIR", dir, "checkpoint directory, or a root (its newest complete checkpoint)")->required();
   reshard->add_option("OUT", out_dir, "output root (the step directory is created inside)")->required();
-  reshard->add_option("--world-size", world, "ranks of the new layout")->required()->check(CLI::PositiveNumber);
+  reshard->add_option("--world-size", world, "ranks of the new layout")->required()->check(AtLeast(1));
   int rstage = -1, rthreads = 1;
-  reshard->add_option("--stage", rstage, "stage to record (default: as saved; 0 gives one shard file)")->check(CLI::Range(0, 3));
-  reshard->add_option("--threads", rthreads, "shards built at once (memory: one new shard each)")->check(CLI::PositiveNumber);
-  std::string states = "params", xdtype = "f32";
-  int stage = 3;
-  CLI::App* exp = ckpt->add_subcommand("export", "consolidated, unsharded tensors in one HDF5 file");
-  exp->add_option("DIR", dir, "checkpoint directory")->required();
-  exp->add_option("OUT", out_dir, "output .h5 file")->required();
-  exp->add_option("--states", states, "params | all (with the optimizer state)");
-  exp->add_option("--dtype", xdtype, "f32 | bf16");
-  CLI::App* imp = ckpt->add_subcommand("import", "an HDF5 file of tensors into a checkpoint for M ranks");
-  imp->add_option("IN", dir, "input .h5 file")->required();
+  reshard->add_option("--stage", rstage, "stage to record (default: as saved; 0 gives one shard file)")->check(CLI::IsMember({0, 1, 2, 3}));
+  reshard->add_option("--threads", rthreads, "shards built at once (memory: one new shard each)")->check(AtLeast(1))->capture_default_str();
+
+  zrt::tools::ExportArgs ea;
+  std::string max_shard;
+  CLI::App* exp = ckpt->add_subcommand("export", "consolidated, unsharded tensors as safetensors or HDF5");
+  exp->add_option("DIR", dir, "checkpoint directory, or a root (its newest complete checkpoint)")->required();
+  exp->add_option("OUT", out_dir, "output: X.safetensors (sharded above --max-shard-size) or X.h5")->required();
+  exp->add_option("--format", ea.format, "safetensors | hdf5 (default: from OUT's extension)")->check(CLI::IsMember({"safetensors", "hdf5"}));
+  exp->add_option("--states", ea.states, "params | all (with the optimizer state)")->check(CLI::IsMember({"params", "all"}))->capture_default_str();
+  exp->add_option("--dtype", ea.dtype, "model | f32 | bf16 | f16 (default: safetensors the model's dtype, f32 with --states all; HDF5 f32)")
+      ->check(CLI::IsMember({"model", "f32", "bf16", "f16"}));
+  exp->add_option("--max-shard-size", max_shard, "safetensors: largest file before sharding (default 5G)")->transform(ByteSize());
+  exp->add_option("--name-map", ea.name_map, "safetensors: JSON file of names, checkpoint -> file (null drops a tensor)");
+  exp->add_option("--rename", ea.renames, "safetensors: FROM=TO, a name prefix rule (repeatable)");
+  zrt::tools::ImportArgs ia;
+  CLI::App* imp = ckpt->add_subcommand("import", "a safetensors or HDF5 model into a checkpoint for M ranks");
+  imp->add_option("IN", dir, "X.safetensors, X.safetensors.index.json, a directory holding one, or X.h5")->required();
   imp->add_option("OUT", out_dir, "output root (the step directory is created inside)")->required();
-  imp->add_option("--world-size", world, "ranks of the new layout")->required()->check(CLI::PositiveNumber);
-  imp->add_option("--stage", stage, "stage recorded (0 gives one shard file)")->check(CLI::Range(0, 3));
-  CLI::App* diff = ckpt->add_subcommand("diff", "per-tensor max abs/rel difference of two checkpoints");
-  diff->add_option("A", dir, "checkpoint directory")->required();
-  diff->add_option("B", other, "checkpoint directory")->required();
-  for (CLI::App* c : {ls, inspect, verify, reshard, diff}) c->add_flag("--json", json, "machine-readable output");
+  imp->add_option("--world-size", ia.world_size, "ranks of the new layout")->required()->check(AtLeast(1));
+  imp->add_option("--stage", ia.stage, "stage recorded (0 gives one shard file)")->check(CLI::IsMember({0, 1, 2, 3}))->capture_default_str();
+  imp->add_option("--format", ia.format, "safetensors | hdf5 (default: from IN's name)")->check(CLI::IsMember({"safetensors", "hdf5"}));
+  imp->add_option("--name-map", ia.name_map, "safetensors: JSON file of names, file -> checkpoint (null drops a tensor)");
+  imp->add_option("--rename", ia.renames, "safetensors: FROM=TO, a name prefix rule (repeatable)");
+  CLI::App* diff = ckpt->add_subcommand("diff", "per-tensor max abs/rel difference of two checkpoints (exit 1 if they differ)");
+  diff->add_option("A", dir, "checkpoint directory, or a root (its newest complete checkpoint)")->required();
+  diff->add_option("B", other, "checkpoint directory, or a root")->required();
+  for (CLI::App* c : {ls, inspect, verify, reshard, exp, imp, diff}) c->add_flag("--json", json, "machine-readable output");
 
   zrt::tools::PlanInput pi;
   std::string dtype = "bf16";
-  CLI::App* plan = app.add_subcommand("plan", "memory per device, communication and time for a model");
-  plan->add_option("--params", pi.params, "parameters (or give the transformer shape)");
-  plan->add_option("--layers", pi.layers);
-  plan->add_option("--hidden", pi.hidden);
-  plan->add_option("--heads", pi.heads);
-  plan->add_option("--seq", pi.seq, "sequence length");
-  plan->add_option("--batch", pi.batch, "micro-batch per device");
-  plan->add_option("--vocab", pi.vocab);
-  plan->add_option("--gpus", pi.gpus, "data-parallel devices");
-  plan->add_option("--stage", pi.stage, "ZeRO stage 0..3");
-  plan->add_option("--offload", pi.offload, "none | cpu | nvme");
-  plan->add_option("--dtype", dtype, "parameter dtype: bf16 | f16 | f32");
-  plan->add_option("--gpu-mem", pi.gpu_mem_gib, "device memory, GiB");
+  CLI::App* plan = app.add_subcommand("plan", "memory per device, communication and time for a model (exit 1 if it does not fit)");
+  plan->add_option("--params", pi.params, "parameters (or give the transformer shape below)");
+  plan->add_option("--layers", pi.layers, "transformer layers");
+  plan->add_option("--hidden", pi.hidden, "hidden size");
+  plan->add_option("--heads", pi.heads, "attention heads");
+  plan->add_option("--seq", pi.seq, "sequence length")->capture_default_str();
+  plan->add_option("--batch", pi.batch, "micro-batch per device")->capture_default_str();
+  plan->add_option("--vocab", pi.vocab, "vocabulary size")->capture_default_str();
+  plan->add_option("--gpus", pi.gpus, "data-parallel devices")->check(AtLeast(1))->capture_default_str();
+  plan->add_option("--stage", pi.stage, "ZeRO stage 0..3")->check(CLI::IsMember({0, 1, 2, 3}))->capture_default_str();
+  plan->add_option("--offload", pi.offload, "none | cpu | nvme")->check(CLI::IsMember({"none", "cpu", "nvme"}))->capture_default_str();
+  plan->add_option("--dtype", dtype, "parameter dtype")->check(CLI::IsMember({"bf16", "f16", "fp16", "f32", "fp32"}))->capture_default_str();
+  plan->add_option("--gpu-mem", pi.gpu_mem_gib, "device memory, GiB")->capture_default_str();
   plan->add_option("--step-time", pi.step_seconds, "step time in seconds (bandwidth needed to hide communication)");
   plan->add_option("--tokens", pi.tokens, "training tokens");
   plan->add_option("--tflops", pi.tflops, "achieved TFLOP/s per device");
@@ -93,16 +142,35 @@ int main(int argc, char** argv) {
     std::cout << "zrt " << zrt::Version() << " (" << zrt::BuildFeatures() << ")\n";
     return 0;
   }
+  // A root where a checkpoint directory is expected: its newest complete checkpoint, said on stderr.
+  auto resolve = [&](std::string& d) -> zrt::Status {
+    ASSIGN_OR_RETURN(std::string chosen, zrt::tools::ResolveCheckpointDir(d));
+    if (chosen != d) std::cerr << "zrt: " << d << " is a checkpoint root: using its newest complete checkpoint " << chosen << "\n";
+    d = chosen;
+    return zrt::Status();
+  };
   if (*ls) return Report(zrt::tools::CkptLs(root, json, std::cout));
+  if (*inspect || *verify || *reshard || *exp || *diff) {
+    if (zrt::Status s = resolve(dir); !s.ok()) return Report(s);
+  }
+  if (*diff) {
+    if (zrt::Status s = resolve(other); !s.ok()) return Report(s);
+  }
   if (*inspect) return Report(zrt::tools::CkptInspect(dir, tensor, stats, json, std::cout));
   if (*verify) return Report(zrt::tools::CkptVerify(dir, json, std::cout));
-  if (*reshard) return Report(zrt::tools::CkptReshard(dir, out_dir, world, std::cout, rstage, rthreads));
+  if (*reshard) return Report(zrt::tools::CkptReshard(dir, out_dir, world, std::cout, rstage, rthreads, json));
   if (*diff) return Report(zrt::tools::CkptDiff(dir, other, json, std::cout));
-  if (*exp) return Report(zrt::tools::CkptExport(dir, out_dir, states, xdtype, std::cout));
-  if (*imp) return Report(zrt::tools::CkptImport(dir, out_dir, world, stage, std::cout));
+  if (*exp) {
+    ea.json = json;
+    if (!max_shard.empty()) ea.max_shard_bytes = std::stoll(max_shard);
+    return Report(zrt::tools::CkptExport(dir, out_dir, ea, std::cout));
+  }
+  if (*imp) {
+    ia.json = json;
+    return Report(zrt::tools::CkptImport(dir, out_dir, ia, std::cout));
+  }
   if (*plan) {
     if (dtype == "f32" || dtype == "fp32") pi.param_bytes = 4;
-    else if (dtype != "bf16" && dtype != "f16" && dtype != "fp16") return Report(zrt::InvalidArgumentError("plan: unknown --dtype ", dtype));
     return Report(zrt::tools::Plan(pi, json, std::cout));
   }
   std::cout << app.help();

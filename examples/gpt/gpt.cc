@@ -54,7 +54,7 @@ zrt::Result<std::string> ReadCorpus(const std::string& dir) {
 }
 
 struct Options {
-  std::string preset = "tiny", ckpt, dump, data = "/usr/share/games/fortunes", offload = "none", nvme_dir, reference;
+  std::string preset = "tiny", ckpt, dump, init, init_names, data = "/usr/share/games/fortunes", offload = "none", nvme_dir, reference;
   int stage = 3, batch = 8, accum = 2, every = 50, keep_last = 2, print_every = 10, val_every = 100, sample = 120;
   int64_t steps = 200, warmup = 20;
   double lr = 1e-3, clip = 1.0;
@@ -270,6 +270,17 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
     // schedule when the command line is the same).
     RETURN_IF_ERROR(engine->SetLrSchedule(cfg.lr_schedule));
   }
+  if (!o.init.empty() && resumed_from == "-") {  // a fresh start from pretrained weights (a resume wins)
+    zrt::ckpt::SafetensorsLoadOptions lo;
+    if (!o.init_names.empty()) {
+      ASSIGN_OR_RETURN(lo.names, zrt::ckpt::NameMap::FromJsonFile(o.init_names));
+    }
+    ASSIGN_OR_RETURN(zrt::ckpt::LoadResult l, zrt::ckpt::LoadSafetensors(&comm, o.init, engine->state_view(), lo));
+    if (rank == 0) {
+      std::printf("initialised from %s (%.1f MiB of weights on rank 0%s)\n", o.init.c_str(), static_cast<double>(l.bytes_read) / 1048576,
+                  l.unexpected.empty() ? "" : ", some tensors dropped by the name map");
+    }
+  }
   if (rank == 0) {
     std::printf("gpt %s: %lld parameters, %d layers, dim %d, %d heads, context %d; %d ranks, stage %d, offload %s; %zu bytes of text; "
                 "GEMM peak %.1f GFLOP/s per core\n",
@@ -428,6 +439,8 @@ int main(int argc, char** argv) {
   app.add_option("--val-every", o.val_every, "validation loss every N steps (0: never)");
   app.add_option("--sample", o.sample, "characters of text to generate at the end (0: none)");
   app.add_option("--dump", o.dump, "write the final fp32 weights here (rank 0)");
+  app.add_option("--init", o.init, "start from pretrained weights: a safetensors file, index or directory (unless resuming)");
+  app.add_option("--init-names", o.init_names, "JSON name map for --init: file names -> these (docs/interop.md)");
   app.add_option("--reference", o.reference, "write one fp32 forward/backward on the initial weights into this directory and exit");
   CLI11_PARSE(app, argc, argv);
   openblas_set_num_threads(1);  // one rank per core; the ranks are the parallelism

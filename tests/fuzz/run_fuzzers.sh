@@ -7,7 +7,7 @@
 set -euo pipefail
 src=$(cd "$1" && pwd); work=$2; seconds=${3:-20}; shift 3 || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(parsers_fuzz directory_fuzz hdf5_import_fuzz)
+[ ${#targets[@]} -gt 0 ] || targets=(parsers_fuzz directory_fuzz hdf5_import_fuzz safetensors_fuzz)
 command -v clang++ >/dev/null || { echo "SKIP: clang++ not installed"; exit 0; }
 mkdir -p "$work"
 cmake -S "$src" -B "$work/build" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZRT_SANITIZE=fuzzer \

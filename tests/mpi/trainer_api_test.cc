@@ -14,6 +14,8 @@
 #include "tests/mpi/engine_fixture.h"
 #include "zrt/checkpoint/checkpointer.h"
 #include "zrt/checkpoint/resume.h"
+#include "zrt/checkpoint/catalog.h"
+#include "zrt/checkpoint/safetensors.h"
 
 namespace zrt {
 namespace {
@@ -385,6 +387,79 @@ TEST_F(TrainerApiTest, FullStateInProcessOnOneRankOrEveryRank) {
       EXPECT_EQ(calls, 1);
     }
   }
+}
+
+// Pretrained weights in safetensors initialise an engine at any world size, stage and placement:
+// a full-state export restores the run exactly (its next steps are bit for bit the original's), a
+// parameters-only load takes the weights with fresh optimizer state, and a name that does not match
+// fails on every rank.
+TEST_F(TrainerApiTest, SafetensorsInitialiseAnEngineOrRestoreItsWholeState) {
+  const std::string dir = ::testing::TempDir() + "/zrt_safetensors_" + std::to_string(size());
+  if (rank() == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir + "/swap");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  for (int stage : {0, 2, 3}) {
+    EngineConfig cfg;
+    cfg.stage = stage;
+    int engines = 0;
+    auto make = [&] {  // each engine its own swap directory
+      if (stage == 3) {  // the state on NVMe: loaded through its write callbacks
+        cfg.offload.optimizer = OffloadTarget::kNvme;
+        cfg.offload.nvme_dir = dir + "/swap/" + std::to_string(engines++);
+        cfg.offload.sub_group_elements = 1024;
+        std::filesystem::create_directories(cfg.offload.nvme_dir);
+      }
+      return MakeWith(cfg, DType::kBF16, true);
+    };
+    auto a = make();
+    ASSERT_TRUE(a.ok()) << a.status();
+    Steps(**a, 2);
+    CpuDevice staging;
+    const std::string root = dir + "/ckpt" + std::to_string(stage), file = dir + "/m" + std::to_string(stage) + ".safetensors";
+    {
+      auto ck = ckpt::Checkpointer::Create(comm_.get(), &staging, {.root = root});
+      ASSERT_TRUE(ck.ok()) << ck.status();
+      ASSERT_TRUE((*ck)->SaveAsync((*a)->state_view()).ok());
+      ASSERT_TRUE((*ck)->Wait().ok());
+    }
+    if (rank() == 0) {
+      auto latest = ckpt::FindLatestComplete(root);
+      ASSERT_TRUE(latest.ok()) << latest.status();
+      ASSERT_TRUE(ckpt::ExportSafetensors(*latest, file, {.all_states = true, .max_shard_bytes = 8192}).ok());
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    // The whole state: the same run from here on.
+    auto b = make();
+    ASSERT_TRUE(b.ok()) << b.status();
+    auto loaded = ckpt::LoadSafetensors(comm_.get(), file, (*b)->state_view(), {.params_only = false});
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    EXPECT_EQ((*b)->steps(), 2);
+    Steps(**a, 2);
+    Steps(**b, 2);
+    EXPECT_EQ(Params(**a, kModel.size()), Params(**b, kModel.size())) << "stage " << stage;
+    // Parameters only: the weights, step 0, zero moments.
+    auto c = make();
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE(ckpt::LoadSafetensors(comm_.get(), file, (*c)->state_view()).ok());
+    EXPECT_EQ((*c)->steps(), 0);
+    auto exp_avg = (*c)->ForEachFullTensor({.kinds = {"exp_avg"}}, [](const TensorSpec& t, std::string_view, std::span<const float> v) {
+      for (float x : v) EXPECT_EQ(x, 0.0f) << t.name;
+      return Status();
+    });
+    EXPECT_TRUE(exp_avg.ok()) << exp_avg;
+    // A tensor the file does not have (renamed away): the same error on every rank, naming it.
+    auto d = make();
+    ASSERT_TRUE(d.ok()) << d.status();
+    ckpt::SafetensorsLoadOptions renamed;
+    renamed.names.exact["w1"] = "w1_renamed";
+    auto bad = ckpt::LoadSafetensors(comm_.get(), file, (*d)->state_view(), renamed);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_NE(bad.status().message().find("'w1"), std::string_view::npos) << bad.status();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank() == 0) std::filesystem::remove_all(dir);
 }
 
 TEST_F(TrainerApiTest, StepTimesAddUpAndTheJsonLinesLogHasOneObjectPerStep) {

@@ -7,6 +7,7 @@
 #include <iomanip>
 #include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -17,6 +18,7 @@
 #include "zrt/checkpoint/files.h"
 #include "zrt/checkpoint/hdf5_io.h"
 #include "zrt/checkpoint/reshard.h"
+#include "zrt/checkpoint/safetensors.h"
 #include "zrt/checkpoint/verify.h"
 #include "zrt/checkpoint/whole_group.h"
 #include "zrt/core/device.h"
@@ -70,27 +72,88 @@ ProgressFn TtyProgress(const std::string& what) {
 
 }  // namespace
 
-Status CkptExport(const std::string& dir, const std::string& out_h5, const std::string& states, const std::string& dtype,
-                  std::ostream& out) {
-  ExportOptions o;
-  if (states != "params" && states != "all") return InvalidArgumentError("export: --states must be params or all, got '", states, "'");
-  o.all_states = states == "all";
-  if (dtype == "bf16") {
-    o.dtype = DType::kBF16;
-  } else if (dtype != "f32") {
-    return InvalidArgumentError("export: --dtype must be f32 or bf16, got '", dtype, "'");
+namespace {
+
+// The interchange format of a path: --format when given, else the name's extension (.h5/.hdf5 is
+// HDF5; .safetensors, a safetensors index or a directory is safetensors).
+Result<std::string> FormatOf(const std::string& path, const std::string& given, const char* what) {
+  if (!given.empty()) {
+    if (given != "hdf5" && given != "safetensors") return InvalidArgumentError(what, ": --format must be hdf5 or safetensors, got '", given, "'");
+    return given;
   }
-  RETURN_IF_ERROR(ExportHdf5(dir, out_h5, o, TtyProgress("exporting")));
-  out << "exported " << dir << " -> " << out_h5 << " (" << states << ", " << dtype << ")\n";
+  const std::string ext = fs::path(path).extension().string();
+  if (ext == ".h5" || ext == ".hdf5") return std::string("hdf5");
+  std::error_code ec;
+  if (ext == ".safetensors" || ext == ".json" || fs::is_directory(path, ec)) return std::string("safetensors");
+  return InvalidArgumentError(what, ": cannot tell the format of '", path, "' from its name (.h5, .safetensors): give --format");
+}
+
+Result<NameMap> NamesOf(const std::string& name_map, const std::vector<std::string>& renames) {
+  NameMap names;
+  if (!name_map.empty()) {
+    ASSIGN_OR_RETURN(names, NameMap::FromJsonFile(name_map));
+  }
+  for (const std::string& r : renames) RETURN_IF_ERROR(names.AddRule(r));
+  return names;
+}
+
+}  // namespace
+
+Status CkptExport(const std::string& dir, const std::string& out_path, const ExportArgs& a, std::ostream& out) {
+  ASSIGN_OR_RETURN(std::string format, FormatOf(out_path, a.format, "export"));
+  if (a.states != "params" && a.states != "all") return InvalidArgumentError("export: --states must be params or all, got '", a.states, "'");
+  std::optional<DType> dtype;
+  if (!a.dtype.empty() && a.dtype != "model") {
+    Result<DType> d = ParseDType(a.dtype);
+    if (!d.ok() || (*d != DType::kF32 && *d != DType::kBF16 && *d != DType::kF16)) {
+      return InvalidArgumentError("export: --dtype must be model, f32, bf16 or f16, got '", a.dtype, "'");
+    }
+    dtype = *d;
+  }
+  if (format == "hdf5") {
+    if (!a.name_map.empty() || !a.renames.empty()) return InvalidArgumentError("export: --name-map and --rename apply to safetensors");
+    if (dtype == DType::kF16 || a.dtype == "model") return InvalidArgumentError("export: HDF5 export writes f32 or bf16");
+    ExportOptions o;
+    o.all_states = a.states == "all";
+    o.dtype = dtype.value_or(DType::kF32);
+    RETURN_IF_ERROR(ExportHdf5(dir, out_path, o, TtyProgress("exporting")));
+  } else {
+    SafetensorsExportOptions o;
+    o.all_states = a.states == "all";
+    o.dtype = dtype;
+    if (a.max_shard_bytes > 0) o.max_shard_bytes = a.max_shard_bytes;
+    ASSIGN_OR_RETURN(o.names, NamesOf(a.name_map, a.renames), "export");
+    RETURN_IF_ERROR(ExportSafetensors(dir, out_path, o, TtyProgress("exporting")));
+  }
+  if (a.json) {
+    out << json{{"command", "export"}, {"checkpoint", dir}, {"output", out_path}, {"format", format}, {"states", a.states},
+                {"dtype", a.dtype.empty() ? (format == "hdf5" || a.states == "all" ? "f32" : "model") : a.dtype}}.dump(1) << "\n";
+  } else {
+    out << "exported " << dir << " -> " << out_path << " (" << format << ", " << a.states << ")\n";
+  }
   return Status();
 }
 
-Status CkptImport(const std::string& in_h5, const std::string& out_root, int world_size, int stage, std::ostream& out) {
+Status CkptImport(const std::string& in_path, const std::string& out_root, const ImportArgs& a, std::ostream& out) {
+  ASSIGN_OR_RETURN(std::string format, FormatOf(in_path, a.format, "import"));
   ImportOptions o;
-  o.world_size = world_size;
-  o.stage = stage;
-  RETURN_IF_ERROR(ImportHdf5(in_h5, out_root, o, TtyProgress("importing")));
-  out << "imported " << in_h5 << " -> " << out_root << " (" << world_size << " ranks, stage " << stage << ")\n";
+  o.world_size = a.world_size;
+  o.stage = a.stage;
+  if (format == "hdf5") {
+    if (!a.name_map.empty() || !a.renames.empty()) return InvalidArgumentError("import: --name-map and --rename apply to safetensors");
+    RETURN_IF_ERROR(ImportHdf5(in_path, out_root, o, TtyProgress("importing")));
+  } else {
+    ASSIGN_OR_RETURN(NameMap names, NamesOf(a.name_map, a.renames), "import");
+    RETURN_IF_ERROR(ImportSafetensors(in_path, out_root, o, names, TtyProgress("importing")));
+  }
+  ASSIGN_OR_RETURN(auto list, ListCheckpoints(out_root));
+  const std::string made = list.empty() ? out_root : list.front().dir;
+  if (a.json) {
+    out << json{{"command", "import"}, {"input", in_path}, {"format", format}, {"checkpoint", made}, {"world_size", a.world_size},
+                {"stage", a.stage}}.dump(1) << "\n";
+  } else {
+    out << "imported " << in_path << " -> " << made << " (" << format << ", " << a.world_size << " ranks, stage " << a.stage << ")\n";
+  }
   return Status();
 }
 
@@ -273,8 +336,19 @@ Status CkptVerify(const std::string& dir, bool as_json, std::ostream& out) {
   return Status();
 }
 
+Result<std::string> ResolveCheckpointDir(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec) || fs::exists(fs::path(path) / "manifest.json", ec)) return path;
+  ASSIGN_OR_RETURN(auto list, ListCheckpoints(path));
+  if (list.empty()) return NotFoundError(path, " holds no manifest.json and no checkpoints (not a checkpoint directory or root)");
+  for (const auto& c : list) {
+    if (c.complete) return c.dir;
+  }
+  return NotFoundError(path, " is a checkpoint root with no complete checkpoint (`zrt ckpt ls ", path, "` says why)");
+}
+
 Status CkptReshard(const std::string& dir, const std::string& out_root, int world_size, std::ostream& out, int stage,
-                   int threads) {
+                   int threads, bool as_json) {
   ReshardOptions o;
   o.world_size = world_size;
   o.stage = stage;
@@ -282,7 +356,12 @@ Status CkptReshard(const std::string& dir, const std::string& out_root, int worl
   o.progress = TtyProgress("resharding");
   ASSIGN_OR_RETURN(std::string final_dir, Reshard(dir, out_root, o));
   ASSIGN_OR_RETURN(Manifest m, ReadManifest(dir));
-  out << "resharded " << dir << " (" << m.world_size << " ranks) -> " << final_dir << " (" << world_size << " ranks)\n";
+  if (as_json) {
+    out << json{{"command", "reshard"}, {"checkpoint", dir}, {"output", final_dir}, {"world_size_before", m.world_size},
+                {"world_size", world_size}}.dump(1) << "\n";
+  } else {
+    out << "resharded " << dir << " (" << m.world_size << " ranks) -> " << final_dir << " (" << world_size << " ranks)\n";
+  }
   return Status();
 }
 

@@ -4,10 +4,15 @@
 
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "zrt/core/status.h"
 
 namespace zrt::tools {
+
+// `path` itself when it holds a manifest (or does not exist: the command reports that); a checkpoint
+// root's newest complete checkpoint otherwise (NotFound, with a hint, when it has none).
+Result<std::string> ResolveCheckpointDir(const std::string& path);
 
 // Checkpoints under a root: complete or not (and why), step, size, age, ranks, stage.
 Status CkptLs(const std::string& root, bool json, std::ostream& out);
@@ -25,14 +30,32 @@ Status CkptVerify(const std::string& dir, bool json, std::ostream& out);
 // `world_size` ranks (stage < 0: keep the saved stage; stage 0 gives one shard file); `threads` shards
 // are built at once (memory: that many new shards).
 Status CkptReshard(const std::string& dir, const std::string& out_root, int world_size, std::ostream& out, int stage = -1,
-                   int threads = 1);
+                   int threads = 1, bool json = false);
 
-// Consolidated, unsharded tensors in one HDF5 file (/params/<name>, /optimizer/<kind>/<name> with
-// states == "all"), streamed one group at a time; dtype "f32" or "bf16".
-Status CkptExport(const std::string& dir, const std::string& out_h5, const std::string& states, const std::string& dtype,
-                  std::ostream& out);
-// An HDF5 file (as exported, or /params/* datasets from elsewhere) into a checkpoint for M ranks.
-Status CkptImport(const std::string& in_h5, const std::string& out_root, int world_size, int stage, std::ostream& out);
+// Export to HDF5 (one file: /params/<name>, /optimizer/<kind>/<name>) or safetensors (a file, or
+// several and an index above the shard limit), streamed one group at a time. The format comes from
+// `format` or the output's extension.
+struct ExportArgs {
+  std::string format;              // "", "hdf5" or "safetensors"
+  std::string states = "params";   // params | all
+  std::string dtype;               // "" (HDF5: f32; safetensors: the model's, f32 with all states), model, f32, bf16, f16
+  int64_t max_shard_bytes = 0;     // safetensors: 0 = 5 GiB
+  std::string name_map;            // safetensors: a JSON file of names
+  std::vector<std::string> renames;  // safetensors: FROM=TO prefix rules
+  bool json = false;
+};
+Status CkptExport(const std::string& dir, const std::string& out_path, const ExportArgs& args, std::ostream& out);
+
+// An HDF5 or safetensors file (exported by zrt or made elsewhere) into a checkpoint for M ranks.
+struct ImportArgs {
+  std::string format;
+  int world_size = 1;
+  int stage = 3;
+  std::string name_map;
+  std::vector<std::string> renames;
+  bool json = false;
+};
+Status CkptImport(const std::string& in_path, const std::string& out_root, const ImportArgs& args, std::ostream& out);
 
 // Per-tensor (and per state kind) max absolute / relative difference between two checkpoints, NaN and
 // infinities included (NaN equals NaN; NaN or inf against a number is an infinite difference). Not

@@ -104,8 +104,8 @@ TEST_F(CkptCommands, ReshardDiffExportImportAgree) {
   ASSERT_TRUE(CkptReshard(dir_, root_ + "/s0", 4, s0, 0).ok());
   EXPECT_EQ(ReadManifest(root_ + "/s0/step-00000042")->shards, 1);
   std::ostringstream e, i, d;
-  ASSERT_TRUE(CkptExport(dir_, root_ + "/x.h5", "all", "f32", e).ok());
-  ASSERT_TRUE(CkptImport(root_ + "/x.h5", root_ + "/imp", 2, 3, i).ok());
+  ASSERT_TRUE(CkptExport(dir_, root_ + "/x.h5", {.states = "all", .dtype = "f32"}, e).ok());
+  ASSERT_TRUE(CkptImport(root_ + "/x.h5", root_ + "/imp", {.world_size = 2, .stage = 3}, i).ok());
   ASSERT_TRUE(CkptDiff(dir_, root_ + "/imp/step-00000042", true, d).ok());
   const auto diff = nlohmann::json::parse(d.str());  // keep it alive: the loop iterates a sub-object
   for (const auto& row : diff["tensors"]) EXPECT_EQ(row["max_abs"], 0.0) << row.dump();
@@ -149,7 +149,7 @@ TEST_F(CkptCommands, ProblemsAreStatuses) {
   EXPECT_NE(v.str().find("rank-00001.index.json: missing"), std::string::npos) << v.str();
   EXPECT_EQ(CkptReshard(dir_, root_ + "/r", 2, os).code(), StatusCode::kDataLoss);  // incomplete input
   EXPECT_EQ(CkptReshard(dir_, root_ + "/r", 0, os).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(CkptExport(dir_, root_ + "/y.h5", "params", "f64", os).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(CkptExport(dir_, root_ + "/y.h5", {.dtype = "f64"}, os).code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

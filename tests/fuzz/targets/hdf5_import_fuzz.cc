@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "zrt/checkpoint/hdf5_io.h"
-#include "zrt/checkpoint/verify.h"
+#include "tests/fuzz/targets/fuzz_checks.h"
 #include "zrt/core/logging.h"
 
 namespace {
@@ -175,14 +175,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   o.world_size = 1 + static_cast<int>(b.Below(3));
   o.stage = static_cast<int>(b.Below(4));
   const std::string out = (base / "out").string();
-  if (zrt::ckpt::ImportHdf5(file_path, out, o).ok()) {
-    for (const auto& e : fs::directory_iterator(out, ec)) {
-      if (!e.is_directory()) continue;
-      std::vector<std::string> problems;
-      if (!zrt::ckpt::CheckComplete(e.path().string(), zrt::ckpt::VerifyLevel::kFull, &problems).ok() || !problems.empty()) {
-        std::abort();  // import committed something that is not a complete checkpoint
-      }
-    }
-  }
+  if (zrt::ckpt::ImportHdf5(file_path, out, o).ok()) zrt::fuzz::AbortUnlessEveryCheckpointVerifies(out);
   return 0;
 }

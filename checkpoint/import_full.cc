@@ -1,0 +1,84 @@
+#include "zrt/checkpoint/import_full.h"
+
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <map>
+
+#include "zrt/checkpoint/commit.h"
+#include "zrt/checkpoint/shard_writer.h"
+#include "zrt/core/device.h"
+
+namespace zrt::ckpt {
+
+Status WriteCheckpointFromFull(const std::string& out_root, const std::vector<FullTensor>& tensors,
+                               const std::map<std::string, std::vector<std::string>>& kinds, Manifest m, const FullTensorRead& read,
+                               const ImportOptions& o, const ProgressFn& progress) {
+  if (o.world_size < 1) return InvalidArgumentError("import: --world-size must be >= 1");
+  if (o.stage < 0 || o.stage > 3) return InvalidArgumentError("import: --stage must be 0..3");
+  if (tensors.empty()) return InvalidArgumentError("import: no tensors");
+  m.nonce = NewNonce();
+  m.world_size = o.world_size;
+  m.shards = o.stage == 0 ? 1 : o.world_size;
+  m.stage = o.stage;
+  if (m.zrt_version.empty()) m.zrt_version = "import";
+  m.created_unix = static_cast<int64_t>(std::time(nullptr));
+  m.groups.clear();
+  std::map<std::string, int> gindex;
+  std::vector<std::vector<size_t>> members;  // per group: indices into `tensors`
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const FullTensor& t = tensors[i];
+    auto [it, fresh] = gindex.try_emplace(t.group, static_cast<int>(m.groups.size()));
+    if (fresh) {
+      auto k = kinds.find(t.group);
+      m.groups.push_back({t.group, t.lr, t.weight_decay, o.alignment, {}, k == kinds.end() ? std::vector<std::string>{"master"} : k->second});
+      members.emplace_back();
+    }
+    TensorSpec spec{t.name, t.shape, t.model_dtype};
+    RETURN_IF_ERROR(Validate(spec), "import");
+    m.groups[static_cast<size_t>(it->second)].tensors.push_back({t.name, t.shape, t.model_dtype, 0, spec.numel()});
+    members[static_cast<size_t>(it->second)].push_back(i);
+  }
+  std::vector<ShardLayout> layouts;
+  int64_t total = 0;
+  for (GroupEntry& ge : m.groups) {
+    std::vector<int64_t> numels;
+    for (const TensorEntry& te : ge.tensors) numels.push_back(te.numel);
+    ASSIGN_OR_RETURN(ShardLayout l, ShardLayout::Create(numels, m.shards, ge.alignment), "import");
+    for (size_t t = 0; t < ge.tensors.size(); ++t) ge.tensors[t].offset = l.tensor_offset(static_cast<int64_t>(t));
+    total += l.padded_size() * 4 * static_cast<int64_t>(ge.kinds.size());
+    layouts.push_back(std::move(l));
+  }
+  const SaveDir save = SaveDirFor(out_root, m.step, m.nonce);
+  if (std::filesystem::exists(save.final)) return AlreadyExistsError("import: ", save.final, " exists");
+  RETURN_IF_ERROR(BeginSave(save), "import");
+  ASSIGN_OR_RETURN(auto io, IoEngine::Create(IoOptions{}), "import");
+  CpuDevice device;
+  int64_t done = 0;
+  auto write_shards = [&]() -> Status {
+    for (int r = 0; r < m.shards; ++r) {
+      std::vector<DeviceBuffer> bufs;
+      ShardState state(m.groups.size());
+      for (size_t g = 0; g < m.groups.size(); ++g) {
+        const ShardLayout& l = layouts[g];
+        const size_t bytes = static_cast<size_t>(l.shard_size()) * 4;
+        for (const std::string& kind : m.groups[g].kinds) {
+          ASSIGN_OR_RETURN(DeviceBuffer b, device.Allocate(bytes, MemCategory::kStaging, kIoAlignment), "import");
+          std::memset(b.data(), 0, bytes);
+          for (const ShardPiece& p : l.RankPieces(r)) {
+            const size_t t = members[g][static_cast<size_t>(p.tensor)];
+            RETURN_IF_ERROR(read(t, kind, p.tensor_offset, p.count, b.as<float>() + p.shard_offset));
+          }
+          state[g].push_back({kind, DType::kF32, b.data(), l.shard_size()});
+          bufs.push_back(std::move(b));
+          if (progress) progress(done += static_cast<int64_t>(bytes), total);
+        }
+      }
+      RETURN_IF_ERROR(WriteShard(*io, save.tmp, m, r, state, CompressOptions{}));
+    }
+    return PublishFile(*io, save.tmp, kManifestFile, EncodeManifest(m));
+  };
+  return Commit(nullptr, write_shards(), save, Retention{}, *io).WithContext("import");
+}
+
+}  // namespace zrt::ckpt
