@@ -2,10 +2,11 @@
 # Every package here is used by the build or the suite; add one only together with its first use.
 # (python3-torch: the reference examples/gpt is checked against, and the peer scripts/bench measures;
 # run with /usr/bin/python3, the interpreter Debian installs it for, whatever python3 comes first on
-# PATH. libopenblas-dev and the fortunes texts: examples/gpt.)
+# PATH. libopenblas-dev and the fortunes texts: examples/gpt. pybind11-dev and python3-dev: the Python
+# module, python/.)
 ZRT_PACKAGES=(cmake g++ make pkg-config libgtest-dev libopenmpi-dev openmpi-bin nlohmann-json3-dev libcli11-dev
               liburing-dev libzstd-dev libxxhash-dev wamerican clang libclang-rt-14-dev
-              libhdf5-dev python3-h5py libopenblas-dev fortunes fortunes-min python3-torch)
+              libhdf5-dev python3-h5py libopenblas-dev fortunes fortunes-min python3-torch pybind11-dev python3-dev)
 
 zrt_root() { cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd; }
 
