@@ -3,6 +3,7 @@
 // problem found (or any error), 2 usage — every option value is checked here, so a bad one is usage.
 #include <CLI/CLI.hpp>
 
+#include <cmath>
 #include <iostream>
 
 #include "zrt/core/logging.h"
@@ -31,6 +32,21 @@ CLI::Validator AtLeast(int lo) {
         return "must be an integer >= " + std::to_string(lo) + ", got '" + v + "'";
       },
       ">= " + std::to_string(lo));
+}
+
+// A number > 0 (CLI::PositiveNumber's message prints the range of doubles).
+CLI::Validator Positive() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        try {
+          size_t used = 0;
+          const double x = std::stod(v, &used);
+          if (used == v.size() && x > 0 && std::isfinite(x)) return "";
+        } catch (const std::exception&) {
+        }
+        return "must be a number > 0, got '" + v + "'";
+      },
+      "> 0");
 }
 
 // "5G", "512M", "1048576": bytes.
@@ -114,19 +130,32 @@ int main(int argc, char** argv) {
 
   zrt::tools::PlanInput pi;
   std::string dtype = "bf16";
-  CLI::App* plan = app.add_subcommand("plan", "memory per device, communication and time for a model (exit 1 if it does not fit)");
-  plan->add_option("--params", pi.params, "parameters (or give the transformer shape below)");
+  CLI::App* plan = app.add_subcommand("plan", "memory per device, what is left out, DeepSpeed's estimate and the cheapest configuration that fits (exit 1 if none)");
+  plan->add_option("--params", pi.params, "parameters (or give the transformer shape below)")->check(Positive());
+  plan->add_option("--largest-layer", pi.largest_layer, "parameters of the largest layer (stage-3 working set; from the shape if given)");
+  plan->add_option("--arch", pi.arch, "gpt (4h GELU MLP, learned positions, tied embeddings) | llama (SwiGLU, rotary, untied)")
+      ->check(CLI::IsMember({"gpt", "llama"}))->capture_default_str();
   plan->add_option("--layers", pi.layers, "transformer layers");
   plan->add_option("--hidden", pi.hidden, "hidden size");
   plan->add_option("--heads", pi.heads, "attention heads");
+  plan->add_option("--kv-heads", pi.kv_heads, "key/value heads, grouped-query attention (default: --heads)");
+  plan->add_option("--ffn", pi.ffn, "MLP width (default: gpt 4 x hidden, llama 8/3 x hidden rounded up to 256)");
   plan->add_option("--seq", pi.seq, "sequence length")->capture_default_str();
-  plan->add_option("--batch", pi.batch, "micro-batch per device")->capture_default_str();
+  plan->add_option("--batch", pi.batch, "micro-batch per device (the largest the recommendation tries)")->check(AtLeast(1))->capture_default_str();
   plan->add_option("--vocab", pi.vocab, "vocabulary size")->capture_default_str();
   plan->add_option("--gpus", pi.gpus, "data-parallel devices")->check(AtLeast(1))->capture_default_str();
+  plan->add_option("--gpus-per-node", pi.gpus_per_node, "devices per node (host memory per node; default min(gpus, 8))")->check(AtLeast(1));
   plan->add_option("--stage", pi.stage, "ZeRO stage 0..3")->check(CLI::IsMember({0, 1, 2, 3}))->capture_default_str();
-  plan->add_option("--offload", pi.offload, "none | cpu | nvme")->check(CLI::IsMember({"none", "cpu", "nvme"}))->capture_default_str();
+  plan->add_option("--offload", pi.offload, "optimizer state: none | cpu | nvme (stages 1-3)")->check(CLI::IsMember({"none", "cpu", "nvme"}))->capture_default_str();
+  plan->add_option("--offload-params", pi.offload_params, "stage-3 parameter shards: none | cpu | nvme")
+      ->check(CLI::IsMember({"none", "cpu", "nvme"}))->capture_default_str();
+  plan->add_flag("--recompute", pi.recompute, "full activation recomputation");
+  plan->add_flag("--flash-attention", pi.flash_attention, "attention scores are never stored (FlashAttention)");
+  plan->add_flag("--fp32-grads", pi.fp32_grads, "4-byte gradients (EngineConfig::fp32_grads)");
+  plan->add_option("--prefetch", pi.prefetch_depth, "stage 3: layers gathered ahead (EngineConfig::prefetch_depth)")->capture_default_str();
   plan->add_option("--dtype", dtype, "parameter dtype")->check(CLI::IsMember({"bf16", "f16", "fp16", "f32", "fp32"}))->capture_default_str();
-  plan->add_option("--gpu-mem", pi.gpu_mem_gib, "device memory, GiB")->capture_default_str();
+  plan->add_option("--gpu-mem", pi.gpu_mem_gib, "device memory, GiB")->check(Positive())->capture_default_str();
+  plan->add_option("--cpu-mem", pi.cpu_mem_gib, "host memory per node, GiB (0: not checked)")->capture_default_str();
   plan->add_option("--step-time", pi.step_seconds, "step time in seconds (bandwidth needed to hide communication)");
   plan->add_option("--tokens", pi.tokens, "training tokens");
   plan->add_option("--tflops", pi.tflops, "achieved TFLOP/s per device");

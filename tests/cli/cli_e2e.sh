@@ -107,7 +107,10 @@ expect 1 "$zrt" ckpt verify "$work/bad";          grep -q "rank-00002.index.json
 expect 1 "$zrt" ckpt verify "$work/nope";         grep -q "nope" "$work/err.txt" || fail "missing directory"
 expect 1 "$zrt" ckpt inspect "$work";             grep -q "manifest.json" "$work/err.txt" || fail "not a checkpoint"
 expect 1 "$zrt" ckpt ls "$work/nope"
-expect 1 "$zrt" plan --params -5
+expect 2 "$zrt" plan --params -5;  grep -q "must be a number > 0, got '-5'" "$work/err.txt" || fail "plan --params -5 message"
+expect 1 "$zrt" plan --params 1e12 --gpus 1 --gpu-mem 1;  grep -q "no configuration fits" "$work/err.txt" || fail "plan: nothing fits"
+expect 0 "$zrt" plan --arch llama --layers 80 --hidden 8192 --heads 64 --kv-heads 8 --ffn 28672 --vocab 32000 --seq 4096 --gpus 64 --json
+/usr/bin/python3 -c "import json; d=json.load(open('$work/out.txt')); assert abs(d['params'] - 68.98e9) < 1e8 and d['recommendation'] and d['deepspeed']['zero3'], d['params']" || fail "plan llama"
 expect 2 "$zrt" plan --params 1e9 --stage 9
 expect 0 "$zrt" plan --layers 24 --hidden 2048 --heads 16 --seq 2048 --vocab 50000 --gpus 8 --stage 3 --json
 expect 2 "$zrt" ckpt reshard "$step"

@@ -1,19 +1,35 @@
-// zrt plan: what a model needs, before launching.
+// zrt plan: what a model needs, before launching (docs/cli.md "zrt plan" says the same in prose).
 //
-// Model states (bytes per device), P = param bytes per element (2 for bf16/f16), Psi parameters,
-// N devices, K = optimizer bytes per parameter (12 with mixed precision: fp32 master + Adam moments;
-// 8 for fp32 models: the moments only) — Rajbhandari et al., "ZeRO", SC'20, section 5:
-//   stage 0: (2P + K) Psi     stage 1: 2P Psi + K Psi/N     stage 2: P Psi + (P + K) Psi/N
-//   stage 3: (2P + K) Psi / N
-// Offload (ZeRO-Offload / ZeRO-Infinity): optimizer state (and the gradient shard) move to host
-// memory (cpu) or NVMe (nvme); at stage 3 with nvme the parameter shards go to NVMe too.
-// Activations, per layer, 16-bit, no tensor/sequence parallelism — Korthikanti et al., "Reducing
-// Activation Recomputation in Large Transformer Models", MLSys'23, eq. 2: s*b*h*(34 + 5*a*s/h) bytes;
-// with full recomputation only the layer input is kept: 2*s*b*h bytes.
+// Parameters of a decoder-only transformer, h hidden, L layers, a heads of size d = h/a, kv key/value
+// heads, f MLP width, V vocabulary, s positions: per layer 2h^2 + 2h*kv*d (attention: Q and output h^2
+// each, K and V h*kv*d each) + m*h*f (m = 2 matrices for GELU, 3 for SwiGLU) + 4h (norms; biases not
+// counted); plus V*h (embedding; twice when untied) + s*h (learned positions, gpt only).
+// Model states per device, P = parameter bytes, G = gradient bytes (P, or 4 with fp32 gradients),
+// K = optimizer bytes per parameter (12 with 16-bit parameters: fp32 master + Adam moments; 8 for fp32
+// models), Psi parameters, N devices — Rajbhandari et al., "ZeRO", SC'20, section 5:
+//   stage 0: (P + G + K) Psi   stage 1: (P + G) Psi + K Psi/N   stage 2: P Psi + (G + K) Psi/N
+//   stage 3: (P + G + K) Psi / N
+// Offload (ZeRO-Offload / ZeRO-Infinity, stages 1-3): the optimizer's K Psi/N goes to host memory or
+// NVMe, and the host keeps an fp32 copy of the gradient shard (4 Psi/N) for the CPU Adam; at stage 3
+// the parameter shards can go to host memory or NVMe as well (fetched per layer).
+// Working set beyond model states: two gradient buckets (stage 0: in place, 2B; reduce-scatter:
+// 2B(1 + 1/N)); stage 2 one layer's full gradient before it is bucketed (G x largest layer); stage 3
+// the gathered layers — the one in use and `prefetch_depth` ahead, bounded by max_live_gathered_bytes
+// (1 GiB) but never below one layer — plus one layer's full gradient.
+// Activations per layer, 16-bit, no tensor/sequence parallelism, dropout masks counted — Korthikanti
+// et al., "Reducing Activation Recomputation in Large Transformer Models", MLSys'23, eq. 2 generalised
+// to GQA (r = kv/a) and MLP width: s*b*h*(attention 7 + 4r + MLP (3 + 4f/h, SwiGLU 3 + 6f/h) + norms 4)
+// + 5*a*s^2*b (the attention scores; none with FlashAttention); with full recomputation only the layer
+// input is kept: 2*s*b*h.
 // Communication per step per device (ring collectives): stages 0-2 2 Psi P (N-1)/N, stage 3
 // 3 Psi P (N-1)/N. Time: 8 Psi T / (N X) with recomputation, 6 Psi T / (N X) without.
+// DeepSpeed's estimator (deepspeed.runtime.zero.stage_1_and_2 / stage3
+// estimate_zero{2,3}_model_states_mem_needs, additional_buffer_factor 1.5) for the same inputs is
+// reported beside: docs/cli.md says where and why the two differ.
+#include <algorithm>
 #include <cmath>
 #include <iomanip>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -22,95 +38,272 @@
 
 namespace zrt::tools {
 
-Status Plan(const PlanInput& in, bool as_json, std::ostream& out) {
-  const bool shape = in.layers > 0 || in.hidden > 0;
-  if (shape && (in.layers <= 0 || in.hidden <= 0 || in.heads <= 0 || in.seq <= 0 || in.vocab <= 0 || in.batch <= 0)) {
+namespace {
+
+constexpr double kMaxLiveGathered = double(int64_t{1} << 30);  // EngineConfig::max_live_gathered_bytes
+
+struct Model {
+  double psi = 0;
+  double largest = 0;  // parameters gathered at once at stage 3 (0: unknown)
+  bool shape = false;
+  double act_per_sbh = 0;  // activation bytes per s*b*h per layer, besides the attention scores
+};
+
+Result<Model> ModelOf(const PlanInput& in) {
+  Model m;
+  m.shape = in.layers > 0 || in.hidden > 0;
+  if (!m.shape) {
+    m.psi = in.params;
+    m.largest = in.largest_layer;
+    if (!(m.psi > 0) || !std::isfinite(m.psi)) return InvalidArgumentError("plan: give --params > 0 or a transformer shape");
+    if (m.largest < 0 || m.largest > m.psi) return InvalidArgumentError("plan: --largest-layer must be between 0 and --params");
+    return m;
+  }
+  if (in.layers <= 0 || in.hidden <= 0 || in.heads <= 0 || in.seq <= 0 || in.vocab <= 0 || in.batch <= 0) {
     return InvalidArgumentError("plan: a transformer shape needs --layers, --hidden, --heads, --seq, --vocab > 0 and --batch >= 1");
   }
-  if (shape && in.hidden % in.heads != 0) return InvalidArgumentError("plan: --hidden must be a multiple of --heads");
-  const double psi = shape ? 12.0 * in.layers * double(in.hidden) * in.hidden + double(in.vocab + in.seq) * in.hidden : in.params;
-  if (!(psi > 0) || !std::isfinite(psi)) return InvalidArgumentError("plan: give --params > 0 or a transformer shape");
+  if (in.hidden % in.heads != 0) return InvalidArgumentError("plan: --hidden must be a multiple of --heads");
+  const int kv = in.kv_heads > 0 ? in.kv_heads : in.heads;
+  if (kv > in.heads || in.heads % kv != 0) return InvalidArgumentError("plan: --kv-heads must divide --heads");
+  const bool llama = in.arch == "llama";
+  const double h = in.hidden, d = h / in.heads;
+  const double f = in.ffn > 0 ? double(in.ffn) : llama ? std::ceil(8.0 * h / 3 / 256) * 256 : 4 * h;
+  const double layer = 2 * h * h + 2 * h * kv * d + (llama ? 3 : 2) * h * f + 4 * h;
+  const double embed = double(in.vocab) * h;
+  m.psi = in.layers * layer + embed * (llama ? 2 : 1) + (llama ? 0 : double(in.seq) * h);
+  m.largest = std::max(layer, embed);
+  const double r = double(kv) / in.heads;
+  m.act_per_sbh = (7 + 4 * r) + (llama ? 3 + 6 * f / h : 3 + 4 * f / h) + 4;
+  return m;
+}
+
+struct Config {
+  int stage = 3;
+  std::string offload = "none", offload_params = "none";
+  bool recompute = false;
+  int64_t batch = 1;
+};
+
+struct Memory {
+  double params = 0, grads = 0, optim = 0, working = 0, buckets = 0, act = 0;  // device
+  double host = 0, nvme = 0;                                                    // per device
+  double device() const { return params + grads + optim + working + buckets + act; }
+  double states() const { return params + grads + optim; }
+};
+
+Memory MemoryFor(const PlanInput& in, const Model& m, const Config& c) {
+  const double n = in.gpus, p = in.param_bytes, g = in.fp32_grads ? 4 : in.param_bytes, k = in.param_bytes == 2 ? 12.0 : 8.0;
+  const double psi = m.psi;
+  Memory mem;
+  switch (c.stage) {
+    case 0: mem.params = p * psi, mem.grads = g * psi, mem.optim = k * psi; break;
+    case 1: mem.params = p * psi, mem.grads = g * psi, mem.optim = k * psi / n; break;
+    case 2: mem.params = p * psi, mem.grads = g * psi / n, mem.optim = k * psi / n; break;
+    default: mem.params = p * psi / n, mem.grads = g * psi / n, mem.optim = k * psi / n; break;
+  }
+  mem.buckets = c.stage == 0 ? 2 * in.bucket_bytes : 2 * in.bucket_bytes * (1 + 1 / n);
+  if (c.stage == 2) mem.working = g * m.largest;
+  if (c.stage == 3) {
+    const double one = p * m.largest;
+    mem.working = std::max(one, std::min((1 + in.prefetch_depth) * one, kMaxLiveGathered)) + g * m.largest;
+  }
+  if (c.offload != "none") {
+    (c.offload == "cpu" ? mem.host : mem.nvme) += mem.optim;
+    mem.host += 4 * psi / n;  // the fp32 gradient shard the CPU Adam reads
+    mem.optim = 0;
+  }
+  if (c.offload_params != "none") {
+    (c.offload_params == "cpu" ? mem.host : mem.nvme) += mem.params;
+    mem.params = 0;
+  }
+  if (m.shape) {
+    const double s = double(in.seq), b = double(c.batch), h = in.hidden, a = in.heads;
+    const double scores = in.flash_attention ? 0 : 5.0 * a * s * s * b;
+    mem.act = c.recompute ? in.layers * 2.0 * s * b * h : in.layers * (s * b * h * m.act_per_sbh + scores);
+  }
+  return mem;
+}
+
+int PerNode(const PlanInput& in) { return in.gpus_per_node > 0 ? std::min(in.gpus_per_node, in.gpus) : std::min(in.gpus, 8); }
+
+bool Fits(const PlanInput& in, const Memory& mem) {
+  if (mem.device() > in.gpu_mem_gib * double(int64_t{1} << 30)) return false;
+  return in.cpu_mem_gib <= 0 || mem.host * PerNode(in) <= in.cpu_mem_gib * double(int64_t{1} << 30);
+}
+
+// Configurations cheapest first. Each step down the list costs time per token: stage 3's 1.5x
+// communication, recomputation's 4/3 compute, the optimizer on the CPU over PCIe, parameters fetched
+// from the host, then NVMe's bandwidth. Within a step the lower stage (equal cost, fewer collectives).
+std::vector<Config> Candidates() {
+  std::vector<Config> out;
+  auto add = [&](int stage, const char* off, const char* off_params, bool rc) { out.push_back({stage, off, off_params, rc, 1}); };
+  for (bool rc : {false, true}) {
+    for (int s = 0; s <= 3; ++s) add(s, "none", "none", rc);
+  }
+  for (const char* dev : {"cpu", "nvme"}) {
+    for (bool rc : {false, true}) {
+      for (int s = 1; s <= 3; ++s) add(s, dev, "none", rc);
+    }
+    for (bool rc : {false, true}) add(3, dev, dev, rc);
+  }
+  return out;
+}
+
+// DeepSpeed's estimator, for the same model and cluster (bytes; "cpu" is per node).
+nlohmann::json DeepSpeedEstimate(const PlanInput& in, const Model& m) {
+  const double total = m.psi, per_node = PerNode(in), gpus = in.gpus, nodes = std::ceil(gpus / per_node), buf = 1.5;
+  nlohmann::json z2 = nlohmann::json::array(), z3 = nlohmann::json::array();
+  z2.push_back({{"offload_optimizer", "cpu"}, {"gpu", std::floor(2 * total)}, {"cpu", std::floor(total * std::max(4 * gpus, 16.0) * buf)}});
+  z2.push_back({{"offload_optimizer", "none"}, {"gpu", std::floor(4 * total + std::floor(16 * total / gpus))},
+                {"cpu", std::floor(total * 4 * per_node * buf)}});
+  if (m.largest > 0) {
+    const double layer = 4 * m.largest, gf = 1 / nodes;
+    for (int zero_init : {1, 0}) {
+      z3.push_back({{"offload_param", "cpu"}, {"offload_optimizer", "cpu"}, {"zero_init", zero_init}, {"gpu", std::floor(layer)},
+                    {"cpu", std::floor(total * (zero_init ? 18 * gf : std::max(4 * per_node, 18 * gf)) * buf)}});
+    }
+    for (int zero_init : {1, 0}) {
+      z3.push_back({{"offload_param", "none"}, {"offload_optimizer", "cpu"}, {"zero_init", zero_init},
+                    {"gpu", std::floor(layer + std::floor(2 * total / gpus))},
+                    {"cpu", std::floor(total * (zero_init ? 16 * gf : std::max(4 * per_node, 16 * gf)) * buf)}});
+    }
+    for (int zero_init : {1, 0}) {
+      z3.push_back({{"offload_param", "none"}, {"offload_optimizer", "none"}, {"zero_init", zero_init},
+                    {"gpu", std::floor(layer + std::floor(18 * total / gpus))},
+                    {"cpu", std::floor(zero_init ? m.largest * 4 * per_node * buf : total * 4 * per_node * buf)}});
+    }
+  }
+  return {{"zero2", z2}, {"zero3", z3}, {"additional_buffer_factor", buf}};
+}
+
+nlohmann::json MemoryJson(const Memory& mem, double cap) {
+  return {{"params", mem.params}, {"grads", mem.grads}, {"optimizer", mem.optim}, {"model_states", mem.states()},
+          {"working_set", mem.working}, {"buckets", mem.buckets}, {"activations", mem.act}, {"total", mem.device()},
+          {"capacity", cap}};
+}
+
+}  // namespace
+
+Status Plan(const PlanInput& in, bool as_json, std::ostream& out) {
+  ASSIGN_OR_RETURN(Model m, ModelOf(in));
+  if (in.arch != "gpt" && in.arch != "llama") return InvalidArgumentError("plan: --arch must be gpt or llama, got '", in.arch, "'");
   if (in.gpus < 1) return InvalidArgumentError("plan: --gpus must be >= 1, got ", in.gpus);
   if (in.stage < 0 || in.stage > 3) return InvalidArgumentError("plan: --stage must be 0..3, got ", in.stage);
-  if (in.offload != "none" && in.offload != "cpu" && in.offload != "nvme") {
-    return InvalidArgumentError("plan: --offload must be none, cpu or nvme, got '", in.offload, "'");
+  for (const std::string* o : {&in.offload, &in.offload_params}) {
+    if (*o != "none" && *o != "cpu" && *o != "nvme") return InvalidArgumentError("plan: offload must be none, cpu or nvme, got '", *o, "'");
   }
-  if (in.offload != "none" && in.stage < 2) return InvalidArgumentError("plan: offload needs --stage 2 or 3 (as in ZeRO-Offload)");
+  if (in.offload != "none" && in.stage < 1) return InvalidArgumentError("plan: optimizer offload needs stage 1, 2 or 3 (the state is sharded)");
+  if (in.offload_params != "none" && in.stage != 3) return InvalidArgumentError("plan: parameter offload needs stage 3");
   if (in.param_bytes != 2 && in.param_bytes != 4) return InvalidArgumentError("plan: parameter dtype must be 2 or 4 bytes");
-  if (in.gpu_mem_gib <= 0 || in.tokens < 0 || in.tflops < 0 || in.power_watts < 0 || in.step_seconds < 0) {
-    return InvalidArgumentError("plan: --gpu-mem must be > 0; --tokens, --tflops, --power, --step-time >= 0");
+  if (in.gpu_mem_gib <= 0 || in.cpu_mem_gib < 0 || in.tokens < 0 || in.tflops < 0 || in.power_watts < 0 || in.step_seconds < 0 ||
+      in.prefetch_depth < 0 || in.bucket_bytes <= 0 || in.gpus_per_node < 0) {
+    return InvalidArgumentError("plan: --gpu-mem and bucket bytes must be > 0; --cpu-mem, --tokens, --tflops, --power, --step-time, "
+                                "--prefetch, --gpus-per-node >= 0");
   }
-  const double n = in.gpus, p = in.param_bytes, k = in.param_bytes == 2 ? 12.0 : 8.0;
-  double params = 0, grads = 0, optim = 0;  // on the device
-  switch (in.stage) {
-    case 0: params = p * psi, grads = p * psi, optim = k * psi; break;
-    case 1: params = p * psi, grads = p * psi, optim = k * psi / n; break;
-    case 2: params = p * psi, grads = p * psi / n, optim = k * psi / n; break;
-    default: params = p * psi / n, grads = p * psi / n, optim = k * psi / n; break;
+  const double cap = in.gpu_mem_gib * double(int64_t{1} << 30);
+  const Config given{in.stage, in.offload, in.offload_params, in.recompute, in.batch};
+  const Memory mem = MemoryFor(in, m, given);
+  Config rc = given;
+  rc.recompute = true;
+  const Memory mem_rc = MemoryFor(in, m, rc);
+  // The cheapest configuration that fits, with the largest micro-batch up to --batch that does.
+  std::optional<Config> best;
+  for (Config c : Candidates()) {
+    for (int64_t b = m.shape ? in.batch : 1; b >= 1 && !best; b /= 2) {
+      c.batch = b;
+      if (Fits(in, MemoryFor(in, m, c))) best = c;
+    }
+    if (best) break;
   }
-  double host = 0, nvme = 0;
-  if (in.offload == "cpu") {
-    host = optim + grads, optim = 0, grads = 0;
-  } else if (in.offload == "nvme") {
-    nvme = optim, optim = 0, host = grads, grads = 0;
-    if (in.stage == 3) nvme += params, params = 0;  // parameter shards on NVMe, fetched per layer
-  }
-  const double states = params + grads + optim;
-  double act = 0, act_recompute = 0;
-  if (shape) {
-    const double s = double(in.seq), b = double(in.batch), h = in.hidden, a = in.heads;
-    act = in.layers * s * b * h * (34.0 + 5.0 * a * s / h);
-    act_recompute = in.layers * 2.0 * s * b * h;
-  }
-  const double cap = in.gpu_mem_gib * double(1ull << 30);
-  const double comm = (in.stage == 3 ? 3.0 : 2.0) * psi * p * (n - 1) / n;
+  std::vector<std::string> left_out = {"the framework's own device memory (CUDA context, allocator fragmentation)",
+                                       "tensor, sequence and pipeline parallelism (data parallelism only)"};
+  if (!m.shape) left_out.push_back("activations (give the transformer shape: --layers --hidden --heads --seq --vocab)");
+  if (m.shape) left_out.push_back("the output logits and loss (s x b x vocab, 4 bytes each in fp32) and the embedding's output");
+  if (in.stage >= 2 && m.largest == 0) left_out.push_back("the gathered layers and per-layer gradients (give --largest-layer)");
+  if (in.offload == "nvme" || in.offload_params == "nvme") left_out.push_back("NVMe swap buffers in host memory (bounded by offload.host_budget_bytes)");
+
+  const double n = in.gpus, p = in.param_bytes;
+  const double comm = (in.stage == 3 ? 3.0 : 2.0) * m.psi * p * (n - 1) / n;
   const double flops = in.tflops * 1e12;
-  const double t_recompute = flops > 0 ? 8.0 * psi * in.tokens / (n * flops) : 0, t_plain = flops > 0 ? 6.0 * psi * in.tokens / (n * flops) : 0;
+  const double t_rc = flops > 0 ? 8.0 * m.psi * in.tokens / (n * flops) : 0, t_plain = flops > 0 ? 6.0 * m.psi * in.tokens / (n * flops) : 0;
   nlohmann::json j = {
       {"units", "bytes (GB = 1e9 bytes, GiB = 2^30 bytes); seconds"},
-      {"params", psi}, {"gpus", in.gpus}, {"stage", in.stage}, {"offload", in.offload},
-      {"device", {{"params", params}, {"grads", grads}, {"optimizer", optim}, {"model_states", states},
-                  {"activations", act}, {"activations_recompute", act_recompute}, {"capacity", cap}}},
-      {"host", host}, {"nvme", nvme},
-      {"fits", states + act <= cap}, {"fits_with_recompute", states + act_recompute <= cap},
-      {"comm_bytes_per_step", comm},
+      {"params", m.psi}, {"largest_layer", m.largest}, {"gpus", in.gpus}, {"gpus_per_node", PerNode(in)}, {"stage", in.stage},
+      {"offload", in.offload}, {"offload_params", in.offload_params}, {"micro_batch", in.batch}, {"recompute", in.recompute},
+      {"device", MemoryJson(mem, cap)}, {"device_with_recompute", MemoryJson(mem_rc, cap)},
+      {"host", mem.host}, {"host_per_node", mem.host * PerNode(in)}, {"nvme", mem.nvme},
+      {"fits", Fits(in, mem)}, {"fits_with_recompute", Fits(in, mem_rc)},
+      {"left_out", left_out}, {"comm_bytes_per_step", comm}, {"deepspeed", DeepSpeedEstimate(in, m)},
   };
+  // Kept for scripts written against the first version.
+  j["device"]["activations_recompute"] = mem_rc.act;
+  if (best) {
+    const Memory bm = MemoryFor(in, m, *best);
+    j["recommendation"] = {{"stage", best->stage}, {"offload", best->offload}, {"offload_params", best->offload_params},
+                           {"recompute", best->recompute}, {"micro_batch", best->batch}, {"device_total", bm.device()},
+                           {"host_per_node", bm.host * PerNode(in)}};
+  } else {
+    j["recommendation"] = nullptr;
+  }
   if (in.step_seconds > 0) j["bandwidth_to_hide_comm"] = comm / in.step_seconds;
   if (flops > 0 && in.tokens > 0) {
-    j["train_seconds"] = {{"with_recompute", t_recompute}, {"without_recompute", t_plain}};
-    if (in.power_watts > 0) j["energy_kwh"] = {{"with_recompute", t_recompute * n * in.power_watts / 3.6e6},
-                                                {"without_recompute", t_plain * n * in.power_watts / 3.6e6}};
+    j["train_seconds"] = {{"with_recompute", t_rc}, {"without_recompute", t_plain}};
+    if (in.power_watts > 0) j["energy_kwh"] = {{"with_recompute", t_rc * n * in.power_watts / 3.6e6}, {"without_recompute", t_plain * n * in.power_watts / 3.6e6}};
   }
+  const Status verdict = best ? Status() : FailedPreconditionError("plan: no configuration fits in ", in.gpu_mem_gib, " GiB per device");
   if (as_json) {
     out << j.dump(1) << "\n";
-    return Status();
+    return verdict;
   }
-  auto gib = [](double b) { return FormatBytes(static_cast<int64_t>(b)); };
+  auto b = [](double v) { return FormatBytes(static_cast<int64_t>(v)); };
   out << std::fixed << std::setprecision(3);
-  out << "model: " << psi / 1e9 << " B parameters (" << (in.param_bytes == 2 ? "16-bit" : "fp32") << " + Adam), " << in.gpus
-      << " device(s), ZeRO stage " << in.stage << ", offload " << in.offload << "\n";
-  out << "per device:  params " << gib(params) << "   grads " << gib(grads) << "   optimizer " << gib(optim)
-      << "   model states " << gib(states) << "\n";
-  if (shape) {
-    out << "activations (Korthikanti et al. 2022, eq. 2; seq " << in.seq << ", micro-batch " << in.batch << "): "
-        << gib(act) << "; with full recomputation " << gib(act_recompute) << "\n";
+  out << "model: " << m.psi / 1e9 << " B parameters (" << (in.param_bytes == 2 ? "16-bit" : "fp32") << " + Adam)";
+  if (m.largest > 0) out << ", largest layer " << m.largest / 1e6 << " M";
+  out << "; " << in.gpus << " device(s), ZeRO stage " << in.stage << ", offload " << in.offload;
+  if (in.stage == 3) out << ", parameters offload " << in.offload_params;
+  out << "\nper device:  params " << b(mem.params) << "   grads " << b(mem.grads) << "   optimizer " << b(mem.optim)
+      << "   model states " << b(mem.states()) << "\n             working set " << b(mem.working) << "   buckets " << b(mem.buckets);
+  if (m.shape) {
+    out << "   activations " << b(mem.act) << " (micro-batch " << in.batch << ", seq " << in.seq << (in.recompute ? ", recomputed" : "")
+        << "; recomputed " << b(mem_rc.act) << ")";
   }
-  if (host > 0) out << "host memory per device: " << gib(host) << "\n";
-  if (nvme > 0) out << "NVMe per device: " << gib(nvme) << "\n";
-  out << "fits in " << in.gpu_mem_gib << " GiB: " << (states + act <= cap ? "yes" : "no")
-      << (shape ? std::string(", with recomputation: ") + (states + act_recompute <= cap ? "yes" : "no") : "") << "\n";
-  out << "communication per step per device: " << comm / 1e9 << " GB";
+  out << "\n             total " << b(mem.device()) << " of " << in.gpu_mem_gib << " GiB: " << (Fits(in, mem) ? "fits" : "does NOT fit");
+  if (m.shape && !in.recompute) out << "; with recomputation " << (Fits(in, mem_rc) ? "fits" : "does not fit");
+  out << "\n";
+  if (mem.host > 0) out << "host memory: " << b(mem.host) << " per device, " << b(mem.host * PerNode(in)) << " per node of " << PerNode(in) << "\n";
+  if (mem.nvme > 0) out << "NVMe: " << b(mem.nvme) << " per device\n";
+  out << "left out:";
+  for (const std::string& l : left_out) out << "\n  - " << l;
+  out << "\n";
+  if (best) {
+    out << "recommended (the cheapest that fits): stage " << best->stage << ", offload " << best->offload;
+    if (best->stage == 3) out << ", parameters offload " << best->offload_params;
+    out << ", " << (best->recompute ? "with" : "no") << " recomputation";
+    if (m.shape) out << ", micro-batch " << best->batch;
+    out << " (" << b(MemoryFor(in, m, *best).device()) << " per device)\n";
+  } else {
+    out << "nothing fits in " << in.gpu_mem_gib << " GiB per device, even at stage 3 with everything on NVMe and recomputation\n";
+  }
+  const auto& ds = j["deepspeed"];
+  out << "DeepSpeed's estimator for the same model (per GPU / per node CPU): zero2 offload "
+      << b(ds["zero2"][0]["gpu"].get<double>()) << " / " << b(ds["zero2"][0]["cpu"].get<double>()) << ", no offload "
+      << b(ds["zero2"][1]["gpu"].get<double>()) << " / " << b(ds["zero2"][1]["cpu"].get<double>());
+  if (!ds["zero3"].empty()) {
+    out << "; zero3 (zero_init) none " << b(ds["zero3"][4]["gpu"].get<double>()) << ", optimizer cpu " << b(ds["zero3"][2]["gpu"].get<double>())
+        << ", all cpu " << b(ds["zero3"][0]["gpu"].get<double>());
+  }
+  out << "\ncommunication per step per device: " << comm / 1e9 << " GB";
   if (in.step_seconds > 0) out << "; to hide it in a " << in.step_seconds << " s step: " << comm / in.step_seconds / 1e9 << " GB/s";
   out << "\n";
   if (flops > 0 && in.tokens > 0) {
-    out << "training " << in.tokens / 1e9 << " B tokens at " << in.tflops << " TFLOP/s per device: " << t_recompute / 86400
+    out << "training " << in.tokens / 1e9 << " B tokens at " << in.tflops << " TFLOP/s per device: " << t_rc / 86400
         << " days with recomputation (8PT/NX), " << t_plain / 86400 << " days without (6PT/NX)\n";
     if (in.power_watts > 0) {
-      out << "energy at " << in.power_watts << " W per device: " << t_recompute * n * in.power_watts / 3.6e6 << " kWh ("
+      out << "energy at " << in.power_watts << " W per device: " << t_rc * n * in.power_watts / 3.6e6 << " kWh ("
           << t_plain * n * in.power_watts / 3.6e6 << " without recomputation)\n";
     }
   }
-  return Status();
+  return verdict;
 }
 
 }  // namespace zrt::tools

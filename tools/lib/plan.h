@@ -1,5 +1,6 @@
 // The `zrt plan` command as a library function: the memory and time a model needs under each ZeRO
-// stage and offload choice (the ZeRO paper's formulas), written to `out`. Unit-tested without argv.
+// stage and offload choice, what it leaves out, DeepSpeed's estimator for the same inputs, and the
+// cheapest configuration that fits (docs/cli.md). Unit-tested without argv.
 #pragma once
 
 #include <ostream>
@@ -10,17 +11,36 @@
 namespace zrt::tools {
 
 struct PlanInput {
-  double params = 0;  // or from the transformer shape:
+  // The model: a parameter count (and, for the stage-3 working set, its largest layer) ...
+  double params = 0;
+  double largest_layer = 0;  // parameters gathered at once at stage 3 (0: from the shape, or not counted)
+  // ... or a decoder-only transformer's shape. arch "gpt": 4h GELU MLP, learned positions, tied
+  // embeddings; "llama": SwiGLU MLP (3 matrices), rotary positions (no table), untied embeddings.
+  std::string arch = "gpt";
   int layers = 0, hidden = 0, heads = 0, vocab = 0;
-  int64_t seq = 0, batch = 1;  // micro-batch per device
+  int kv_heads = 0;  // grouped-query attention (0: = heads)
+  int64_t ffn = 0;   // MLP width (0: gpt 4h; llama 8h/3 rounded up to a multiple of 256)
+  int64_t seq = 0, batch = 1;  // micro-batch per device (the most `recommend` tries)
+  // The setup.
   int gpus = 1;
+  int gpus_per_node = 0;  // 0: min(gpus, 8)
   int stage = 3;
-  std::string offload = "none";  // none | cpu | nvme
-  int param_bytes = 2;           // bf16/f16 = 2, f32 = 4
+  std::string offload = "none";         // optimizer state: none | cpu | nvme (stages 1-3)
+  std::string offload_params = "none";  // stage 3 parameter shards: none | cpu | nvme
+  bool recompute = false;               // full activation recomputation
+  bool flash_attention = false;         // attention scores never stored (the 5 a s^2 b term goes)
+  int param_bytes = 2;                  // bf16/f16 = 2, f32 = 4
+  bool fp32_grads = false;              // EngineConfig::fp32_grads: 4-byte gradients
+  int prefetch_depth = 2;               // EngineConfig::prefetch_depth
+  double bucket_bytes = 32 << 20;       // EngineConfig::bucket_bytes
   double gpu_mem_gib = 80;
-  double step_seconds = 0;       // to derive the bandwidth that hides communication
+  double cpu_mem_gib = 0;               // host memory per node (0: not checked)
+  double step_seconds = 0;              // to derive the bandwidth that hides communication
   double tokens = 0, tflops = 0, power_watts = 0;
 };
-Status Plan(const PlanInput& in, bool json, std::ostream& out);
+
+// Writes the plan (text, or JSON with as_json) to `out`. FailedPrecondition (exit 1) when no
+// configuration fits (the plan is still written); InvalidArgument for inputs that make no sense.
+Status Plan(const PlanInput& in, bool as_json, std::ostream& out);
 
 }  // namespace zrt::tools

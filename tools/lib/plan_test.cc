@@ -9,12 +9,14 @@
 namespace zrt::tools {
 namespace {
 
-nlohmann::json PlanJson(const PlanInput& in) {
+nlohmann::json PlanJson(const PlanInput& in, StatusCode want = StatusCode::kOk) {
   std::ostringstream os;
   Status s = Plan(in, true, os);
-  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(s.code(), want) << s;
   return nlohmann::json::parse(os.str());
 }
+
+constexpr double kGiB = double(int64_t{1} << 30);
 
 TEST(Plan, ZeroFormulas) {
   PlanInput in;
@@ -67,9 +69,14 @@ TEST(Plan, NonsenseIsRejected) {
   in.gpus = 8;
   in.stage = 7;
   EXPECT_EQ(Plan(in, false, os).code(), StatusCode::kInvalidArgument);
-  in.stage = 1;
+  in.stage = 0;
   in.offload = "nvme";
-  EXPECT_EQ(Plan(in, false, os).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Plan(in, false, os).code(), StatusCode::kInvalidArgument);  // stage 0 has no shard to offload
+  in.stage = 2;
+  in.offload = "none";
+  in.offload_params = "cpu";
+  EXPECT_EQ(Plan(in, false, os).code(), StatusCode::kInvalidArgument);  // parameters offload at stage 3 only
+  in.offload_params = "none";
   in.offload = "tape";
   in.stage = 3;
   EXPECT_EQ(Plan(in, false, os).code(), StatusCode::kInvalidArgument);
@@ -80,6 +87,88 @@ TEST(Plan, NonsenseIsRejected) {
   shape.seq = 8;
   shape.vocab = 10;
   EXPECT_EQ(Plan(shape, false, os).code(), StatusCode::kInvalidArgument);  // hidden % heads
+}
+
+// Llama shapes: SwiGLU, grouped-query attention, untied embeddings, no position table.
+TEST(Plan, LlamaShapesCountTheirParameters) {
+  PlanInput in;
+  in.arch = "llama";
+  in.gpus = 64;
+  in.recompute = true;
+  in.layers = 80, in.hidden = 8192, in.heads = 64, in.kv_heads = 8, in.ffn = 28672, in.vocab = 32000, in.seq = 4096;
+  EXPECT_NEAR(PlanJson(in)["params"].get<double>(), 68.98e9, 0.01e9);  // Llama-2-70B: 68,976,648,192
+  in.layers = 32, in.hidden = 4096, in.heads = 32, in.kv_heads = 0, in.ffn = 11008;
+  EXPECT_NEAR(PlanJson(in)["params"].get<double>(), 6.738e9, 0.005e9);  // Llama-2-7B: 6,738,415,616
+  in.ffn = 0;  // 8h/3 rounded up to 256: 11008 again
+  EXPECT_NEAR(PlanJson(in)["params"].get<double>(), 6.738e9, 0.005e9);
+}
+
+// DeepSpeed's estimator on the inputs of its own documentation (t5-3b: 2851M parameters, largest
+// layer 32.9M, one node of 8 GPUs) reproduces the figures it prints there, in GiB.
+TEST(Plan, DeepSpeedsEstimatorFiguresForTheSameInputs) {
+  PlanInput in;
+  in.params = 2851598336;
+  in.largest_layer = 32899072;
+  in.gpus = 8;
+  const auto ds = PlanJson(in)["deepspeed"];
+  auto gib = [](const nlohmann::json& v) { return std::round(v.get<double>() / kGiB * 100) / 100; };
+  EXPECT_EQ(gib(ds["zero2"][0]["gpu"]), 5.31);
+  EXPECT_EQ(gib(ds["zero2"][0]["cpu"]), 127.48);
+  EXPECT_EQ(gib(ds["zero2"][1]["gpu"]), 15.93);
+  EXPECT_EQ(gib(ds["zero2"][1]["cpu"]), 127.48);
+  const double z3[][2] = {{0.12, 71.71}, {0.12, 127.48}, {0.79, 63.74}, {0.79, 127.48}, {6.10, 1.47}, {6.10, 127.48}};
+  ASSERT_EQ(ds["zero3"].size(), 6u);
+  for (size_t r = 0; r < 6; ++r) {
+    EXPECT_EQ(gib(ds["zero3"][r]["gpu"]), z3[r][0]) << "row " << r;
+    EXPECT_EQ(gib(ds["zero3"][r]["cpu"]), z3[r][1]) << "row " << r;
+  }
+}
+
+// Stage 3 with everything on NVMe still holds the gathered layers, their gradients and the buckets;
+// parameters can go to the host; a plan from --params says it leaves activations out.
+TEST(Plan, TheStage3WorkingSetIsCountedAndWhatIsLeftOutIsSaid) {
+  PlanInput in;
+  in.params = 7.5e9;
+  in.largest_layer = 100e6;
+  in.gpus = 8;
+  in.stage = 3;
+  in.offload = "nvme";
+  in.offload_params = "nvme";
+  const auto j = PlanJson(in);
+  EXPECT_EQ(j["device"]["params"].get<double>(), 0);
+  EXPECT_EQ(j["device"]["optimizer"].get<double>(), 0);
+  // One layer in use and two prefetched (16-bit) + one layer's gradient.
+  EXPECT_DOUBLE_EQ(j["device"]["working_set"].get<double>(), 3 * 2 * 100e6 + 2 * 100e6);
+  EXPECT_GT(j["device"]["buckets"].get<double>(), 64e6);
+  EXPECT_NEAR(j["nvme"].get<double>(), (12 + 2) * 7.5e9 / 8, 1);
+  EXPECT_NE(j["left_out"].dump().find("activations"), std::string::npos);
+  in.offload_params = "cpu";
+  EXPECT_NEAR(PlanJson(in)["host"].get<double>(), (2 + 4) * 7.5e9 / 8, 1);  // parameters + the fp32 gradient shard
+  in.largest_layer = 0;
+  EXPECT_NE(PlanJson(in)["left_out"].dump().find("--largest-layer"), std::string::npos);
+}
+
+// The recommendation: the cheapest configuration that fits, with the largest micro-batch up to the
+// given one; none (exit 1) when nothing does.
+TEST(Plan, RecommendsTheCheapestThatFitsOrSaysNothingDoes) {
+  PlanInput in;  // GPT-2 XL-like on 8 x 16 GiB
+  in.layers = 48, in.hidden = 1600, in.heads = 25, in.seq = 1024, in.vocab = 50257, in.batch = 16;
+  in.gpus = 8;
+  in.gpu_mem_gib = 16;
+  auto r = PlanJson(in)["recommendation"];
+  ASSERT_TRUE(r.is_object());
+  EXPECT_GE(r["stage"].get<int>(), 1);  // 1.5B x 16 bytes does not fit unsharded
+  EXPECT_LE(r["device_total"].get<double>(), 16 * kGiB);
+  EXPECT_GE(r["micro_batch"].get<int>(), 1);
+  // More memory: a cheaper configuration and a larger micro-batch never become worse.
+  in.gpu_mem_gib = 80;
+  auto big = PlanJson(in)["recommendation"];
+  EXPECT_LE(big["stage"].get<int>(), r["stage"].get<int>());
+  EXPECT_GE(big["micro_batch"].get<int>(), r["micro_batch"].get<int>());
+  in.gpu_mem_gib = 0.01;
+  auto none = PlanJson(in, StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(none["recommendation"].is_null());
+  EXPECT_FALSE(none["fits"].get<bool>());
 }
 
 }  // namespace
