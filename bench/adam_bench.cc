@@ -7,6 +7,8 @@
 // installed) is measured by bench/adam_peer.py and passed in with --peer-gelems.
 //
 //   adam_bench [--elements N] [--reps R] [--peer-gelems X] [--isa avx2|scalar]
+#include <CLI/CLI.hpp>
+
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -88,14 +90,14 @@ int main(int argc, char** argv) {
   int64_t n = int64_t{256} << 20;
   int reps = 5;
   double peer = -1;
-  CpuIsa isa = CpuIsa::kAuto;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--isa") isa = std::string(argv[i + 1]) == "avx2" ? CpuIsa::kAvx2 : std::string(argv[i + 1]) == "scalar" ? CpuIsa::kScalar : CpuIsa::kAuto;
-    if (a == "--elements") n = std::atoll(argv[i + 1]);
-    else if (a == "--reps") reps = std::atoi(argv[i + 1]);
-    else if (a == "--peer-gelems") peer = std::atof(argv[i + 1]);
-  }
+  std::string isa_name = "auto";
+  CLI::App app{"adam_bench: the fused CPU AdamW against memory bandwidth measured in the same run (and a peer's rate)"};
+  app.add_option("--elements", n, "parameters per step")->capture_default_str();
+  app.add_option("--reps", reps, "timed repetitions (median)")->capture_default_str();
+  app.add_option("--peer-gelems", peer, "the peer's rate in G elements/s (bench/adam_peer.py), printed beside");
+  app.add_option("--isa", isa_name, "auto | avx2 | scalar")->check(CLI::IsMember({"auto", "avx2", "scalar"}))->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  const CpuIsa isa = isa_name == "avx2" ? CpuIsa::kAvx2 : isa_name == "scalar" ? CpuIsa::kScalar : CpuIsa::kAuto;
   CpuDevice dev;
   Buffers b;
   auto alloc = [&](DeviceBuffer& d, size_t bytes) {

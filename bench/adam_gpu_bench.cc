@@ -3,6 +3,8 @@
 // shard sizes (measured by tests/gpu/torch_fused_adamw.py, passed in with --peer-gelems).
 //
 //   adam_gpu_bench [--elements N] [--reps R] [--peer-gelems X]
+#include <CLI/CLI.hpp>
+
 #include <cuda_runtime.h>
 
 #include <cstdlib>
@@ -47,12 +49,11 @@ int main(int argc, char** argv) {
   int64_t n = int64_t{256} << 20;
   int reps = 20;
   double peer = -1;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--elements") n = std::atoll(argv[i + 1]);
-    else if (a == "--reps") reps = std::atoi(argv[i + 1]);
-    else if (a == "--peer-gelems") peer = std::atof(argv[i + 1]);
-  }
+  CLI::App app{"adam_gpu_bench: the fused CUDA AdamW against device memory bandwidth measured in the same run"};
+  app.add_option("--elements", n, "parameters per step")->capture_default_str();
+  app.add_option("--reps", reps, "timed repetitions (median)")->capture_default_str();
+  app.add_option("--peer-gelems", peer, "the peer's rate in G elements/s, printed beside");
+  CLI11_PARSE(app, argc, argv);
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     std::printf("bench/adam_gpu: no GPU, skipped\n");

@@ -9,6 +9,8 @@
 //   reshard plan          1T parameters, 100k tensors, 16384 -> 12288 ranks, metadata only
 //
 //   mpirun -n 4 checkpoint_bench --dir DIR [--params P] [--fio-write-mbps W] [--fio-read-mbps R]
+#include <CLI/CLI.hpp>
+
 #include <mpi.h>
 
 #include <chrono>
@@ -63,18 +65,17 @@ void Step(ZeroEngine& e, int64_t n_per_group) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  auto session = MpiSession::Init(&argc, &argv).value();
   int64_t params = 250'000'000;
   int groups = 16;
   double fio_w = -1, fio_r = -1;
-  std::string dir = "/tmp/zrt-ckpt-bench";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--params") params = std::atoll(argv[i + 1]);
-    else if (a == "--dir") dir = argv[i + 1];
-    else if (a == "--fio-write-mbps") fio_w = std::atof(argv[i + 1]);
-    else if (a == "--fio-read-mbps") fio_r = std::atof(argv[i + 1]);
-  }
+  std::string dir;
+  CLI::App app{"checkpoint_bench: save stall, background write, load and reshard-load rates beside fio and memcpy"};
+  app.add_option("--dir", dir, "checkpoint directory (written only here, and removed)")->required();
+  app.add_option("--params", params, "bf16 parameters + Adam state")->capture_default_str();
+  app.add_option("--fio-write-mbps", fio_w, "fio's sequential write rate on the same filesystem");
+  app.add_option("--fio-read-mbps", fio_r, "fio's sequential read rate on the same filesystem");
+  CLI11_PARSE(app, argc, argv);
+  auto session = MpiSession::Init(&argc, &argv).value();
   auto comm = MpiCommunicator::Create().value();
   const int rank = comm->rank(), n = comm->size();
   if (rank == 0) std::filesystem::remove_all(dir);

@@ -7,6 +7,8 @@
 // The trainer's part of a step is only zeroing and marking gradients ready (no forward/backward).
 //
 //   mpirun -np 1 engine_gpu_bench [--params N] [--steps S] [--ckpt-dir D]
+#include <CLI/CLI.hpp>
+
 #include <cuda_runtime.h>
 
 #include <cstdlib>
@@ -46,13 +48,12 @@ double CopyGbs(CudaDevice& d, void* dst, const void* src, size_t bytes, int reps
 int main(int argc, char** argv) {
   int64_t params = int64_t{1} << 30;
   int steps = 5;
-  std::string ckpt_dir = "/tmp/zrt_engine_gpu_bench";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--params") params = std::atoll(argv[i + 1]);
-    else if (a == "--steps") steps = std::atoi(argv[i + 1]);
-    else if (a == "--ckpt-dir") ckpt_dir = argv[i + 1];
-  }
+  std::string ckpt_dir;
+  CLI::App app{"engine_gpu_bench: engine steps on the GPU (NCCL) and a checkpoint's stall"};
+  app.add_option("--params", params, "parameters")->capture_default_str();
+  app.add_option("--steps", steps, "timed steps")->capture_default_str();
+  app.add_option("--ckpt-dir", ckpt_dir, "checkpoint directory (written only here)")->required();
+  CLI11_PARSE(app, argc, argv);
   auto session = MpiSession::Init(&argc, &argv);
   Die(session.status(), "MPI");
   int devices = 0;

@@ -2,6 +2,8 @@
 // depth and O_DIRECT on the same filesystem (./scripts/bench runs fio and passes its figures in).
 //
 //   io_bench --dir DIR [--size BYTES] [--bs BYTES] [--fio "qd:write_mbps:read_mbps,..."]
+#include <CLI/CLI.hpp>
+
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -44,15 +46,14 @@ Result<double> Stream(IoEngine& io, const IoFile& f, char* buf, int64_t size, in
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string dir = "/tmp/zrt-io-bench", fio;
+  std::string dir, fio;
   int64_t size = int64_t{2} << 30, bs = 1 << 20;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--dir") dir = argv[i + 1];
-    else if (a == "--size") size = std::atoll(argv[i + 1]);
-    else if (a == "--bs") bs = std::atoll(argv[i + 1]);
-    else if (a == "--fio") fio = argv[i + 1];
-  }
+  CLI::App app{"io_bench: the IoEngine's write and read rates against fio's at the same queue depths"};
+  app.add_option("--dir", dir, "scratch directory (files are written only here, and removed)")->required();
+  app.add_option("--size", size, "bytes per file")->capture_default_str();
+  app.add_option("--bs", bs, "request size, bytes")->capture_default_str();
+  app.add_option("--fio", fio, "fio's figures: \"qd:write_mbps:read_mbps,...\"");
+  CLI11_PARSE(app, argc, argv);
   std::map<int, std::pair<double, double>> peer;  // qd -> (write, read) MB/s
   std::stringstream ss(fio);
   for (std::string item; std::getline(ss, item, ',');) {

@@ -8,6 +8,8 @@
 //         offload (on CPU-only builds both are host memory, so the ratio shows the offload path's cost).
 //
 //   offload_step_bench --params P --dir D [--budget BYTES] [--steps S] [--host-params H] [--fio-mixed-mbps M]
+#include <CLI/CLI.hpp>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -73,21 +75,20 @@ Result<Figures> Run(Communicator* comm, int64_t params, OffloadTarget where, con
 }  // namespace
 
 int main(int argc, char** argv) {
-  auto session = MpiSession::Init(&argc, &argv);
-  if (!session.ok()) return 1;
   int64_t params = 1'000'000'000, budget = int64_t{2} << 30, host_params = 500'000'000;
   int steps = 3;
   double fio_mixed = 0;
   std::string dir;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--params") params = std::atoll(argv[i + 1]);
-    else if (a == "--dir") dir = argv[i + 1];
-    else if (a == "--budget") budget = std::atoll(argv[i + 1]);
-    else if (a == "--steps") steps = std::atoi(argv[i + 1]);
-    else if (a == "--host-params") host_params = std::atoll(argv[i + 1]);
-    else if (a == "--fio-mixed-mbps") fio_mixed = std::atof(argv[i + 1]);
-  }
+  CLI::App app{"offload_step_bench: a stage-3 step with the optimizer state on NVMe (beside fio) and in host memory"};
+  app.add_option("--dir", dir, "swap directory (written only here, and removed)")->required();
+  app.add_option("--params", params, "parameters (NVMe run)")->capture_default_str();
+  app.add_option("--budget", budget, "host memory budget, bytes")->capture_default_str();
+  app.add_option("--steps", steps, "timed steps")->capture_default_str();
+  app.add_option("--host-params", host_params, "parameters (host run)")->capture_default_str();
+  app.add_option("--fio-mixed-mbps", fio_mixed, "fio's mixed read/write rate on the same filesystem");
+  CLI11_PARSE(app, argc, argv);
+  auto session = MpiSession::Init(&argc, &argv);
+  if (!session.ok()) return 1;
   if (dir.empty()) {
     std::fprintf(stderr, "usage: offload_step_bench --params P --dir D [--budget B] [--steps S] [--host-params H] [--fio-mixed-mbps M]\n");
     return 2;

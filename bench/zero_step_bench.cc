@@ -5,6 +5,8 @@
 // the paper's formula. The trainer's forward/backward is trivial here: the figures are the engine's.
 //
 //   mpirun -n N zero_step_bench [--params P] [--groups G] [--steps S]
+#include <CLI/CLI.hpp>
+
 #include <mpi.h>
 
 #include <cstdlib>
@@ -18,18 +20,17 @@
 using namespace zrt;
 
 int main(int argc, char** argv) {
+  int64_t params = 100'000'000;
+  int groups = 24, steps = 3;
+  CLI::App app{"zero_step_bench: one ZeRO step per stage (reduce, Adam, gather) against the DDP cost, on CPU ranks"};
+  app.add_option("--params", params, "parameters")->capture_default_str();
+  app.add_option("--groups", groups, "parameter groups")->capture_default_str();
+  app.add_option("--steps", steps, "timed steps")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
   auto session = MpiSession::Init(&argc, &argv);
   if (!session.ok()) {
     std::fprintf(stderr, "%s\n", session.status().ToString().c_str());
     return 1;
-  }
-  int64_t params = 100'000'000;
-  int groups = 24, steps = 3;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--params") params = std::atoll(argv[i + 1]);
-    else if (a == "--groups") groups = std::atoi(argv[i + 1]);
-    else if (a == "--steps") steps = std::atoi(argv[i + 1]);
   }
   auto comm = MpiCommunicator::Create();
   if (!comm.ok()) return 1;
