@@ -1,5 +1,7 @@
 #include "zrt/checkpoint/files.h"
 
+#include <memory>
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -140,7 +142,16 @@ std::string ChunkName(const Manifest& m, const ShardLayout& l, const RankIndex& 
 Status ReadChunk(IoEngine& io, const IoFile& f, const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k,
                  std::vector<float>* out, std::vector<char>* scratch, int64_t* bytes_read) {
   const ChunkEntry& c = r.chunks[k];
-  AlignedBytes buf(static_cast<size_t>(c.stored_bytes));
+  // One aligned buffer per thread, grown to the largest chunk read (a fresh allocation per chunk paid
+  // for its page faults and zeroing on every read).
+  thread_local std::unique_ptr<AlignedBytes> held;
+  thread_local size_t held_bytes = 0;
+  if (!held || held_bytes < static_cast<size_t>(c.stored_bytes)) {
+    held.reset();
+    held = std::make_unique<AlignedBytes>(static_cast<size_t>(c.stored_bytes));
+    held_bytes = held->ok() ? static_cast<size_t>(c.stored_bytes) : 0;
+  }
+  AlignedBytes& buf = *held;
   if (!buf.ok()) return OutOfMemoryError(ChunkName(m, l, r, k), ": no memory for ", c.stored_bytes, " bytes");
   RETURN_IF_ERROR(io.ReadSync(f, buf.p, static_cast<size_t>(c.stored_bytes), c.file_offset), ChunkName(m, l, r, k));
   *bytes_read += c.stored_bytes;

@@ -197,7 +197,7 @@ Status ExportHdf5(const std::string& dir, const std::string& out_path, const Exp
   RETURN_IF_ERROR(AttrStr(file.get(), "trainer_state", m.trainer_state.dump()));
   RETURN_IF_ERROR(AttrStr(file.get(), "engine_state", m.engine_state.dump()));
   int64_t order = 0, total = 0, done = 0;
-  for (const GroupEntry& ge : m.groups) total += static_cast<int64_t>(ge.tensors.size());
+
   for (int g = 0; g < static_cast<int>(m.groups.size()); ++g) {
     const GroupEntry& ge = m.groups[static_cast<size_t>(g)];
     std::vector<std::string> kinds = {"master"};
@@ -207,6 +207,11 @@ Status ExportHdf5(const std::string& dir, const std::string& out_path, const Exp
       }
     }
     ASSIGN_OR_RETURN(WholeGroup l, LoadWholeGroup(dir, m, g, kinds), "export");
+    if (total == 0) {  // progress in bytes written
+      for (const GroupEntry& e : m.groups) {
+        for (const TensorEntry& te : e.tensors) total += te.numel * (o.dtype == DType::kBF16 ? 2 : 4) * static_cast<int64_t>(o.all_states ? e.kinds.size() : 1);
+      }
+    }
     for (size_t t = 0; t < ge.tensors.size(); ++t, ++order) {
       const TensorEntry& te = ge.tensors[t];
       std::vector<hsize_t> dims(te.shape.begin(), te.shape.end());
@@ -236,7 +241,7 @@ Status ExportHdf5(const std::string& dir, const std::string& out_path, const Exp
         RETURN_IF_ERROR(AttrDouble(ds.get(), "weight_decay", ge.weight_decay));
         RETURN_IF_ERROR(AttrStr(ds.get(), "model_dtype", std::string(DTypeName(te.dtype))));
       }
-      if (progress) progress(++done, total);
+      if (progress) progress(done += te.numel * (o.dtype == DType::kBF16 ? 2 : 4) * static_cast<int64_t>(kinds.size()), total);
     }
   }
   if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0) return H5Error("flushing " + tmp);

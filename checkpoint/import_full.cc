@@ -1,15 +1,33 @@
 #include "zrt/checkpoint/import_full.h"
 
-#include <cstring>
+#include <algorithm>
 #include <ctime>
 #include <filesystem>
 #include <map>
 
 #include "zrt/checkpoint/commit.h"
 #include "zrt/checkpoint/shard_writer.h"
-#include "zrt/core/device.h"
 
 namespace zrt::ckpt {
+
+StateBuffer PullBuffer(const std::string& kind, const ShardLayout& layout, int rank,
+                       std::function<Status(int64_t tensor, int64_t offset, int64_t count, float* out)> read) {
+  StateBuffer b;
+  b.kind = kind;
+  b.dtype = DType::kF32;
+  b.count = layout.shard_size();
+  b.read = [&layout, rank, read = std::move(read)](int64_t offset, int64_t n, void* out) -> Status {
+    float* dst = static_cast<float*>(out);
+    std::fill_n(dst, n, 0.0f);  // padding between tensors reads as zero
+    for (const ShardPiece& p : layout.RankPieces(rank)) {
+      const int64_t lo = std::max(offset, p.shard_offset), hi = std::min(offset + n, p.shard_offset + p.count);
+      if (lo >= hi) continue;
+      RETURN_IF_ERROR(read(p.tensor, p.tensor_offset + (lo - p.shard_offset), hi - lo, dst + (lo - offset)));
+    }
+    return Status();
+  };
+  return b;
+}
 
 Status WriteCheckpointFromFull(const std::string& out_root, const std::vector<FullTensor>& tensors,
                                const std::map<std::string, std::vector<std::string>>& kinds, Manifest m, const FullTensorRead& read,
@@ -46,32 +64,24 @@ Status WriteCheckpointFromFull(const std::string& out_root, const std::vector<Fu
     for (const TensorEntry& te : ge.tensors) numels.push_back(te.numel);
     ASSIGN_OR_RETURN(ShardLayout l, ShardLayout::Create(numels, m.shards, ge.alignment), "import");
     for (size_t t = 0; t < ge.tensors.size(); ++t) ge.tensors[t].offset = l.tensor_offset(static_cast<int64_t>(t));
-    total += l.padded_size() * 4 * static_cast<int64_t>(ge.kinds.size());
+    for (const TensorEntry& te : ge.tensors) total += te.numel * 4 * static_cast<int64_t>(ge.kinds.size());
     layouts.push_back(std::move(l));
   }
   const SaveDir save = SaveDirFor(out_root, m.step, m.nonce);
   if (std::filesystem::exists(save.final)) return AlreadyExistsError("import: ", save.final, " exists");
   RETURN_IF_ERROR(BeginSave(save), "import");
   ASSIGN_OR_RETURN(auto io, IoEngine::Create(IoOptions{}), "import");
-  CpuDevice device;
   int64_t done = 0;
   auto write_shards = [&]() -> Status {
     for (int r = 0; r < m.shards; ++r) {
-      std::vector<DeviceBuffer> bufs;
       ShardState state(m.groups.size());
       for (size_t g = 0; g < m.groups.size(); ++g) {
-        const ShardLayout& l = layouts[g];
-        const size_t bytes = static_cast<size_t>(l.shard_size()) * 4;
         for (const std::string& kind : m.groups[g].kinds) {
-          ASSIGN_OR_RETURN(DeviceBuffer b, device.Allocate(bytes, MemCategory::kStaging, kIoAlignment), "import");
-          std::memset(b.data(), 0, bytes);
-          for (const ShardPiece& p : l.RankPieces(r)) {
-            const size_t t = members[g][static_cast<size_t>(p.tensor)];
-            RETURN_IF_ERROR(read(t, kind, p.tensor_offset, p.count, b.as<float>() + p.shard_offset));
-          }
-          state[g].push_back({kind, DType::kF32, b.data(), l.shard_size()});
-          bufs.push_back(std::move(b));
-          if (progress) progress(done += static_cast<int64_t>(bytes), total);
+          state[g].push_back(PullBuffer(kind, layouts[g], r, [&, g, kind](int64_t t, int64_t offset, int64_t count, float* out) -> Status {
+            RETURN_IF_ERROR(read(members[g][static_cast<size_t>(t)], kind, offset, count, out));
+            if (progress) progress(done += count * 4, total);
+            return Status();
+          }));
         }
       }
       RETURN_IF_ERROR(WriteShard(*io, save.tmp, m, r, state, CompressOptions{}));

@@ -1,5 +1,5 @@
 // Writing a checkpoint from full (unsharded) tensors held elsewhere: the import paths (HDF5,
-// safetensors). One new shard in memory at a time; the source is read piece by piece.
+// safetensors, the Python module) and reshard. Shards are streamed chunk by chunk from the source.
 #pragma once
 
 #include <functional>
@@ -10,6 +10,8 @@
 #include "zrt/checkpoint/format.h"
 #include "zrt/checkpoint/interchange.h"
 #include "zrt/checkpoint/progress.h"
+#include "zrt/core/shard_layout.h"
+#include "zrt/core/state_view.h"
 #include "zrt/core/status.h"
 
 namespace zrt::ckpt {
@@ -26,6 +28,12 @@ struct FullTensor {
 // Reads elements [offset, offset + count) of tensors[t]'s state `kind` ("master", "exp_avg", ...) as
 // fp32 into `out`.
 using FullTensorRead = std::function<Status(size_t t, const std::string& kind, int64_t offset, int64_t count, float* out)>;
+
+// Rank `rank`'s shard of a group laid out by `layout` as a non-resident StateBuffer: WriteShard asks
+// it for one chunk at a time and each piece is pulled from `read(tensor, offset, count, out)` (tensor:
+// the index in the group), so writing a shard takes O(chunk) memory. `layout` must outlive it.
+StateBuffer PullBuffer(const std::string& kind, const ShardLayout& layout, int rank,
+                       std::function<Status(int64_t tensor, int64_t offset, int64_t count, float* out)> read);
 
 // Writes a complete checkpoint under `out_root` (its step directory named by base.step) laid out for
 // options.world_size ranks; each group holds the state kinds `kinds` gives it (master first; a group

@@ -73,10 +73,13 @@ class ShardSource {
       }
     }
     Cached c{r.index.rank, k, {}};
+    if (cache_.size() >= 4) {  // the oldest entry's memory holds the new chunk (no allocation, no zeroing)
+      c.data = std::move(cache_.back().data);
+      cache_.pop_back();
+    }
     const int g = r.index.chunks[k].group;  // in range: the index was validated
     RETURN_IF_ERROR(ReadChunk(io_, r.file, m_, layouts_[static_cast<size_t>(g)], r.index, k, &c.data, &scratch_, &bytes_read_));
     cache_.push_front(std::move(c));
-    if (cache_.size() > 4) cache_.pop_back();
     return &cache_.front().data;
   }
   struct Cached {

@@ -1,11 +1,13 @@
 #include "zrt/checkpoint/reshard.h"
 
 #include <algorithm>
-#include <atomic>
+#include <mutex>
 #include <ctime>
 #include <filesystem>
 
 #include "zrt/checkpoint/commit.h"
+#include "zrt/checkpoint/import_full.h"
+#include "zrt/checkpoint/tensor_reader.h"
 #include "zrt/checkpoint/files.h"
 #include "zrt/checkpoint/load.h"
 #include "zrt/checkpoint/shard_writer.h"
@@ -57,38 +59,44 @@ Result<std::string> Reshard(const std::string& dir, const std::string& out_root,
   if (std::filesystem::exists(save.final)) return AlreadyExistsError("reshard: ", save.final, " exists");
   RETURN_IF_ERROR(BeginSave(save), "reshard");
   ASSIGN_OR_RETURN(auto io, IoEngine::Create(IoOptions{}), "reshard");
-  CpuDevice device;
-  // Each new shard: load the ranges it needs (only the overlapping chunks), then write it.
+  // Each new shard streamed chunk by chunk: each chunk's pieces pulled from the old shards that hold
+  // them (only the overlapping chunks are read, each checked). Memory: a few chunks per thread.
+  std::vector<ShardLayout> layouts;
+  for (int g = 0; g < static_cast<int>(m.groups.size()); ++g) {
+    ASSIGN_OR_RETURN(StateGroup sg, GroupForShards(m, g, nm.shards));
+    layouts.push_back(std::move(sg.layout));
+  }
+  // Progress in bytes written, from every thread (one caller at a time).
+  int64_t total = 0, done = 0;
+  for (size_t g = 0; g < m.groups.size(); ++g) total += layouts[g].padded_size() * 4 * static_cast<int64_t>(m.groups[g].kinds.size());
+  std::mutex progress_mu;
   auto one_shard = [&](int r) -> Status {
-    StateView view;
-    view.rank = r;
-    view.world_size = nm.shards;
-    std::vector<DeviceBuffer> bufs;
+    ASSIGN_OR_RETURN(std::unique_ptr<TensorReader> reader, TensorReader::Open(dir));
     ShardState state;
-    for (int g = 0; g < static_cast<int>(m.groups.size()); ++g) {
-      const GroupEntry& ge = m.groups[static_cast<size_t>(g)];
-      ASSIGN_OR_RETURN(StateGroup sg, GroupForShards(m, g, nm.shards));
+    for (size_t g = 0; g < m.groups.size(); ++g) {
+      const GroupEntry& ge = m.groups[g];
+      state.emplace_back();
       for (const std::string& kind : ge.kinds) {
-        const int64_t n = sg.layout.shard_size();
-        ASSIGN_OR_RETURN(DeviceBuffer b, device.Allocate(static_cast<size_t>(n) * 4, MemCategory::kStaging, kIoAlignment));
-        sg.buffers.push_back({kind, DType::kF32, b.data(), n});
-        bufs.push_back(std::move(b));
+        StateBuffer b = PullBuffer(kind, layouts[g], r, [&, kind](int64_t t, int64_t offset, int64_t count, float* out) {
+          return reader->Read(ge.tensors[static_cast<size_t>(t)].name, kind, offset, count, out);
+        });
+        if (o.progress) {  // count whole chunks as WriteShard asks for them (padding included, as in the total)
+          b.read = [inner = std::move(b.read), &progress_mu, &done, &total, &o](int64_t offset, int64_t n, void* out) -> Status {
+            RETURN_IF_ERROR(inner(offset, n, out));
+            std::lock_guard lock(progress_mu);
+            o.progress(done += n * 4, total);
+            return Status();
+          };
+        }
+        state.back().push_back(std::move(b));
       }
-      state.push_back(sg.buffers);
-      view.groups.push_back(std::move(sg));
     }
-    RETURN_IF_ERROR(Load(dir, view).status());
     return WriteShard(*io, save.tmp, nm, r, state, CompressOptions{});
   };
   std::vector<Status> results(static_cast<size_t>(nm.shards));
-  std::atomic<int64_t> done{0};
   {
     ThreadPool pool(std::min(o.threads, nm.shards) - 1, "zrt-reshard");
-    pool.ParallelFor(nm.shards, [&](int64_t r) {
-      results[static_cast<size_t>(r)] = one_shard(static_cast<int>(r));
-      const int64_t d = ++done;
-      if (o.progress) o.progress(d, nm.shards);
-    });
+    pool.ParallelFor(nm.shards, [&](int64_t r) { results[static_cast<size_t>(r)] = one_shard(static_cast<int>(r)); });
   }
   Status local;
   for (const Status& s : results) {

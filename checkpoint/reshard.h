@@ -29,7 +29,7 @@ struct ReshardOptions {
   int world_size = 1;   // ranks of the job that will load it
   int stage = -1;       // recorded in the manifest (< 0: the saved stage); stage 0 gives one shard file
   int threads = 1;      // new shards built at once (memory: that many new shards)
-  ProgressFn progress;  // per new shard written
+  ProgressFn progress;  // bytes written (called from the writing threads, one at a time)
 };
 // Writes a new complete checkpoint of the complete checkpoint `dir` under `out_root` (a root: the
 // step directory goes inside; it must not exist there yet), laid out for `world_size` ranks, through

@@ -10,7 +10,11 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
 #include <set>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -18,6 +22,7 @@
 #include "zrt/checkpoint/fs_util.h"
 #include "zrt/checkpoint/import_full.h"
 #include "zrt/checkpoint/state_fill.h"
+#include "zrt/checkpoint/tensor_reader.h"
 #include "zrt/checkpoint/verify.h"
 #include "zrt/checkpoint/whole_group.h"
 #include "zrt/core/logging.h"
@@ -166,51 +171,69 @@ Status ParseHeader(int fd, int file, const std::string& shown, std::vector<Safet
   return Status();
 }
 
-// Streams bytes to a file through a buffer, durably at Finish.
+// Streams bytes to a file through an aligned buffer, durably at Finish. O_DIRECT where the filesystem
+// takes it (no copy into the page cache: the copy was half the export's time), written a whole
+// buffer at a time at aligned offsets; the tail is padded to the block and the file truncated to its
+// length. Buffered writes elsewhere (tmpfs).
 class FileWriter {
  public:
   static Result<FileWriter> Create(const std::string& path) {
     FileWriter w;
     w.path_ = path;
-    w.fd_ = UniqueFd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    w.fd_ = UniqueFd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644));
+    w.direct_ = w.fd_.valid();
+    if (!w.direct_) w.fd_ = UniqueFd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     if (!w.fd_.valid()) return IoError("creating ", path, ": ", std::strerror(errno));
-    w.buf_.reserve(kBuffer);
+    w.buf_.reset(static_cast<char*>(std::aligned_alloc(kAlign, kBuffer)));
+    if (!w.buf_) return OutOfMemoryError("export: no memory for a write buffer");
     return w;
   }
   Status Write(const void* p, size_t n) {
     const char* c = static_cast<const char*>(p);
-    if (buf_.size() + n > kBuffer) RETURN_IF_ERROR(Flush());
-    if (n >= kBuffer) return WriteOut(c, n);
-    buf_.insert(buf_.end(), c, c + n);
+    while (n > 0) {
+      const size_t k = std::min(n, kBuffer - used_);
+      std::memcpy(buf_.get() + used_, c, k);
+      used_ += k, c += k, n -= k;
+      if (used_ == kBuffer) RETURN_IF_ERROR(Flush());
+    }
     return Status();
   }
   Status Finish() {
-    RETURN_IF_ERROR(Flush());
+    const int64_t length = offset_ + static_cast<int64_t>(used_);
+    if (used_ > 0) {
+      const size_t padded = direct_ ? (used_ + kAlign - 1) / kAlign * kAlign : used_;
+      std::memset(buf_.get() + used_, 0, padded - used_);
+      used_ = padded;
+      RETURN_IF_ERROR(Flush());
+    }
+    if (::ftruncate(fd_.get(), length) != 0) return IoError("truncating ", path_, ": ", std::strerror(errno));
     if (::fsync(fd_.get()) != 0) return IoError("fsync ", path_, ": ", std::strerror(errno));
     fd_.Reset();
     return Status();
   }
 
  private:
-  static constexpr size_t kBuffer = size_t{8} << 20;
+  static constexpr size_t kBuffer = size_t{8} << 20, kAlign = 4096;
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
   Status Flush() {
-    RETURN_IF_ERROR(WriteOut(buf_.data(), buf_.size()));
-    buf_.clear();
-    return Status();
-  }
-  Status WriteOut(const char* p, size_t n) {
-    while (n > 0) {
-      const ssize_t w = ::write(fd_.get(), p, n);
+    for (size_t at = 0; at < used_;) {
+      const ssize_t w = ::pwrite(fd_.get(), buf_.get() + at, used_ - at, offset_ + static_cast<int64_t>(at));
       if (w < 0 && errno == EINTR) continue;
-      if (w < 0) return IoError("writing ", path_, ": ", std::strerror(errno));
-      p += w;
-      n -= static_cast<size_t>(w);
+      if (w <= 0) return IoError("writing ", path_, ": ", w < 0 ? std::strerror(errno) : "no progress");
+      at += static_cast<size_t>(w);
     }
+    offset_ += static_cast<int64_t>(used_);
+    used_ = 0;
     return Status();
   }
   std::string path_;
   UniqueFd fd_;
-  std::vector<char> buf_;
+  bool direct_ = false;
+  std::unique_ptr<char, Free> buf_;
+  size_t used_ = 0;
+  int64_t offset_ = 0;
 };
 
 // "<stem>.safetensors" -> stem (the path without the extension).
@@ -516,36 +539,109 @@ Status ExportSafetensors(const std::string& dir, const std::string& out_path, co
     current = f;
     return Status();
   };
-  auto run = [&]() -> Status {
-    size_t next = 0;  // entry index
-    std::vector<uint16_t> half;
-    for (size_t g = 0; g < m.groups.size() && next < entries.size(); ++g) {
-      if (entries[next].group != static_cast<int>(g)) continue;
-      ASSIGN_OR_RETURN(WholeGroup l, LoadWholeGroup(dir, m, static_cast<int>(g), kinds[g]), "export");
-      for (; next < entries.size() && entries[next].group == static_cast<int>(g); ++next) {
-        const size_t f = static_cast<size_t>(std::upper_bound(files.begin(), files.end(), next,
-                                                              [](size_t v, const auto& r) { return v < r.first; }) - files.begin()) - 1;
-        if (f != current) {
-          if (w) RETURN_IF_ERROR(w->Finish());
-          RETURN_IF_ERROR(begin_file(f));
+  // Reading (chunks checked and decoded) runs on two threads, each with its own reader and two window
+  // buffers, taking alternate windows ahead of the writer: memory is those windows and the readers'
+  // chunk caches, whatever the checkpoint's size.
+  constexpr int64_t kWindow = int64_t{4} << 20;  // elements
+  constexpr int kReaders = 2, kSlotsPerReader = 2;
+  struct Window {
+    size_t entry;
+    int64_t offset, count;
+    int slot = -1;  // set when read
+  };
+  std::vector<Window> windows;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const int64_t numel = m.groups[static_cast<size_t>(entries[i].group)].tensors[entries[i].tensor].numel;
+    int64_t off = 0;
+    do {
+      windows.push_back({i, off, std::min(kWindow, numel - off)});
+      off += kWindow;
+    } while (off < numel);
+  }
+  std::vector<std::unique_ptr<TensorReader>> readers;
+  for (int k = 0; k < kReaders; ++k) {
+    ASSIGN_OR_RETURN(std::unique_ptr<TensorReader> r, TensorReader::Open(dir), "export");
+    readers.push_back(std::move(r));
+  }
+  std::vector<std::vector<float>> slots(kReaders * kSlotsPerReader);
+  std::vector<bool> slot_free(slots.size(), true);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stop = false;
+  Status read_status;
+  std::vector<std::thread> producers;
+  for (int k = 0; k < kReaders; ++k) {
+    producers.emplace_back([&, k] {
+      for (size_t j = static_cast<size_t>(k); j < windows.size(); j += kReaders) {
+        Window& win = windows[j];
+        int slot = -1;
+        {
+          std::unique_lock lock(mu);
+          cv.wait(lock, [&] { return stop || slot_free[static_cast<size_t>(k * kSlotsPerReader)] || slot_free[static_cast<size_t>(k * kSlotsPerReader + 1)]; });
+          if (stop) return;
+          slot = slot_free[static_cast<size_t>(k * kSlotsPerReader)] ? k * kSlotsPerReader : k * kSlotsPerReader + 1;
+          slot_free[static_cast<size_t>(slot)] = false;
         }
-        const Entry& e = entries[next];
-        const TensorEntry& te = m.groups[g].tensors[e.tensor];
-        const float* src = l.data[e.kind].data() + l.view.groups[0].layout.tensor_offset(static_cast<int64_t>(e.tensor));
-        if (e.dtype == DType::kF32) {
-          RETURN_IF_ERROR(w->Write(src, static_cast<size_t>(e.bytes)));
-        } else {
-          half.resize(static_cast<size_t>(te.numel));
-          if (e.dtype == DType::kBF16) {
-            for (size_t i = 0; i < half.size(); ++i) half[i] = FloatToBf16(src[i]);
-          } else {
-            for (size_t i = 0; i < half.size(); ++i) half[i] = FloatToF16(src[i]);
-          }
-          RETURN_IF_ERROR(w->Write(half.data(), half.size() * 2));
+        const Entry& e = entries[win.entry];
+        const TensorEntry& te = m.groups[static_cast<size_t>(e.group)].tensors[e.tensor];
+        std::vector<float>& buf = slots[static_cast<size_t>(slot)];
+        buf.resize(static_cast<size_t>(win.count));
+        Status st = win.count > 0 ? readers[static_cast<size_t>(k)]->Read(te.name, kinds[static_cast<size_t>(e.group)][e.kind], win.offset, win.count, buf.data())
+                                  : Status();
+        std::lock_guard lock(mu);
+        if (!st.ok()) {
+          if (read_status.ok()) read_status = st;
+          stop = true;
         }
-        if (progress) progress(done += e.bytes, total);
+        win.slot = slot;
+        cv.notify_all();
+        if (!st.ok()) return;
       }
+    });
+  }
+  auto consume = [&]() -> Status {
+    std::vector<uint16_t> half;
+    for (const Window& win : windows) {
+      {
+        std::unique_lock lock(mu);
+        cv.wait(lock, [&] { return win.slot >= 0 || !read_status.ok(); });
+        if (!read_status.ok()) return read_status;
+      }
+      const size_t f = static_cast<size_t>(std::upper_bound(files.begin(), files.end(), win.entry,
+                                                            [](size_t v, const auto& r) { return v < r.first; }) - files.begin()) - 1;
+      if (f != current) {
+        if (w) RETURN_IF_ERROR(w->Finish());
+        RETURN_IF_ERROR(begin_file(f));
+      }
+      const Entry& e = entries[win.entry];
+      const float* src = slots[static_cast<size_t>(win.slot)].data();
+      if (e.dtype == DType::kF32) {
+        RETURN_IF_ERROR(w->Write(src, static_cast<size_t>(win.count) * 4));
+      } else {
+        half.resize(static_cast<size_t>(win.count));
+        if (e.dtype == DType::kBF16) {
+          for (size_t i = 0; i < half.size(); ++i) half[i] = FloatToBf16(src[i]);
+        } else {
+          for (size_t i = 0; i < half.size(); ++i) half[i] = FloatToF16(src[i]);
+        }
+        RETURN_IF_ERROR(w->Write(half.data(), half.size() * 2));
+      }
+      if (progress) progress(done += win.count * static_cast<int64_t>(DTypeSize(e.dtype)), total);
+      std::lock_guard lock(mu);
+      slot_free[static_cast<size_t>(win.slot)] = true;
+      cv.notify_all();
     }
+    return Status();
+  };
+  auto run = [&]() -> Status {
+    Status consumed = consume();
+    {
+      std::lock_guard lock(mu);
+      stop = true;
+      cv.notify_all();
+    }
+    for (std::thread& t : producers) t.join();
+    RETURN_IF_ERROR(consumed);
     if (w) RETURN_IF_ERROR(w->Finish());
     RETURN_IF_ERROR(FsyncDir(parent));
     for (size_t f = 0; f < files.size(); ++f) RETURN_IF_ERROR(RenamePath(tmps[f], file_name(f)));

@@ -4,6 +4,9 @@
 // zero. Every loop is bounded by what is in the directory, not by what a file claims.
 #include "zrt/checkpoint/verify.h"
 
+#include <filesystem>
+#include <functional>
+
 #include <algorithm>
 #include <memory>
 #include <set>
@@ -30,7 +33,7 @@ std::set<int> IndexFilesPresent(const std::vector<std::string>& names) {
 
 // Full level for one shard: padding zero, every chunk's checksum and decoding.
 void CheckChunks(IoEngine& io, const IoFile& f, const Manifest& m, const std::vector<ShardLayout>& layouts, const RankIndex& idx,
-                 std::vector<std::string>* problems) {
+                 std::vector<std::string>* problems, const std::function<void(int64_t)>& checked) {
   std::vector<std::pair<int64_t, int64_t>> spans;
   for (const ChunkEntry& c : idx.chunks) spans.push_back({c.file_offset, c.file_offset + c.stored_bytes});
   std::sort(spans.begin(), spans.end());
@@ -59,12 +62,13 @@ void CheckChunks(IoEngine& io, const IoFile& f, const Manifest& m, const std::ve
   for (size_t k = 0; k < idx.chunks.size(); ++k) {
     Status s = ReadChunk(io, f, m, layouts[static_cast<size_t>(idx.chunks[k].group)], idx, k, &chunk, &scratch, &bytes);
     if (!s.ok()) problems->push_back(std::string(s.message()));
+    checked(idx.chunks[k].stored_bytes);
   }
 }
 
 }  // namespace
 
-Status CheckComplete(const std::string& dir_path, VerifyLevel level, std::vector<std::string>* problems) {
+Status CheckComplete(const std::string& dir_path, VerifyLevel level, std::vector<std::string>* problems, const ProgressFn& progress) {
   auto opened = CheckpointDir::Open(dir_path);
   if (!opened.ok()) {
     if (opened.status().code() == StatusCode::kNotFound) return NotFoundError(dir_path, ": not a directory");
@@ -91,6 +95,18 @@ Status CheckComplete(const std::string& dir_path, VerifyLevel level, std::vector
     if (r >= m->shards) problems->push_back(IndexFileName(r) + ": shard " + std::to_string(r) + " is not in the manifest (" +
                                             std::to_string(m->shards) + " shards)");
   }
+  // Progress by bytes: the data files' sizes are the total (a listing, no reads).
+  int64_t total = 0, done = 0;
+  if (progress && io) {
+    for (int r : present) {
+      std::error_code ec;
+      const auto n = std::filesystem::file_size(dir.PathOf(DataFileName(r)), ec);
+      if (!ec) total += static_cast<int64_t>(n);
+    }
+  }
+  auto checked = [&](int64_t bytes) {
+    if (progress && total > 0) progress(std::min(done += bytes, total), total);
+  };
   int missing = 0;
   for (int r = 0; r < m->shards; ++r) {
     if (!present.contains(r)) {
@@ -108,9 +124,10 @@ Status CheckComplete(const std::string& dir_path, VerifyLevel level, std::vector
       problems->push_back(std::string(f.status().message()));
       continue;
     }
-    if (io) CheckChunks(*io, *f, *m, layouts, *idx, problems);
+    if (io) CheckChunks(*io, *f, *m, layouts, *idx, problems, checked);
   }
   if (missing > 3) problems->push_back(std::to_string(missing - 3) + " more index files missing");
+  if (progress && total > 0 && done < total) progress(total, total);  // chunks missing or unreadable: the bar ends
   return Status();
 }
 

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "zrt/checkpoint/progress.h"
 #include "zrt/core/status.h"
 
 namespace zrt::ckpt {
@@ -16,6 +17,8 @@ enum class VerifyLevel {
 // Appends a line per problem ("rank-00002.index.json: missing", "rank-00001.data chunk 17 (group
 // 'layer0', exp_avg, tensors w1..w3): checksum mismatch"). OK with problems empty = complete.
 // A non-OK status means the check itself could not run (e.g. the directory is unreadable).
-Status CheckComplete(const std::string& dir, VerifyLevel level, std::vector<std::string>* problems);
+// `progress` (full level): bytes of data files checked out of those present.
+Status CheckComplete(const std::string& dir, VerifyLevel level, std::vector<std::string>* problems,
+                     const ProgressFn& progress = nullptr);
 
 }  // namespace zrt::ckpt

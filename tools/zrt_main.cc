@@ -4,7 +4,9 @@
 #include <CLI/CLI.hpp>
 
 #include <cmath>
+#include <algorithm>
 #include <iostream>
+#include <thread>
 
 #include "zrt/core/logging.h"
 #include "zrt/core/version.h"
@@ -98,9 +100,9 @@ int main(int argc, char** argv) {
   reshard->add_option("DIR", dir, "checkpoint directory, or a root (its newest complete checkpoint)")->required();
   reshard->add_option("OUT", out_dir, "output root (the step directory is created inside)")->required();
   reshard->add_option("--world-size", world, "ranks of the new layout")->required()->check(AtLeast(1));
-  int rstage = -1, rthreads = 1;
+  int rstage = -1, rthreads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
   reshard->add_option("--stage", rstage, "stage to record (default: as saved; 0 gives one shard file)")->check(CLI::IsMember({0, 1, 2, 3}));
-  reshard->add_option("--threads", rthreads, "shards built at once (memory: one new shard each)")->check(AtLeast(1))->capture_default_str();
+  reshard->add_option("--threads", rthreads, "shards built at once (memory: a few chunks each; default: the cores, at most 8)")->check(AtLeast(1))->capture_default_str();
 
   zrt::tools::ExportArgs ea;
   std::string max_shard;

@@ -59,13 +59,13 @@ struct Stats {
   double stddev() const { return n ? std::sqrt(std::max(0.0, sumsq / n - mean() * mean())) : 0; }
 };
 
-// A progress bar on stderr when it is a terminal; nothing otherwise (logs, pipes, tests).
+// A progress bar on stderr when it is a terminal; nothing otherwise (logs, pipes, tests). In bytes.
 ProgressFn TtyProgress(const std::string& what) {
   if (!::isatty(STDERR_FILENO)) return nullptr;
   return [what](int64_t done, int64_t total) {
     const int width = 30, filled = total > 0 ? static_cast<int>(width * done / total) : width;
-    std::fprintf(stderr, "\r%s [%s%s] %lld/%lld", what.c_str(), std::string(static_cast<size_t>(filled), '#').c_str(),
-                 std::string(static_cast<size_t>(width - filled), ' ').c_str(), static_cast<long long>(done), static_cast<long long>(total));
+    std::fprintf(stderr, "\r%s [%s%s] %s / %s   ", what.c_str(), std::string(static_cast<size_t>(filled), '#').c_str(),
+                 std::string(static_cast<size_t>(width - filled), ' ').c_str(), FormatBytes(done).c_str(), FormatBytes(total).c_str());
     if (done >= total) std::fprintf(stderr, "\n");
   };
 }
@@ -314,7 +314,7 @@ Status CkptInspect(const std::string& dir, const std::string& tensor, bool stats
 
 Status CkptVerify(const std::string& dir, bool as_json, std::ostream& out) {
   std::vector<std::string> problems;
-  RETURN_IF_ERROR(CheckComplete(dir, VerifyLevel::kFull, &problems), "verify");
+  RETURN_IF_ERROR(CheckComplete(dir, VerifyLevel::kFull, &problems, TtyProgress("verifying")), "verify");
   int64_t chunks = 0;
   if (problems.empty()) {
     ASSIGN_OR_RETURN(CheckpointDir cd, CheckpointDir::Open(dir));
@@ -369,9 +369,16 @@ Status CkptDiff(const std::string& a, const std::string& b, bool as_json, std::o
   ASSIGN_OR_RETURN(Manifest ma, ReadManifest(a), "diff");
   ASSIGN_OR_RETURN(Manifest mb, ReadManifest(b), "diff");
   json rows = json::array();
-  int64_t differing = 0;
+  int64_t differing = 0, total = 0, done = 0;
+  for (const GroupEntry& ge : ma.groups) {
+    for (const TensorEntry& te : ge.tensors) total += 2 * 4 * te.numel * static_cast<int64_t>(ge.kinds.size());
+  }
+  const ProgressFn progress = TtyProgress("comparing");
   for (int g = 0; g < static_cast<int>(ma.groups.size()); ++g) {
     const GroupEntry& ge = ma.groups[static_cast<size_t>(g)];
+    if (progress) {
+      for (const TensorEntry& te : ge.tensors) done += 2 * 4 * te.numel * static_cast<int64_t>(ge.kinds.size());
+    }
     ASSIGN_OR_RETURN(WholeGroup va, LoadWholeGroup(a, ma, g, ge.kinds), "diff: ", a);
     ASSIGN_OR_RETURN(WholeGroup vb, LoadWholeGroup(b, ma, g, ge.kinds), "diff: ", b);  // matched by tensor name
     for (size_t t = 0; t < ge.tensors.size(); ++t) {
@@ -394,6 +401,7 @@ Status CkptDiff(const std::string& a, const std::string& b, bool as_json, std::o
                         {"elements_differing", elements_differing}});
       }
     }
+    if (progress) progress(done, total);
   }
   if (as_json) {
     json j = {{"a", a}, {"b", b}, {"step_a", ma.step}, {"step_b", mb.step}, {"identical", differing == 0},
