@@ -542,7 +542,7 @@ Status ExportSafetensors(const std::string& dir, const std::string& out_path, co
   // Reading (chunks checked and decoded) runs on two threads, each with its own reader and two window
   // buffers, taking alternate windows ahead of the writer: memory is those windows and the readers'
   // chunk caches, whatever the checkpoint's size.
-  constexpr int64_t kWindow = int64_t{4} << 20;  // elements
+  constexpr int64_t kWindow = int64_t{1} << 20;  // elements (one chunk of a default checkpoint)
   constexpr int kReaders = 2, kSlotsPerReader = 2;
   struct Window {
     size_t entry;
