@@ -13,6 +13,7 @@
 # usage: kill_resume.sh CHARLM WORKDIR [KILLS]
 set -euo pipefail
 bin=$1; work=$2; kills=${3:-4}
+source "$(dirname "$0")/../support/kill.sh"  # rank_pids
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_btl_vader_single_copy_mechanism=none ZRT_LOG_LEVEL=warn
 mpi() { local n=$1; shift; mpirun -n "$n" --oversubscribe --bind-to none "$@"; }
@@ -42,7 +43,7 @@ for attempt in $(seq 1 $((kills * 3))); do
   job=$!
   wait_for_checkpoint "$work/run" $job
   sleep "0.$((RANDOM % 6))"
-  victim=$(pgrep -f "charlm.*$work/run " | shuf -n 1 --random-source=<(yes "$RANDOM") || true)
+  victim=$(rank_pids "charlm.*$work/run " | shuf -n 1 --random-source=<(yes "$RANDOM") || true)
   if [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null; then
     killed=$((killed + 1))
     echo "   attempt $attempt: killed rank process $victim ($(ls "$work/run" 2>/dev/null | tr '\n' ' '))"
@@ -61,7 +62,7 @@ echo "== preemption (SIGUSR1 to one rank)"
 mpi 4 "$bin" "${args[@]}" --ckpt "$work/pre" > "$work/pre.log" 2>&1 &
 job=$!
 wait_for_checkpoint "$work/pre" $job
-pkill -USR1 -f "charlm.*$work/pre" -n || true
+kill -USR1 "$(rank_pids "charlm.*$work/pre" | tail -1)" 2>/dev/null || true
 wait $job || { echo "FAIL: a preempted run must exit 0"; cat "$work/pre.log"; exit 1; }
 if grep -q "^preempted" "$work/pre.log"; then
   grep "^preempted" "$work/pre.log"
@@ -79,7 +80,7 @@ mpi 4 "$bin" "${args[@]}" "${off[@]}" --ckpt "$work/nvme" > "$work/nvme.log" 2>&
 job=$!
 wait_for_checkpoint "$work/nvme" $job
 sleep "0.$((RANDOM % 6))"
-pkill -9 -f "charlm.*$work/nvme" -n || true
+kill -9 "$(rank_pids "charlm.*$work/nvme" | tail -1)" 2>/dev/null || true
 wait $job || true
 mpi 4 "$bin" "${args[@]}" "${off[@]}" --ckpt "$work/nvme" --dump "$work/nvme.bin" > "$work/nvme.final.log"
 tail -1 "$work/nvme.final.log"
@@ -91,7 +92,7 @@ echo "== killed on 4 ranks, resumed on 2"
 mpi 4 "$bin" "${args[@]}" --ckpt "$work/reshard" > "$work/reshard.log" 2>&1 &
 job=$!
 wait_for_checkpoint "$work/reshard" $job
-pkill -9 -f "charlm.*$work/reshard" -n || true
+kill -9 "$(rank_pids "charlm.*$work/reshard" | tail -1)" 2>/dev/null || true
 wait $job || true
 mpi 2 "$bin" "${args[@]}" --ckpt "$work/reshard" > "$work/reshard.final.log"
 grep -h "^resumed from" "$work/reshard.final.log" || true

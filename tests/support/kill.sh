@@ -1,4 +1,17 @@
-# Sourced by the kill/resume scripts (tests/crash/mlp_kill_resume.sh, tests/gpt/gpt_e2e.sh).
+# Sourced by the kill/resume scripts (tests/crash/*.sh, tests/gpt/gpt_e2e.sh) and scripts/demo.
+#
+# rank_pids PATTERN: the rank processes whose command line matches PATTERN — never the launcher
+# (mpirun's command line holds the same words: killing it orphans the ranks, which then keep running
+# and writing the same checkpoint root as the restarted job).
+rank_pids() {
+  local p
+  for p in $(pgrep -f "$1"); do
+    case "$(ps -o comm= -p "$p" 2>/dev/null)" in
+      mpirun | orterun | prterun | mpiexec | orted | prted | "") ;;
+      *) echo "$p" ;;
+    esac
+  done
+}
 #
 # kill_after_checkpoint ROOT PATTERN JOB: waits (up to 60 s) until a checkpoint is committed under ROOT
 # or job JOB ended, sleeps a random 0-0.8 s (so kills land mid-step and mid-save), then SIGKILLs one
@@ -11,7 +24,7 @@ kill_after_checkpoint() {
     sleep 0.05
   done
   sleep "0.$((RANDOM % 9))"
-  victim=$(pgrep -f "$pattern" | shuf -n 1 || true)
+  victim=$(rank_pids "$pattern" | shuf -n 1 || true)
   if [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null; then
     echo "   killed $victim ($(ls "$root" 2>/dev/null | tr '\n' ' '))"
     return 0
