@@ -139,28 +139,58 @@ std::string ChunkName(const Manifest& m, const ShardLayout& l, const RankIndex& 
                           TensorsIn(m, l, c.group, r.rank, c.elem_offset, c.elem_offset + c.elements), ")");
 }
 
+namespace {
+
+// One aligned buffer per thread, grown to the largest chunk read (a fresh allocation per chunk paid
+// for its page faults and zeroing on every read).
+Result<char*> ThreadBuffer(size_t bytes) {
+  thread_local std::unique_ptr<AlignedBytes> held;
+  thread_local size_t held_bytes = 0;
+  if (!held || held_bytes < bytes) {
+    held.reset();
+    held = std::make_unique<AlignedBytes>(bytes);
+    held_bytes = held->ok() ? bytes : 0;
+  }
+  if (!held->ok()) return OutOfMemoryError("no memory for ", bytes, " bytes of chunk buffer");
+  return held->p;
+}
+
+}  // namespace
+
+Status ReadChunkInto(IoEngine& io, const IoFile& f, const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k,
+                     float* out, std::vector<char>* scratch, int64_t* bytes_read) {
+  const ChunkEntry& c = r.chunks[k];
+  const bool in_place = c.codec == Codec::kRaw;  // stored bytes are the elements: read where they go
+  if (in_place && c.stored_bytes != c.elements * 4) {  // before reading: `out` holds the elements
+    return DataLossError(f.path(), ": ", ChunkName(m, l, r, k), ": raw chunk of ", c.stored_bytes, " bytes, expected ", c.elements * 4);
+  }
+  char* buf = reinterpret_cast<char*>(out);
+  if (!in_place) {
+    ASSIGN_OR_RETURN(buf, ThreadBuffer(static_cast<size_t>(c.stored_bytes)), ChunkName(m, l, r, k));
+  }
+  RETURN_IF_ERROR(io.ReadSync(f, buf, static_cast<size_t>(c.stored_bytes), c.file_offset), ChunkName(m, l, r, k));
+  *bytes_read += c.stored_bytes;
+  if (Checksum(buf, static_cast<size_t>(c.stored_bytes)) != c.xxh3) {
+    return DataLossError(f.path(), ": ", ChunkName(m, l, r, k), ": checksum mismatch (the data is corrupt)");
+  }
+  if (in_place) return Status();
+  RETURN_IF_ERROR(DecodeChunk(c.codec, buf, static_cast<size_t>(c.stored_bytes), out, static_cast<size_t>(c.elements) * 4, 4, scratch),
+                  f.path(), ": ", ChunkName(m, l, r, k));
+  return Status();
+}
+
 Status ReadChunk(IoEngine& io, const IoFile& f, const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k,
                  std::vector<float>* out, std::vector<char>* scratch, int64_t* bytes_read) {
   const ChunkEntry& c = r.chunks[k];
-  // One aligned buffer per thread, grown to the largest chunk read (a fresh allocation per chunk paid
-  // for its page faults and zeroing on every read).
-  thread_local std::unique_ptr<AlignedBytes> held;
-  thread_local size_t held_bytes = 0;
-  if (!held || held_bytes < static_cast<size_t>(c.stored_bytes)) {
-    held.reset();
-    held = std::make_unique<AlignedBytes>(static_cast<size_t>(c.stored_bytes));
-    held_bytes = held->ok() ? static_cast<size_t>(c.stored_bytes) : 0;
-  }
-  AlignedBytes& buf = *held;
-  if (!buf.ok()) return OutOfMemoryError(ChunkName(m, l, r, k), ": no memory for ", c.stored_bytes, " bytes");
-  RETURN_IF_ERROR(io.ReadSync(f, buf.p, static_cast<size_t>(c.stored_bytes), c.file_offset), ChunkName(m, l, r, k));
+  ASSIGN_OR_RETURN(char* buf, ThreadBuffer(static_cast<size_t>(c.stored_bytes)), ChunkName(m, l, r, k));
+  RETURN_IF_ERROR(io.ReadSync(f, buf, static_cast<size_t>(c.stored_bytes), c.file_offset), ChunkName(m, l, r, k));
   *bytes_read += c.stored_bytes;
-  if (Checksum(buf.p, static_cast<size_t>(c.stored_bytes)) != c.xxh3) {
+  if (Checksum(buf, static_cast<size_t>(c.stored_bytes)) != c.xxh3) {
     return DataLossError(f.path(), ": ", ChunkName(m, l, r, k), ": checksum mismatch (the data is corrupt)");
   }
   out->resize(static_cast<size_t>(c.elements));
-  RETURN_IF_ERROR(DecodeChunk(c.codec, buf.p, static_cast<size_t>(c.stored_bytes), out->data(),
-                              static_cast<size_t>(c.elements) * 4, 4, scratch),
+  RETURN_IF_ERROR(DecodeChunk(c.codec, buf, static_cast<size_t>(c.stored_bytes), out->data(), static_cast<size_t>(c.elements) * 4, 4,
+                              scratch),
                   f.path(), ": ", ChunkName(m, l, r, k));
   return Status();
 }

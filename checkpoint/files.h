@@ -61,5 +61,9 @@ std::string ChunkName(const Manifest& m, const ShardLayout& l, const RankIndex& 
 // bytes.
 Status ReadChunk(IoEngine& io, const IoFile& f, const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k,
                  std::vector<float>* out, std::vector<char>* scratch, int64_t* bytes_read);
+// The same into `out`, kIoAlignment-aligned with room for max(elements * 4, stored bytes) rounded up
+// to kIoAlignment: a raw chunk is read straight into it (O_DIRECT) and checked in place, no copy.
+Status ReadChunkInto(IoEngine& io, const IoFile& f, const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k,
+                     float* out, std::vector<char>* scratch, int64_t* bytes_read);
 
 }  // namespace zrt::ckpt

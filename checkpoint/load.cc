@@ -1,6 +1,7 @@
 #include "zrt/checkpoint/load.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <list>
 #include <map>
@@ -37,10 +38,10 @@ class ShardSource {
       if (it == list.end()) return DataLossError(r->index.data_file, ": no chunk holds element ", at);
       const size_t k = *it;
       const ChunkEntry& c = r->index.chunks[k];
-      ASSIGN_OR_RETURN(const std::vector<float>* data, Decoded(*r, k));
+      ASSIGN_OR_RETURN(const float* data, Decoded(*r, k));
       const int64_t lo = std::max(at, c.elem_offset), hi = std::min(begin + count, c.elem_offset + c.elements);
       if (lo != at) return DataLossError(r->index.data_file, ": chunks leave a gap at element ", at);
-      std::memcpy(dst + (lo - begin), data->data() + (lo - c.elem_offset), static_cast<size_t>(hi - lo) * 4);
+      std::memcpy(dst + (lo - begin), data + (lo - c.elem_offset), static_cast<size_t>(hi - lo) * 4);
       at = hi;
     }
     return Status();
@@ -64,28 +65,42 @@ class ShardSource {
     }
     return (ranks_[rank] = std::move(r)).get();
   }
-  // A few decoded chunks stay cached: consecutive pieces usually fall in the same chunk.
-  Result<const std::vector<float>*> Decoded(Rank& r, size_t k) {
+  Result<const float*> Decoded(Rank& r, size_t k) {
     for (auto it = cache_.begin(); it != cache_.end(); ++it) {
       if (it->rank == r.index.rank && it->chunk == k) {
         cache_.splice(cache_.begin(), cache_, it);
-        return &cache_.front().data;
+        return cache_.front().data.get();
       }
     }
-    Cached c{r.index.rank, k, {}};
-    if (cache_.size() >= 4) {  // the oldest entry's memory holds the new chunk (no allocation, no zeroing)
-      c.data = std::move(cache_.back().data);
+    const ChunkEntry& ce = r.index.chunks[k];
+    const size_t need = (static_cast<size_t>(std::max(ce.elements * 4, ce.stored_bytes)) + kIoAlignment - 1) / kIoAlignment * kIoAlignment;
+    Cached c{r.index.rank, k, nullptr, 0};
+    if (cache_.size() >= 4) {  // the oldest entry's memory holds the new chunk when it is large enough
+      if (cache_.back().capacity >= need) {
+        c.data = std::move(cache_.back().data);
+        c.capacity = cache_.back().capacity;
+      }
       cache_.pop_back();
     }
-    const int g = r.index.chunks[k].group;  // in range: the index was validated
-    RETURN_IF_ERROR(ReadChunk(io_, r.file, m_, layouts_[static_cast<size_t>(g)], r.index, k, &c.data, &scratch_, &bytes_read_));
+    if (!c.data) {
+      c.data.reset(static_cast<float*>(std::aligned_alloc(kIoAlignment, need)));
+      if (!c.data) return OutOfMemoryError(r.index.data_file, ": no memory for a chunk of ", need, " bytes");
+      c.capacity = need;
+    }
+    const int g = ce.group;  // in range: the index was validated
+    RETURN_IF_ERROR(ReadChunkInto(io_, r.file, m_, layouts_[static_cast<size_t>(g)], r.index, k, c.data.get(), &scratch_, &bytes_read_));
     cache_.push_front(std::move(c));
-    return &cache_.front().data;
+    return cache_.front().data.get();
   }
+  struct FreeFloats {
+    void operator()(float* p) const { std::free(p); }
+  };
+  // A few decoded chunks stay cached: consecutive pieces usually fall in the same chunk.
   struct Cached {
     int rank;
     size_t chunk;
-    std::vector<float> data;
+    std::unique_ptr<float, FreeFloats> data;  // kIoAlignment-aligned: raw chunks are read into it directly
+    size_t capacity;
   };
   const CheckpointDir& dir_;
   const Manifest& m_;
