@@ -76,6 +76,9 @@ class SafetensorsReader {
   std::map<std::string, std::string> metadata_;
 };
 
+// "<stem>.safetensors" -> "<stem>" (other names unchanged): where a sharded model's files and index go.
+std::string SafetensorsStem(const std::string& path);
+
 struct SafetensorsExportOptions {
   bool all_states = false;      // parameters only, or also the optimizer state (optimizer/<kind>/<name>)
   std::optional<DType> dtype;   // parameters' dtype: default each tensor's model dtype (f32 with all_states)
