@@ -159,6 +159,7 @@ Status ExportSafetensors(const std::string& dir, const std::string& out_path, co
           return InvalidArgumentError("export: tensor '", te.name, "' is ", DTypeName(dt), " (safetensors export writes f32, bf16 or f16)");
         }
         std::string key = k == 0 ? *mapped[t] : kOptimizerPrefix + kinds[g][k] + "/" + *mapped[t];
+        if (key == "__metadata__" || key.empty()) return InvalidArgumentError("export: a tensor cannot be named '", key, "' in safetensors (rename it)");
         if (!keys.insert(key).second) return InvalidArgumentError("export: two tensors would be named '", key, "' (check the name map)");
         entries.push_back({std::move(key), static_cast<int>(g), t, k, dt, te.numel * static_cast<int64_t>(DTypeSize(dt))});
       }
