@@ -20,6 +20,7 @@ std::string_view CollectiveName(int64_t kind) {
     case 2: return "all_reduce";
     case 3: return "reduce_scatter";
     case 4: return "all_gather";
+    case 5: return "shift";
   }
   return "?";
 }
@@ -104,6 +105,11 @@ Status Communicator::ReduceScatter(const void* send, void* recv, size_t recv_cou
 
 Status Communicator::AllGather(const void* send, void* recv, size_t send_count, DType dtype) {
   ASSIGN_OR_RETURN(CommHandle h, AllGatherAsync(send, recv, send_count, dtype));
+  return h.Wait();
+}
+
+Status Communicator::Shift(const void* send, size_t send_bytes, void* recv, size_t recv_bytes, int distance) {
+  ASSIGN_OR_RETURN(CommHandle h, ShiftAsync(send, send_bytes, recv, recv_bytes, distance));
   return h.Wait();
 }
 

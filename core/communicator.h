@@ -75,7 +75,16 @@ class Communicator {
   // recv holds size() * send_count elements; block r comes from rank r. send may alias recv's own block.
   virtual Result<CommHandle> AllGatherAsync(const void* send, void* recv, size_t send_count, DType dtype) = 0;
 
+  // Ring shift: rank r sends `send_bytes` bytes to rank (r + distance) mod size() and receives
+  // `recv_bytes` from rank (r - distance) mod size() (the memory tier's replicas). Collective, with the
+  // same `distance` on every rank (checked with the other arguments); the sizes may differ between
+  // ranks but each pair's must match: every rank first learns whether they do (one tiny exchange and
+  // all-reduce), and sizes that disagree anywhere are InvalidArgument on every rank, nothing moved.
+  // Either size may be 0. distance = 0 (mod size) copies send to recv.
+  virtual Result<CommHandle> ShiftAsync(const void* send, size_t send_bytes, void* recv, size_t recv_bytes, int distance) = 0;
+
   // Blocking forms: the asynchronous call followed by Wait().
+  Status Shift(const void* send, size_t send_bytes, void* recv, size_t recv_bytes, int distance);
   Status AllReduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op);
   Status ReduceScatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op);
   Status AllGather(const void* send, void* recv, size_t send_count, DType dtype);
@@ -89,7 +98,9 @@ class Communicator {
   bool check_args() const { return check_args_; }
 
  protected:
-  enum class Collective : uint8_t { kBroadcast = 1, kAllReduce, kReduceScatter, kAllGather };
+  enum class Collective : uint8_t { kBroadcast = 1, kAllReduce, kReduceScatter, kAllGather, kShift };
+  // The shift's distance as a rank in [0, size()).
+  int ShiftTarget(int distance) const { return static_cast<int>(((static_cast<int64_t>(rank()) + distance) % size() + size()) % size()); }
   // The argument check every backend runs before a collective when check_args() is on and the group
   // has more than one rank (protocol in communicator.cc). `max_all_reduce(v, n)` must all-reduce the n
   // int64 values at v in place with MAX over the group, on the host. InvalidArgument on every rank

@@ -207,6 +207,37 @@ Result<CommHandle> LoopbackCommunicator::AllGatherAsync(const void* send, void* 
   return Done();
 }
 
+Result<CommHandle> LoopbackCommunicator::ShiftAsync(const void* send, size_t send_bytes, void* recv, size_t recv_bytes,
+                                                    int distance) {
+  if ((send_bytes > 0 && send == nullptr) || (recv_bytes > 0 && recv == nullptr)) return InvalidArgumentError("shift: null buffer");
+  const int n = size(), d = (ShiftTarget(distance) - rank_ + n) % n, from = ShiftTarget(-distance);
+  RETURN_IF_ERROR(CheckArgs(Collective::kShift, 0, DType::kBytes, ReduceOp::kSum, d));
+  struct Posted {
+    const void* send;
+    size_t send_bytes, recv_bytes;
+  };
+  const Posted mine{send, send_bytes, recv_bytes};
+  RETURN_IF_ERROR(group_->Arrive(rank_, &mine));
+  // Every pair checked on every rank: sizes that disagree anywhere fail the shift everywhere.
+  Status s;
+  for (int r = 0; r < n && s.ok(); ++r) {
+    const auto* rx = static_cast<const Posted*>(group_->slot(r));
+    const auto* tx = static_cast<const Posted*>(group_->slot((r - d + n) % n));
+    if (tx->send_bytes != rx->recv_bytes) {
+      s = InvalidArgumentError("shift: rank ", (r - d + n) % n, " sends ", tx->send_bytes, " bytes, rank ", r, " expects ", rx->recv_bytes);
+    }
+  }
+  std::vector<char> scratch;
+  if (s.ok() && recv_bytes != 0) {
+    const auto* tx = static_cast<const Posted*>(group_->slot(from));
+    scratch.assign(static_cast<const char*>(tx->send), static_cast<const char*>(tx->send) + recv_bytes);
+  }
+  RETURN_IF_ERROR(group_->Depart());
+  RETURN_IF_ERROR(s);
+  if (!scratch.empty()) std::memcpy(recv, scratch.data(), scratch.size());
+  return Done();
+}
+
 Result<std::unique_ptr<Communicator>> LoopbackCommunicator::Split(int color, int key) {
   const int64_t mine[2] = {color, key};
   RETURN_IF_ERROR(group_->Arrive(rank_, mine));

@@ -43,6 +43,7 @@ class LoopbackCommunicator final : public Communicator {
   Result<CommHandle> AllReduceAsync(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) override;
   Result<CommHandle> ReduceScatterAsync(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op) override;
   Result<CommHandle> AllGatherAsync(const void* send, void* recv, size_t send_count, DType dtype) override;
+  Result<CommHandle> ShiftAsync(const void* send, size_t send_bytes, void* recv, size_t recv_bytes, int distance) override;
   Result<std::unique_ptr<Communicator>> Split(int color, int key) override;
 
  private:

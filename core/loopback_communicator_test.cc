@@ -79,6 +79,25 @@ TEST_P(LoopbackTest, MismatchedArgumentsAndCollectivesAreRefusedOnEveryRank) {
   EXPECT_EQ(refused.load(), n);
 }
 
+TEST_P(LoopbackTest, ShiftMovesEachRanksBytesDistanceAway) {
+  const int n = GetParam();
+  ASSERT_TRUE(RunLoopbackRanks(n, [n](Communicator& c) -> Status {
+    const int r = c.rank();
+    for (int d : {0, 1, -1, n + 2}) {
+      const int from = ((r - d) % n + n) % n;
+      std::vector<char> out(static_cast<size_t>(100 + r), static_cast<char>(r)), in(static_cast<size_t>(100 + from), -1);
+      RETURN_IF_ERROR(c.Shift(out.data(), out.size(), in.data(), in.size(), d));
+      for (char x : in) EXPECT_EQ(x, static_cast<char>(from)) << "distance " << d;
+    }
+    if (n > 1) {  // a receive of the wrong size is refused
+      std::vector<char> buf(16);
+      Status s = c.Shift(buf.data(), 16, buf.data(), r == 0 ? 8 : 16, 1);
+      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;  // on every rank
+    }
+    return Status();
+  }).ok());
+}
+
 TEST_P(LoopbackTest, SplitGroupsByColorOrderedByKey) {
   const int n = GetParam();
   ASSERT_TRUE(RunLoopbackRanks(n, [n](Communicator& c) -> Status {

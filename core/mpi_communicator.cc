@@ -94,6 +94,32 @@ class MpiHandle final : public CommHandle::Impl {
   std::string what_;
 };
 
+// Several posted requests (a shift split into messages MPI's int counts can express).
+class MpiRequestsHandle final : public CommHandle::Impl {
+ public:
+  MpiRequestsHandle(std::vector<MPI_Request> reqs, std::string what) : reqs_(std::move(reqs)), what_(std::move(what)) {}
+  ~MpiRequestsHandle() override {
+    if (!reqs_.empty()) MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
+  }
+  Status Wait() override {
+    if (reqs_.empty()) return Status();
+    Status s = MpiStatus(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE), what_);
+    reqs_.clear();
+    return s;
+  }
+  Result<bool> Test() override {
+    if (reqs_.empty()) return true;
+    int flag = 0;
+    RETURN_IF_ERROR(MpiStatus(MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &flag, MPI_STATUSES_IGNORE), what_));
+    if (flag != 0) reqs_.clear();
+    return flag != 0;
+  }
+
+ private:
+  std::vector<MPI_Request> reqs_;
+  std::string what_;
+};
+
 }  // namespace
 
 // ---- MpiSession ------------------------------------------------------------------------------------
@@ -257,6 +283,50 @@ Result<CommHandle> MpiCommunicator::AllGatherAsync(const void* send, void* recv,
   MPI_Request req = MPI_REQUEST_NULL;
   RETURN_IF_ERROR(MpiStatus(MPI_Iallgather(s, n, type, recv, n, type, comm_, &req), "all_gather"));
   return CommHandle(std::make_unique<MpiHandle>(req, nullptr, "all_gather"));
+}
+
+Result<CommHandle> MpiCommunicator::ShiftAsync(const void* send, size_t send_bytes, void* recv, size_t recv_bytes, int distance) {
+  if ((send_bytes > 0 && send == nullptr) || (recv_bytes > 0 && recv == nullptr)) return InvalidArgumentError("shift: null buffer");
+  const int to = ShiftTarget(distance), from = ShiftTarget(-distance);
+  RETURN_IF_ERROR(CheckArgs(Collective::kShift, 0, DType::kBytes, ReduceOp::kSum, to == rank_ ? 0 : (to - rank_ + size_) % size_));
+  if (to == rank_) {
+    if (send_bytes != recv_bytes) return InvalidArgumentError("shift to itself: ", send_bytes, " bytes sent, ", recv_bytes, " expected");
+    if (send_bytes != 0 && send != recv) std::memmove(recv, send, send_bytes);
+    return CommHandle();
+  }
+  // The sizes first (a truncated MPI receive is not reliably recoverable): any pair that disagrees
+  // fails the shift on every rank before a byte of it moves.
+  int64_t sizes[2] = {static_cast<int64_t>(send_bytes), -1};
+  RETURN_IF_ERROR(MpiStatus(MPI_Sendrecv(&sizes[0], 1, MPI_INT64_T, to, 78, &sizes[1], 1, MPI_INT64_T, from, 78, comm_, MPI_STATUS_IGNORE),
+                            "shift sizes"));
+  int64_t bad[2] = {sizes[1] != static_cast<int64_t>(recv_bytes) ? rank_ : -1, 0};
+  RETURN_IF_ERROR(MpiStatus(MPI_Allreduce(MPI_IN_PLACE, bad, 2, MPI_INT64_T, MPI_MAX, comm_), "shift sizes"));
+  if (bad[0] == rank_) {
+    return InvalidArgumentError("shift: rank ", from, " sends ", sizes[1], " bytes, rank ", rank_, " expects ", recv_bytes);
+  }
+  if (bad[0] >= 0) return InvalidArgumentError("shift: sizes disagree on rank ", bad[0]);
+  // Messages of at most 1 GiB (MPI counts are int); same-pair messages arrive in order.
+  constexpr size_t kPiece = size_t{1} << 30;
+  std::vector<MPI_Request> reqs;
+  auto post = [&](bool is_send, size_t bytes) -> Status {
+    for (size_t off = 0; off < bytes; off += kPiece) {
+      const int n = static_cast<int>(std::min(kPiece, bytes - off));
+      MPI_Request req = MPI_REQUEST_NULL;
+      const int tag = 77;
+      Status s = is_send ? MpiStatus(MPI_Isend(static_cast<const char*>(send) + off, n, MPI_BYTE, to, tag, comm_, &req), "shift send")
+                         : MpiStatus(MPI_Irecv(static_cast<char*>(recv) + off, n, MPI_BYTE, from, tag, comm_, &req), "shift receive");
+      if (!s.ok()) {
+        for (MPI_Request& r : reqs) MPI_Cancel(&r);
+        MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE);
+        return s;
+      }
+      reqs.push_back(req);
+    }
+    return Status();
+  };
+  RETURN_IF_ERROR(post(false, recv_bytes));
+  RETURN_IF_ERROR(post(true, send_bytes));
+  return CommHandle(std::make_unique<MpiRequestsHandle>(std::move(reqs), internal::StrCat("shift to rank ", to, " / from rank ", from)));
 }
 
 Result<std::unique_ptr<Communicator>> MpiCommunicator::Split(int color, int key) {

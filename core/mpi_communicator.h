@@ -56,6 +56,7 @@ class MpiCommunicator final : public Communicator {
   Result<CommHandle> ReduceScatterAsync(const void* send, void* recv, size_t recv_count, DType dtype,
                                         ReduceOp op) override;
   Result<CommHandle> AllGatherAsync(const void* send, void* recv, size_t send_count, DType dtype) override;
+  Result<CommHandle> ShiftAsync(const void* send, size_t send_bytes, void* recv, size_t recv_bytes, int distance) override;
   Result<std::unique_ptr<Communicator>> Split(int color, int key) override;
 
   // Reusable f32 staging for bf16/f16 reductions (touching fresh pages costs more than the math).

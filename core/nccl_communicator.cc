@@ -259,6 +259,43 @@ Result<CommHandle> NcclCommunicator::AllGatherAsync(const void* send, void* recv
              });
 }
 
+Result<CommHandle> NcclCommunicator::ShiftAsync(const void* send, size_t send_bytes, void* recv, size_t recv_bytes, int distance) {
+  if ((send_bytes > 0 && send == nullptr) || (recv_bytes > 0 && recv == nullptr)) return InvalidArgumentError("shift: null buffer");
+  const int to = ShiftTarget(distance), from = ShiftTarget(-distance);
+  RETURN_IF_ERROR(CheckArgs(Collective::kShift, 0, DType::kBytes, ReduceOp::kSum, (to - rank_ + size_) % size_));
+  if (to == rank_) {
+    if (send_bytes != recv_bytes) return InvalidArgumentError("shift to itself: ", send_bytes, " bytes sent, ", recv_bytes, " expected");
+    if (send_bytes == 0 || send == recv) return CommHandle();
+  }
+  {  // The sizes first: any pair that disagrees fails the shift on every rank before a byte of it moves.
+    int64_t sizes[2] = {static_cast<int64_t>(send_bytes), -1};
+    ASSIGN_OR_RETURN(CommHandle h, Run("shift sizes", &sizes[0], 8, &sizes[1], 8, [&](const void* s, void* r, cudaStream_t st) -> ncclResult_t {
+                       ncclResult_t e = ncclGroupStart();
+                       if (e == ncclSuccess) e = ncclSend(s, 1, ncclInt64, to, comm_, st);
+                       if (e == ncclSuccess) e = ncclRecv(r, 1, ncclInt64, from, comm_, st);
+                       const ncclResult_t end = ncclGroupEnd();
+                       return e != ncclSuccess ? e : end;
+                     }));
+    RETURN_IF_ERROR(h.Wait());
+    int64_t bad[2] = {sizes[1] != static_cast<int64_t>(recv_bytes) ? rank_ : -1, 0};
+    ASSIGN_OR_RETURN(CommHandle a, Run("shift sizes", bad, 16, bad, 16, [&](const void* s, void* r, cudaStream_t st) {
+                       return ncclAllReduce(s, r, 2, ncclInt64, ncclMax, comm_, st);
+                     }));
+    RETURN_IF_ERROR(a.Wait());
+    if (bad[0] == rank_) return InvalidArgumentError("shift: rank ", from, " sends ", sizes[1], " bytes, rank ", rank_, " expects ", recv_bytes);
+    if (bad[0] >= 0) return InvalidArgumentError("shift: sizes disagree on rank ", bad[0]);
+  }
+  return Run(internal::StrCat("shift #", ++seq_, " (", send_bytes, " bytes to rank ", to, ", ", recv_bytes, " from rank ", from, ")"),
+             send, send_bytes, recv, recv_bytes, [&](const void* s, void* r, cudaStream_t st) -> ncclResult_t {
+               ncclResult_t e = ncclGroupStart();
+               if (e != ncclSuccess) return e;
+               if (send_bytes > 0) e = ncclSend(s, send_bytes, ncclInt8, to, comm_, st);
+               if (e == ncclSuccess && recv_bytes > 0) e = ncclRecv(r, recv_bytes, ncclInt8, from, comm_, st);
+               const ncclResult_t end = ncclGroupEnd();
+               return e != ncclSuccess ? e : end;
+             });
+}
+
 Result<std::unique_ptr<Communicator>> NcclCommunicator::Split(int color, int key) {
   RETURN_IF_ERROR(error());
   ncclComm_t out = nullptr;

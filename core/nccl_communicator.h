@@ -61,6 +61,8 @@ class NcclCommunicator final : public Communicator {
   Result<CommHandle> AllReduceAsync(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) override;
   Result<CommHandle> ReduceScatterAsync(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op) override;
   Result<CommHandle> AllGatherAsync(const void* send, void* recv, size_t send_count, DType dtype) override;
+  // ncclSend/ncclRecv in one group.
+  Result<CommHandle> ShiftAsync(const void* send, size_t send_bytes, void* recv, size_t recv_bytes, int distance) override;
   // ncclCommSplit: collective; color < 0 leaves this rank out (null result).
   Result<std::unique_ptr<Communicator>> Split(int color, int key) override;
 

@@ -218,6 +218,44 @@ TEST_F(CommTest, SplitIntoSubGroups) {
   }
 }
 
+TEST_F(CommTest, ShiftSendsToTheRankDistanceAwayWithPerRankSizes) {
+  // Sizes differ per rank (rank r sends 1000 * (r + 1) + 3 bytes); every distance, negative ones too.
+  auto bytes_of = [](int r) { return static_cast<size_t>(1000 * (r + 1) + 3); };
+  for (int d : {0, 1, -1, 2, size() + 1}) {
+    const int to = ((rank() + d) % size() + size()) % size(), from = ((rank() - d) % size() + size()) % size();
+    std::vector<char> out(bytes_of(rank())), in(bytes_of(from), 0);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<char>(rank() * 31 + i * 7);
+    ASSERT_TRUE(comm_->Shift(out.data(), out.size(), in.data(), in.size(), d).ok()) << "distance " << d;
+    for (size_t i = 0; i < in.size(); ++i) ASSERT_EQ(in[i], static_cast<char>(from * 31 + i * 7)) << "distance " << d << " byte " << i;
+    (void)to;
+  }
+  // Nothing to send or receive on some ranks: 0 bytes both ways.
+  std::vector<char> buf(8, 1);
+  ASSERT_TRUE(comm_->Shift(buf.data(), 0, buf.data(), 0, 1).ok());
+  // Async, overlapping an all-reduce.
+  std::vector<char> out(65537, static_cast<char>(rank())), in(65537, -1);
+  auto h = comm_->ShiftAsync(out.data(), out.size(), in.data(), in.size(), 1);
+  ASSERT_TRUE(h.ok()) << h.status();
+  float v = 1;
+  ASSERT_TRUE(comm_->AllReduce(&v, &v, 1, DType::kF32, ReduceOp::kSum).ok());
+  ASSERT_TRUE(h->Wait().ok());
+  EXPECT_EQ(in[65536], static_cast<char>((rank() - 1 + size()) % size()));
+  if (size() > 1) {
+    // Sizes that disagree are an error on every rank, never a truncation or an overrun; and ranks that
+    // disagree on the distance are refused on every rank.
+    Status s = comm_->Shift(out.data(), 16, in.data(), rank() == 0 ? 8 : 16, 1);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+    if (rank() == 0) {
+      EXPECT_NE(s.message().find("expects 8"), std::string_view::npos) << s;
+    }
+    s = comm_->Shift(out.data(), 0, in.data(), 0, rank() == 0 ? 1 : 2);
+    if (size() > 2) {
+      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+    }
+    ASSERT_TRUE(comm_->Barrier().ok());
+  }
+}
+
 TEST_F(CommTest, MismatchedArgumentsAreAnErrorOnEveryRank) {
   if (size() == 1) GTEST_SKIP() << "needs two ranks to disagree";
   std::vector<float> buf(64, 1.0f);
