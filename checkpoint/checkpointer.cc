@@ -73,6 +73,9 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Create(Communicator* comm, D
   Status s;
   if (comm->rank() == 0) s = RepairRoot(o.root, Retention{o.keep_last, o.keep_every}, *c->io_);
   RETURN_IF_ERROR(BroadcastStatus(comm, s, 0), "checkpointer start-up in ", o.root);
+  if (o.memory) {
+    ASSIGN_OR_RETURN(c->tier_, MemoryTier::Create(comm, o.root, *o.memory), "checkpointer");
+  }
   c->writer_ = std::thread([p = c.get()] { p->WriterLoop(); });
   pthread_setname_np(c->writer_.native_handle(), "zrt-ckpt-write");
   return c;
@@ -109,7 +112,6 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
   if (pending_) RETURN_IF_ERROR(Commit(), "committing the previous checkpoint");
   const double t0 = Now();
   auto job = std::make_unique<Job>();
-  Manifest& m = job->manifest;
   // One broadcast from rank 0: the nonce (it ties the manifest and every index of this save together)
   // and whether a complete checkpoint of this step already exists (then it is kept as it is).
   char nonce[18] = {};
@@ -120,34 +122,8 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
   RETURN_IF_ERROR(comm_->Broadcast(nonce, sizeof(nonce), DType::kBytes, 0), "checkpoint nonce");
   const bool skip = nonce[17] != 0;
   nonce[17] = 0;
-  m.nonce = nonce;
-  m.step = state.counters.step;
-  m.world_size = state.world_size;
-  m.stage = state.stage;
-  m.zrt_version = std::string(Version());
-  m.created_unix = static_cast<int64_t>(std::time(nullptr));
-  m.chunk_elements = o_.chunk_elements;
-  m.loss_scale = state.counters.loss_scale;
-  m.scaler_good_steps = state.counters.scaler_good_steps;
-  m.scaler_hysteresis_left = state.counters.scaler_hysteresis_left;
-  m.engine_state = nlohmann::json::parse(state.counters.engine_state, nullptr, false);
-  if (!m.engine_state.is_object()) return InvalidArgumentError("checkpoint: the engine state is not a JSON object");
-  m.trainer_state = trainer_state;
-  m.shards = state.groups.empty() ? state.world_size : state.groups[0].layout.world_size();
-  for (const StateGroup& g : state.groups) {
-    if (g.layout.world_size() != m.shards) return InvalidArgumentError("checkpoint: groups sharded over different world sizes");
-    GroupEntry ge;
-    ge.name = g.name;
-    ge.lr = g.lr;
-    ge.weight_decay = g.weight_decay;
-    ge.alignment = g.layout.alignment();
-    for (size_t t = 0; t < g.tensors.size(); ++t) {
-      ge.tensors.push_back({g.tensors[t].name, g.tensors[t].shape, g.tensors[t].dtype,
-                            g.layout.tensor_offset(static_cast<int64_t>(t)), g.tensors[t].numel()});
-    }
-    for (const StateBuffer& b : g.buffers) ge.kinds.push_back(b.kind);
-    m.groups.push_back(std::move(ge));
-  }
+  ASSIGN_OR_RETURN(job->manifest, ManifestFor(state, trainer_state, o_.chunk_elements, nonce));
+  const Manifest& m = job->manifest;
   job->save = SaveDirFor(o_.root, m.step, m.nonce);
   job->shard_rank = m.shards == 1 ? (comm_->rank() == 0 ? 0 : -1) : comm_->rank();
   stats_ = SaveStats{};
@@ -184,7 +160,6 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
     for (const StateGroup& g : state.groups) {
       std::vector<StateBuffer>& staged = job->state.emplace_back();
       for (const StateBuffer& b : g.buffers) {
-        if (b.dtype != DType::kF32) return InvalidArgumentError("checkpoint: state '", b.kind, "' must be f32");
         const size_t nbytes = static_cast<size_t>(b.count) * 4;
         stats_.raw_bytes += static_cast<int64_t>(nbytes);
         if (!b.resident() && !b.read) {
@@ -245,12 +220,24 @@ Status Checkpointer::WriteFiles(Job& job) {
   return FsyncDir(job.save.tmp).WithContext(ctx);
 }
 
+Status Checkpointer::SaveToMemory(const StateView& state, const nlohmann::json& trainer_state) {
+  if (!tier_) return FailedPreconditionError("checkpointer: no memory tier (set CheckpointOptions::memory)");
+  return tier_->Save(state, trainer_state);
+}
+
+Result<ResumeResult> Checkpointer::Resume(const StateView& target, ResumeOptions options) {
+  options.memory = o_.memory;
+  return ckpt::Resume(comm_, o_.root, target, options);
+}
+
 Status Checkpointer::Wait() {
+  if (tier_) RETURN_IF_ERROR(tier_->Wait());
   if (!pending_) return Status();
   return Commit();
 }
 
 Status Checkpointer::Poll() {
+  if (tier_) RETURN_IF_ERROR(tier_->Poll());
   if (!pending_) return Status();  // the same on every rank: saves are collective
   float done = 0;
   {
@@ -271,6 +258,7 @@ Status Checkpointer::Commit() {
   }
   RETURN_IF_ERROR(ckpt::Commit(comm_, local, job_->save, Retention{o_.keep_last, o_.keep_every}, *io_));
   stats_.dir = job_->save.final;
+  if (tier_) tier_->Supersede(job_->manifest.step);
   return Status();
 }
 

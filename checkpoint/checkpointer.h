@@ -24,12 +24,15 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "zrt/checkpoint/compression.h"
+#include "zrt/checkpoint/memory_tier.h"
+#include "zrt/checkpoint/resume.h"
 #include "zrt/core/communicator.h"
 #include "zrt/core/device.h"
 #include "zrt/core/state_view.h"
@@ -53,6 +56,9 @@ struct CheckpointOptions {
   int keep_last = 0;                 // retention: keep the newest K complete checkpoints (0: keep all)
   int64_t keep_every = 0;            // ... and also every step that is a multiple of this (0: none)
   IoOptions io;
+  // The memory tier (memory_tier.h): when set, SaveToMemory snapshots into node-local memory with a
+  // replica on a peer, and Resume looks there first.
+  std::optional<MemoryTierOptions> memory;
 };
 
 struct SaveStats {
@@ -72,13 +78,22 @@ class Checkpointer {
   ~Checkpointer();
 
   Status SaveAsync(const StateView& state, const nlohmann::json& trainer_state = nlohmann::json::object());
+  // Collective: a memory-tier snapshot of `state` (CheckpointOptions::memory must be set), typically
+  // every step or few; the disk saves keep their own cadence. Training waits for the copy into the
+  // tier; Poll commits it.
+  Status SaveToMemory(const StateView& state, const nlohmann::json& trainer_state = nlohmann::json::object());
+  // Collective: ckpt::Resume over this root and, when configured, the memory tier first.
+  Result<ResumeResult> Resume(const StateView& target, ResumeOptions options = {});
   // Collective. While a save is pending: one small all-reduce, and the commit once every rank's write
-  // finished (so a job killed after that loses nothing); otherwise nothing. Call it once per step.
+  // finished (so a job killed after that loses nothing); otherwise nothing. The same for a memory-tier
+  // snapshot. Call it once per step.
   Status Poll();
-  // Collective: waits for the pending save's writes and commits it.
+  // Collective: waits for the pending save's writes (disk and memory tier) and commits them.
   Status Wait();
   bool in_flight() const { return pending_; }
   const SaveStats& last_stats() const { return stats_; }
+  // The memory tier's figures; null without one.
+  const MemoryTierStats* memory_stats() const { return tier_ ? &tier_->stats() : nullptr; }
   const CheckpointOptions& options() const { return o_; }
 
  private:
@@ -96,6 +111,7 @@ class Checkpointer {
   Device* device_;
   CheckpointOptions o_;
   std::unique_ptr<IoEngine> io_;
+  std::unique_ptr<MemoryTier> tier_;
   DeviceBuffer staging_;  // reused: this rank's shards, snapshotted
   std::unique_ptr<Job> job_;
   bool pending_ = false;  // a save awaits commit

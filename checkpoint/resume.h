@@ -7,10 +7,12 @@
 //   else return r.status();                                  // every rank gets the same error
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "zrt/checkpoint/load.h"
+#include "zrt/checkpoint/memory_tier.h"
 #include "zrt/core/communicator.h"
 #include "zrt/core/state_view.h"
 
@@ -18,15 +20,24 @@ namespace zrt::ckpt {
 
 struct ResumeOptions {
   LoadOptions load;  // strictness, params_only, the I/O engine
+  // The memory tier to look in too (the Checkpointer's CheckpointOptions::memory; Checkpointer::Resume
+  // passes it). Its generations come before disk checkpoints of the same or an older step.
+  std::optional<MemoryTierOptions> memory;
 };
 
 struct ResumeResult {
-  std::string dir;                   // the checkpoint loaded
+  std::string dir;                   // the checkpoint loaded (a memory-tier generation: this rank's copy)
+  // Where this rank's state came from: "disk", "memory" (its own copy in the memory tier) or "peer"
+  // (the replica its peer held; now its own copy again).
+  std::string source;
+  int64_t step = -1;
   LoadResult loaded;                 // its counters, trainer state, and (not strict) what did not match
   std::vector<std::string> skipped;  // newer checkpoints that could not be loaded, each "<dir>: <why>"
 };
 
-// Collective over `comm` (the job's ranks; the same root on every rank). Rank 0 lists the complete
+// Collective over `comm` (the job's ranks; the same root on every rank). With options.memory, the
+// memory tier's generations every rank can restore (own copy or peer's replica) are tried first,
+// newest first, ahead of disk checkpoints of the same or an older step (memory_tier.h). Rank 0 lists the complete
 // checkpoints under `root` (metadata level) and every rank gets that list; then, newest first, every
 // rank loads its shards into `target` (each chunk it reads checked) and the ranks agree on the
 // outcome: on a failure on any rank (a corrupt chunk, a shape that differs, a file gone) every rank

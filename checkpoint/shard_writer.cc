@@ -1,11 +1,50 @@
 #include "zrt/checkpoint/shard_writer.h"
 
+#include <ctime>
 #include <deque>
 
 #include "zrt/checkpoint/fs_util.h"
 #include "zrt/core/device.h"
+#include "zrt/core/version.h"
 
 namespace zrt::ckpt {
+
+Result<Manifest> ManifestFor(const StateView& state, const nlohmann::json& trainer_state, int64_t chunk_elements,
+                             const std::string& nonce) {
+  Manifest m;
+  m.nonce = nonce;
+  m.step = state.counters.step;
+  m.world_size = state.world_size;
+  m.stage = state.stage;
+  m.zrt_version = std::string(Version());
+  m.created_unix = static_cast<int64_t>(std::time(nullptr));
+  m.chunk_elements = chunk_elements;
+  m.loss_scale = state.counters.loss_scale;
+  m.scaler_good_steps = state.counters.scaler_good_steps;
+  m.scaler_hysteresis_left = state.counters.scaler_hysteresis_left;
+  m.engine_state = nlohmann::json::parse(state.counters.engine_state, nullptr, false);
+  if (!m.engine_state.is_object()) return InvalidArgumentError("checkpoint: the engine state is not a JSON object");
+  m.trainer_state = trainer_state;
+  m.shards = state.groups.empty() ? state.world_size : state.groups[0].layout.world_size();
+  for (const StateGroup& g : state.groups) {
+    if (g.layout.world_size() != m.shards) return InvalidArgumentError("checkpoint: groups sharded over different world sizes");
+    GroupEntry ge;
+    ge.name = g.name;
+    ge.lr = g.lr;
+    ge.weight_decay = g.weight_decay;
+    ge.alignment = g.layout.alignment();
+    for (size_t t = 0; t < g.tensors.size(); ++t) {
+      ge.tensors.push_back({g.tensors[t].name, g.tensors[t].shape, g.tensors[t].dtype,
+                            g.layout.tensor_offset(static_cast<int64_t>(t)), g.tensors[t].numel()});
+    }
+    for (const StateBuffer& b : g.buffers) {
+      if (b.dtype != DType::kF32) return InvalidArgumentError("checkpoint: state '", b.kind, "' must be f32");
+      ge.kinds.push_back(b.kind);
+    }
+    m.groups.push_back(std::move(ge));
+  }
+  return m;
+}
 
 Status WriteShard(IoEngine& io, const std::string& dir, const Manifest& m, int rank, const ShardState& state,
                   const CompressOptions& compression, ShardWriteStats* stats) {

@@ -23,6 +23,11 @@ struct ShardWriteStats {
   int64_t stored_bytes = 0;
 };
 
+// The manifest of a save of `state` (its counters, groups and layouts; f32 state buffers only), with
+// the save's nonce and chunk size.
+Result<Manifest> ManifestFor(const StateView& state, const nlohmann::json& trainer_state, int64_t chunk_elements,
+                             const std::string& nonce);
+
 // dir/rank-r.data (temp name, fsync, rename) then dir/rank-r.index.json (written last, durably: its
 // presence says the rank's data is durable). Durability steps ask io's hooks.
 Status WriteShard(IoEngine& io, const std::string& dir, const Manifest& m, int rank, const ShardState& state,

@@ -1,0 +1,645 @@
+// The memory tier (memory_tier.h). One generation's protocol:
+//   Save (collective)   rank 0's nonce; each rank writes its state into own/step-N.tmp/rank-S.data
+//                       (pwrite into tmpfs: the one copy training waits for) and maps it read-only;
+//                       the replica transfer starts (Communicator::ShiftAsync from that mapping
+//                       straight into the holder's mapped replica-q/step-N.tmp/rank-Sq.data).
+//   background          own: xxh3 per chunk from the mapping, index, manifest, rename to step-N.
+//                       replica (once the transfer completed, seen by Poll/Wait): the same on its holder.
+//   Poll/Wait           one all-reduce: whole on every rank? Then AgreeOnStatus and every generation
+//                       but N is removed (older ones, and newer ones a resume from an older state left).
+// The files are an ordinary checkpoint directory holding one rank's files, so Load reads and checks
+// them like any checkpoint.
+#include "zrt/checkpoint/memory_tier.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <future>
+#include <set>
+
+#include "zrt/checkpoint/codec.h"
+#include "zrt/checkpoint/commit.h"
+#include "zrt/checkpoint/files.h"
+#include "zrt/checkpoint/format.h"
+#include "zrt/checkpoint/fs_util.h"
+#include "zrt/checkpoint/shard_writer.h"
+#include "zrt/core/logging.h"
+#include "zrt/core/unique_fd.h"
+#include "zrt/offload/io_engine.h"
+
+namespace zrt::ckpt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int64_t kAlign = static_cast<int64_t>(kIoAlignment);
+int64_t AlignUp(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+int RanksPerNode(const MemoryTierOptions& o) {
+  if (o.ranks_per_node > 0) return o.ranks_per_node;
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}) {
+    if (const char* v = std::getenv(var)) {
+      const int n = std::atoi(v);
+      if (n > 0) return n;
+    }
+  }
+  return 1;
+}
+
+// Rank q's replica is held by rank (q + d) mod n.
+int Distance(int n, const MemoryTierOptions& o) {
+  const int rpn = RanksPerNode(o);
+  return n > rpn ? rpn : 1;
+}
+bool Replicated(int n, const MemoryTierOptions& o) { return o.replicate && n > 1; }
+
+std::string StepPath(const std::string& parent, int64_t step) { return parent + "/" + StepDirName(step); }
+std::string ReplicaDir(const std::string& rank_dir, int q) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "replica-%05d", q);
+  return rank_dir + "/" + name;
+}
+
+// The whole generations under `parent` (own/ or replica-q/), newest first.
+std::vector<int64_t> Steps(const std::string& parent) {
+  std::vector<int64_t> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(parent, ec)) {
+    auto step = ParseStepDirName(e.path().filename().string());
+    if (step.ok() && e.is_directory(ec) && !e.is_symlink(ec)) out.push_back(*step);
+  }
+  std::sort(out.rbegin(), out.rend());
+  return out;
+}
+
+// Removes everything under `parent` but generation `keep` (whole or being written; -1: nothing kept).
+void RemoveAllBut(const std::string& parent, int64_t keep) {
+  std::error_code ec;
+  std::vector<fs::path> doomed;
+  for (const auto& e : fs::directory_iterator(parent, ec)) {
+    const std::string name = e.path().filename().string();
+    if (keep >= 0 && (name == StepDirName(keep) || name == StepDirName(keep) + ".tmp")) continue;
+    doomed.push_back(e.path());
+  }
+  for (const fs::path& p : doomed) {
+    Status s = RemoveTree(p.string());
+    if (!s.ok()) ZRT_LOG(kWarn) << "memory tier: " << s;
+  }
+}
+
+int64_t TreeBytes(const std::string& dir) {
+  int64_t n = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (it->is_regular_file(ec)) n += static_cast<int64_t>(it->file_size(ec));
+  }
+  return n;
+}
+
+// A read-only or writable shared mapping of a whole file.
+class Mapping {
+ public:
+  Mapping() = default;
+  Mapping(Mapping&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  Mapping& operator=(Mapping&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      p_ = std::exchange(o.p_, nullptr);
+      n_ = std::exchange(o.n_, 0);
+    }
+    return *this;
+  }
+  ~Mapping() { Reset(); }
+  void Reset() {
+    if (p_ != nullptr) ::munmap(p_, n_);
+    p_ = nullptr;
+    n_ = 0;
+  }
+  char* data() const { return static_cast<char*>(p_); }
+  size_t size() const { return n_; }
+
+  // `create`: a new file of `bytes` (writable); else the existing file, read-only, which must be `bytes`
+  // long (-1: whatever it is).
+  static Result<Mapping> Map(const std::string& path, int64_t bytes, bool create) {
+    UniqueFd fd(::open(path.c_str(), create ? (O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC) : (O_RDONLY | O_NOFOLLOW | O_CLOEXEC), 0644));
+    if (!fd.valid()) return ErrnoStatus(errno, "memory tier: opening " + path);
+    if (create) {
+      if (::ftruncate(fd.get(), bytes) != 0) return ErrnoStatus(errno, "memory tier: sizing " + path);
+    } else {
+      struct stat st {};
+      if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "memory tier: " + path);
+      if (bytes >= 0 && st.st_size != bytes) return DataLossError(path, ": ", st.st_size, " bytes, expected ", bytes);
+      bytes = st.st_size;
+    }
+    Mapping m;
+    if (bytes == 0) return m;
+    void* p = ::mmap(nullptr, static_cast<size_t>(bytes), create ? (PROT_READ | PROT_WRITE) : PROT_READ, MAP_SHARED, fd.get(), 0);
+    if (p == MAP_FAILED) return ErrnoStatus(errno, "memory tier: mapping " + path);
+    m.p_ = p;
+    m.n_ = static_cast<size_t>(bytes);
+    return m;
+  }
+
+ private:
+  void* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+// Where each (group, kind) of a shard lies in its data file: raw chunks, each buffer 4 KiB-aligned
+// (the layout WriteShard gives uncompressed state).
+struct Piece {
+  int group, kind;
+  int64_t count, offset;
+};
+Result<std::vector<Piece>> PlanFile(const Manifest& m, int64_t* total) {
+  ASSIGN_OR_RETURN(std::vector<ShardLayout> layouts, SavedLayouts(m));
+  std::vector<Piece> plan;
+  int64_t off = 0;
+  for (size_t g = 0; g < m.groups.size(); ++g) {
+    for (size_t k = 0; k < m.groups[g].kinds.size(); ++k) {
+      const int64_t count = layouts[g].shard_size();
+      plan.push_back({static_cast<int>(g), static_cast<int>(k), count, off});
+      off = AlignUp(off + count * 4);
+    }
+  }
+  *total = plan.empty() ? 0 : plan.back().offset + plan.back().count * 4;
+  return plan;
+}
+
+// The index of a data file laid out by PlanFile, checksummed from its bytes.
+RankIndex IndexFor(const Manifest& m, const std::vector<Piece>& plan, int shard, const char* base, int64_t total) {
+  RankIndex idx;
+  idx.nonce = m.nonce;
+  idx.step = m.step;
+  idx.rank = shard;
+  idx.shards = m.shards;
+  idx.data_file = DataFileName(shard);
+  idx.data_bytes = total;
+  for (const Piece& p : plan) {
+    for (int64_t e = 0; e < p.count; e += m.chunk_elements) {
+      const int64_t n = std::min(m.chunk_elements, p.count - e);
+      const int64_t at = p.offset + e * 4;
+      idx.chunks.push_back(ChunkEntry{p.group, p.kind, e, n, at, n * 4, Codec::kRaw, Checksum(base + at, static_cast<size_t>(n) * 4)});
+    }
+  }
+  return idx;
+}
+
+// Index and manifest beside a whole data file in `tmp`, then tmp renamed to `final` (replacing it).
+Status Seal(const IoEngine& io, const std::string& tmp, const std::string& final, const Manifest& m,
+            const std::vector<Piece>& plan, int shard, const Mapping& data, int64_t total) {
+  const RankIndex idx = IndexFor(m, plan, shard, data.data(), total);
+  RETURN_IF_ERROR(WriteFileDurably(io, tmp, IndexFileName(shard), EncodeIndex(idx)));
+  RETURN_IF_ERROR(WriteFileDurably(io, tmp, std::string(kManifestFile), EncodeManifest(m)));
+  RETURN_IF_ERROR(RemoveTree(final));
+  return RenamePath(tmp, final);
+}
+
+// This rank's state into a new data file (pwrite: tmpfs allocates and copies in one pass).
+Status WriteState(const std::string& path, const StateView& state, const std::vector<Piece>& plan, int64_t total) {
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (!fd.valid()) return ErrnoStatus(errno, "memory tier: creating " + path);
+  if (::ftruncate(fd.get(), total) != 0) return ErrnoStatus(errno, "memory tier: sizing " + path);
+  constexpr int64_t kBounce = int64_t{1} << 24;  // elements read through for state that is not in host memory
+  std::vector<float> bounce;
+  auto put = [&](const char* p, int64_t bytes, int64_t at) -> Status {
+    while (bytes > 0) {
+      const ssize_t w = ::pwrite(fd.get(), p, static_cast<size_t>(std::min<int64_t>(bytes, int64_t{1} << 30)), at);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) return ErrnoStatus(w < 0 ? errno : ENOSPC, "memory tier: writing " + path);
+      p += w;
+      at += w;
+      bytes -= w;
+    }
+    return Status();
+  };
+  size_t i = 0;
+  for (const StateGroup& g : state.groups) {
+    for (const StateBuffer& b : g.buffers) {
+      const Piece& p = plan[i++];
+      if (b.count != p.count) return InternalError("memory tier: group '", g.name, "' ", b.kind, " has ", b.count, " elements, planned ", p.count);
+      if (b.data != nullptr || b.count == 0) {
+        RETURN_IF_ERROR(put(static_cast<const char*>(b.data), b.count * 4, p.offset));
+        continue;
+      }
+      if (!b.read) return InvalidArgumentError("memory tier: state '", b.kind, "' of group '", g.name, "' is not resident and has no read");
+      bounce.resize(static_cast<size_t>(std::min(kBounce, b.count)));
+      for (int64_t e = 0; e < b.count; e += kBounce) {
+        const int64_t n = std::min(kBounce, b.count - e);
+        RETURN_IF_ERROR(b.read(e, n, bounce.data()), "memory tier: reading state '", b.kind, "' of group '", g.name, "'");
+        RETURN_IF_ERROR(put(reinterpret_cast<const char*>(bounce.data()), n * 4, p.offset + e * 4));
+      }
+    }
+  }
+  return std::move(fd).Close();
+}
+
+bool Exists(const std::string& p) {
+  std::error_code ec;
+  return fs::exists(p, ec);
+}
+
+}  // namespace
+
+std::string MemoryTier::JobDir(const std::string& root, const MemoryTierOptions& o) {
+  std::error_code ec;
+  fs::path abs = fs::weakly_canonical(fs::absolute(root, ec), ec);
+  const std::string key = abs.empty() ? root : abs.string();
+  char name[40];
+  std::snprintf(name, sizeof(name), "zrt-tier-%016llx", static_cast<unsigned long long>(Checksum(key.data(), key.size())));
+  return o.dir + "/" + name;
+}
+
+std::string MemoryTier::RankDir(const std::string& root, const MemoryTierOptions& o, int rank) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "rank-%05d", rank);
+  return JobDir(root, o) + "/" + name;
+}
+
+struct MemoryTier::Impl {
+  Communicator* comm;
+  MemoryTierOptions o;
+  std::string root, rank_dir, own_dir, replica_dir;  // replica_dir: where this rank keeps its source's replica
+  int n = 1, d = 1, source = -1;                      // source: the rank whose replica this rank holds
+  std::unique_ptr<IoEngine> io;
+  MemoryTierStats stats;
+  int64_t superseded = -1;  // the newest complete disk checkpoint seen
+  bool budget_checked = false;
+
+  struct Gen {
+    int64_t step = -1;
+    Manifest m;
+    std::vector<Piece> plan;
+    int64_t bytes = 0;
+    int own_shard = 0, replica_shard = 0;
+    Mapping own, replica;
+    CommHandle shift;
+    bool shift_done = true;
+    std::future<Status> own_sealed, replica_sealed;
+    double t0 = 0, replica_done_at = 0, write_seconds = 0;
+    Status local;  // this rank's first failure
+  };
+  std::unique_ptr<Gen> gen;
+
+  void Fail(const Status& s) {
+    if (gen->local.ok() && !s.ok()) gen->local = s;
+  }
+  void StartReplicaSeal() {
+    Gen* g = gen.get();
+    g->replica_done_at = Now();
+    if (!g->local.ok() || !Replicated(n, o)) return;
+    const std::string tmp = StepPath(replica_dir, g->step) + ".tmp", final = StepPath(replica_dir, g->step);
+    g->replica_sealed = std::async(std::launch::async, [this, g, tmp, final] {
+      return Seal(*io, tmp, final, g->m, g->plan, g->replica_shard, g->replica, g->bytes).WithContext("memory tier replica of rank " +
+                                                                                                          std::to_string(source));
+    });
+  }
+  // Whether this rank's part of the pending generation is done (no waiting).
+  bool LocallyDone() {
+    Gen* g = gen.get();
+    if (!g->shift_done) {
+      auto t = g->shift.Test();
+      if (!t.ok()) {
+        Fail(t.status());
+        g->shift_done = true;
+        StartReplicaSeal();
+      } else if (*t) {
+        g->shift_done = true;
+        StartReplicaSeal();
+      }
+    }
+    auto ready = [](std::future<Status>& f) { return !f.valid() || f.wait_for(std::chrono::seconds(0)) == std::future_status::ready; };
+    return g->shift_done && ready(g->own_sealed) && ready(g->replica_sealed);
+  }
+  Status Commit() {
+    Gen* g = gen.get();
+    if (!g->shift_done) {
+      Fail(g->shift.Wait());
+      g->shift_done = true;
+      StartReplicaSeal();
+    }
+    if (g->own_sealed.valid()) Fail(g->own_sealed.get());
+    if (g->replica_sealed.valid()) Fail(g->replica_sealed.get());
+    g->own.Reset();
+    g->replica.Reset();
+    const int64_t step = g->step;
+    Status agreed = AgreeOnStatus(comm, g->local);
+    const double replica_seconds = g->replica_done_at > 0 ? g->replica_done_at - g->t0 : 0;
+    stats.write_seconds = g->write_seconds;
+    gen.reset();
+    if (!agreed.ok()) {  // the generation is not used: the previous one stays
+      (void)RemoveTree(StepPath(own_dir, step) + ".tmp");
+      (void)RemoveTree(StepPath(own_dir, step));
+      if (!replica_dir.empty()) {
+        (void)RemoveTree(StepPath(replica_dir, step) + ".tmp");
+        (void)RemoveTree(StepPath(replica_dir, step));
+      }
+      return agreed.WithContext("memory tier: snapshot of step " + std::to_string(step));
+    }
+    RemoveAllBut(own_dir, step);
+    if (!replica_dir.empty()) RemoveAllBut(replica_dir, step);
+    stats.step = step;
+    stats.replica_seconds = replica_seconds;
+    if (superseded > step) Supersede(superseded);
+    stats.bytes_held = TreeBytes(rank_dir);
+    return Status();
+  }
+  void Supersede(int64_t step) {
+    superseded = std::max(superseded, step);
+    if (stats.step >= 0 && stats.step < superseded) {  // the committed generation; one in flight stays
+      const int64_t keep = gen ? gen->step : -1;
+      RemoveAllBut(own_dir, keep);
+      if (!replica_dir.empty()) RemoveAllBut(replica_dir, keep);
+      stats.step = -1;
+      stats.bytes_held = TreeBytes(rank_dir);
+    }
+  }
+};
+
+MemoryTier::MemoryTier(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+const MemoryTierStats& MemoryTier::stats() const { return impl_->stats; }
+void MemoryTier::Supersede(int64_t step) { impl_->Supersede(step); }
+
+Result<std::unique_ptr<MemoryTier>> MemoryTier::Create(Communicator* comm, const std::string& root, const MemoryTierOptions& o) {
+  if (comm == nullptr) return InvalidArgumentError("memory tier: null communicator");
+  if (o.dir.empty()) return InvalidArgumentError("memory tier: empty directory");
+  if (o.budget_bytes < 0 || o.ranks_per_node < 0) return InvalidArgumentError("memory tier: negative budget or ranks per node");
+  auto impl = std::make_unique<Impl>();
+  impl->comm = comm;
+  impl->o = o;
+  impl->root = root;
+  impl->n = comm->size();
+  impl->d = Distance(impl->n, o);
+  impl->rank_dir = RankDir(root, o, comm->rank());
+  impl->own_dir = impl->rank_dir + "/own";
+  if (Replicated(impl->n, o)) {
+    impl->source = ((comm->rank() - impl->d) % impl->n + impl->n) % impl->n;
+    impl->replica_dir = ReplicaDir(impl->rank_dir, impl->source);
+  }
+  Status s = [&]() -> Status {
+    ASSIGN_OR_RETURN(impl->io, IoEngine::Create(IoOptions{}));
+    RETURN_IF_ERROR(MakeDirs(impl->own_dir));
+    if (!impl->replica_dir.empty()) RETURN_IF_ERROR(MakeDirs(impl->replica_dir));
+    // What a killed run left: half-written generations, replicas this rank no longer holds, ranks the
+    // job no longer has (every rank of a node may try; a loser of that race finds nothing).
+    std::error_code ec;
+    for (const std::string& parent : {impl->own_dir, impl->replica_dir}) {
+      if (parent.empty()) continue;
+      std::vector<fs::path> doomed;
+      for (const auto& e : fs::directory_iterator(parent, ec)) {
+        if (!ParseStepDirName(e.path().filename().string()).ok()) doomed.push_back(e.path());
+      }
+      for (const fs::path& p : doomed) (void)RemoveTree(p.string());
+    }
+    std::vector<fs::path> doomed;
+    for (const auto& e : fs::directory_iterator(impl->rank_dir, ec)) {
+      if (e.path().filename() != "own" && e.path().string() != impl->replica_dir) doomed.push_back(e.path());
+    }
+    for (const auto& e : fs::directory_iterator(JobDir(root, o), ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("rank-", 0) == 0 && std::atoi(name.c_str() + 5) >= impl->n) doomed.push_back(e.path());
+    }
+    for (const fs::path& p : doomed) (void)RemoveTree(p.string());
+    struct statvfs vfs {};
+    if (::statvfs(impl->rank_dir.c_str(), &vfs) != 0) return ErrnoStatus(errno, "memory tier: " + impl->rank_dir);
+    impl->stats.budget_bytes = o.budget_bytes > 0 ? o.budget_bytes : static_cast<int64_t>(vfs.f_bavail) * static_cast<int64_t>(vfs.f_frsize);
+    impl->stats.bytes_held = TreeBytes(impl->rank_dir);
+    if (o.budget_bytes == 0) impl->stats.budget_bytes += impl->stats.bytes_held;
+    return Status();
+  }();
+  RETURN_IF_ERROR(AgreeOnStatus(comm, s), "memory tier in ", JobDir(root, o));
+  return std::unique_ptr<MemoryTier>(new MemoryTier(std::move(impl)));
+}
+
+MemoryTier::~MemoryTier() {
+  Impl& t = *impl_;
+  if (t.gen) {  // not committed (that needs every rank): finish the transfers, keep nothing half-written
+    (void)t.gen->shift.Wait();
+    if (t.gen->own_sealed.valid()) (void)t.gen->own_sealed.get();
+    if (t.gen->replica_sealed.valid()) (void)t.gen->replica_sealed.get();
+    t.gen.reset();
+  }
+  if (t.stats.step > t.superseded) {
+    ZRT_LOG(kInfo) << "memory tier: keeping step " << t.stats.step << " in " << t.rank_dir << " (newer than the last disk checkpoint"
+                   << (t.superseded >= 0 ? ", step " + std::to_string(t.superseded) : std::string()) << ") for a restart";
+    return;
+  }
+  (void)RemoveTree(t.rank_dir);
+  ::rmdir(JobDir(t.root, t.o).c_str());  // the last rank of the node removes the job's directory
+}
+
+Status MemoryTier::Save(const StateView& state, const nlohmann::json& trainer_state) {
+  Impl& t = *impl_;
+  if (t.gen) RETURN_IF_ERROR(t.Commit(), "committing the previous snapshot");
+  char nonce[17] = {};
+  if (t.comm->rank() == 0) std::snprintf(nonce, sizeof(nonce), "%s", NewNonce().c_str());
+  RETURN_IF_ERROR(t.comm->Broadcast(nonce, sizeof(nonce), DType::kBytes, 0), "memory tier nonce");
+  auto g = std::make_unique<Impl::Gen>();
+  g->t0 = Now();
+  g->step = state.counters.step;
+  ASSIGN_OR_RETURN(g->m, ManifestFor(state, trainer_state, 1 << 20, nonce), "memory tier");
+  ASSIGN_OR_RETURN(g->plan, PlanFile(g->m, &g->bytes), "memory tier");
+  g->own_shard = g->m.shards == 1 ? 0 : t.comm->rank();
+  g->replica_shard = g->m.shards == 1 ? 0 : t.source;
+  if (!t.budget_checked) {  // two generations of the own copy and the replica must fit
+    const int64_t need = 2 * g->bytes * (Replicated(t.n, t.o) ? 2 : 1);
+    Status fits = need <= t.stats.budget_bytes ? Status()
+                  : OutOfMemoryError("memory tier: rank ", t.comm->rank(), " needs ", need, " bytes (two generations of its ", g->bytes,
+                                     "-byte snapshot", Replicated(t.n, t.o) ? " and of its peer's replica" : "", ") in ", t.rank_dir,
+                                     ", over its budget of ", t.stats.budget_bytes, " bytes");
+    RETURN_IF_ERROR(AgreeOnStatus(t.comm, fits));
+    t.budget_checked = true;
+  }
+  t.stats.snapshot_bytes = g->bytes;
+  t.gen = std::move(g);
+  Impl::Gen& gen = *t.gen;
+  // The own copy: the part training waits for.
+  const std::string own_tmp = StepPath(t.own_dir, gen.step) + ".tmp";
+  const std::string own_data = own_tmp + "/" + DataFileName(gen.own_shard);
+  t.Fail([&]() -> Status {
+    RETURN_IF_ERROR(RemoveTree(own_tmp));
+    RETURN_IF_ERROR(MakeDirs(own_tmp));
+    RETURN_IF_ERROR(WriteState(own_data, state, gen.plan, gen.bytes));
+    ASSIGN_OR_RETURN(gen.own, Mapping::Map(own_data, gen.bytes, false));
+    return Status();
+  }());
+  t.stats.stall_seconds = Now() - gen.t0;
+  if (state.stalled) state.stalled(t.stats.stall_seconds);
+  if (gen.local.ok()) {
+    gen.own_sealed = std::async(std::launch::async, [&t, g = &gen, own_tmp] {
+      const double t0 = Now();
+      Status s = Seal(*t.io, own_tmp, StepPath(t.own_dir, g->step), g->m, g->plan, g->own_shard, g->own, g->bytes);
+      g->write_seconds = Now() - t0;  // read by Commit after get()
+      return s;
+    });
+  }
+  if (!Replicated(t.n, t.o)) return Status();
+  // The replica: this rank's mapping straight into its holder's.
+  const std::string rep_tmp = StepPath(t.replica_dir, gen.step) + ".tmp";
+  if (gen.local.ok()) {
+    t.Fail([&]() -> Status {
+      RETURN_IF_ERROR(RemoveTree(rep_tmp));
+      RETURN_IF_ERROR(MakeDirs(rep_tmp));
+      ASSIGN_OR_RETURN(gen.replica, Mapping::Map(rep_tmp + "/" + DataFileName(gen.replica_shard), gen.bytes, true));
+      return Status();
+    }());
+  }
+  // A rank that failed above still takes part, with nothing to send or receive: the sizes disagree,
+  // so the shift fails on every rank and the generation is dropped at commit.
+  const bool ok = gen.local.ok();
+  auto h = t.comm->ShiftAsync(ok ? gen.own.data() : nullptr, ok ? static_cast<size_t>(gen.bytes) : 0, ok ? gen.replica.data() : nullptr,
+                              ok ? static_cast<size_t>(gen.bytes) : 0, t.d);
+  if (!h.ok()) {
+    t.Fail(h.status());
+  } else {
+    gen.shift = std::move(*h);
+    gen.shift_done = false;
+  }
+  return Status();
+}
+
+Status MemoryTier::Poll() {
+  Impl& t = *impl_;
+  if (!t.gen) return Status();
+  float done = t.LocallyDone() ? 1.0f : 0.0f;
+  RETURN_IF_ERROR(t.comm->AllReduce(&done, &done, 1, DType::kF32, ReduceOp::kMin), "memory tier poll");
+  return done > 0 ? t.Commit() : Status();
+}
+
+Status MemoryTier::Wait() {
+  Impl& t = *impl_;
+  return t.gen ? t.Commit() : Status();
+}
+
+// ---- Resume's side -----------------------------------------------------------------------------------
+
+Result<std::vector<int64_t>> TierCandidates(Communicator* comm, const std::string& root, const MemoryTierOptions& o) {
+  const int n = comm->size(), r = comm->rank(), d = Distance(n, o);
+  constexpr int kMax = 8;
+  const std::string rank_dir = MemoryTier::RankDir(root, o, r);
+  std::vector<int64_t> mine(2 * kMax, -1);
+  std::vector<int64_t> own = Steps(rank_dir + "/own"), rep;
+  if (Replicated(n, o)) rep = Steps(ReplicaDir(rank_dir, ((r - d) % n + n) % n));
+  for (size_t i = 0; i < own.size() && i < kMax; ++i) mine[i] = own[i];
+  for (size_t i = 0; i < rep.size() && i < kMax; ++i) mine[kMax + i] = rep[i];
+  std::vector<int64_t> all(static_cast<size_t>(n) * 2 * kMax);
+  RETURN_IF_ERROR(comm->AllGather(mine.data(), all.data(), mine.size() * 8, DType::kBytes), "memory tier: listing");
+  auto holds = [&](int rank, int part, int64_t step) {
+    const int64_t* v = all.data() + static_cast<size_t>(rank) * 2 * kMax + static_cast<size_t>(part) * kMax;
+    return std::find(v, v + kMax, step) != v + kMax;
+  };
+  std::set<int64_t, std::greater<>> steps;
+  for (int64_t s : all) {
+    if (s >= 0) steps.insert(s);
+  }
+  std::vector<int64_t> out;
+  for (int64_t s : steps) {
+    bool everyone = true;
+    for (int q = 0; q < n && everyone; ++q) everyone = holds(q, 0, s) || (Replicated(n, o) && holds((q + d) % n, 1, s));
+    if (everyone) out.push_back(s);
+  }
+  return out;
+}
+
+Result<LoadResult> LoadFromTier(Communicator* comm, const std::string& root, const MemoryTierOptions& o, int64_t step,
+                                const StateView& target, const LoadOptions& load, std::string* dir, bool* from_peer) {
+  const int n = comm->size(), r = comm->rank(), d = Distance(n, o);
+  const std::string rank_dir = MemoryTier::RankDir(root, o, r);
+  const std::string own = StepPath(rank_dir + "/own", step);
+  *dir = own;
+  *from_peer = false;
+  Result<LoadResult> res = Exists(own) ? Load(own, target, load) : Result<LoadResult>(NotFoundError("no copy in ", own));
+  int64_t need = res.ok() ? 0 : 1;
+  std::vector<int64_t> needs(static_cast<size_t>(n));
+  RETURN_IF_ERROR(comm->AllGather(&need, needs.data(), 8, DType::kBytes), "memory tier: restoring step ", step);
+  if (std::none_of(needs.begin(), needs.end(), [](int64_t x) { return x != 0; }) || !Replicated(n, o)) return res;
+  // Some rank's own copy is gone or bad: its holder sends the replica (manifest, index, data file), which
+  // becomes that rank's own copy again and is loaded (and checked) like any.
+  const int source = ((r - d) % n + n) % n, holder = (r + d) % n;
+  const std::string rep = StepPath(ReplicaDir(rank_dir, source), step);
+  std::string files[2];
+  Mapping data;
+  int64_t sizes[3] = {0, 0, 0};
+  if (needs[static_cast<size_t>(source)] != 0 && Exists(rep)) {
+    Status s = [&]() -> Status {
+      ASSIGN_OR_RETURN(CheckpointDir cd, CheckpointDir::Open(rep));
+      ASSIGN_OR_RETURN(files[0], cd.ReadFile(kManifestFile));
+      ASSIGN_OR_RETURN(Manifest m, DecodeManifest(files[0], cd.PathOf(kManifestFile)));
+      const int shard = m.shards == 1 ? 0 : source;
+      ASSIGN_OR_RETURN(files[1], cd.ReadFile(IndexFileName(shard)));
+      ASSIGN_OR_RETURN(data, Mapping::Map(cd.PathOf(DataFileName(shard)), -1, false));
+      return Status();
+    }();
+    if (s.ok()) {
+      sizes[0] = static_cast<int64_t>(files[0].size());
+      sizes[1] = static_cast<int64_t>(files[1].size());
+      sizes[2] = static_cast<int64_t>(data.size());
+    } else {
+      ZRT_LOG(kWarn) << "memory tier: cannot send rank " << source << " its replica of step " << step << ": " << s;
+      data.Reset();
+    }
+  }
+  int64_t in[3] = {0, 0, 0};
+  RETURN_IF_ERROR(comm->Shift(sizes, sizeof(sizes), in, sizeof(in), -d), "memory tier: restoring step ", step);
+  const bool receiving = needs[static_cast<size_t>(r)] != 0 && in[2] > 0 && in[0] > 0 && in[0] <= kMaxJsonBytes && in[1] > 0 &&
+                         in[1] <= kMaxJsonBytes;
+  const std::string tmp = own + ".tmp";
+  std::string got[2];
+  Mapping into;
+  Status prepared;
+  if (receiving) {
+    got[0].resize(static_cast<size_t>(in[0]));
+    got[1].resize(static_cast<size_t>(in[1]));
+    prepared = [&]() -> Status {
+      RETURN_IF_ERROR(RemoveTree(tmp));
+      RETURN_IF_ERROR(MakeDirs(tmp));
+      const int shard = target.groups.empty() || target.groups[0].layout.world_size() == 1 ? 0 : r;
+      ASSIGN_OR_RETURN(into, Mapping::Map(tmp + "/" + DataFileName(shard), in[2], true));
+      return Status();
+    }();
+  }
+  const bool take = receiving && prepared.ok();
+  // Three shifts toward the rank each holder serves. A rank that cannot take what its holder offers
+  // posts nothing: the sizes disagree, the shift fails on every rank and so does this candidate.
+  for (int i = 0; i < 2; ++i) {
+    RETURN_IF_ERROR(comm->Shift(files[i].data(), static_cast<size_t>(sizes[i]), take ? got[i].data() : nullptr,
+                                take ? got[i].size() : 0, -d),
+                    "memory tier: restoring step ", step);
+  }
+  RETURN_IF_ERROR(comm->Shift(data.data(), static_cast<size_t>(sizes[2]), take ? into.data() : nullptr, take ? into.size() : 0, -d),
+                  "memory tier: restoring step ", step);
+  if (needs[static_cast<size_t>(r)] == 0) return res;
+  const std::string why = std::string(res.status().message());
+  if (!take) {
+    return DataLossError("memory tier: rank ", r, "'s copy of step ", step, " is unusable (", why, ") and its replica on rank ", holder,
+                         receiving ? " could not be received: " + std::string(prepared.message()) : std::string(" is not there"));
+  }
+  Status placed = [&]() -> Status {
+    ASSIGN_OR_RETURN(std::unique_ptr<IoEngine> io, IoEngine::Create(IoOptions{}));
+    RETURN_IF_ERROR(WriteFileDurably(*io, tmp, std::string(kManifestFile), got[0]));
+    ASSIGN_OR_RETURN(Manifest m, DecodeManifest(got[0], tmp + "/" + std::string(kManifestFile)));
+    RETURN_IF_ERROR(WriteFileDurably(*io, tmp, IndexFileName(m.shards == 1 ? 0 : r), got[1]));
+    into.Reset();
+    RETURN_IF_ERROR(RemoveTree(own));
+    return RenamePath(tmp, own);
+  }();
+  if (!placed.ok()) return placed.WithContext("memory tier: rank " + std::to_string(r) + " placing its replica of step " + std::to_string(step));
+  ZRT_LOG(kInfo) << "memory tier: rank " << r << "'s copy of step " << step << " unusable (" << why << "); restoring from its replica on rank "
+                 << holder;
+  *from_peer = true;
+  auto again = Load(own, target, load);
+  if (!again.ok()) return again.status().WithContext("memory tier: the replica of rank " + std::to_string(r) + " from rank " + std::to_string(holder));
+  return again;
+}
+
+}  // namespace zrt::ckpt

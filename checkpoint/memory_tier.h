@@ -1,0 +1,109 @@
+// The memory tier: every K steps each rank snapshots its state into node-local memory that outlives
+// the process (tmpfs: /dev/shm) and sends a replica to a peer rank on another node, so a restart after
+// a process kill or the loss of one node resumes from seconds-old state at memory speed instead of
+// the last disk checkpoint (the idea of Gemini, SOSP'23, and of NVIDIA's local checkpoints). The disk
+// tier (Checkpointer::SaveAsync) keeps its own cadence; Checkpointer::Resume takes the newest state
+// any tier holds. docs/resume.md "Tiers" is the user's description.
+//
+// Layout (each snapshot is a checkpoint directory of the ordinary format holding one rank's files):
+//   <dir>/zrt-tier-<hash of the checkpoint root>/rank-<r>/own/step-N/           rank r's snapshot
+//                                                /replica-<q>/step-N/           rank q's, held by r
+// A snapshot is written as step-N.tmp and renamed when whole. Generation N is committed (a collective
+// at Poll/Wait/the next save) once every rank's own copy and replica are whole; only then are older
+// generations deleted, so a kill at any instant leaves one generation every rank has.
+//
+// Placement: rank q's replica lives on rank (q + d) mod N, d = ranks_per_node when the job spans
+// more than one node (so on another node), else d = 1 (the next rank: survives a process kill, not the
+// node's loss). A restart with another number of ranks or placement cannot use the tier (it is
+// removed at start-up) and resumes from disk.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "zrt/checkpoint/load.h"
+#include "zrt/core/communicator.h"
+#include "zrt/core/state_view.h"
+
+namespace zrt::ckpt {
+
+struct MemoryTierOptions {
+  // Node-local storage that outlives the process (tmpfs). The tier's files go under
+  // <dir>/zrt-tier-<hash of the checkpoint root>/.
+  std::string dir = "/dev/shm";
+  // A replica of each rank's snapshot on its peer (above); false: own copies only (survive a process
+  // kill, not the loss of the node's memory).
+  bool replicate = true;
+  // Ranks per node, for placement. 0: the launcher's (OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS,
+  // SLURM_NTASKS_PER_NODE), else 1. On one machine a smaller value emulates nodes.
+  int ranks_per_node = 0;
+  // The most bytes this rank's tier files may hold: two generations (the committed one while the next
+  // is written) of its own snapshot and of the replica it keeps. 0: the free space of `dir` at start-up.
+  // Checked at the first save: ResourceExhausted on every rank, naming the sizes.
+  int64_t budget_bytes = 0;
+};
+
+struct MemoryTierStats {
+  int64_t step = -1;             // the newest committed generation (-1: none)
+  double stall_seconds = 0;      // the last save's snapshot (what training waited for)
+  double write_seconds = 0;      // background: checksums, index, rename of the own copy
+  double replica_seconds = 0;    // from the save to the replica being whole on its holder
+  int64_t snapshot_bytes = 0;    // one generation of this rank's own copy
+  int64_t bytes_held = 0;        // this rank's tier files now (own + replica, every generation)
+  int64_t budget_bytes = 0;      // the budget in force
+};
+
+// Used through the Checkpointer (CheckpointOptions::memory); the class is public for tools and tests.
+class MemoryTier {
+ public:
+  // Collective. Cleans what a killed run left: half-written snapshots, ranks the job no longer has,
+  // replicas of ranks this rank no longer holds for. Keeps every whole generation (Resume needs them).
+  static Result<std::unique_ptr<MemoryTier>> Create(Communicator* comm, const std::string& root, const MemoryTierOptions& o);
+  // Removes this rank's files when no newer state than the last disk checkpoint is in them (the end of
+  // a run); otherwise keeps them for the restart and says so.
+  ~MemoryTier();
+
+  // Collective: snapshot `state` (its counters and trainer_state as a disk checkpoint would) as
+  // generation `state.counters.step`. Waits for the previous generation first (never two in flight).
+  // Training waits for the copy of this rank's state into the tier; the checksums, the index and the
+  // replica's transfer and write run in the background until Poll/Wait commit it.
+  Status Save(const StateView& state, const nlohmann::json& trainer_state = nlohmann::json::object());
+  // Collective, once per step: progresses the replica transfer; commits a generation whose files are
+  // whole on every rank (one small all-reduce while one is pending).
+  Status Poll();
+  // Collective: finishes and commits the pending generation.
+  Status Wait();
+  // A disk checkpoint of `step` is complete: generations older than it are removed (local; called by
+  // the Checkpointer at every commit, on every rank alike).
+  void Supersede(int64_t step);
+
+  const MemoryTierStats& stats() const;
+  // This rank's directory, and the job's: where the files are (tests emulate a node's loss by removing
+  // a rank directory).
+  static std::string JobDir(const std::string& root, const MemoryTierOptions& o);
+  static std::string RankDir(const std::string& root, const MemoryTierOptions& o, int rank);
+
+  MemoryTier(const MemoryTier&) = delete;
+  MemoryTier& operator=(const MemoryTier&) = delete;
+
+ private:
+  struct Impl;
+  explicit MemoryTier(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Resume's use of the tier (resume.cc). Collective: the generations every rank can restore (its own
+// copy, or the replica its peer holds), newest first, agreed on every rank.
+Result<std::vector<int64_t>> TierCandidates(Communicator* comm, const std::string& root, const MemoryTierOptions& o);
+// Collective: loads generation `step` into `target` on every rank: its own copy, or (when that is gone
+// or fails a check) the replica its peer holds, sent over `comm` and kept as the rank's own copy
+// again. Returns this rank's outcome (the caller agrees on it); `dir` is the directory loaded,
+// `from_peer` whether the replica served.
+Result<LoadResult> LoadFromTier(Communicator* comm, const std::string& root, const MemoryTierOptions& o, int64_t step,
+                                const StateView& target, const LoadOptions& load, std::string* dir, bool* from_peer);
+
+}  // namespace zrt::ckpt

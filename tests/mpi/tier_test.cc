@@ -1,0 +1,283 @@
+// The memory tier at 1..4 MPI ranks with the real engine (stages 0, 2, 3 and NVMe-offloaded state):
+// a restart resumes the newest snapshot and continues bit for bit as the uninterrupted run; a rank
+// whose own copy is gone or corrupt is served by its peer's replica (and every rank agrees); the loss
+// of a whole (emulated) node is survived; a rank with no copy at all makes every rank fall back to
+// disk; budgets, superseding and end-of-run cleanup. Kills at random moments: tests/crash/tier_kill.sh.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "zrt/checkpoint/checkpointer.h"
+#include "zrt/checkpoint/format.h"
+#include "zrt/core/mpi_communicator.h"
+#include "zrt/runtime/engine.h"
+
+namespace zrt::ckpt {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Case {
+  int stage;
+  bool nvme;
+};
+
+class TierTest : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    auto c = MpiCommunicator::Create(MPI_COMM_WORLD);
+    ASSERT_TRUE(c.ok());
+    comm_ = std::move(*c);
+    char path[512] = {};
+    if (comm_->rank() == 0) {
+      const std::string p = (fs::temp_directory_path() / ("zrt_tier_" + std::to_string(::getpid()))).string();
+      fs::remove_all(p);
+      fs::create_directories(p + "/shm");
+      fs::create_directories(p + "/swap");
+      std::snprintf(path, sizeof(path), "%s", p.c_str());
+    }
+    ASSERT_TRUE(comm_->Broadcast(path, sizeof(path), DType::kBytes, 0).ok());
+    base_ = path;
+    root_ = base_ + "/ckpt";
+    // Two emulated nodes at 4 ranks; one rank per node below.
+    tier_.dir = base_ + "/shm";
+    tier_.ranks_per_node = n() == 4 ? 2 : 1;
+  }
+  void TearDown() override {
+    ASSERT_TRUE(comm_->Barrier().ok());
+    if (comm_->rank() == 0) fs::remove_all(base_);
+  }
+  int n() const { return comm_->size(); }
+  int rank() const { return comm_->rank(); }
+
+  std::unique_ptr<ZeroEngine> Engine() {
+    EngineConfig cfg;
+    cfg.stage = GetParam().stage;
+    cfg.adam.lr = 1e-2;
+    if (GetParam().nvme) {
+      cfg.offload.optimizer = OffloadTarget::kNvme;
+      cfg.offload.nvme_dir = base_ + "/swap";
+      cfg.offload.sub_group_elements = 1024;
+    }
+    auto e = ZeroEngine::Create(comm_.get(), &device_, cfg);
+    EXPECT_TRUE(e.ok()) << e.status();
+    EXPECT_TRUE((*e)->AddParam("w", {37, 29}, DType::kBF16, {.group = "a"}).ok());
+    EXPECT_TRUE((*e)->AddParam("b", {1001}, DType::kBF16, {.group = "b"}).ok());
+    EXPECT_TRUE((*e)->Finalize([](int64_t p, int64_t off, int64_t k, float* out) {
+      for (int64_t i = 0; i < k; ++i) out[i] = 0.01f * static_cast<float>((p * 7919 + off + i) % 101) - 0.5f;
+    }).ok());
+    return std::move(*e);
+  }
+  std::unique_ptr<Checkpointer> Ck(MemoryTierOptions t) {
+    auto ck = Checkpointer::Create(comm_.get(), &device_, {.root = root_, .chunk_elements = 1024, .memory = t});
+    EXPECT_TRUE(ck.ok()) << ck.status();
+    return std::move(*ck);
+  }
+  // Steps [from, to): gradients a function of (step, rank); a tier snapshot after every step, a disk
+  // save every `disk_every` steps; Poll each step.
+  void Train(ZeroEngine& e, Checkpointer* ck, int from, int to, int disk_every = 0) {
+    for (int s = from; s < to; ++s) {
+      for (int g = 0; g < 2; ++g) {
+        ASSERT_TRUE(e.Gather(g).ok());
+        auto gb = e.GradBuffer(g);
+        ASSERT_TRUE(gb.ok());
+        auto* p = static_cast<uint16_t*>(*gb);
+        for (int i = 0; i < 500; ++i) p[i] = FloatToBf16(0.001f * static_cast<float>(i % 13 + rank() + s));
+        ASSERT_TRUE(e.Release(g).ok());
+        ASSERT_TRUE(e.GradsReady(g).ok());
+      }
+      ASSERT_TRUE(e.Step().ok());
+      if (ck == nullptr) continue;
+      if (disk_every > 0 && (s + 1) % disk_every == 0) {
+        ASSERT_TRUE(ck->SaveAsync(e.state_view(), {{"s", s + 1}}).ok());
+      }
+      Status saved = ck->SaveToMemory(e.state_view(), {{"s", s + 1}});
+      ASSERT_TRUE(saved.ok()) << saved;
+      Status polled = ck->Poll();
+      ASSERT_TRUE(polled.ok()) << polled;
+    }
+  }
+  std::vector<std::vector<uint16_t>> Params(ZeroEngine& e) {
+    std::vector<std::vector<uint16_t>> out;
+    for (int g = 0; g < 2; ++g) {
+      auto p = e.Gather(g);
+      EXPECT_TRUE(p.ok());
+      const size_t k = g == 0 ? 37 * 29 : 1001;
+      out.emplace_back(static_cast<const uint16_t*>(*p), static_cast<const uint16_t*>(*p) + k);
+      EXPECT_TRUE(e.Release(g).ok());
+    }
+    return out;
+  }
+  // The uninterrupted run's parameters after `steps`.
+  std::vector<std::vector<uint16_t>> Reference(int steps) {
+    auto e = Engine();
+    Train(*e, nullptr, 0, steps);
+    return Params(*e);
+  }
+  // Trains 0..5 with a tier snapshot every step and a disk save at step 2, then "dies" (the objects go
+  // away without a final save: the tier keeps its newer state).
+  void RunAndDie() {
+    auto e = Engine();
+    auto ck = Ck(tier_);
+    Train(*e, ck.get(), 0, 5, 2);
+    ASSERT_TRUE(ck->Wait().ok());
+    const MemoryTierStats* st = ck->memory_stats();
+    ASSERT_NE(st, nullptr);
+    EXPECT_EQ(st->step, 5);
+    EXPECT_GT(st->snapshot_bytes, 0);
+    EXPECT_GE(st->bytes_held, st->snapshot_bytes * (n() > 1 ? 2 : 1));
+    EXPECT_LE(st->bytes_held, st->budget_bytes);
+  }
+  // Resumes a fresh engine, checks every rank resumed the same step, trains to 8, compares to the
+  // reference. Returns this rank's source.
+  std::string ResumeAndFinish(int64_t want_step) {
+    auto e = Engine();
+    auto ck = Ck(tier_);
+    auto r = ck->Resume(e->state_view());
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return "";
+    EXPECT_EQ(e->steps(), want_step);
+    EXPECT_EQ(r->loaded.trainer_state.value("s", -1), want_step);
+    EXPECT_EQ(r->step, want_step);
+    Train(*e, ck.get(), static_cast<int>(e->steps()), 8);
+    EXPECT_TRUE(ck->Wait().ok());
+    EXPECT_EQ(Params(*e), reference_) << "rank " << rank() << " did not continue as the uninterrupted run";
+    return r->source;
+  }
+  std::string OwnData(int r, int64_t step) {
+    const std::string d = MemoryTier::RankDir(root_, tier_, r) + "/own/" + StepDirName(step);
+    for (const auto& f : fs::directory_iterator(d)) {
+      if (f.path().extension() == ".data") return f.path().string();
+    }
+    return "";
+  }
+  // Rank q's replica's directory (on its holder).
+  std::string ReplicaOf(int q, int64_t step) {
+    const int d = n() > tier_.ranks_per_node ? tier_.ranks_per_node : 1;
+    char name[32];
+    std::snprintf(name, sizeof(name), "replica-%05d", q);
+    return MemoryTier::RankDir(root_, tier_, (q + d) % n()) + "/" + name + "/" + StepDirName(step);
+  }
+  // Rank 0 changes files; everyone waits for it.
+  template <class F>
+  void OnRank0(F f) {
+    if (rank() == 0) f();
+    ASSERT_TRUE(comm_->Barrier().ok());
+  }
+  // Every rank's source, on rank 0.
+  std::vector<std::string> Gather(const std::string& mine) {
+    char buf[16] = {};
+    std::snprintf(buf, sizeof(buf), "%s", mine.c_str());
+    std::vector<char> all(16 * static_cast<size_t>(n()));
+    EXPECT_TRUE(comm_->AllGather(buf, all.data(), 16, DType::kBytes).ok());
+    std::vector<std::string> out;
+    for (int r = 0; r < n(); ++r) out.emplace_back(all.data() + 16 * r);
+    return out;
+  }
+
+  CpuDevice device_;
+  std::unique_ptr<MpiCommunicator> comm_;
+  std::string base_, root_;
+  MemoryTierOptions tier_;
+  std::vector<std::vector<uint16_t>> reference_;
+};
+
+TEST_P(TierTest, RestartResumesTheNewestSnapshotAndContinuesBitForBit) {
+  reference_ = Reference(8);
+  RunAndDie();
+  const auto sources = Gather(ResumeAndFinish(5));
+  for (const std::string& s : sources) EXPECT_EQ(s, "memory");
+}
+
+TEST_P(TierTest, AMissingOrCorruptOwnCopyIsServedByThePeersReplica) {
+  if (n() == 1) GTEST_SKIP() << "replicas need a peer";
+  reference_ = Reference(8);
+  RunAndDie();
+  OnRank0([&] {
+    fs::remove_all(fs::path(OwnData(n() - 1, 5)).parent_path());  // the last rank's copy is gone
+    std::fstream f(OwnData(0, 5), std::ios::in | std::ios::out | std::ios::binary);  // a byte of rank 0's flips
+    f.seekp(100);
+    f.put('\x5a');
+  });
+  const auto sources = Gather(ResumeAndFinish(5));
+  EXPECT_EQ(sources[0], "peer");
+  EXPECT_EQ(sources[static_cast<size_t>(n() - 1)], "peer");
+  for (int r = 1; r < n() - 1; ++r) EXPECT_EQ(sources[static_cast<size_t>(r)], "memory");
+}
+
+TEST_P(TierTest, TheLossOfANodeIsSurvivedThroughReplicasOnTheOtherNode) {
+  if (n() == 1) GTEST_SKIP() << "one rank: no other node";
+  reference_ = Reference(8);
+  RunAndDie();
+  // Node 0's memory is gone: its ranks' own copies and the replicas they held for node 1.
+  OnRank0([&] {
+    for (int r = 0; r < tier_.ranks_per_node; ++r) fs::remove_all(MemoryTier::RankDir(root_, tier_, r));
+  });
+  const auto sources = Gather(ResumeAndFinish(5));
+  for (int r = 0; r < n(); ++r) EXPECT_EQ(sources[static_cast<size_t>(r)], r < tier_.ranks_per_node ? "peer" : "memory") << r;
+}
+
+TEST_P(TierTest, ARankWithNoUsableCopyMakesEveryRankResumeFromDisk) {
+  reference_ = Reference(8);
+  RunAndDie();
+  OnRank0([&] {
+    const std::string d = fs::path(OwnData(0, 5)).parent_path().string();
+    fs::remove_all(d);
+    if (n() > 1) fs::remove_all(ReplicaOf(0, 5));
+  });
+  // The disk checkpoint of step 4 (saves at 2 and 4).
+  const auto sources = Gather(ResumeAndFinish(4));
+  for (const std::string& s : sources) EXPECT_EQ(s, "disk");
+}
+
+TEST_P(TierTest, BudgetsSupersedingAndCleanup) {
+  {  // a budget below two generations is refused at the first snapshot, on every rank, naming the sizes
+    MemoryTierOptions small = tier_;
+    small.budget_bytes = 4096;
+    auto e = Engine();
+    auto ck = Ck(small);
+    Status s = ck->SaveToMemory(e->state_view());
+    EXPECT_EQ(s.code(), StatusCode::kOutOfMemory) << s;
+    EXPECT_NE(s.message().find("budget of 4096 bytes"), std::string_view::npos) << s;
+  }
+  {
+    auto e = Engine();
+    auto ck = Ck(tier_);
+    Train(*e, ck.get(), 0, 3);
+    ASSERT_TRUE(ck->Wait().ok());
+    EXPECT_EQ(ck->memory_stats()->step, 3);
+    // Only the newest generation is kept once committed.
+    std::vector<std::string> gens;
+    for (const auto& f : fs::directory_iterator(MemoryTier::RankDir(root_, tier_, rank()) + "/own")) gens.push_back(f.path().filename());
+    EXPECT_EQ(gens, std::vector<std::string>{StepDirName(3)});
+    // A disk checkpoint of a newer step supersedes the tier's files.
+    Train(*e, nullptr, 3, 4);
+    ASSERT_TRUE(ck->SaveAsync(e->state_view()).ok());
+    ASSERT_TRUE(ck->Wait().ok());
+    EXPECT_EQ(ck->memory_stats()->step, -1);
+    EXPECT_TRUE(fs::is_empty(MemoryTier::RankDir(root_, tier_, rank()) + "/own"));
+    // End of a run whose last disk checkpoint holds everything: the tier's directory is removed.
+    ASSERT_TRUE(ck->SaveToMemory(e->state_view()).ok());  // step 4 again: as new as the disk's
+    ASSERT_TRUE(ck->Wait().ok());
+  }
+  ASSERT_TRUE(comm_->Barrier().ok());
+  EXPECT_FALSE(fs::exists(MemoryTier::RankDir(root_, tier_, rank())));
+  if (rank() == 0) {
+    EXPECT_FALSE(fs::exists(MemoryTier::JobDir(root_, tier_)));
+  }
+  // A half-written snapshot left by a kill is removed at start-up and never used.
+  OnRank0([&] { fs::create_directories(MemoryTier::RankDir(root_, tier_, 0) + "/own/step-00000009.tmp/junk"); });
+  {
+    auto ck = Ck(tier_);
+    EXPECT_FALSE(fs::exists(MemoryTier::RankDir(root_, tier_, 0) + "/own/step-00000009.tmp"));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, TierTest, ::testing::Values(Case{0, false}, Case{2, false}, Case{3, false}, Case{3, true}),
+                         [](const auto& p) { return "stage" + std::to_string(p.param.stage) + (p.param.nvme ? "_nvme" : ""); });
+
+}  // namespace
+}  // namespace zrt::ckpt
