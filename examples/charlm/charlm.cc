@@ -63,6 +63,12 @@ int main(int argc, char** argv) {
   app.add_option("--ckpt", ckpt_root, "checkpoint root (resume from its newest complete checkpoint)");
   app.add_option("--every", every, "save a checkpoint every N steps (0: only at the end)");
   app.add_option("--keep-last", keep_last, "keep the newest N checkpoints");
+  int memory_every = 0, ranks_per_node = 0;
+  std::string memory_dir = "/dev/shm";
+  app.add_option("--memory-every", memory_every, "memory-tier snapshot every N steps (0: off; with --ckpt)")->check(CLI::NonNegativeNumber);
+  app.add_option("--memory-dir", memory_dir, "node-local memory for the tier (tmpfs)");
+  app.add_option("--ranks-per-node", ranks_per_node, "replica placement (0: from the launcher; smaller emulates nodes)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--print-every", print_every, "log the loss every N steps");
   app.add_option("--dump", dump, "write the final parameters (raw float32) to this file");
   app.add_option("--words", words_path, "word list (one word per line)");
@@ -165,21 +171,24 @@ int main(int argc, char** argv) {
     ckpt::CheckpointOptions co;
     co.root = ckpt_root;
     co.keep_last = keep_last;
+    if (memory_every > 0) co.memory = ckpt::MemoryTierOptions{.dir = memory_dir, .ranks_per_node = ranks_per_node};
     auto ck_or = ckpt::Checkpointer::Create(&comm, staging.get(), co);
     if (!ck_or.ok()) return Fail(ck_or.status());
     ck = std::move(*ck_or);
     ckpt::InstallPreemptionHandler();
-    // The newest checkpoint every rank can load (older ones if it cannot), the engine restored.
-    auto r = ckpt::Resume(&comm, ckpt_root, engine.state_view());
+    // The newest state every rank can load — memory tier, then disk, older ones if it cannot — the
+    // engine restored.
+    auto r = ck->Resume(engine.state_view());
     if (r.ok()) {
       const ckpt::LoadResult& l = r->loaded;
       if (l.trainer_state.value("seed", uint64_t{0}) != seed) {
         return Fail(InvalidArgumentError("checkpoint ", r->dir, " was trained with seed ", l.trainer_state.value("seed", uint64_t{0})));
       }
       resumed_from = r->dir;
+      if (r->source == "peer") std::printf("rank %d: its own memory-tier copy was unusable; restored from its peer's replica\n", rank);
       if (rank == 0) {
-        std::printf("resumed from %s: step %lld, saved by %d rank(s) at stage %d, now %d rank(s) at stage %d\n", r->dir.c_str(),
-                    static_cast<long long>(l.counters.step), l.saved_world_size, l.saved_stage, world, stage);
+        std::printf("resumed from %s (%s): step %lld, saved by %d rank(s) at stage %d, now %d rank(s) at stage %d\n", r->dir.c_str(),
+                    r->source.c_str(), static_cast<long long>(l.counters.step), l.saved_world_size, l.saved_stage, world, stage);
         for (const std::string& s : r->skipped) std::printf("  (skipped %s)\n", s.c_str());
       }
     } else if (r.status().code() != StatusCode::kNotFound) {
@@ -262,6 +271,10 @@ int main(int argc, char** argv) {
     }
     if (ck && every > 0 && r->step % every == 0 && r->step < steps) {
       if (!(st = save(r->step)).ok()) return Fail(st);
+    }
+    if (ck && memory_every > 0 && r->step % memory_every == 0) {
+      nlohmann::json ts = {{"seed", seed}, {"examples_seen", r->step * batch * world}};
+      if (!(st = ck->SaveToMemory(engine.state_view(), ts)).ok()) return Fail(st);
     }
     if (ck && !(st = ck->Poll()).ok()) return Fail(st);  // commits a save once every rank has written it
     if (ck) {
