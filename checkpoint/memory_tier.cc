@@ -414,6 +414,10 @@ Result<std::unique_ptr<MemoryTier>> MemoryTier::Create(Communicator* comm, const
     if (::statvfs(impl->rank_dir.c_str(), &vfs) != 0) return ErrnoStatus(errno, "memory tier: " + impl->rank_dir);
     impl->stats.budget_bytes = o.budget_bytes > 0 ? o.budget_bytes : static_cast<int64_t>(vfs.f_bavail) * static_cast<int64_t>(vfs.f_frsize);
     impl->stats.bytes_held = TreeBytes(impl->rank_dir);
+    // What a previous run left is this run's until it is superseded: never removed at a normal exit
+    // before a disk checkpoint holds something as new (a run that resumed from it and stopped early).
+    const std::vector<int64_t> held = Steps(impl->own_dir);
+    impl->stats.step = held.empty() ? -1 : held.front();
     if (o.budget_bytes == 0) impl->stats.budget_bytes += impl->stats.bytes_held;
     return Status();
   }();
@@ -429,8 +433,11 @@ MemoryTier::~MemoryTier() {
     if (t.gen->replica_sealed.valid()) (void)t.gen->replica_sealed.get();
     t.gen.reset();
   }
-  if (t.stats.step > t.superseded) {
-    ZRT_LOG(kInfo) << "memory tier: keeping step " << t.stats.step << " in " << t.rank_dir << " (newer than the last disk checkpoint"
+  // What the files hold decides (a resume may have placed a replica here since the last commit).
+  const std::vector<int64_t> held = Steps(t.own_dir);
+  const int64_t newest = held.empty() ? -1 : held.front();
+  if (newest > t.superseded) {
+    ZRT_LOG(kInfo) << "memory tier: keeping step " << newest << " in " << t.rank_dir << " (newer than the last disk checkpoint"
                    << (t.superseded >= 0 ? ", step " + std::to_string(t.superseded) : std::string()) << ") for a restart";
     return;
   }

@@ -48,7 +48,7 @@ struct MemoryTierOptions {
 };
 
 struct MemoryTierStats {
-  int64_t step = -1;             // the newest committed generation (-1: none)
+  int64_t step = -1;             // the newest generation held (committed, or left by the previous run; -1: none)
   double stall_seconds = 0;      // the last save's snapshot (what training waited for)
   double write_seconds = 0;      // background: checksums, index, rename of the own copy
   double replica_seconds = 0;    // from the save to the replica being whole on its holder

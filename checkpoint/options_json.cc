@@ -22,6 +22,19 @@ Result<CheckpointOptions> CheckpointOptionsFromJson(const nlohmann::json& j, con
     ASSIGN_OR_RETURN(JsonReader io, r.Child("io"));
     RETURN_IF_ERROR(ReadIoOptions(io, &o.io));
   }
+  if (j.is_object() && j.contains("memory")) {  // its presence turns the memory tier on
+    MemoryTierOptions t = o.memory.value_or(MemoryTierOptions{});
+    ASSIGN_OR_RETURN(JsonReader m, r.Child("memory"));
+    RETURN_IF_ERROR(m.Read("dir", &t.dir));
+    RETURN_IF_ERROR(m.Read("replicate", &t.replicate));
+    RETURN_IF_ERROR(m.Read("ranks_per_node", &t.ranks_per_node));
+    RETURN_IF_ERROR(m.Read("budget_bytes", &t.budget_bytes));
+    RETURN_IF_ERROR(m.Finish());
+    if (t.dir.empty()) return InvalidArgumentError(m.Path("dir"), ": must not be empty");
+    if (t.ranks_per_node < 0) return InvalidArgumentError(m.Path("ranks_per_node"), ": must be >= 0 (0 = from the launcher)");
+    if (t.budget_bytes < 0) return InvalidArgumentError(m.Path("budget_bytes"), ": must be >= 0 (0 = the free space of dir)");
+    o.memory = t;
+  }
   RETURN_IF_ERROR(r.Finish());
   if (o.chunk_elements < 1024 || o.chunk_elements % 1024 != 0) {
     return InvalidArgumentError(r.Path("chunk_elements"), ": must be a positive multiple of 1024, got ", o.chunk_elements);

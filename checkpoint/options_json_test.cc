@@ -24,6 +24,19 @@ TEST(CheckpointOptionsJson, EveryFieldIsRead) {
   EXPECT_EQ(o->io.queue_depth, 16);
   EXPECT_EQ(o->io.block_bytes, 262144);
   EXPECT_EQ(o->io.threads, 3);
+  EXPECT_FALSE(o->memory.has_value());  // no "memory": no tier
+  j = ParseJson(R"({"memory": {"dir": "/dev/shm/x", "replicate": false, "ranks_per_node": 8, "budget_bytes": 1048576}})", "test");
+  ASSERT_TRUE(j.ok());
+  o = CheckpointOptionsFromJson(*j);
+  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_TRUE(o->memory.has_value());
+  EXPECT_EQ(o->memory->dir, "/dev/shm/x");
+  EXPECT_FALSE(o->memory->replicate);
+  EXPECT_EQ(o->memory->ranks_per_node, 8);
+  EXPECT_EQ(o->memory->budget_bytes, 1048576);
+  j = ParseJson(R"({"memory": {}})", "test");
+  o = CheckpointOptionsFromJson(*j);
+  ASSERT_TRUE(o.ok() && o->memory.has_value() && o->memory->dir == "/dev/shm");
 }
 
 TEST(CheckpointOptionsJson, UnknownKeysAndBadValuesAreRefusedWithTheirPath) {
@@ -34,6 +47,9 @@ TEST(CheckpointOptionsJson, UnknownKeysAndBadValuesAreRefusedWithTheirPath) {
       {R"({"chunk_elements": 1000})", "checkpoint.chunk_elements: must be a positive multiple of 1024"},
       {R"({"keep_last": -1})", "checkpoint.keep_last"},
       {R"({"root": 7})", "checkpoint.root: expected a string"},
+      {R"({"memory": {"budget": 1}})", "checkpoint.memory.budget"},
+      {R"({"memory": {"ranks_per_node": -1}})", "checkpoint.memory.ranks_per_node: must be >= 0"},
+      {R"({"memory": {"dir": ""}})", "checkpoint.memory.dir: must not be empty"},
   };
   for (const auto& [text, want] : cases) {
     auto j = ParseJson(text, "test");

@@ -1,0 +1,230 @@
+// bench/recovery (under mpirun; ./scripts/bench runs it on 2 and 4 ranks): what a failure costs with
+// the memory tier and without, a bf16 + Adam model at stage 3.
+//   tier overhead per step   steps with a memory-tier snapshot every K = 1 and K = 10 steps vs none;
+//                            the snapshot's rate beside memcpy into touched memory (the tier's limit)
+//   restart to first step    after (a) a rank killed: its own copy in node-local memory, (b) its
+//                            node lost: the replica on the other node, (c) disk only (caches dropped
+//                            where allowed): Resume + one step, the restore rate beside memcpy (a, b)
+//                            or fio's sequential read (c)
+//   work lost per failure    steps since the newest state each tier held, and the expected value for a
+//                            kill at a random moment (K/2 + the commit's step; disk: its interval / 2)
+//
+//   mpirun -n 4 recovery_bench --dir DIR --shm DIR [--params P] [--disk-every D] [--fio-read-mbps R]
+#include <CLI/CLI.hpp>
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "bench/bench_util.h"
+#include "zrt/checkpoint/checkpointer.h"
+#include "zrt/core/mpi_communicator.h"
+#include "zrt/runtime/engine.h"
+
+using namespace zrt;
+using namespace zrt::ckpt;
+
+namespace {
+double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+double MaxOver(double v) {
+  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return v;
+}
+double SumOver(double v) {
+  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  return v;
+}
+std::unique_ptr<ZeroEngine> MakeEngine(Communicator* comm, Device* dev, int64_t params, int groups) {
+  EngineConfig cfg;
+  cfg.stage = 3;
+  cfg.optimizer_threads = 1;
+  auto e = ZeroEngine::Create(comm, dev, cfg).value();
+  for (int g = 0; g < groups; ++g) (void)e->AddParam("w" + std::to_string(g), {params / groups}, DType::kBF16, {.group = "l" + std::to_string(g)});
+  (void)e->Finalize([](int64_t p, int64_t off, int64_t n, float* out) {
+    for (int64_t i = 0; i < n; ++i) out[i] = 0.02f * std::sin(0.001f * static_cast<float>(off + i) + static_cast<float>(p));
+  });
+  return e;
+}
+void Step(ZeroEngine& e, int64_t n) {
+  for (int g = e.num_groups() - 1; g >= 0; --g) {
+    (void)e.Gather(g);
+    auto* h = static_cast<uint16_t*>(*e.GradBuffer(g));
+    for (int64_t i = 0; i < n; i += 4096) h[i] = FloatToBf16(1e-3f * static_cast<float>(e.steps() % 7 + 1));
+    (void)e.Release(g);
+    (void)e.GradsReady(g);
+  }
+  (void)e.Step();
+}
+void DropCaches() {
+  std::ofstream f("/proc/sys/vm/drop_caches");
+  if (f) f << "3\n";
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t params = 25'000'000;
+  int groups = 8, disk_every = 10, ranks_per_node = 0, steps = 20;
+  double fio_r = -1;
+  std::string dir, shm = "/dev/shm";
+  CLI::App app{"recovery_bench: the memory tier's cost per step and the time from a restart to the first step, by tier"};
+  app.add_option("--dir", dir, "disk checkpoint root (written only here, and removed)")->required();
+  app.add_option("--shm", shm, "node-local memory for the tier (tmpfs)")->capture_default_str();
+  app.add_option("--params", params, "bf16 parameters + Adam state")->capture_default_str();
+  app.add_option("--steps", steps, "timed steps per overhead case (at least 2 snapshots at K = 10)")->capture_default_str();
+  app.add_option("--disk-every", disk_every, "disk checkpoint interval of the failure case")->capture_default_str();
+  app.add_option("--ranks-per-node", ranks_per_node, "emulated node size (0: half the ranks, at least 1)");
+  app.add_option("--fio-read-mbps", fio_r, "fio's sequential read rate on the disk's filesystem");
+  CLI11_PARSE(app, argc, argv);
+  auto session = MpiSession::Init(&argc, &argv).value();
+  auto comm = MpiCommunicator::Create().value();
+  const int rank = comm->rank(), n = comm->size();
+  if (ranks_per_node <= 0) ranks_per_node = std::max(1, n / 2);
+  if (rank == 0) std::filesystem::remove_all(dir);
+  comm->Barrier().IgnoreError();
+  CpuDevice dev;
+  MemoryTierOptions tier{.dir = shm, .ranks_per_node = ranks_per_node};
+
+  // The tier's limit: memcpy of this rank's state into touched memory.
+  auto e = MakeEngine(comm.get(), &dev, params, groups);
+  int64_t bytes = 0;
+  for (const StateGroup& g : e->state_view().groups) {
+    for (const StateBuffer& b : g.buffers) bytes += b.count * 4;
+  }
+  std::vector<char> sink(static_cast<size_t>(bytes), 1);
+  double t = Now();
+  int64_t off = 0;
+  for (const StateGroup& g : e->state_view().groups) {
+    for (const StateBuffer& b : g.buffers) {
+      std::memcpy(sink.data() + off, b.data, static_cast<size_t>(b.count) * 4);
+      off += b.count * 4;
+    }
+  }
+  const double memcpy_s = MaxOver(Now() - t);
+  std::vector<char>().swap(sink);
+  const double mem_mbps = static_cast<double>(bytes) / memcpy_s / 1e6;
+
+  // Overhead per step: no tier, K = 1, K = 10 (the same engine, a fresh checkpointer each).
+  double per_step[3] = {0, 0, 0}, stall = 0, replica_s = 0;
+  const int ks[3] = {0, 1, 10};
+  for (int c = 0; c < 3; ++c) {
+    const int k = ks[c];
+    CheckpointOptions co{.root = dir + "/overhead"};
+    if (k > 0) co.memory = tier;
+    auto ck = Checkpointer::Create(comm.get(), &dev, co).value();
+    Step(*e, params / groups);
+    if (k > 0) (void)ck->SaveToMemory(e->state_view());  // warm-up: the tier's files exist once
+    (void)ck->Wait();
+    comm->Barrier().IgnoreError();
+    t = Now();
+    const int timed = std::max(steps, 2 * k);
+    for (int s = 0; s < timed; ++s) {
+      Step(*e, params / groups);
+      if (k > 0 && e->steps() % k == 0) (void)ck->SaveToMemory(e->state_view());
+      (void)ck->Poll();
+    }
+    (void)ck->Wait();
+    per_step[c] = MaxOver(Now() - t) / timed;
+    if (k == 1) {
+      stall = MaxOver(ck->memory_stats()->stall_seconds);
+      replica_s = MaxOver(ck->memory_stats()->replica_seconds);
+    }
+    (void)ck->SaveAsync(e->state_view());  // supersedes the tier: it cleans up
+    (void)ck->Wait();
+  }
+  e.reset();
+  if (rank == 0) std::filesystem::remove_all(dir);
+  comm->Barrier().IgnoreError();
+
+  // A run that dies at step X: tier every step, disk every `disk_every`, X not on a disk step.
+  const int64_t die_at = 2 * disk_every + disk_every / 2;
+  {
+    auto e1 = MakeEngine(comm.get(), &dev, params, groups);
+    auto ck = Checkpointer::Create(comm.get(), &dev, {.root = dir + "/run", .memory = tier}).value();
+    while (e1->steps() < die_at) {
+      Step(*e1, params / groups);
+      if (e1->steps() % disk_every == 0) (void)ck->SaveAsync(e1->state_view());
+      (void)ck->SaveToMemory(e1->state_view());
+      (void)ck->Poll();
+    }
+    (void)ck->Wait();
+  }  // the tier keeps step X (newer than the disk's)
+  struct Restart {
+    double seconds = 0, first_step = 0, mbps = 0;
+    int64_t lost = 0;
+    std::string source;
+  };
+  auto restart = [&](bool with_tier) {
+    Restart r;
+    auto e2 = MakeEngine(comm.get(), &dev, params, groups);
+    CheckpointOptions co{.root = dir + "/run"};
+    if (with_tier) co.memory = tier;
+    auto ck = Checkpointer::Create(comm.get(), &dev, co).value();
+    if (!with_tier) {
+      if (rank == 0) DropCaches();
+    }
+    comm->Barrier().IgnoreError();
+    const double t0 = Now();
+    auto res = ck->Resume(e2->state_view());
+    const double t1 = Now();
+    Step(*e2, params / groups);
+    r.seconds = MaxOver(t1 - t0);
+    r.first_step = MaxOver(Now() - t0);
+    r.mbps = SumOver(static_cast<double>(bytes)) / r.seconds / 1e6;
+    r.lost = res.ok() ? die_at - res->step : -1;
+    r.source = res.ok() ? res->source : std::string(res.status().message());
+    return r;
+    // ck's destructor keeps the tier: it holds step X, newer than the disk's
+  };
+  const Restart local = restart(true);
+  // Node 0 lost: its ranks' tier directories (own copies and the replicas they held) gone.
+  if (rank == 0) {
+    for (int r = 0; r < ranks_per_node && r < n; ++r) std::filesystem::remove_all(MemoryTier::RankDir(dir + "/run", tier, r));
+  }
+  comm->Barrier().IgnoreError();
+  const Restart peer = restart(true);
+  const Restart disk = restart(false);
+  char src_peer[16] = {};
+  std::snprintf(src_peer, sizeof(src_peer), "%s", peer.source.c_str());
+  // Clean up: a final disk save supersedes the tier.
+  {
+    auto e3 = MakeEngine(comm.get(), &dev, params, groups);
+    auto ck = Checkpointer::Create(comm.get(), &dev, {.root = dir + "/run", .memory = tier}).value();
+    (void)ck->Resume(e3->state_view());
+    (void)ck->SaveAsync(e3->state_view());
+    (void)ck->Wait();
+  }
+  if (rank == 0) std::filesystem::remove_all(dir);
+
+  if (rank == 0) {
+    const double snap_mbps = static_cast<double>(bytes) / stall / 1e6;
+    std::printf("bench/recovery: %.0fM bf16 parameters + Adam, stage 3, %d ranks (nodes of %d emulated), %s of fp32 state per rank\n",
+                params / 1e6, n, ranks_per_node, FormatBytes(bytes).c_str());
+    std::printf("  step time           %8.1f ms no tier   %8.1f ms tier K=1 (+%.1f ms)   %8.1f ms tier K=10 (+%.1f ms)\n",
+                per_step[0] * 1e3, per_step[1] * 1e3, (per_step[1] - per_step[0]) * 1e3, per_step[2] * 1e3,
+                (per_step[2] - per_step[0]) * 1e3);
+    std::printf("  snapshot stall      %8.1f ms = %6.0f MB/s per rank   memcpy %6.0f MB/s   ratio %.2f; replica whole after %.1f ms\n",
+                stall * 1e3, snap_mbps, mem_mbps, snap_mbps / mem_mbps, replica_s * 1e3);
+    const double all_mem = mem_mbps * n;
+    std::printf("  restart, rank killed  (own copy)  %7.3f s to resume (%6.0f MB/s, memcpy %6.0f), %7.3f s to the first step; %lld steps lost here, %.1f expected\n",
+                local.seconds, local.mbps, all_mem, local.first_step, static_cast<long long>(local.lost), 1.5);
+    std::printf("  restart, node lost    (%-8s)  %7.3f s to resume (%6.0f MB/s, memcpy %6.0f), %7.3f s to the first step; %lld steps lost here, %.1f expected\n",
+                src_peer, peer.seconds, peer.mbps, all_mem, peer.first_step, static_cast<long long>(peer.lost), 1.5);
+    std::printf("  restart, disk only    (%-8s)  %7.3f s to resume (%6.0f MB/s, fio read %6.0f), %7.3f s to the first step; %lld steps lost here, %.1f expected\n",
+                disk.source.c_str(), disk.seconds, disk.mbps, fio_r, disk.first_step, static_cast<long long>(disk.lost),
+                disk_every / 2.0 + 1);
+    bench::PrintResult("recovery", "step, tier K=1", per_step[1] * 1e3, "ms", per_step[0] * 1e3, "step without tier ms");
+    bench::PrintResult("recovery", "step, tier K=10", per_step[2] * 1e3, "ms", per_step[0] * 1e3, "step without tier ms");
+    bench::PrintResult("recovery", "snapshot rate", snap_mbps, "MB/s", mem_mbps, "memcpy MB/s");
+    bench::PrintResult("recovery", "resume, rank killed", local.mbps, "MB/s", all_mem, "memcpy MB/s");
+    bench::PrintResult("recovery", "resume, node lost", peer.mbps, "MB/s", all_mem, "memcpy MB/s");
+    bench::PrintResult("recovery", "resume, disk", disk.mbps, "MB/s", fio_r, "fio seq read MB/s");
+    bench::PrintResult("recovery", "restart to first step, rank killed", local.first_step, "s", disk.first_step, "disk only s");
+    bench::PrintResult("recovery", "restart to first step, node lost", peer.first_step, "s", disk.first_step, "disk only s");
+  }
+  return 0;
+}
