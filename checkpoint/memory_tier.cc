@@ -448,6 +448,11 @@ MemoryTier::~MemoryTier() {
 Status MemoryTier::Save(const StateView& state, const nlohmann::json& trainer_state) {
   Impl& t = *impl_;
   if (t.gen) RETURN_IF_ERROR(t.Commit(), "committing the previous snapshot");
+  // The step every rank already holds is kept as it is (replacing it would leave a moment with no
+  // whole copy of it); agreed, since what a previous run left may differ between ranks.
+  float held = t.stats.step == state.counters.step ? 1.0f : 0.0f;
+  RETURN_IF_ERROR(t.comm->AllReduce(&held, &held, 1, DType::kF32, ReduceOp::kMin), "memory tier");
+  if (held > 0) return Status();
   char nonce[17] = {};
   if (t.comm->rank() == 0) std::snprintf(nonce, sizeof(nonce), "%s", NewNonce().c_str());
   RETURN_IF_ERROR(t.comm->Broadcast(nonce, sizeof(nonce), DType::kBytes, 0), "memory tier nonce");

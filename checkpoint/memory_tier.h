@@ -69,6 +69,7 @@ class MemoryTier {
 
   // Collective: snapshot `state` (its counters and trainer_state as a disk checkpoint would) as
   // generation `state.counters.step`. Waits for the previous generation first (never two in flight).
+  // A step every rank already holds is not snapshotted again.
   // Training waits for the copy of this rank's state into the tier; the checksums, the index and the
   // replica's transfer and write run in the background until Poll/Wait commit it.
   Status Save(const StateView& state, const nlohmann::json& trainer_state = nlohmann::json::object());
