@@ -434,8 +434,11 @@ MemoryTier::~MemoryTier() {
     t.gen.reset();
   }
   // What the files hold decides (a resume may have placed a replica here since the last commit).
-  const std::vector<int64_t> held = Steps(t.own_dir);
-  const int64_t newest = held.empty() ? -1 : held.front();
+  int64_t newest = -1;
+  for (const std::string& parent : {t.own_dir, t.replica_dir}) {
+    const std::vector<int64_t> held = parent.empty() ? std::vector<int64_t>{} : Steps(parent);
+    if (!held.empty()) newest = std::max(newest, held.front());
+  }
   if (newest > t.superseded) {
     ZRT_LOG(kInfo) << "memory tier: keeping step " << newest << " in " << t.rank_dir << " (newer than the last disk checkpoint"
                    << (t.superseded >= 0 ? ", step " + std::to_string(t.superseded) : std::string()) << ") for a restart";
@@ -603,8 +606,14 @@ Result<LoadResult> LoadFromTier(Communicator* comm, const std::string& root, con
   }
   int64_t in[3] = {0, 0, 0};
   RETURN_IF_ERROR(comm->Shift(sizes, sizeof(sizes), in, sizeof(in), -d), "memory tier: restoring step ", step);
-  const bool receiving = needs[static_cast<size_t>(r)] != 0 && in[2] > 0 && in[0] > 0 && in[0] <= kMaxJsonBytes && in[1] > 0 &&
-                         in[1] <= kMaxJsonBytes;
+  // What this rank's data file must be (PlanFile's layout of its shard): nothing else is taken, so a
+  // bad file on the holder cannot make this rank allocate what it likes.
+  int64_t expected = 0;
+  for (const StateGroup& g : target.groups) {
+    for (const StateBuffer& b : g.buffers) expected = AlignUp(expected) + b.count * 4;
+  }
+  const bool receiving = needs[static_cast<size_t>(r)] != 0 && in[2] == expected && expected > 0 && in[0] > 0 &&
+                         in[0] <= kMaxJsonBytes && in[1] > 0 && in[1] <= kMaxJsonBytes;
   const std::string tmp = own + ".tmp";
   std::string got[2];
   Mapping into;

@@ -130,6 +130,8 @@ class TierTest : public ::testing::TestWithParam<Case> {
     EXPECT_GT(st->snapshot_bytes, 0);
     EXPECT_GE(st->bytes_held, st->snapshot_bytes * (n() > 1 ? 2 : 1));
     EXPECT_LE(st->bytes_held, st->budget_bytes);
+    ck.reset();
+    ASSERT_TRUE(comm_->Barrier().ok());  // every rank's objects gone before the test touches the files
   }
   // Resumes a fresh engine, checks every rank resumed the same step, trains to 8, compares to the
   // reference. Returns this rank's source.
@@ -229,6 +231,22 @@ TEST_P(TierTest, ARankWithNoUsableCopyMakesEveryRankResumeFromDisk) {
     if (n() > 1) fs::remove_all(ReplicaOf(0, 5));
   });
   // The disk checkpoint of step 4 (saves at 2 and 4).
+  const auto sources = Gather(ResumeAndFinish(4));
+  for (const std::string& s : sources) EXPECT_EQ(s, "disk");
+}
+
+TEST_P(TierTest, AReplicaThatIsNotWhatItsRankNeedsIsRefusedAndEveryRankUsesDisk) {
+  if (n() == 1) GTEST_SKIP() << "replicas need a peer";
+  reference_ = Reference(8);
+  RunAndDie();
+  // Rank 0's own copy gone, and the replica its holder would send has grown by a few MiB (a bad file
+  // must not make rank 0 allocate what the file says, nor be loaded).
+  OnRank0([&] {
+    fs::remove_all(fs::path(OwnData(0, 5)).parent_path());
+    for (const auto& f : fs::directory_iterator(ReplicaOf(0, 5))) {
+      if (f.path().extension() == ".data") fs::resize_file(f.path(), fs::file_size(f.path()) + (4 << 20));
+    }
+  });
   const auto sources = Gather(ResumeAndFinish(4));
   for (const std::string& s : sources) EXPECT_EQ(s, "disk");
 }
