@@ -157,26 +157,37 @@ Result<char*> ThreadBuffer(size_t bytes) {
 
 }  // namespace
 
+Status CheckRawChunkSize(const IoFile& f, const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k) {
+  const ChunkEntry& c = r.chunks[k];
+  if (c.codec == Codec::kRaw && c.stored_bytes != c.elements * 4) {  // before reading: `out` holds the elements
+    return DataLossError(f.path(), ": ", ChunkName(m, l, r, k), ": raw chunk of ", c.stored_bytes, " bytes, expected ", c.elements * 4);
+  }
+  return Status();
+}
+
+Status FinishChunkRead(const IoFile& f, const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k, const char* stored,
+                       float* out, std::vector<char>* scratch) {
+  const ChunkEntry& c = r.chunks[k];
+  if (Checksum(stored, static_cast<size_t>(c.stored_bytes)) != c.xxh3) {
+    return DataLossError(f.path(), ": ", ChunkName(m, l, r, k), ": checksum mismatch (the data is corrupt)");
+  }
+  if (c.codec == Codec::kRaw) return Status();
+  RETURN_IF_ERROR(DecodeChunk(c.codec, stored, static_cast<size_t>(c.stored_bytes), out, static_cast<size_t>(c.elements) * 4, 4, scratch),
+                  f.path(), ": ", ChunkName(m, l, r, k));
+  return Status();
+}
+
 Status ReadChunkInto(IoEngine& io, const IoFile& f, const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k,
                      float* out, std::vector<char>* scratch, int64_t* bytes_read) {
   const ChunkEntry& c = r.chunks[k];
-  const bool in_place = c.codec == Codec::kRaw;  // stored bytes are the elements: read where they go
-  if (in_place && c.stored_bytes != c.elements * 4) {  // before reading: `out` holds the elements
-    return DataLossError(f.path(), ": ", ChunkName(m, l, r, k), ": raw chunk of ", c.stored_bytes, " bytes, expected ", c.elements * 4);
-  }
-  char* buf = reinterpret_cast<char*>(out);
-  if (!in_place) {
+  RETURN_IF_ERROR(CheckRawChunkSize(f, m, l, r, k));
+  char* buf = reinterpret_cast<char*>(out);  // raw: the stored bytes are the elements, read where they go
+  if (c.codec != Codec::kRaw) {
     ASSIGN_OR_RETURN(buf, ThreadBuffer(static_cast<size_t>(c.stored_bytes)), ChunkName(m, l, r, k));
   }
   RETURN_IF_ERROR(io.ReadSync(f, buf, static_cast<size_t>(c.stored_bytes), c.file_offset), ChunkName(m, l, r, k));
   *bytes_read += c.stored_bytes;
-  if (Checksum(buf, static_cast<size_t>(c.stored_bytes)) != c.xxh3) {
-    return DataLossError(f.path(), ": ", ChunkName(m, l, r, k), ": checksum mismatch (the data is corrupt)");
-  }
-  if (in_place) return Status();
-  RETURN_IF_ERROR(DecodeChunk(c.codec, buf, static_cast<size_t>(c.stored_bytes), out, static_cast<size_t>(c.elements) * 4, 4, scratch),
-                  f.path(), ": ", ChunkName(m, l, r, k));
-  return Status();
+  return FinishChunkRead(f, m, l, r, k, buf, out, scratch);
 }
 
 Status ReadChunk(IoEngine& io, const IoFile& f, const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k,

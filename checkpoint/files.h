@@ -65,5 +65,11 @@ Status ReadChunk(IoEngine& io, const IoFile& f, const Manifest& m, const ShardLa
 // to kIoAlignment: a raw chunk is read straight into it (O_DIRECT) and checked in place, no copy.
 Status ReadChunkInto(IoEngine& io, const IoFile& f, const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k,
                      float* out, std::vector<char>* scratch, int64_t* bytes_read);
+// The halves of ReadChunkInto for a caller that issues the read itself (Load's read-ahead): a raw
+// chunk's stored size must be its elements' (checked before reading into `out`); then `stored` (chunk
+// k's bytes as read: `out` itself for a raw chunk) is checked against its checksum and decoded into out.
+Status CheckRawChunkSize(const IoFile& f, const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k);
+Status FinishChunkRead(const IoFile& f, const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k, const char* stored,
+                       float* out, std::vector<char>* scratch);
 
 }  // namespace zrt::ckpt

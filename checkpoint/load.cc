@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <list>
 #include <map>
 #include <memory>
@@ -17,14 +18,38 @@ namespace zrt::ckpt {
 
 namespace {
 
+struct FreeFloatsFwd {
+  void operator()(void* p) const { std::free(p); }
+};
+
 // The saved shards, opened on demand: each index is read and checked against the manifest (its chunks
 // tile every (group, kind) exactly once) before any of its chunks is read.
 class ShardSource {
  public:
   ShardSource(const CheckpointDir& dir, const Manifest& m, std::vector<ShardLayout> layouts, IoEngine& io)
       : dir_(dir), m_(m), io_(io), layouts_(std::move(layouts)) {}
+  ~ShardSource() {
+    for (Ahead& a : ahead_) (void)a.handle.Wait();  // nothing is freed while the engine still writes it
+  }
   const ShardLayout& layout(int g) const { return layouts_[static_cast<size_t>(g)]; }
   int64_t bytes_read() const { return bytes_read_; }
+
+  // Read-ahead: the chunks Read will be asked for, in order (Load plans every read before the first).
+  // They are read asynchronously through the IoEngine, `window` bytes at most in flight or waiting,
+  // and each is checked when Read reaches it while the next ones are on their way.
+  Status Plan(int rank, int group, int kind, int64_t begin, int64_t count) {
+    ASSIGN_OR_RETURN(Rank * r, Open(rank));
+    const auto& list = r->by_kind[{group, kind}];
+    auto it = std::upper_bound(list.begin(), list.end(), begin, [&](int64_t v, size_t k) { return v < r->index.chunks[k].elem_offset; });
+    if (it != list.begin()) --it;
+    for (; it != list.end() && r->index.chunks[*it].elem_offset < begin + count; ++it) {
+      if (!plan_.empty() && plan_.back().first == rank && plan_.back().second == *it) continue;
+      plan_.emplace_back(rank, *it);
+    }
+    return Status();
+  }
+  // Starts the read-ahead of what was planned.
+  void Start() { Pump(); }
 
   // Copies elements [begin, begin+count) of saved rank `rank`'s shard of (group, kind) into dst.
   Status Read(int rank, int group, int kind, int64_t begin, int64_t count, float* dst) {
@@ -65,6 +90,58 @@ class ShardSource {
     }
     return (ranks_[rank] = std::move(r)).get();
   }
+  static size_t Need(const ChunkEntry& ce) {
+    return (static_cast<size_t>(std::max(ce.elements * 4, ce.stored_bytes)) + kIoAlignment - 1) / kIoAlignment * kIoAlignment;
+  }
+  // An aligned buffer of at least `need` bytes: a spare one (the cache's oldest entry's, or one
+  // returned by the read-ahead) when large enough, else a new one.
+  Result<std::unique_ptr<float, FreeFloatsFwd>> Buffer(size_t need, size_t* capacity, const std::string& file) {
+    for (auto it = spare_.begin(); it != spare_.end(); ++it) {
+      if (it->second >= need) {
+        *capacity = it->second;
+        auto p = std::move(it->first);
+        spare_.erase(it);
+        return p;
+      }
+    }
+    std::unique_ptr<float, FreeFloatsFwd> p(static_cast<float*>(std::aligned_alloc(kIoAlignment, need)));
+    if (!p) return OutOfMemoryError(file, ": no memory for a chunk of ", need, " bytes");
+    *capacity = need;
+    return p;
+  }
+  void Spare(std::unique_ptr<float, FreeFloatsFwd> p, size_t capacity) {
+    if (spare_.size() < 64) spare_.emplace_back(std::move(p), capacity);
+  }
+  // Issues reads for planned chunks while the window has room.
+  void Pump() {
+    while (next_ < plan_.size() && ahead_bytes_ < window_) {
+      const auto [rank, k] = plan_[next_++];
+      Rank& r = *ranks_.at(rank);
+      const ChunkEntry& ce = r.index.chunks[k];
+      bool cached = false;
+      for (const Cached& c : cache_) cached = cached || (c.rank == rank && c.chunk == k);
+      if (cached || !CheckRawChunkSize(r.file, m_, layouts_[static_cast<size_t>(ce.group)], r.index, k).ok()) continue;  // read (and refused) in order
+      Ahead a{rank, k, nullptr, 0, nullptr, 0, IoHandle()};
+      auto data = Buffer(Need(ce), &a.capacity, r.index.data_file);
+      if (!data.ok()) return;
+      a.data = std::move(*data);
+      char* into = reinterpret_cast<char*>(a.data.get());
+      if (ce.codec != Codec::kRaw) {
+        auto stored = Buffer(static_cast<size_t>(ce.stored_bytes), &a.stored_capacity, r.index.data_file);
+        if (!stored.ok()) return;
+        a.stored = std::move(*stored);
+        into = reinterpret_cast<char*>(a.stored.get());
+      }
+      auto h = io_.Read(r.file, into, static_cast<size_t>(ce.stored_bytes), ce.file_offset);
+      if (!h.ok()) {  // Read finds it not ahead and reads it itself, reporting the error
+        Spare(std::move(a.data), a.capacity);
+        return;
+      }
+      a.handle = std::move(*h);
+      ahead_bytes_ += static_cast<int64_t>(a.capacity + a.stored_capacity);
+      ahead_.push_back(std::move(a));
+    }
+  }
   Result<const float*> Decoded(Rank& r, size_t k) {
     for (auto it = cache_.begin(); it != cache_.end(); ++it) {
       if (it->rank == r.index.rank && it->chunk == k) {
@@ -73,28 +150,35 @@ class ShardSource {
       }
     }
     const ChunkEntry& ce = r.index.chunks[k];
-    const size_t need = (static_cast<size_t>(std::max(ce.elements * 4, ce.stored_bytes)) + kIoAlignment - 1) / kIoAlignment * kIoAlignment;
+    const int g = ce.group;  // in range: the index was validated
     Cached c{r.index.rank, k, nullptr, 0};
-    if (cache_.size() >= 4) {  // the oldest entry's memory holds the new chunk when it is large enough
-      if (cache_.back().capacity >= need) {
-        c.data = std::move(cache_.back().data);
-        c.capacity = cache_.back().capacity;
-      }
+    if (cache_.size() >= 4) {  // the oldest entry's memory is reused
+      Spare(std::move(cache_.back().data), cache_.back().capacity);
       cache_.pop_back();
     }
-    if (!c.data) {
-      c.data.reset(static_cast<float*>(std::aligned_alloc(kIoAlignment, need)));
-      if (!c.data) return OutOfMemoryError(r.index.data_file, ": no memory for a chunk of ", need, " bytes");
-      c.capacity = need;
+    auto ahead = std::find_if(ahead_.begin(), ahead_.end(), [&](const Ahead& a) { return a.rank == r.index.rank && a.chunk == k; });
+    if (ahead != ahead_.end()) {
+      Ahead a = std::move(*ahead);
+      ahead_.erase(ahead);
+      ahead_bytes_ -= static_cast<int64_t>(a.capacity + a.stored_capacity);
+      Status s = a.handle.Wait().WithContext(ChunkName(m_, layouts_[static_cast<size_t>(g)], r.index, k));
+      const char* stored = a.stored ? reinterpret_cast<const char*>(a.stored.get()) : reinterpret_cast<const char*>(a.data.get());
+      if (s.ok()) s = FinishChunkRead(r.file, m_, layouts_[static_cast<size_t>(g)], r.index, k, stored, a.data.get(), &scratch_);
+      if (a.stored) Spare(std::move(a.stored), a.stored_capacity);
+      Pump();
+      if (!s.ok()) return s;
+      bytes_read_ += ce.stored_bytes;
+      c.data = std::move(a.data);
+      c.capacity = a.capacity;
+    } else {
+      ASSIGN_OR_RETURN(c.data, Buffer(Need(ce), &c.capacity, r.index.data_file));
+      RETURN_IF_ERROR(ReadChunkInto(io_, r.file, m_, layouts_[static_cast<size_t>(g)], r.index, k, c.data.get(), &scratch_, &bytes_read_));
+      Pump();
     }
-    const int g = ce.group;  // in range: the index was validated
-    RETURN_IF_ERROR(ReadChunkInto(io_, r.file, m_, layouts_[static_cast<size_t>(g)], r.index, k, c.data.get(), &scratch_, &bytes_read_));
     cache_.push_front(std::move(c));
     return cache_.front().data.get();
   }
-  struct FreeFloats {
-    void operator()(float* p) const { std::free(p); }
-  };
+  using FreeFloats = FreeFloatsFwd;
   // A few decoded chunks stay cached: consecutive pieces usually fall in the same chunk.
   struct Cached {
     int rank;
@@ -108,6 +192,21 @@ class ShardSource {
   std::vector<ShardLayout> layouts_;
   std::map<int, std::unique_ptr<Rank>> ranks_;
   std::list<Cached> cache_;
+  // Read-ahead (Plan): chunks read or being read ahead of Read, in plan order.
+  struct Ahead {
+    int rank;
+    size_t chunk;
+    std::unique_ptr<float, FreeFloats> data;  // the decoded chunk's buffer (a raw chunk is read into it)
+    size_t capacity;
+    std::unique_ptr<float, FreeFloats> stored;  // a compressed chunk's stored bytes
+    size_t stored_capacity;
+    IoHandle handle;
+  };
+  std::vector<std::pair<int, size_t>> plan_;
+  size_t next_ = 0;
+  std::deque<Ahead> ahead_;
+  int64_t ahead_bytes_ = 0, window_ = int64_t{64} << 20;
+  std::vector<std::pair<std::unique_ptr<float, FreeFloats>, size_t>> spare_;
   std::vector<char> scratch_;
   int64_t bytes_read_ = 0;
 };
@@ -212,39 +311,59 @@ Result<LoadResult> Load(const std::string& dir, const StateView& target, const L
     }
     r.unexpected.push_back("tensor '" + name + "'");
   }
-  ShardSource src(cd, m, saved, *io);
-  for (const StateGroup& tg : target.groups) {
+  // Every buffer's sources first (one check per tensor), then every read planned in the order the
+  // fill makes them (the read-ahead's order), then the fill.
+  struct Source {
+    ShardPiece piece;  // in the target shard
+    int group, tensor, kind;
+  };
+  std::vector<std::vector<std::vector<Source>>> sources(target.groups.size());
+  for (size_t gi = 0; gi < target.groups.size(); ++gi) {
+    const StateGroup& tg = target.groups[gi];
     const int rank = tg.layout.world_size() == 1 ? 0 : target.rank;
     for (const StateBuffer& b : tg.buffers) {
       if (b.dtype != DType::kF32) return InvalidArgumentError("load: state '", b.kind, "' must be f32");
       if (!b.resident() && !b.write) return InvalidArgumentError("load: state '", b.kind, "' of group '", tg.name, "' is not resident and has no write");
-      // Resolve this buffer's pieces first (one check per tensor).
-      struct Source {
-        ShardPiece piece;  // in the target shard
-        int group, tensor, kind;
-      };
-      std::vector<Source> sources;
-      if (!options.params_only || b.kind == "master") {
-        for (const ShardPiece& p : tg.layout.RankPieces(rank)) {
-          const TensorSpec& spec = tg.tensors[static_cast<size_t>(p.tensor)];
-          auto w = where.find(spec.name);
-          if (w == where.end()) continue;  // not strict, reported above
-          const auto [g, t] = w->second;
-          const GroupEntry& ge = m.groups[static_cast<size_t>(g)];
-          const auto kind = std::find(ge.kinds.begin(), ge.kinds.end(), b.kind);
-          if (kind == ge.kinds.end()) {
-            if (options.strict || b.kind == "master") {
-              return DataLossError("load: checkpoint ", dir, " has no ", b.kind, " for tensor '", spec.name, "' (group '", ge.name,
-                                   "' saved ", ge.kinds.size(), " state kinds)");
-            }
-            if (p.tensor_offset == 0) r.missing.push_back("tensor '" + spec.name + "' (" + b.kind + ")");
-            continue;
+      std::vector<Source>& list = sources[gi].emplace_back();
+      if (options.params_only && b.kind != "master") continue;
+      for (const ShardPiece& p : tg.layout.RankPieces(rank)) {
+        const TensorSpec& spec = tg.tensors[static_cast<size_t>(p.tensor)];
+        auto w = where.find(spec.name);
+        if (w == where.end()) continue;  // not strict, reported above
+        const auto [g, t] = w->second;
+        const GroupEntry& ge = m.groups[static_cast<size_t>(g)];
+        const auto kind = std::find(ge.kinds.begin(), ge.kinds.end(), b.kind);
+        if (kind == ge.kinds.end()) {
+          if (options.strict || b.kind == "master") {
+            return DataLossError("load: checkpoint ", dir, " has no ", b.kind, " for tensor '", spec.name, "' (group '", ge.name,
+                                 "' saved ", ge.kinds.size(), " state kinds)");
           }
-          sources.push_back({p, g, t, static_cast<int>(kind - ge.kinds.begin())});
+          if (p.tensor_offset == 0) r.missing.push_back("tensor '" + spec.name + "' (" + b.kind + ")");
+          continue;
+        }
+        list.push_back({p, g, t, static_cast<int>(kind - ge.kinds.begin())});
+      }
+    }
+  }
+  ShardSource src(cd, m, saved, *io);
+  for (const auto& group : sources) {
+    for (const auto& list : group) {
+      for (const Source& sp : list) {
+        const ShardPiece& p = sp.piece;
+        for (const ShardPiece& op : saved[static_cast<size_t>(sp.group)].Locate(sp.tensor, p.tensor_offset, p.tensor_offset + p.count)) {
+          RETURN_IF_ERROR(src.Plan(op.rank, sp.group, sp.kind, op.shard_offset, op.count), "loading from ", dir);
         }
       }
+    }
+  }
+  src.Start();
+  for (size_t gi = 0; gi < target.groups.size(); ++gi) {
+    const StateGroup& tg = target.groups[gi];
+    for (size_t bi = 0; bi < tg.buffers.size(); ++bi) {
+      const StateBuffer& b = tg.buffers[bi];
+      const std::vector<Source>& list = sources[gi][bi];
       auto fill = [&](int64_t w0, int64_t w1, float* base) -> Status {
-        for (const Source& src_piece : sources) {
+        for (const Source& src_piece : list) {
           const ShardPiece& p = src_piece.piece;
           const int64_t lo = std::max(w0, p.shard_offset), hi = std::min(w1, p.shard_offset + p.count);
           if (lo >= hi) continue;

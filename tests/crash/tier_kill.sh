@@ -17,7 +17,7 @@ source "$(dirname "$0")/../support/kill.sh"  # rank_pids
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_btl_vader_single_copy_mechanism=none ZRT_LOG_LEVEL=warn
 mpi() { local n=$1; shift; mpirun -n "$n" --oversubscribe --bind-to none "$@"; }
-steps=240
+steps=1000
 args=(--steps $steps --stage 3 --batch 32 --every 40 --keep-last 2 --print-every 100000)
 rm -rf "$work"; mkdir -p "$work/shm"
 tier=(--memory-every 1 --memory-dir "$work/shm" --ranks-per-node 2)
@@ -36,7 +36,7 @@ run_and_kill() {
   mpi 4 "$bin" "${args[@]}" "${tier[@]}" --ckpt "$root" > "$log" 2>&1 &
   job=$!
   wait_for_tier $job
-  sleep "0.$((RANDOM % 8))"
+  sleep "$((RANDOM % 2)).$((RANDOM % 10))"
   victim=$(rank_pids "charlm.*--ckpt $root$" | shuf -n 1 --random-source=<(yes "$RANDOM") || true)
   local killed=1
   if [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null; then killed=0; fi
@@ -63,6 +63,8 @@ for attempt in $(seq 1 $((kills * 3))); do
     echo "   attempt $attempt: killed a rank; $(grep -h '^resumed from' "$work/run.$attempt.log" || echo 'fresh start')"
   fi
   grep -q "(memory)" "$work/run.$attempt.log" && from_memory=$((from_memory + 1))
+  # A run that ended before the kill came: start the next attempt from scratch.
+  if grep -q "^SUMMARY" "$work/run.$attempt.log"; then rm -rf "$work/run"; fi
 done
 [ $killed -ge 2 ] || { echo "FAIL: managed to kill only $killed runs"; exit 1; }
 finish "$work/run" "$work/run.final.log" "kills"
