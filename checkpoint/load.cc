@@ -51,6 +51,58 @@ class ShardSource {
   // Starts the read-ahead of what was planned.
   void Start() { Pump(); }
 
+  // The whole of saved rank `rank`'s (group, kind) straight into `dst` (`count` elements: a target
+  // buffer laid out exactly as the saved shard): raw chunks are read in place, 16 in flight, and
+  // checked there; no copy. Compressed chunks are decoded into place.
+  Status ReadWhole(int rank, int group, int kind, float* dst, int64_t count) {
+    ASSIGN_OR_RETURN(Rank * r, Open(rank));
+    const ShardLayout& l = layouts_[static_cast<size_t>(group)];
+    struct InFlight {
+      size_t k;
+      IoHandle h;
+    };
+    std::deque<InFlight> q;
+    auto finish = [&]() -> Status {
+      InFlight f = std::move(q.front());
+      q.pop_front();
+      Status st = f.h.Wait().WithContext(ChunkName(m_, l, r->index, f.k));
+      const ChunkEntry& c = r->index.chunks[f.k];
+      if (st.ok()) {
+        char* at = reinterpret_cast<char*>(dst + c.elem_offset);
+        st = FinishChunkRead(r->file, m_, l, r->index, f.k, at, dst + c.elem_offset, &scratch_);
+      }
+      if (st.ok()) bytes_read_ += c.stored_bytes;
+      return st;
+    };
+    Status s;
+    for (size_t k : r->by_kind[{group, kind}]) {
+      const ChunkEntry& c = r->index.chunks[k];
+      if (c.elem_offset < 0 || c.elem_offset + c.elements > count) {
+        s = DataLossError(r->index.data_file, ": ", ChunkName(m_, l, r->index, k), " outside the shard of ", count, " elements");
+        break;
+      }
+      if (c.codec != Codec::kRaw) {
+        while (!q.empty() && s.ok()) s = finish();
+        if (s.ok()) s = ReadChunkInto(io_, r->file, m_, l, r->index, k, dst + c.elem_offset, &scratch_, &bytes_read_);
+        if (!s.ok()) break;
+        continue;
+      }
+      if (!(s = CheckRawChunkSize(r->file, m_, l, r->index, k)).ok()) break;
+      auto h = io_.Read(r->file, dst + c.elem_offset, static_cast<size_t>(c.stored_bytes), c.file_offset);
+      if (!h.ok()) {
+        s = h.status().WithContext(ChunkName(m_, l, r->index, k));
+        break;
+      }
+      q.push_back({k, std::move(*h)});
+      if (q.size() >= 16 && !(s = finish()).ok()) break;
+    }
+    while (!q.empty()) {  // every read finishes before dst may be touched again
+      Status f = finish();
+      if (s.ok()) s = f;
+    }
+    return s;
+  }
+
   // Copies elements [begin, begin+count) of saved rank `rank`'s shard of (group, kind) into dst.
   Status Read(int rank, int group, int kind, int64_t begin, int64_t count, float* dst) {
     ASSIGN_OR_RETURN(Rank * r, Open(rank));
@@ -345,10 +397,36 @@ Result<LoadResult> Load(const std::string& dir, const StateView& target, const L
       }
     }
   }
+  // A target group laid out exactly as a saved one (same tensors at the same offsets, shard size and
+  // number of shards: a restart at the same size) is read straight into its resident buffers.
+  std::vector<int> same(target.groups.size(), -1);
+  for (size_t gi = 0; gi < target.groups.size(); ++gi) {
+    const StateGroup& tg = target.groups[gi];
+    if (tg.tensors.empty()) continue;
+    auto w = where.find(tg.tensors[0].name);
+    if (w == where.end() || w->second.second != 0) continue;
+    const int g = w->second.first;
+    const GroupEntry& ge = m.groups[static_cast<size_t>(g)];
+    bool equal = ge.tensors.size() == tg.tensors.size() && saved[static_cast<size_t>(g)].shard_size() == tg.layout.shard_size() &&
+                 saved[static_cast<size_t>(g)].world_size() == tg.layout.world_size();
+    for (size_t t = 0; equal && t < tg.tensors.size(); ++t) {
+      equal = ge.tensors[t].name == tg.tensors[t].name && ge.tensors[t].numel == tg.tensors[t].numel() &&
+              ge.tensors[t].offset == tg.layout.tensor_offset(static_cast<int64_t>(t));
+    }
+    if (equal) same[gi] = g;
+  }
+  auto whole = [&](size_t gi, size_t bi) -> int {  // the saved kind read whole into buffer bi, or -1
+    const StateBuffer& b = target.groups[gi].buffers[bi];
+    if (same[gi] < 0 || b.data == nullptr || (options.params_only && b.kind != "master")) return -1;
+    const GroupEntry& ge = m.groups[static_cast<size_t>(same[gi])];
+    const auto k = std::find(ge.kinds.begin(), ge.kinds.end(), b.kind);
+    return k == ge.kinds.end() ? -1 : static_cast<int>(k - ge.kinds.begin());
+  };
   ShardSource src(cd, m, saved, *io);
-  for (const auto& group : sources) {
-    for (const auto& list : group) {
-      for (const Source& sp : list) {
+  for (size_t gi = 0; gi < sources.size(); ++gi) {
+    for (size_t bi = 0; bi < sources[gi].size(); ++bi) {
+      if (whole(gi, bi) >= 0) continue;
+      for (const Source& sp : sources[gi][bi]) {
         const ShardPiece& p = sp.piece;
         for (const ShardPiece& op : saved[static_cast<size_t>(sp.group)].Locate(sp.tensor, p.tensor_offset, p.tensor_offset + p.count)) {
           RETURN_IF_ERROR(src.Plan(op.rank, sp.group, sp.kind, op.shard_offset, op.count), "loading from ", dir);
@@ -361,6 +439,12 @@ Result<LoadResult> Load(const std::string& dir, const StateView& target, const L
     const StateGroup& tg = target.groups[gi];
     for (size_t bi = 0; bi < tg.buffers.size(); ++bi) {
       const StateBuffer& b = tg.buffers[bi];
+      if (const int kind = whole(gi, bi); kind >= 0) {
+        const int rank = tg.layout.world_size() == 1 ? 0 : target.rank;
+        RETURN_IF_ERROR(src.ReadWhole(rank, same[gi], kind, static_cast<float*>(b.data), b.count), "loading group '", tg.name, "' (",
+                        b.kind, ") from ", dir);
+        continue;
+      }
       const std::vector<Source>& list = sources[gi][bi];
       auto fill = [&](int64_t w0, int64_t w1, float* base) -> Status {
         for (const Source& src_piece : list) {
