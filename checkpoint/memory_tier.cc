@@ -82,13 +82,39 @@ std::vector<int64_t> Steps(const std::string& parent) {
   return out;
 }
 
+// A data file of a removed generation, kept to be written over by the next one: tmpfs then has the
+// pages already (no page faults and zeroing while training waits for the snapshot).
+constexpr const char* kSpare = "spare.data";
+
+// Moves the data file of a generation under `parent` other than `keep` to parent/spare.data.
+void KeepSpare(const std::string& parent, int64_t keep) {
+  std::error_code ec;
+  if (fs::exists(parent + "/" + kSpare, ec)) return;
+  for (const auto& e : fs::directory_iterator(parent, ec)) {
+    auto step = ParseStepDirName(e.path().filename().string());
+    if (!step.ok() || *step == keep) continue;
+    for (const auto& f : fs::directory_iterator(e.path(), ec)) {
+      if (f.path().extension() == ".data" && f.is_regular_file(ec) && !f.is_symlink(ec)) {
+        fs::rename(f.path(), parent + "/" + kSpare, ec);
+        return;
+      }
+    }
+  }
+}
+
+// `path` (a new data file) takes the place of parent/spare.data when there is one.
+void Recycle(const std::string& parent, const std::string& path) {
+  std::error_code ec;
+  fs::rename(parent + "/" + kSpare, path, ec);  // none: the file is created
+}
+
 // Removes everything under `parent` but generation `keep` (whole or being written; -1: nothing kept).
 void RemoveAllBut(const std::string& parent, int64_t keep) {
   std::error_code ec;
   std::vector<fs::path> doomed;
   for (const auto& e : fs::directory_iterator(parent, ec)) {
     const std::string name = e.path().filename().string();
-    if (keep >= 0 && (name == StepDirName(keep) || name == StepDirName(keep) + ".tmp")) continue;
+    if (keep >= 0 && (name == StepDirName(keep) || name == StepDirName(keep) + ".tmp" || name == kSpare)) continue;
     doomed.push_back(e.path());
   }
   for (const fs::path& p : doomed) {
@@ -131,7 +157,8 @@ class Mapping {
   // `create`: a new file of `bytes` (writable); else the existing file, read-only, which must be `bytes`
   // long (-1: whatever it is).
   static Result<Mapping> Map(const std::string& path, int64_t bytes, bool create) {
-    UniqueFd fd(::open(path.c_str(), create ? (O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC) : (O_RDONLY | O_NOFOLLOW | O_CLOEXEC), 0644));
+    // Created files are not truncated: a recycled one (Recycle) keeps its memory pages.
+    UniqueFd fd(::open(path.c_str(), create ? (O_RDWR | O_CREAT | O_CLOEXEC) : (O_RDONLY | O_NOFOLLOW | O_CLOEXEC), 0644));
     if (!fd.valid()) return ErrnoStatus(errno, "memory tier: opening " + path);
     if (create) {
       if (::ftruncate(fd.get(), bytes) != 0) return ErrnoStatus(errno, "memory tier: sizing " + path);
@@ -207,7 +234,7 @@ Status Seal(const IoEngine& io, const std::string& tmp, const std::string& final
 
 // This rank's state into a new data file (pwrite: tmpfs allocates and copies in one pass).
 Status WriteState(const std::string& path, const StateView& state, const std::vector<Piece>& plan, int64_t total) {
-  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644));  // not truncated: see Recycle
   if (!fd.valid()) return ErrnoStatus(errno, "memory tier: creating " + path);
   if (::ftruncate(fd.get(), total) != 0) return ErrnoStatus(errno, "memory tier: sizing " + path);
   constexpr int64_t kBounce = int64_t{1} << 24;  // elements read through for state that is not in host memory
@@ -346,8 +373,12 @@ struct MemoryTier::Impl {
       }
       return agreed.WithContext("memory tier: snapshot of step " + std::to_string(step));
     }
+    KeepSpare(own_dir, step);
     RemoveAllBut(own_dir, step);
-    if (!replica_dir.empty()) RemoveAllBut(replica_dir, step);
+    if (!replica_dir.empty()) {
+      KeepSpare(replica_dir, step);
+      RemoveAllBut(replica_dir, step);
+    }
     stats.step = step;
     stats.replica_seconds = replica_seconds;
     if (superseded > step) Supersede(superseded);
@@ -484,6 +515,7 @@ Status MemoryTier::Save(const StateView& state, const nlohmann::json& trainer_st
   t.Fail([&]() -> Status {
     RETURN_IF_ERROR(RemoveTree(own_tmp));
     RETURN_IF_ERROR(MakeDirs(own_tmp));
+    Recycle(t.own_dir, own_data);
     RETURN_IF_ERROR(WriteState(own_data, state, gen.plan, gen.bytes));
     ASSIGN_OR_RETURN(gen.own, Mapping::Map(own_data, gen.bytes, false));
     return Status();
@@ -505,6 +537,7 @@ Status MemoryTier::Save(const StateView& state, const nlohmann::json& trainer_st
     t.Fail([&]() -> Status {
       RETURN_IF_ERROR(RemoveTree(rep_tmp));
       RETURN_IF_ERROR(MakeDirs(rep_tmp));
+      Recycle(t.replica_dir, rep_tmp + "/" + DataFileName(gen.replica_shard));
       ASSIGN_OR_RETURN(gen.replica, Mapping::Map(rep_tmp + "/" + DataFileName(gen.replica_shard), gen.bytes, true));
       return Status();
     }());
