@@ -87,8 +87,9 @@ echo "   identical to the uninterrupted run"
 
 echo "== a byte of rank 2's own copy flipped"
 run_and_kill "$work/flip" "$work/flip.log" || true
-data=$(ls "$(tierdir)"/rank-00002/own/step-*/rank-*.data | grep -v '\.tmp/' | head -1)
-printf '\x5a' | dd of="$data" bs=1 seek=4100 conv=notrunc status=none
+for data in $(ls "$(tierdir)"/rank-00002/own/step-*/rank-*.data | grep -v '\.tmp/'); do  # every whole generation
+  printf '\x5a' | dd of="$data" bs=1 seek=4100 conv=notrunc status=none
+done
 finish "$work/flip" "$work/flip.final.log" "corrupt copy"
 grep -h "^resumed from\|peer's replica" "$work/flip.final.log"
 grep -q "rank 2: its own memory-tier copy was unusable" "$work/flip.final.log" || { echo "FAIL: rank 2 did not use its replica"; exit 1; }
