@@ -74,6 +74,8 @@ int main(int argc, char** argv) {
   app.add_option("--params", params, "bf16 parameters + Adam state")->capture_default_str();
   app.add_option("--fio-write-mbps", fio_w, "fio's sequential write rate on the same filesystem");
   app.add_option("--fio-read-mbps", fio_r, "fio's sequential read rate on the same filesystem");
+  int writer_nice = 0;
+  app.add_option("--writer-nice", writer_nice, "CheckpointOptions::writer_nice (the writer thread's priority)");
   CLI11_PARSE(app, argc, argv);
   auto session = MpiSession::Init(&argc, &argv).value();
   auto comm = MpiCommunicator::Create().value();
@@ -86,6 +88,7 @@ int main(int argc, char** argv) {
   CheckpointOptions co;
   co.root = dir;
   co.keep_last = 2;
+  co.writer_nice = writer_nice;
   auto ck = Checkpointer::Create(comm.get(), &dev, co).value();
   // Warm-up save (allocates and touches the staging memory once).
   Step(*e, per_group);

@@ -69,7 +69,7 @@ void DropCaches() {
 int main(int argc, char** argv) {
   int64_t params = 25'000'000;
   int groups = 8, disk_every = 10, ranks_per_node = 0, steps = 20;
-  double fio_r = -1;
+  double fio_r = -1, torch_load = -1;
   std::string dir, shm = "/dev/shm";
   CLI::App app{"recovery_bench: the memory tier's cost per step and the time from a restart to the first step, by tier"};
   app.add_option("--dir", dir, "disk checkpoint root (written only here, and removed)")->required();
@@ -79,6 +79,7 @@ int main(int argc, char** argv) {
   app.add_option("--disk-every", disk_every, "disk checkpoint interval of the failure case")->capture_default_str();
   app.add_option("--ranks-per-node", ranks_per_node, "emulated node size (0: half the ranks, at least 1)");
   app.add_option("--fio-read-mbps", fio_r, "fio's sequential read rate on the disk's filesystem");
+  app.add_option("--torch-load-mbps", torch_load, "torch.load's rate for the same bytes, caches dropped (the disk restart's peer)");
   CLI11_PARSE(app, argc, argv);
   auto session = MpiSession::Init(&argc, &argv).value();
   auto comm = MpiCommunicator::Create().value();
@@ -214,15 +215,16 @@ int main(int argc, char** argv) {
                 local.seconds, local.mbps, all_mem, local.first_step, static_cast<long long>(local.lost), 1.5);
     std::printf("  restart, node lost    (%-8s)  %7.3f s to resume (%6.0f MB/s, memcpy %6.0f), %7.3f s to the first step; %lld steps lost here, %.1f expected\n",
                 src_peer, peer.seconds, peer.mbps, all_mem, peer.first_step, static_cast<long long>(peer.lost), 1.5);
-    std::printf("  restart, disk only    (%-8s)  %7.3f s to resume (%6.0f MB/s, fio read %6.0f), %7.3f s to the first step; %lld steps lost here, %.1f expected\n",
-                disk.source.c_str(), disk.seconds, disk.mbps, fio_r, disk.first_step, static_cast<long long>(disk.lost),
+    std::printf("  restart, disk only    (%-8s)  %7.3f s to resume (%6.0f MB/s, fio read %6.0f, torch.load %6.0f), %7.3f s to the first step; "
+                "%lld steps lost here, %.1f expected\n",
+                disk.source.c_str(), disk.seconds, disk.mbps, fio_r, torch_load, disk.first_step, static_cast<long long>(disk.lost),
                 disk_every / 2.0 + 1);
     bench::PrintResult("recovery", "step, tier K=1", per_step[1] * 1e3, "ms", per_step[0] * 1e3, "step without tier ms");
     bench::PrintResult("recovery", "step, tier K=10", per_step[2] * 1e3, "ms", per_step[0] * 1e3, "step without tier ms");
     bench::PrintResult("recovery", "snapshot rate", snap_mbps, "MB/s", mem_mbps, "memcpy MB/s");
     bench::PrintResult("recovery", "resume, rank killed", local.mbps, "MB/s", all_mem, "memcpy MB/s");
     bench::PrintResult("recovery", "resume, node lost", peer.mbps, "MB/s", all_mem, "memcpy MB/s");
-    bench::PrintResult("recovery", "resume, disk", disk.mbps, "MB/s", fio_r, "fio seq read MB/s");
+    bench::PrintResult("recovery", "resume, disk", disk.mbps, "MB/s", fio_r, "fio seq read MB/s", torch_load, "torch.load MB/s");
     bench::PrintResult("recovery", "restart to first step, rank killed", local.first_step, "s", disk.first_step, "disk only s");
     bench::PrintResult("recovery", "restart to first step, node lost", peer.first_step, "s", disk.first_step, "disk only s");
   }

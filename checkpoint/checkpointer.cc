@@ -12,6 +12,10 @@
 // removed by the next Create. The previous complete checkpoint is never touched by a save.
 #include "zrt/checkpoint/checkpointer.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <csignal>
 #include <cstring>
 #include <chrono>
@@ -68,6 +72,7 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Create(Communicator* comm, D
     return InvalidArgumentError("checkpointer: chunk_elements must be a positive multiple of 1024, got ", o.chunk_elements);
   }
   if (o.keep_last < 0 || o.keep_every < 0) return InvalidArgumentError("checkpointer: negative retention setting");
+  if (o.writer_nice < -40 || o.writer_nice > 40) return InvalidArgumentError("checkpointer: writer_nice must be in [-40, 40], got ", o.writer_nice);
   std::unique_ptr<Checkpointer> c(new Checkpointer(comm, device, o));
   ASSIGN_OR_RETURN(c->io_, IoEngine::Create(o.io, hooks), "checkpointer");
   Status s;
@@ -92,6 +97,12 @@ Checkpointer::~Checkpointer() {
 }
 
 void Checkpointer::WriterLoop() {
+  if (o_.writer_nice != 0) {
+    const int now = getpriority(PRIO_PROCESS, static_cast<id_t>(gettid()));
+    if (setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), std::clamp(now + o_.writer_nice, -20, 19)) != 0) {
+      ZRT_LOG(kWarn) << "checkpoint writer: cannot change its priority by " << o_.writer_nice << ": " << std::strerror(errno);
+    }
+  }
   for (;;) {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [this] { return has_work_ || stop_; });

@@ -56,6 +56,9 @@ struct CheckpointOptions {
   int keep_last = 0;                 // retention: keep the newest K complete checkpoints (0: keep all)
   int64_t keep_every = 0;            // ... and also every step that is a multiple of this (0: none)
   IoOptions io;
+  // Added to the nice value of the background writer thread (Linux per-thread priority): 10 lets
+  // training's threads run first when cores are short, at the cost of a longer write. 0: unchanged.
+  int writer_nice = 0;
   // The memory tier (memory_tier.h): when set, SaveToMemory snapshots into node-local memory with a
   // replica on a peer, and Resume looks there first.
   std::optional<MemoryTierOptions> memory;
