@@ -35,7 +35,7 @@ class ShardSource {
   int64_t bytes_read() const { return bytes_read_; }
 
   // Read-ahead: the chunks Read will be asked for, in order (Load plans every read before the first).
-  // They are read asynchronously through the IoEngine, `window` bytes at most in flight or waiting,
+  // They are read asynchronously through the IoEngine, Start's `window` bytes at most in flight or waiting,
   // and each is checked when Read reaches it while the next ones are on their way.
   Status Plan(int rank, int group, int kind, int64_t begin, int64_t count) {
     ASSIGN_OR_RETURN(Rank * r, Open(rank));
@@ -48,8 +48,11 @@ class ShardSource {
     }
     return Status();
   }
-  // Starts the read-ahead of what was planned.
-  void Start() { Pump(); }
+  // Starts the read-ahead of what was planned, `window` bytes at most.
+  void Start(int64_t window) {
+    window_ = window;
+    Pump();
+  }
 
   // The whole of saved rank `rank`'s (group, kind) straight into `dst` (`count` elements: a target
   // buffer laid out exactly as the saved shard): raw chunks are read in place, 16 in flight, and
@@ -161,8 +164,14 @@ class ShardSource {
     *capacity = need;
     return p;
   }
+  // One spare buffer at most, the larger kept (memory stays bounded: the cache, the
+  // read-ahead window and these).
   void Spare(std::unique_ptr<float, FreeFloatsFwd> p, size_t capacity) {
-    if (spare_.size() < 64) spare_.emplace_back(std::move(p), capacity);
+    spare_.emplace_back(std::move(p), capacity);
+    if (spare_.size() > 1) {
+      auto smallest = std::min_element(spare_.begin(), spare_.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+      spare_.erase(smallest);
+    }
   }
   // Issues reads for planned chunks while the window has room.
   void Pump() {
@@ -257,7 +266,7 @@ class ShardSource {
   std::vector<std::pair<int, size_t>> plan_;
   size_t next_ = 0;
   std::deque<Ahead> ahead_;
-  int64_t ahead_bytes_ = 0, window_ = int64_t{64} << 20;
+  int64_t ahead_bytes_ = 0, window_ = 0;
   std::vector<std::pair<std::unique_ptr<float, FreeFloats>, size_t>> spare_;
   std::vector<char> scratch_;
   int64_t bytes_read_ = 0;
@@ -434,7 +443,7 @@ Result<LoadResult> Load(const std::string& dir, const StateView& target, const L
       }
     }
   }
-  src.Start();
+  src.Start(options.read_ahead_bytes);
   for (size_t gi = 0; gi < target.groups.size(); ++gi) {
     const StateGroup& tg = target.groups[gi];
     for (size_t bi = 0; bi < tg.buffers.size(); ++bi) {
@@ -502,6 +511,7 @@ Result<WholeGroup> LoadWholeGroup(const std::string& dir, const Manifest& m, int
   w.view.groups.push_back(std::move(sg));
   LoadOptions o;
   o.strict = false;  // one group of the checkpoint: the others are expected to be "missing" from the view
+  o.read_ahead_bytes = 0;  // the tools' memory bound: the whole group is already held
   RETURN_IF_ERROR(Load(dir, w.view, o).status());
   return w;
 }

@@ -23,6 +23,9 @@ struct LoadOptions {
   // A shape that differs is an error either way.
   bool strict = true;
   IoOptions io;
+  // Chunks read asynchronously ahead of the fill, at most this many bytes (0: one at a time). A restart
+  // at the same layout reads straight into the state instead (16 reads in flight) and needs none.
+  int64_t read_ahead_bytes = int64_t{32} << 20;
 };
 
 struct LoadResult {
