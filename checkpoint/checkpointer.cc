@@ -241,14 +241,20 @@ Result<ResumeResult> Checkpointer::Resume(const StateView& target, ResumeOptions
   return ckpt::Resume(comm_, o_.root, target, options);
 }
 
+// A failed memory-tier snapshot (agreed on every rank) never keeps a disk save from being committed.
 Status Checkpointer::Wait() {
-  if (tier_) RETURN_IF_ERROR(tier_->Wait());
-  if (!pending_) return Status();
-  return Commit();
+  const Status tier = tier_ ? tier_->Wait() : Status();
+  const Status disk = pending_ ? Commit() : Status();
+  return disk.ok() ? tier : disk;
 }
 
 Status Checkpointer::Poll() {
-  if (tier_) RETURN_IF_ERROR(tier_->Poll());
+  const Status tier = tier_ ? tier_->Poll() : Status();
+  const Status disk = PollDisk();
+  return disk.ok() ? tier : disk;
+}
+
+Status Checkpointer::PollDisk() {
   if (!pending_) return Status();  // the same on every rank: saves are collective
   float done = 0;
   {

@@ -107,6 +107,7 @@ class Checkpointer {
   static Result<std::unique_ptr<Checkpointer>> Create(Communicator* comm, Device* device, const CheckpointOptions& o,
                                                       IoHooks* hooks);
   Status Commit();
+  Status PollDisk();
   void WriterLoop();
   Status WriteFiles(Job& job);
 
