@@ -19,6 +19,7 @@
 #include <random>
 #include <string>
 
+#include "bench/bench_engine.h"
 #include "bench/bench_util.h"
 #include "zrt/checkpoint/catalog.h"
 #include "zrt/checkpoint/checkpointer.h"
@@ -29,39 +30,11 @@
 
 using namespace zrt;
 using namespace zrt::ckpt;
+using zrt::bench::MakeEngine;
+using zrt::bench::Step;
 
 namespace {
 double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-double MaxOver(Communicator& c, double v) {
-  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  (void)c;
-  return v;
-}
-double SumOver(double v) {
-  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-  return v;
-}
-std::unique_ptr<ZeroEngine> MakeEngine(Communicator* comm, Device* dev, int stage, int64_t params, int groups) {
-  EngineConfig cfg;
-  cfg.stage = stage;
-  cfg.optimizer_threads = 1;
-  auto e = ZeroEngine::Create(comm, dev, cfg).value();
-  for (int g = 0; g < groups; ++g) (void)e->AddParam("w" + std::to_string(g), {params / groups}, DType::kBF16, {.group = "l" + std::to_string(g)});
-  (void)e->Finalize([](int64_t p, int64_t off, int64_t n, float* out) {
-    for (int64_t i = 0; i < n; ++i) out[i] = 0.02f * std::sin(0.001f * static_cast<float>(off + i) + static_cast<float>(p));
-  });
-  return e;
-}
-void Step(ZeroEngine& e, int64_t n_per_group) {
-  for (int g = e.num_groups() - 1; g >= 0; --g) {
-    (void)e.Gather(g);
-    auto* h = static_cast<uint16_t*>(*e.GradBuffer(g));
-    for (int64_t i = 0; i < n_per_group; i += 4096) h[i] = FloatToBf16(1e-3f);
-    (void)e.Release(g);
-    (void)e.GradsReady(g);
-  }
-  (void)e.Step();
-}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -109,7 +82,7 @@ int main(int argc, char** argv) {
       off += b.count * 4;
     }
   }
-  const double memcpy_s = MaxOver(*comm, Now() - t);
+  const double memcpy_s = bench::MaxOverRanks(Now() - t);
   std::vector<char>().swap(sink);
 
   // Step time without a save, then with a save in flight.
@@ -117,17 +90,17 @@ int main(int argc, char** argv) {
   comm->Barrier().IgnoreError();
   t = Now();
   for (int i = 0; i < k; ++i) Step(*e, per_group);
-  const double plain = MaxOver(*comm, Now() - t) / k;
+  const double plain = bench::MaxOverRanks(Now() - t) / k;
   Step(*e, per_group);
   comm->Barrier().IgnoreError();
   (void)ck->SaveAsync(e->state_view());
-  const double stall = MaxOver(*comm, ck->last_stats().stall_seconds);
+  const double stall = bench::MaxOverRanks(ck->last_stats().stall_seconds);
   t = Now();
   for (int i = 0; i < k; ++i) Step(*e, per_group);
-  const double busy = MaxOver(*comm, Now() - t) / k;
+  const double busy = bench::MaxOverRanks(Now() - t) / k;
   Status w = ck->Wait();
-  const double write_s = MaxOver(*comm, ck->last_stats().write_seconds);
-  const double total_bytes = SumOver(static_cast<double>(ck->last_stats().stored_bytes));
+  const double write_s = bench::MaxOverRanks(ck->last_stats().write_seconds);
+  const double total_bytes = bench::SumOverRanks(static_cast<double>(ck->last_stats().stored_bytes));
   const std::string latest = *FindLatestComplete(dir);
 
   // Load N -> N, then N -> 2 (the first engine's state is kept for the compression figures only).
@@ -145,8 +118,8 @@ int main(int argc, char** argv) {
   comm->Barrier().IgnoreError();
   t = Now();
   auto lr = Load(latest, e2->state_view());
-  const double load_s = MaxOver(*comm, Now() - t);
-  const double load_bytes = SumOver(lr.ok() ? static_cast<double>(lr->bytes_read) : 0.0);
+  const double load_s = bench::MaxOverRanks(Now() - t);
+  const double load_bytes = bench::SumOverRanks(lr.ok() ? static_cast<double>(lr->bytes_read) : 0.0);
   e2.reset();
   double reshard_s = 0, reshard_bytes = 0;
   {
@@ -159,8 +132,8 @@ int main(int argc, char** argv) {
       s = Now() - t;
       b = r.ok() ? static_cast<double>(r->bytes_read) : 0;
     }
-    reshard_s = MaxOver(*comm, s);
-    reshard_bytes = SumOver(b);
+    reshard_s = bench::MaxOverRanks(s);
+    reshard_bytes = bench::SumOverRanks(b);
   }
   if (rank == 0) {
     std::printf("bench/checkpoint: %.0fM bf16 parameters + Adam, stage 3, %d ranks, %s per rank of fp32 state\n", params / 1e6, n,

@@ -21,6 +21,7 @@
 #include <fstream>
 #include <string>
 
+#include "bench/bench_engine.h"
 #include "bench/bench_util.h"
 #include "zrt/checkpoint/checkpointer.h"
 #include "zrt/core/mpi_communicator.h"
@@ -28,38 +29,11 @@
 
 using namespace zrt;
 using namespace zrt::ckpt;
+using zrt::bench::MakeEngine;
+using zrt::bench::Step;
 
 namespace {
 double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-double MaxOver(double v) {
-  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return v;
-}
-double SumOver(double v) {
-  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-  return v;
-}
-std::unique_ptr<ZeroEngine> MakeEngine(Communicator* comm, Device* dev, int64_t params, int groups) {
-  EngineConfig cfg;
-  cfg.stage = 3;
-  cfg.optimizer_threads = 1;
-  auto e = ZeroEngine::Create(comm, dev, cfg).value();
-  for (int g = 0; g < groups; ++g) (void)e->AddParam("w" + std::to_string(g), {params / groups}, DType::kBF16, {.group = "l" + std::to_string(g)});
-  (void)e->Finalize([](int64_t p, int64_t off, int64_t n, float* out) {
-    for (int64_t i = 0; i < n; ++i) out[i] = 0.02f * std::sin(0.001f * static_cast<float>(off + i) + static_cast<float>(p));
-  });
-  return e;
-}
-void Step(ZeroEngine& e, int64_t n) {
-  for (int g = e.num_groups() - 1; g >= 0; --g) {
-    (void)e.Gather(g);
-    auto* h = static_cast<uint16_t*>(*e.GradBuffer(g));
-    for (int64_t i = 0; i < n; i += 4096) h[i] = FloatToBf16(1e-3f * static_cast<float>(e.steps() % 7 + 1));
-    (void)e.Release(g);
-    (void)e.GradsReady(g);
-  }
-  (void)e.Step();
-}
 void DropCaches() {
   std::ofstream f("/proc/sys/vm/drop_caches");
   if (f) f << "3\n";
@@ -91,7 +65,7 @@ int main(int argc, char** argv) {
   MemoryTierOptions tier{.dir = shm, .ranks_per_node = ranks_per_node};
 
   // The tier's limit: memcpy of this rank's state into touched memory.
-  auto e = MakeEngine(comm.get(), &dev, params, groups);
+  auto e = MakeEngine(comm.get(), &dev, 3, params, groups);
   int64_t bytes = 0;
   for (const StateGroup& g : e->state_view().groups) {
     for (const StateBuffer& b : g.buffers) bytes += b.count * 4;
@@ -105,7 +79,7 @@ int main(int argc, char** argv) {
       off += b.count * 4;
     }
   }
-  const double memcpy_s = MaxOver(Now() - t);
+  const double memcpy_s = bench::MaxOverRanks(Now() - t);
   std::vector<char>().swap(sink);
   const double mem_mbps = static_cast<double>(bytes) / memcpy_s / 1e6;
 
@@ -129,10 +103,10 @@ int main(int argc, char** argv) {
       (void)ck->Poll();
     }
     (void)ck->Wait();
-    per_step[c] = MaxOver(Now() - t) / timed;
+    per_step[c] = bench::MaxOverRanks(Now() - t) / timed;
     if (k == 1) {
-      stall = MaxOver(ck->memory_stats()->stall_seconds);
-      replica_s = MaxOver(ck->memory_stats()->replica_seconds);
+      stall = bench::MaxOverRanks(ck->memory_stats()->stall_seconds);
+      replica_s = bench::MaxOverRanks(ck->memory_stats()->replica_seconds);
     }
     (void)ck->SaveAsync(e->state_view());  // supersedes the tier: it cleans up
     (void)ck->Wait();
@@ -144,7 +118,7 @@ int main(int argc, char** argv) {
   // A run that dies at step X: tier every step, disk every `disk_every`, X not on a disk step.
   const int64_t die_at = 2 * disk_every + disk_every / 2;
   {
-    auto e1 = MakeEngine(comm.get(), &dev, params, groups);
+    auto e1 = MakeEngine(comm.get(), &dev, 3, params, groups);
     auto ck = Checkpointer::Create(comm.get(), &dev, {.root = dir + "/run", .memory = tier}).value();
     while (e1->steps() < die_at) {
       Step(*e1, params / groups);
@@ -161,7 +135,7 @@ int main(int argc, char** argv) {
   };
   auto restart = [&](bool with_tier) {
     Restart r;
-    auto e2 = MakeEngine(comm.get(), &dev, params, groups);
+    auto e2 = MakeEngine(comm.get(), &dev, 3, params, groups);
     CheckpointOptions co{.root = dir + "/run"};
     if (with_tier) co.memory = tier;
     auto ck = Checkpointer::Create(comm.get(), &dev, co).value();
@@ -173,9 +147,9 @@ int main(int argc, char** argv) {
     auto res = ck->Resume(e2->state_view());
     const double t1 = Now();
     Step(*e2, params / groups);
-    r.seconds = MaxOver(t1 - t0);
-    r.first_step = MaxOver(Now() - t0);
-    r.mbps = SumOver(static_cast<double>(bytes)) / r.seconds / 1e6;
+    r.seconds = bench::MaxOverRanks(t1 - t0);
+    r.first_step = bench::MaxOverRanks(Now() - t0);
+    r.mbps = bench::SumOverRanks(static_cast<double>(bytes)) / r.seconds / 1e6;
     r.lost = res.ok() ? die_at - res->step : -1;
     r.source = res.ok() ? res->source : std::string(res.status().message());
     return r;
@@ -193,7 +167,7 @@ int main(int argc, char** argv) {
   std::snprintf(src_peer, sizeof(src_peer), "%s", peer.source.c_str());
   // Clean up: a final disk save supersedes the tier.
   {
-    auto e3 = MakeEngine(comm.get(), &dev, params, groups);
+    auto e3 = MakeEngine(comm.get(), &dev, 3, params, groups);
     auto ck = Checkpointer::Create(comm.get(), &dev, {.root = dir + "/run", .memory = tier}).value();
     (void)ck->Resume(e3->state_view());
     (void)ck->SaveAsync(e3->state_view());
