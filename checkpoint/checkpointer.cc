@@ -1,6 +1,8 @@
 // Save protocol (crash-safe; the commit steps are commit.h's, the format docs/checkpoint-format.md):
 //   SaveAsync (collective)  rank 0 draws a nonce and broadcasts it; every rank snapshots its shards into
-//                           reusable staging memory (4 KiB-aligned per buffer) and hands the job over.
+//                           reusable staging memory (4 KiB-aligned per buffer) and hands the job over;
+//                           state on NVMe is deferred: the owner's next step hands it to the writer
+//                           (ArrivingState) before changing it, or Commit has it delivered at once.
 //   writer thread (per rank) into ROOT/step-N.tmp-<nonce>/: WriteShard (shard_writer.h): chunks
 //                           encoded (optional byte-grouping + zstd), xxh3-64 each, written through the
 //                           IoEngine to rank-r.data.tmp, fsync, rename, then the rank's index;
@@ -49,8 +51,11 @@ struct Checkpointer::Job {
   Manifest manifest;
   SaveDir save;
   int shard_rank = -1;  // -1: this rank holds no distinct shard (stage 0, rank > 0)
-  // The shard as the writer sees it: resident buffers point into staging_, others keep their `read`.
+  // The shard as the writer sees it: resident buffers point into staging_, others keep their `read`
+  // or arrive (deferred by the state's owner until its next step).
   ShardState state;
+  std::shared_ptr<ArrivingState> arriving;  // null: nothing deferred
+  std::function<Status()> deliver;          // the owner's StateView::deliver
 };
 
 Checkpointer::Checkpointer(Communicator* comm, Device* device, const CheckpointOptions& o)
@@ -90,6 +95,8 @@ Checkpointer::~Checkpointer() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
+    // A save still waiting for the owner's next step is abandoned (the owner drops it unread).
+    if (job_ && job_->arriving) job_->arriving->Stop(FailedPreconditionError("the checkpointer was destroyed before the save got its state"));
   }
   cv_.notify_all();
   if (writer_.joinable()) writer_.join();  // the loop finishes a job in progress first
@@ -147,9 +154,12 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
   RETURN_IF_ERROR(BeginSave(job->save));
 
   // Snapshot this rank's shards (the only part of the save training waits for): host state by memcpy,
-  // device state by a device-to-host copy. State on NVMe (not resident, no snapshot) is not copied: it
-  // is streamed from where it lives into the files now, before SaveAsync returns (the next step would
-  // change it), through O(chunk) memory.
+  // device state by a device-to-host copy. State on NVMe (not resident, no snapshot) is not copied:
+  // when its owner can defer it, the owner's next step hands it to the writer sub-group by sub-group
+  // before updating it (the step reads it into host memory anyway); otherwise it is streamed from
+  // where it lives into the files now, before SaveAsync returns, through O(chunk) memory.
+  const bool defer = state.defer && state.deliver;
+  std::vector<std::vector<int64_t>> deferred;  // per group and buffer: elements that arrive
   bool streamed = false;
   if (job->shard_rank >= 0) {
     int64_t bytes = 0;
@@ -158,7 +168,7 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
         if (b.resident() || b.snapshot) {
           bytes += AlignUp(b.count * static_cast<int64_t>(DTypeSize(b.dtype)));
         } else {
-          streamed = true;
+          streamed = !defer;
         }
       }
     }
@@ -170,14 +180,17 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
     int64_t off = 0;
     for (const StateGroup& g : state.groups) {
       std::vector<StateBuffer>& staged = job->state.emplace_back();
+      std::vector<int64_t>& arrive = deferred.emplace_back();
       for (const StateBuffer& b : g.buffers) {
         const size_t nbytes = static_cast<size_t>(b.count) * 4;
         stats_.raw_bytes += static_cast<int64_t>(nbytes);
-        if (!b.resident() && !b.read) {
+        arrive.push_back(0);
+        if (!b.resident() && !b.read && !defer) {
           return InvalidArgumentError("checkpoint: state '", b.kind, "' of group '", g.name, "' is not resident and has no read");
         }
-        if (!b.resident() && !b.snapshot) {  // streamed from where it lives
-          staged.push_back({b.kind, DType::kF32, nullptr, b.count, b.read, {}});
+        if (!b.resident() && !b.snapshot) {  // deferred (arrives), or streamed from where it lives
+          if (defer) arrive.back() = b.count;
+          staged.push_back({b.kind, DType::kF32, nullptr, b.count, defer ? nullptr : b.read, {}});
           continue;
         }
         char* dst = staging_.as<char>() + off;
@@ -206,13 +219,20 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
     pending_ = true;
     return Status();
   }
+  Status deferring;
+  if (std::any_of(deferred.begin(), deferred.end(), [](const auto& g) { return std::any_of(g.begin(), g.end(), [](int64_t c) { return c > 0; }); })) {
+    job->arriving = std::make_shared<ArrivingState>(deferred, o_.chunk_elements);
+    job->deliver = state.deliver;
+    deferring = state.defer(job->arriving);
+  }
   stats_.stall_seconds = Now() - t0;
   if (state.stalled) state.stalled(stats_.stall_seconds);
   {
     std::lock_guard<std::mutex> lock(mu_);
     job_ = std::move(job);
-    has_work_ = true;
-    work_done_ = false;
+    has_work_ = deferring.ok();
+    work_done_ = !deferring.ok();  // a refused deferral fails the save when it is committed
+    work_status_ = deferring.WithContext("checkpoint step " + std::to_string(stats_.step) + ": handing the state over");
   }
   cv_.notify_all();
   pending_ = true;
@@ -224,7 +244,7 @@ Status Checkpointer::WriteFiles(Job& job) {
   const std::string ctx = "writing checkpoint step " + std::to_string(m.step);
   if (job.shard_rank >= 0) {
     ShardWriteStats ws;
-    RETURN_IF_ERROR(WriteShard(*io_, job.save.tmp, m, job.shard_rank, job.state, o_.compression, &ws), ctx);
+    RETURN_IF_ERROR(WriteShard(*io_, job.save.tmp, m, job.shard_rank, job.state, o_.compression, &ws, job.arriving.get()), ctx);
     stats_.stored_bytes = ws.stored_bytes;
   }
   if (comm_->rank() == 0) RETURN_IF_ERROR(PublishFile(*io_, job.save.tmp, kManifestFile, EncodeManifest(m)), ctx);
@@ -267,6 +287,8 @@ Status Checkpointer::PollDisk() {
 
 Status Checkpointer::Commit() {
   pending_ = false;
+  // A save still waiting for the owner's next step takes the state now (its errors reach the writer).
+  if (job_->arriving && !job_->arriving->closed()) (void)job_->deliver();
   Status local;
   {
     std::unique_lock<std::mutex> lock(mu_);

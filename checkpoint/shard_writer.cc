@@ -1,7 +1,10 @@
 #include "zrt/checkpoint/shard_writer.h"
 
+#include <algorithm>
+#include <cstring>
 #include <ctime>
 #include <deque>
+#include <tuple>
 
 #include "zrt/checkpoint/fs_util.h"
 #include "zrt/core/device.h"
@@ -46,8 +49,133 @@ Result<Manifest> ManifestFor(const StateView& state, const nlohmann::json& train
   return m;
 }
 
-Status WriteShard(IoEngine& io, const std::string& dir, const Manifest& m, int rank, const ShardState& state,
-                  const CompressOptions& compression, ShardWriteStats* stats) {
+ArrivingState::ArrivingState(std::vector<std::vector<int64_t>> counts, int64_t chunk_elements) : chunk_(chunk_elements) {
+  size_t kinds = 0;
+  for (const std::vector<int64_t>& g : counts) {
+    std::vector<Filling>& f = fill_.emplace_back(g.size());
+    for (size_t k = 0; k < g.size(); ++k) f[k].count = g[k];
+    kinds = std::max(kinds, g.size());
+  }
+  pool_max_ = 2 * kinds + 8;  // the kinds being filled, those queued, and the writes in flight
+}
+
+Result<DeviceBuffer> ArrivingState::Acquire(std::unique_lock<std::mutex>& lock) {
+  for (;;) {
+    if (stopped_) return status_;
+    if (!free_.empty()) {
+      DeviceBuffer b = std::move(free_.back());
+      free_.pop_back();
+      return b;
+    }
+    if (allocated_ < pool_max_) {
+      ++allocated_;
+      lock.unlock();
+      auto b = host_.Allocate(static_cast<size_t>(chunk_) * 4, MemCategory::kStaging, kIoAlignment);
+      lock.lock();
+      if (!b.ok()) --allocated_;
+      return b;
+    }
+    cv_.wait(lock);
+  }
+}
+
+Status ArrivingState::Put(int group, int buffer, int64_t offset, int64_t n, const float* data) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stopped_) return status_;
+  if (closed_) return FailedPreconditionError("a save's state: a part arrived after the delivery ended");
+  if (group < 0 || static_cast<size_t>(group) >= fill_.size() || buffer < 0 ||
+      static_cast<size_t>(buffer) >= fill_[static_cast<size_t>(group)].size()) {
+    return InvalidArgumentError("a save's state: no deferred buffer ", buffer, " in group ", group);
+  }
+  Filling& f = fill_[static_cast<size_t>(group)][static_cast<size_t>(buffer)];
+  if (offset != f.next || n < 0 || n > f.count - f.next) {
+    return InvalidArgumentError("a save's state: group ", group, " buffer ", buffer, ": elements ", offset, "+", n, " arrived where ",
+                                f.next, " of ", f.count, " was expected");
+  }
+  while (n > 0) {
+    if (f.buf.empty()) {
+      ASSIGN_OR_RETURN(f.buf, Acquire(lock));
+    }
+    const int64_t start = f.next / chunk_ * chunk_;
+    const int64_t take = std::min(n, chunk_ - (f.next - start));
+    lock.unlock();  // only this thread touches a buffer being filled
+    std::memcpy(f.buf.as<float>() + (f.next - start), data, static_cast<size_t>(take) * 4);
+    lock.lock();
+    if (stopped_) return status_;
+    data += take;
+    n -= take;
+    f.next += take;
+    if (f.next - start == chunk_ || f.next == f.count) {
+      ready_.push_back(Chunk{group, buffer, start, f.next - start, std::move(f.buf)});
+      f.buf = DeviceBuffer();
+      cv_.notify_all();
+    }
+  }
+  return Status();
+}
+
+void ArrivingState::Close(const Status& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) return;
+  closed_ = true;
+  Status s = status;
+  for (size_t g = 0; g < fill_.size() && s.ok(); ++g) {
+    for (size_t k = 0; k < fill_[g].size() && s.ok(); ++k) {
+      if (fill_[g][k].next != fill_[g][k].count) {
+        s = InternalError("a save's state: the delivery ended at element ", fill_[g][k].next, " of ", fill_[g][k].count, " of group ", g,
+                          " buffer ", k);
+      }
+    }
+  }
+  if (status_.ok()) status_ = std::move(s);
+  for (auto& g : fill_) {
+    for (Filling& f : g) f.buf = DeviceBuffer();
+  }
+  cv_.notify_all();
+}
+
+bool ArrivingState::wanted() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !stopped_ && !closed_;
+}
+
+bool ArrivingState::closed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return closed_;
+}
+
+void ArrivingState::Stop(const Status& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopped_) return;
+  stopped_ = true;
+  if (status_.ok()) status_ = why.ok() ? InternalError("a save's state: stopped") : why;
+  cv_.notify_all();
+}
+
+Result<std::optional<ArrivingState::Chunk>> ArrivingState::Next(bool wait) {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    if (stopped_ || (closed_ && !status_.ok())) return status_;
+    if (!ready_.empty()) {
+      std::optional<Chunk> c(std::move(ready_.front()));
+      ready_.pop_front();
+      return c;
+    }
+    if (closed_ || !wait) return std::optional<Chunk>();
+    cv_.wait(lock);
+  }
+}
+
+void ArrivingState::Release(DeviceBuffer buffer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  free_.push_back(std::move(buffer));
+  cv_.notify_all();
+}
+
+namespace {
+
+Status WriteShardFiles(IoEngine& io, const std::string& dir, const Manifest& m, int rank, const ShardState& state,
+                       const CompressOptions& compression, ShardWriteStats* stats, ArrivingState* arriving) {
   constexpr int64_t kAlign = static_cast<int64_t>(kIoAlignment);
   if (state.size() != m.groups.size()) {
     return InvalidArgumentError("shard ", rank, ": ", state.size(), " groups of state for a manifest of ", m.groups.size());
@@ -75,6 +203,7 @@ Status WriteShard(IoEngine& io, const std::string& dir, const Manifest& m, int r
     IoHandle handle;
     std::vector<char> buf;
     DeviceBuffer raw;  // a chunk read from non-resident state
+    bool arrived = false;  // raw is an arriving chunk's buffer
   };
   std::deque<InFlight> window;
   std::vector<char> scratch;
@@ -83,7 +212,11 @@ Status WriteShard(IoEngine& io, const std::string& dir, const Manifest& m, int r
   auto drain = [&](size_t keep) -> Status {
     while (window.size() > keep) {
       Status s = window.front().handle.Wait();
-      if (!window.front().raw.empty()) spare.push_back(std::move(window.front().raw));
+      if (window.front().arrived) {
+        arriving->Release(std::move(window.front().raw));
+      } else if (!window.front().raw.empty()) {
+        spare.push_back(std::move(window.front().raw));
+      }
       window.pop_front();
       if (!s.ok()) {
         while (!window.empty()) {  // nothing may be freed while the engine still uses it
@@ -95,13 +228,28 @@ Status WriteShard(IoEngine& io, const std::string& dir, const Manifest& m, int r
     }
     return Status();
   };
+  // One chunk: encoded, checksummed, written at the end of the file (raw ones 4 KiB-aligned).
+  auto put = [&](int g, int k, int64_t e, int64_t n, const char* raw, InFlight w, size_t in_flight) -> Status {
+    const size_t raw_bytes = static_cast<size_t>(n) * 4;
+    ASSIGN_OR_RETURN(Codec codec, EncodeChunk(raw, raw_bytes, 4, compression, &scratch, &w.buf));
+    const char* stored = codec == Codec::kRaw ? raw : w.buf.data();
+    const size_t stored_bytes = codec == Codec::kRaw ? raw_bytes : w.buf.size();
+    if (codec == Codec::kRaw) file_off = (file_off + kAlign - 1) / kAlign * kAlign;  // raw chunks stay O_DIRECT-able
+    index.chunks.push_back(ChunkEntry{g, k, e, n, file_off, static_cast<int64_t>(stored_bytes), codec, Checksum(stored, stored_bytes)});
+    ASSIGN_OR_RETURN(w.handle, io.Write(f, stored, stored_bytes, file_off));
+    window.push_back(std::move(w));
+    RETURN_IF_ERROR(drain(in_flight));
+    file_off += static_cast<int64_t>(stored_bytes);
+    if (stats) stats->stored_bytes += static_cast<int64_t>(stored_bytes);
+    return Status();
+  };
   auto write_all = [&]() -> Status {
     for (size_t g = 0; g < state.size(); ++g) {
       for (size_t k = 0; k < state[g].size(); ++k) {
         const StateBuffer& p = state[g][k];
+        if (p.data == nullptr && !p.read && arriving != nullptr) continue;  // below, as it arrives
         for (int64_t e = 0; e < p.count; e += m.chunk_elements) {
           const int64_t n = std::min(m.chunk_elements, p.count - e);
-          const size_t raw_bytes = static_cast<size_t>(n) * 4;
           InFlight w;
           const char* raw = p.data == nullptr ? nullptr : static_cast<const char*>(p.data) + static_cast<size_t>(e) * 4;
           if (raw == nullptr) {
@@ -115,21 +263,34 @@ Status WriteShard(IoEngine& io, const std::string& dir, const Manifest& m, int r
             RETURN_IF_ERROR(p.read(e, n, w.raw.data()), "reading state '", p.kind, "' of group '", m.groups[g].name, "' at element ", e);
             raw = w.raw.as<char>();
           }
-          ASSIGN_OR_RETURN(Codec codec, EncodeChunk(raw, raw_bytes, 4, compression, &scratch, &w.buf));
-          const char* stored = codec == Codec::kRaw ? raw : w.buf.data();
-          const size_t stored_bytes = codec == Codec::kRaw ? raw_bytes : w.buf.size();
-          if (codec == Codec::kRaw) file_off = (file_off + kAlign - 1) / kAlign * kAlign;  // raw chunks stay O_DIRECT-able
-          index.chunks.push_back(ChunkEntry{static_cast<int>(g), static_cast<int>(k), e, n, file_off,
-                                            static_cast<int64_t>(stored_bytes), codec, Checksum(stored, stored_bytes)});
-          ASSIGN_OR_RETURN(w.handle, io.Write(f, stored, stored_bytes, file_off));
-          window.push_back(std::move(w));
-          RETURN_IF_ERROR(drain(16));
-          file_off += static_cast<int64_t>(stored_bytes);
-          if (stats) stats->stored_bytes += static_cast<int64_t>(stored_bytes);
+          RETURN_IF_ERROR(put(static_cast<int>(g), static_cast<int>(k), e, n, raw, std::move(w), 16));
         }
       }
     }
-    return drain(0);
+    // Arriving chunks in the order they fill; when none is ready, the writes in flight finish first
+    // (their buffers go back to the pool the owner's thread is waiting on).
+    while (arriving != nullptr) {
+      ASSIGN_OR_RETURN(std::optional<ArrivingState::Chunk> c, arriving->Next(false));
+      if (!c) {
+        RETURN_IF_ERROR(drain(0));
+        ASSIGN_OR_RETURN(c, arriving->Next(true));
+        if (!c) break;
+      }
+      InFlight w;
+      w.arrived = true;
+      w.raw = std::move(c->buffer);
+      const char* raw = w.raw.as<char>();
+      if (c->group < 0 || static_cast<size_t>(c->group) >= state.size() || c->kind < 0 ||
+          static_cast<size_t>(c->kind) >= state[static_cast<size_t>(c->group)].size()) {
+        return InternalError("an arriving chunk names group ", c->group, " buffer ", c->kind, " of a shard without it");
+      }
+      RETURN_IF_ERROR(put(c->group, c->kind, c->offset, c->count, raw, std::move(w), 8));
+    }
+    RETURN_IF_ERROR(drain(0));
+    std::sort(index.chunks.begin(), index.chunks.end(), [](const ChunkEntry& a, const ChunkEntry& b) {
+      return std::tie(a.group, a.kind, a.elem_offset) < std::tie(b.group, b.kind, b.elem_offset);
+    });
+    return Status();
   };
   if (Status s = write_all(); !s.ok()) {
     (void)drain(0);
@@ -142,6 +303,15 @@ Status WriteShard(IoEngine& io, const std::string& dir, const Manifest& m, int r
   RETURN_IF_ERROR(RenamePath(tmp, dir + "/" + index.data_file));
   // The index last: its presence says this rank's data is durable.
   return WriteFileDurably(io, dir, IndexFileName(rank), EncodeIndex(index));
+}
+
+}  // namespace
+
+Status WriteShard(IoEngine& io, const std::string& dir, const Manifest& m, int rank, const ShardState& state,
+                  const CompressOptions& compression, ShardWriteStats* stats, ArrivingState* arriving) {
+  Status s = WriteShardFiles(io, dir, m, rank, state, compression, stats, arriving);
+  if (!s.ok() && arriving != nullptr) arriving->Stop(s);  // the owner's thread stops waiting to deliver
+  return s;
 }
 
 }  // namespace zrt::ckpt

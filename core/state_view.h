@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -21,7 +22,8 @@ namespace zrt {
 // Resident state (host memory) has `data`; state that lives elsewhere has data == nullptr and is
 // reached through read/write of `n` elements at element `offset`: device memory (snapshot = true:
 // read is a fast copy, so a checkpoint copies it into host staging while training waits and writes in
-// the background) or NVMe swap files (snapshot = false: a checkpoint streams it to its files at once).
+// the background) or NVMe swap files (snapshot = false: a checkpoint takes it as the owner's next
+// update streams it through host memory, StateView::defer, or else reads it at once).
 struct StateBuffer {
   std::string kind;  // "master" (fp32 weights), "exp_avg", "exp_avg_sq", "max_exp_avg_sq"
   DType dtype = DType::kF32;
@@ -53,6 +55,21 @@ struct StateCounters {
   std::string engine_state = "{}";
 };
 
+// Receives the deferred buffers (every one with data == nullptr and snapshot == false) of a StateView
+// during its owner's next update (StateView::defer). Called on the owner's thread.
+class StateSink {
+ public:
+  virtual ~StateSink() = default;
+  // `n` elements of StateView::groups[group].buffers[buffer] from element `offset`, as they were when
+  // the view was taken; each buffer's parts come in order of offset. `data` is valid during the call
+  // only. An error ends the delivery (the update itself goes on).
+  virtual Status Put(int group, int buffer, int64_t offset, int64_t n, const float* data) = 0;
+  // The delivery is over: every part was put (ok) or it stopped (why). Called once.
+  virtual void Close(const Status& status) = 0;
+  // False once the receiver gave up: the owner drops the sink without delivering or closing it.
+  virtual bool wanted() const = 0;
+};
+
 struct StateView {
   int rank = 0;
   int world_size = 1;
@@ -65,6 +82,14 @@ struct StateView {
   std::function<Status(const StateCounters& saved)> restore;
   // Set by the owner: told how long a checkpoint's snapshot made training wait (its step metrics).
   std::function<void(double seconds)> stalled;
+  // Set by an owner whose non-resident state passes through host memory at every update (NVMe
+  // offload: every sub-group is read, updated and written back): `defer(sink)` registers `sink` to
+  // receive the deferred buffers as they are now, part by part, during the owner's next update, each
+  // part before it changes (or before anything else changes them: a load); `deliver()` streams them
+  // to a registered sink at once (a save that cannot wait for the next step; not collective). One
+  // sink at a time.
+  std::function<Status(std::shared_ptr<StateSink> sink)> defer;
+  std::function<Status()> deliver;
 };
 
 }  // namespace zrt

@@ -615,6 +615,23 @@ Result<StepResult> ZeroEngine::StepImpl() {
   return r;
 }
 
+namespace {
+// A view's sink as the store sees it: the store numbers only its own groups.
+class StoreGroupSink final : public StateSink {
+ public:
+  StoreGroupSink(std::shared_ptr<StateSink> sink, std::vector<int> view_group) : sink_(std::move(sink)), view_group_(std::move(view_group)) {}
+  Status Put(int group, int buffer, int64_t offset, int64_t n, const float* data) override {
+    return sink_->Put(view_group_.at(static_cast<size_t>(group)), buffer, offset, n, data);
+  }
+  void Close(const Status& status) override { sink_->Close(status); }
+  bool wanted() const override { return sink_->wanted(); }
+
+ private:
+  std::shared_ptr<StateSink> sink_;
+  std::vector<int> view_group_;
+};
+}  // namespace
+
 StateView ZeroEngine::state_view() {
   StateView v;
   v.rank = comm_->rank();
@@ -624,6 +641,7 @@ StateView ZeroEngine::state_view() {
   v.restore = [this](const StateCounters& saved) { return Restore(saved); };
   v.stalled = [this](double seconds) { impl_->clock.Charge(&StepTimes::checkpoint_stall, seconds); };
   int store_index = 0;
+  std::vector<int> store_groups;  // the store's group -> the view's (frozen groups are not the store's)
   for (auto& gp : groups_) {
     Group& g = *gp;
     StateGroup sg;
@@ -639,8 +657,15 @@ StateView ZeroEngine::state_view() {
       sg.buffers.push_back(std::move(b));
     } else {
       sg.buffers = impl_->store->StateBuffers(store_index++);
+      store_groups.push_back(static_cast<int>(v.groups.size()));
     }
     v.groups.push_back(std::move(sg));
+  }
+  if (impl_->store->can_defer()) {
+    v.defer = [store = impl_->store.get(), map = std::move(store_groups)](std::shared_ptr<StateSink> sink) {
+      return store->Defer(std::make_shared<StoreGroupSink>(std::move(sink), map));
+    };
+    v.deliver = [store = impl_->store.get()] { return store->Deliver(); };
   }
   return v;
 }

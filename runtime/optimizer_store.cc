@@ -30,6 +30,10 @@ OptimizerStore::OptimizerStore(Communicator* comm, Device* device, Compute* comp
 
 OptimizerStore::~OptimizerStore() = default;
 
+Status OptimizerStore::Defer(std::shared_ptr<StateSink>) {
+  return FailedPreconditionError("optimizer store: its state is resident; nothing to defer");
+}
+
 const void* OptimizerStore::HostGrads(const Slot& s) const { return s.host_grad.empty() ? s.in.grads : s.host_grad.data(); }
 
 void* OptimizerStore::HostParams(Slot& s) {
@@ -214,22 +218,45 @@ class SwappedStore final : public OptimizerStore {
   SwappedStore(Communicator* comm, Device* device, Compute* compute, HostMemory* host, Compute* host_compute,
                const Options& o, std::unique_ptr<IoEngine> io)
       : OptimizerStore(comm, device, compute, host, host_compute, o), io_(std::move(io)) {}
+  ~SwappedStore() override {
+    if (sink_ && sink_->wanted()) sink_->Close(FailedPreconditionError("the offloaded optimizer state was destroyed before a save received it"));
+  }
 
   Status Update(const UpdateFn& fn) override {
     std::vector<SwapAccess> access(streams_.size(), SwapAccess::kReadWrite);
     if (params_ >= 0) access[static_cast<size_t>(params_)] = SwapAccess::kWrite;
     // Every rank learns of a problem on any rank: first before anything changes, then after streaming.
     RETURN_IF_ERROR(AgreeOnStatus(comm_, swapper_->CheckFiles()), "step (nothing was updated)");
+    Delivery delivery(TakeSink(), kinds_);
     Copies copies(*this);
     Status st = swapper_->Stream(access, [&](const StateSwapper::Window& w) -> Status {
       if (w.offset == 0) RETURN_IF_ERROR(copies.Begin(static_cast<size_t>(w.region)));
+      (void)delivery.Put(w);  // the state as it was, before Adam changes it (a failed save: the step goes on)
       Slot& s = slots_[static_cast<size_t>(w.region)];
       const void* grads = static_cast<const char*>(HostGrads(s)) + static_cast<size_t>(w.offset) * DTypeSize(s.in.grad_dtype);
       return fn(Window{w.region, w.offset, w.count, Data(w, master_), Data(w, exp_avg_), Data(w, exp_avg_sq_),
                        Data(w, max_exp_avg_sq_), grads, ParamsAt(w), host_compute_});
     }, &stats_);
     st = copies.Finish(std::move(st));
+    delivery.Close(st);
     return AgreeOnStatus(comm_, st).WithContext("step: the offloaded optimizer state may be partly updated; restore from a checkpoint");
+  }
+
+  bool can_defer() const override { return true; }
+  Status Defer(std::shared_ptr<StateSink> sink) override {
+    if (sink_ && sink_->wanted()) return FailedPreconditionError("optimizer store: a save is already waiting for the offloaded state");
+    sink_ = std::move(sink);
+    return Status();
+  }
+  // A read-only stream of the state kinds into the registered sink.
+  Status Deliver() override {
+    Delivery delivery(TakeSink(), kinds_);
+    if (!delivery.active()) return Status();
+    std::vector<SwapAccess> access(streams_.size(), SwapAccess::kNone);
+    for (const auto& [kind, k] : kinds_) access[static_cast<size_t>(k)] = SwapAccess::kRead;
+    Status st = swapper_->Stream(access, [&](const StateSwapper::Window& w) { return delivery.Put(w); }, &stats_);
+    delivery.Close(st);
+    return st.WithContext("handing the offloaded optimizer state to a save");
   }
 
   Status RefreshParams() override {
@@ -249,7 +276,10 @@ class SwappedStore final : public OptimizerStore {
       StateBuffer b{kind, DType::kF32, nullptr, slots_[static_cast<size_t>(group)].in.elements, {}, {}};
       StateSwapper* sw = swapper_.get();
       b.read = [sw, group, k = stream](int64_t off, int64_t cnt, void* dst) { return sw->Read(group, k, off, cnt, dst); };
-      b.write = [sw, group, k = stream](int64_t off, int64_t cnt, const void* src) { return sw->Write(group, k, off, cnt, src); };
+      b.write = [this, sw, group, k = stream](int64_t off, int64_t cnt, const void* src) {
+        (void)Deliver();  // a save waiting for the state gets it as it was (its errors close the save's sink)
+        return sw->Write(group, k, off, cnt, src);
+      };
       out.push_back(std::move(b));
     }
     return out;
@@ -326,8 +356,39 @@ class SwappedStore final : public OptimizerStore {
     return Status();
   }
 
+  // One delivery of the state kinds to a sink, window by window; the first failed Put ends it.
+  class Delivery {
+   public:
+    Delivery(std::shared_ptr<StateSink> sink, const std::vector<std::pair<std::string, int>>& kinds)
+        : sink_(std::move(sink)), kinds_(kinds) {}
+    ~Delivery() { Close(InternalError("optimizer store: the delivery to a save ended early")); }
+    bool active() const { return sink_ != nullptr; }
+    const Status& Put(const StateSwapper::Window& w) {
+      for (size_t b = 0; b < kinds_.size() && sink_ && status_.ok(); ++b) {
+        status_ = sink_->Put(w.region, static_cast<int>(b), w.offset, w.count, Data(w, kinds_[b].second));
+      }
+      return status_;
+    }
+    void Close(const Status& st) {
+      if (!sink_) return;
+      sink_->Close(status_.ok() ? st : status_);
+      sink_.reset();
+    }
+
+   private:
+    std::shared_ptr<StateSink> sink_;
+    const std::vector<std::pair<std::string, int>>& kinds_;
+    Status status_;
+  };
+  std::shared_ptr<StateSink> TakeSink() {
+    std::shared_ptr<StateSink> s = std::move(sink_);
+    sink_.reset();
+    return s && s->wanted() ? s : nullptr;
+  }
+
   std::unique_ptr<IoEngine> io_;
   std::unique_ptr<StateSwapper> swapper_;  // after io_: destroyed before the engine it uses
+  std::shared_ptr<StateSink> sink_;        // a save's, waiting for the next Update
   std::vector<SwapStream> streams_;
   std::vector<std::pair<std::string, int>> kinds_;  // state kind -> stream
   int master_ = -1, exp_avg_ = -1, exp_avg_sq_ = -1, max_exp_avg_sq_ = -1, params_ = -1;

@@ -93,6 +93,15 @@ class OptimizerStore {
   // Group g's state as a checkpoint sees it: master, exp_avg, exp_avg_sq[, max_exp_avg_sq].
   virtual std::vector<StateBuffer> StateBuffers(int group) = 0;
 
+  // StateView::defer and deliver for the buffers StateBuffers gives without data or snapshot (the
+  // swapped store's): Defer registers `sink` (one at a time), which receives every such buffer of
+  // every group (indices: the store's groups, the kinds' order) during the next Update, each
+  // sub-group before Adam changes it, or at once from Deliver, or before a StateBuffer::write changes
+  // the state. A sink registered when the store is destroyed is closed with an error.
+  virtual bool can_defer() const { return false; }
+  virtual Status Defer(std::shared_ptr<StateSink> sink);
+  virtual Status Deliver() { return Status(); }
+
   // Where the stage-3 gatherer finds group g's parameter shard: resident (`shard`) or read from
   // NVMe (`load` into a 4 KiB-aligned buffer of load_bytes).
   struct ParamSource {

@@ -26,6 +26,13 @@ wait_for_checkpoint() {
     sleep 0.1
   done
 }
+# SIGKILLs one random rank process of the job matching $1; says which, and what $2 held then.
+kill_random_rank() {
+  local victim
+  victim=$(rank_pids "$1" | shuf -n 1 --random-source=<(yes "$RANDOM") || true)
+  [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null || return 1
+  echo "   killed rank process $victim ($(ls "$2" 2>/dev/null | tr '\n' ' '))"
+}
 steps=240
 args=(--steps $steps --stage 3 --batch 32 --every 4 --keep-last 2 --print-every 100000)
 rm -rf "$work"; mkdir -p "$work"
@@ -43,11 +50,7 @@ for attempt in $(seq 1 $((kills * 3))); do
   job=$!
   wait_for_checkpoint "$work/run" $job
   sleep "0.$((RANDOM % 6))"
-  victim=$(rank_pids "charlm.*$work/run " | shuf -n 1 --random-source=<(yes "$RANDOM") || true)
-  if [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null; then
-    killed=$((killed + 1))
-    echo "   attempt $attempt: killed rank process $victim ($(ls "$work/run" 2>/dev/null | tr '\n' ' '))"
-  fi
+  kill_random_rank "charlm.*$work/run " "$work/run" && killed=$((killed + 1))
   wait $job || true
   rm -f "$work/run.bin"  # only a run that finishes cleanly may leave the dump
 done
@@ -73,16 +76,30 @@ else
   echo "   (the run finished before the signal arrived)"
 fi
 
-echo "== NVMe offload: killed, restarted, identical to the in-memory baseline"
+echo "== NVMe offload: killed twice, restarted, identical to the in-memory baseline"
+# A save every step: each step hands the previous step's state to the writer (the deferred save of
+# NVMe state), so every kill lands in the middle of one.
 mkdir -p "$work/swap"
+nargs=(--steps $steps --stage 3 --batch 32 --every 1 --keep-last 2 --print-every 100000)
 off=(--offload nvme --nvme-dir "$work/swap")
-mpi 4 "$bin" "${args[@]}" "${off[@]}" --ckpt "$work/nvme" > "$work/nvme.log" 2>&1 &
-job=$!
-wait_for_checkpoint "$work/nvme" $job
-sleep "0.$((RANDOM % 6))"
-kill -9 "$(rank_pids "charlm.*$work/nvme" | tail -1)" 2>/dev/null || true
-wait $job || true
-mpi 4 "$bin" "${args[@]}" "${off[@]}" --ckpt "$work/nvme" --dump "$work/nvme.bin" > "$work/nvme.final.log"
+nkilled=0
+for attempt in 1 2 3 4; do
+  [ $nkilled -ge 2 ] && break
+  before=$(cat "$work/nvme/latest" 2>/dev/null || true)
+  mpi 4 "$bin" "${nargs[@]}" "${off[@]}" --ckpt "$work/nvme" > "$work/nvme.$attempt.log" 2>&1 &
+  job=$!
+  for _ in $(seq 1 1200); do  # until this run has committed a checkpoint of its own
+    [ "$(cat "$work/nvme/latest" 2>/dev/null || true)" != "$before" ] && break
+    kill -0 $job 2>/dev/null || break
+    sleep 0.1
+  done
+  sleep "0.$((RANDOM % 6))"
+  kill_random_rank "charlm.*$work/nvme" "$work/nvme" && nkilled=$((nkilled + 1))
+  wait $job || true
+done
+[ $nkilled -ge 1 ] || { echo "FAIL: never managed to kill an NVMe rank"; exit 1; }
+mpi 4 "$bin" "${nargs[@]}" "${off[@]}" --ckpt "$work/nvme" --dump "$work/nvme.bin" > "$work/nvme.final.log"
+grep -q "resumed_from=$work/nvme/step-" "$work/nvme.final.log" || { echo "FAIL: the NVMe run did not resume"; exit 1; }
 tail -1 "$work/nvme.final.log"
 cmp "$work/base.bin" "$work/nvme.bin" || { echo "FAIL: the NVMe-offloaded resumed run differs from the baseline"; exit 1; }
 [ -z "$(ls -A "$work/swap")" ] || { echo "FAIL: swap files left behind: $(ls -R "$work/swap")"; exit 1; }

@@ -6,13 +6,18 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include "zrt/checkpoint/checkpointer.h"
 #include "zrt/checkpoint/catalog.h"
 #include "zrt/checkpoint/load.h"
 #include "tests/mpi/engine_fixture.h"
+#include "tests/support/checkpointer_testing.h"
+#include "tests/support/io_hooks.h"
 
 namespace zrt {
 namespace {
@@ -187,6 +192,131 @@ TEST_F(OffloadTest, CheckpointsOfNvmeStateLoadBothWays) {
   ASSERT_TRUE((*e)->Restore(r->counters).ok());
   ExpectBitIdentical(State(**e), State(**mem), "in-memory checkpoint into nvme");
   ExpectBitIdentical(Params(**e, kModel.size()), Params(**mem, kModel.size()), "in-memory checkpoint into nvme: params");
+}
+
+// A save of NVMe state rides on the next step: SaveAsync reads nothing (the writer waits for the
+// state), the step hands every sub-group over before Adam changes it (chunks of 3072 elements
+// straddle sub-groups of 4096), and the checkpoint holds exactly the state SaveAsync was given. The
+// other ways a step can come: a Wait first (delivered at once), a load first (the save gets the state
+// as it was), the Checkpointer destroyed first (the save is abandoned, the step is unaffected, the
+// previous checkpoint stays), and the writer failing on one rank mid-step (the step goes on; every
+// rank's Wait fails; the previous checkpoint stays; the next save works).
+TEST_F(OffloadTest, ASaveOfNvmeStateIsHandedOverByTheNextStep) {
+  using T = OffloadTarget;
+  std::vector<ParamDef> model = kModel;
+  model.push_back({"big", {50001}, "g3"});
+  const std::string root = (dir_ / "ckpt").string();
+  auto e = Make(Config(3, T::kNvme, T::kNvme), model, DType::kBF16, InitFn());
+  ASSERT_TRUE(e.ok()) << e.status();
+  auto train = [&](ZeroEngine& en, int from, int to) {
+    for (int step = from; step < to; ++step) {
+      Backward(en, model.size(), [&](int64_t p, int64_t i, float v) { return v - Target(rank(), p, i) + 0.01f * static_cast<float>(step); });
+      auto r = en.Step();
+      ASSERT_TRUE(r.ok()) << r.status();
+    }
+  };
+  // Loads the newest checkpoint into a fresh in-memory engine: its state.
+  auto saved_state = [&](const std::string& tag) {
+    auto fresh = Make(Config(3, T::kNone, T::kNone, tag), model, DType::kBF16, InitFn());
+    EXPECT_TRUE(fresh.ok()) << fresh.status();
+    auto dir = ckpt::FindLatestComplete(root);
+    EXPECT_TRUE(dir.ok()) << dir.status();
+    auto r = ckpt::Load(*dir, (*fresh)->state_view());
+    EXPECT_TRUE(r.ok()) << r.status();
+    return std::make_pair(State(**fresh), r.ok() ? r->counters.step : -1);
+  };
+  testing::FnIoHooks hooks;
+  std::atomic<int> fail_writes{-1};  // the rank whose checkpoint writes fail
+  hooks.transfer = [&](bool write, const std::string& path, int64_t, size_t*) {
+    return write && rank() == fail_writes.load() && path.find("rank-") != std::string::npos ? EIO : 0;
+  };
+  auto make_ck = [&] {
+    auto ck = ckpt::internal::CheckpointerTesting::Create(comm_.get(), &device_, {.root = root, .chunk_elements = 3072}, &hooks);
+    EXPECT_TRUE(ck.ok()) << ck.status();
+    return std::move(*ck);
+  };
+  train(**e, 0, 3);
+
+  // 1. Deferred to the next step.
+  auto ck = make_ck();
+  auto before = State(**e);
+  ASSERT_TRUE(ck->SaveAsync((*e)->state_view()).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(ck->Poll().ok());
+  EXPECT_TRUE(ck->in_flight()) << "the save cannot be written before the step hands the state over";
+  train(**e, 3, 4);
+  for (int i = 0; i < 1000 && ck->in_flight(); ++i) {
+    ASSERT_TRUE(ck->Poll().ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_FALSE(ck->in_flight()) << "committed by a Poll after the step";
+  auto [got, step] = saved_state("check1");
+  EXPECT_EQ(step, 3);
+  ExpectBitIdentical(got, before, "the state SaveAsync was given");
+
+  // 2. Wait before any step: delivered at once.
+  before = State(**e);
+  ASSERT_TRUE(ck->SaveAsync((*e)->state_view()).ok());
+  ASSERT_TRUE(ck->Wait().ok());
+  std::tie(got, step) = saved_state("check2");
+  EXPECT_EQ(step, 4);
+  ExpectBitIdentical(got, before, "delivered by Wait");
+
+  // 3. A load before the step: the save gets the state as it was, the engine the loaded one.
+  train(**e, 4, 5);
+  before = State(**e);
+  ASSERT_TRUE(ck->SaveAsync((*e)->state_view()).ok());
+  {
+    auto dir = ckpt::FindLatestComplete(root);  // step 4's
+    ASSERT_TRUE(dir.ok());
+    auto r = ckpt::Load(*dir, (*e)->state_view());
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE((*e)->Restore(r->counters).ok());
+  }
+  ASSERT_TRUE(ck->Wait().ok());
+  std::tie(got, step) = saved_state("check3");
+  EXPECT_EQ(step, 5);
+  ExpectBitIdentical(got, before, "a load came before the step");
+  train(**e, 4, 5);
+  ExpectBitIdentical(State(**e), before, "the engine went on from the loaded state");
+
+  // 4. The Checkpointer destroyed while its save (of step 6) waits for the step: abandoned; step 5
+  // stays the newest.
+  const auto at5 = before;
+  train(**e, 5, 6);
+  ASSERT_TRUE(ck->SaveAsync((*e)->state_view()).ok());
+  ck.reset();
+  train(**e, 6, 7);
+  ck = make_ck();  // removes the abandoned .tmp directory
+  std::tie(got, step) = saved_state("check4");
+  EXPECT_EQ(step, 5);
+  ExpectBitIdentical(got, at5, "the previous checkpoint after an abandoned save");
+  EXPECT_EQ(std::distance(fs::directory_iterator(root), fs::directory_iterator()), 4) << "step-3, -4, -5 and latest only";
+
+  // 5. The writer fails on one rank while the step hands the state over: the step is unaffected,
+  // every rank's Wait fails, the previous checkpoint stays, the next save works.
+  fail_writes = size() - 1;
+  ASSERT_TRUE(ck->SaveAsync((*e)->state_view()).ok());
+  train(**e, 7, 8);
+  Status w = ck->Wait();
+  EXPECT_FALSE(w.ok()) << "a failed write on rank " << size() - 1 << " fails the save everywhere";
+  std::tie(got, step) = saved_state("check5");
+  EXPECT_EQ(step, 5);
+  fail_writes = -1;
+  before = State(**e);
+  ASSERT_TRUE(ck->SaveAsync((*e)->state_view()).ok());
+  train(**e, 8, 9);
+  ASSERT_TRUE(ck->Wait().ok());
+  std::tie(got, step) = saved_state("check6");
+  EXPECT_EQ(step, 8);
+  ExpectBitIdentical(got, before, "the save after a failed one");
+
+  // 6. The engine destroyed while a save waits for its state: every rank's Wait fails, no hang.
+  ASSERT_TRUE(ck->SaveAsync((*e)->state_view()).ok());
+  e->reset();
+  EXPECT_FALSE(ck->Wait().ok());
+  std::tie(got, step) = saved_state("check7");
+  EXPECT_EQ(step, 8);
 }
 
 // The GPU data paths on CPU ranks: an engine on memory the host may not address (CpuDevice(false), as a
