@@ -1,6 +1,6 @@
 // The synthetic model the checkpoint and recovery benchmarks train under mpirun: `groups` bf16 tensors
-// of params / groups elements with Adam at ZeRO stage `stage`, a step of sparse constant gradients, and
-// the all-rank max/sum of a figure.
+// of params / groups elements with Adam at ZeRO stage `stage` (state in memory or on NVMe), a step of
+// sparse constant gradients, and the all-rank max/sum of a figure.
 #pragma once
 
 #include <mpi.h>
@@ -22,10 +22,17 @@ inline double SumOverRanks(double v) {
   return v;
 }
 
-inline std::unique_ptr<ZeroEngine> MakeEngine(Communicator* comm, Device* dev, int stage, int64_t params, int groups) {
+// `nvme_dir` set: the optimizer state and (stage 3) the parameter shards live in swap files there.
+inline std::unique_ptr<ZeroEngine> MakeEngine(Communicator* comm, Device* dev, int stage, int64_t params, int groups,
+                                              const std::string& nvme_dir = "") {
   EngineConfig cfg;
   cfg.stage = stage;
   cfg.optimizer_threads = 1;
+  if (!nvme_dir.empty()) {
+    cfg.offload.optimizer = OffloadTarget::kNvme;
+    if (stage == 3) cfg.offload.params = OffloadTarget::kNvme;
+    cfg.offload.nvme_dir = nvme_dir;
+  }
   auto e = ZeroEngine::Create(comm, dev, cfg).value();
   for (int g = 0; g < groups; ++g) (void)e->AddParam("w" + std::to_string(g), {params / groups}, DType::kBF16, {.group = "l" + std::to_string(g)});
   (void)e->Finalize([](int64_t p, int64_t off, int64_t n, float* out) {

@@ -9,6 +9,9 @@
 //
 // `host` is where the snapshot is staged: host memory (a CpuDevice, or a HostMemory, pinned in CUDA
 // builds so device-to-host copies run at full speed). State on a GPU is copied into it by SaveAsync.
+// State on NVMe is not copied: the owner's next step hands it to the writer before changing it
+// (StateView::defer; docs/resume.md "Saving NVMe-offloaded state"); a Wait() or SaveAsync before that
+// step has it streamed at once.
 //
 // Create repairs the root (commit.h RepairRoot: dead saves and deletions removed, `latest` and
 // retention brought up to date after a kill). Policy for a SaveAsync while a save is in flight: it first waits for and commits that save (never
@@ -67,7 +70,8 @@ struct CheckpointOptions {
 struct SaveStats {
   int64_t step = -1;
   double stall_seconds = 0;       // SaveAsync's snapshot time (what training waited for)
-  double write_seconds = 0;       // background: encode + write + fsync of this rank's files
+  double write_seconds = 0;       // background: encode + write + fsync of this rank's files (a save of
+                                  // NVMe state: from SaveAsync, waiting for the step that hands it over)
   int64_t raw_bytes = 0;          // this rank's state bytes
   int64_t stored_bytes = 0;       // after compression
   std::string dir;                // the committed directory (empty if not committed)
