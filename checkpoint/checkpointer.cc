@@ -42,6 +42,15 @@ constexpr int64_t kAlign = static_cast<int64_t>(kIoAlignment);
 int64_t AlignUp(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
+// The calling thread's nice value, raised by `nice` (Linux: per thread).
+void AddNice(int nice) {
+  if (nice == 0) return;
+  const int now = getpriority(PRIO_PROCESS, static_cast<id_t>(gettid()));
+  if (setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), std::clamp(now + nice, -20, 19)) != 0) {
+    ZRT_LOG(kWarn) << "checkpoint writer: cannot change its priority by " << nice << ": " << std::strerror(errno);
+  }
+}
+
 std::atomic<int> g_preempted{0};
 void OnPreemptSignal(int) { g_preempted.store(1, std::memory_order_relaxed); }
 
@@ -78,8 +87,14 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Create(Communicator* comm, D
   }
   if (o.keep_last < 0 || o.keep_every < 0) return InvalidArgumentError("checkpointer: negative retention setting");
   if (o.writer_nice < -40 || o.writer_nice > 40) return InvalidArgumentError("checkpointer: writer_nice must be in [-40, 40], got ", o.writer_nice);
+  if (o.writer_threads < 1 || o.writer_threads > 256) {
+    return InvalidArgumentError("checkpointer: writer_threads must be in [1, 256], got ", o.writer_threads);
+  }
   std::unique_ptr<Checkpointer> c(new Checkpointer(comm, device, o));
   ASSIGN_OR_RETURN(c->io_, IoEngine::Create(o.io, hooks), "checkpointer");
+  if (o.writer_threads > 1) {
+    c->encoders_ = std::make_unique<ThreadPool>(o.writer_threads, "zrt-ckpt-enc", [nice = o.writer_nice] { AddNice(nice); });
+  }
   Status s;
   if (comm->rank() == 0) s = RepairRoot(o.root, Retention{o.keep_last, o.keep_every}, *c->io_);
   RETURN_IF_ERROR(BroadcastStatus(comm, s, 0), "checkpointer start-up in ", o.root);
@@ -104,12 +119,7 @@ Checkpointer::~Checkpointer() {
 }
 
 void Checkpointer::WriterLoop() {
-  if (o_.writer_nice != 0) {
-    const int now = getpriority(PRIO_PROCESS, static_cast<id_t>(gettid()));
-    if (setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), std::clamp(now + o_.writer_nice, -20, 19)) != 0) {
-      ZRT_LOG(kWarn) << "checkpoint writer: cannot change its priority by " << o_.writer_nice << ": " << std::strerror(errno);
-    }
-  }
+  AddNice(o_.writer_nice);
   for (;;) {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [this] { return has_work_ || stop_; });
@@ -244,7 +254,7 @@ Status Checkpointer::WriteFiles(Job& job) {
   const std::string ctx = "writing checkpoint step " + std::to_string(m.step);
   if (job.shard_rank >= 0) {
     ShardWriteStats ws;
-    RETURN_IF_ERROR(WriteShard(*io_, job.save.tmp, m, job.shard_rank, job.state, o_.compression, &ws, job.arriving.get()), ctx);
+    RETURN_IF_ERROR(WriteShard(*io_, job.save.tmp, m, job.shard_rank, job.state, {o_.compression, encoders_.get(), job.arriving.get()}, &ws), ctx);
     stats_.stored_bytes = ws.stored_bytes;
   }
   if (comm_->rank() == 0) RETURN_IF_ERROR(PublishFile(*io_, job.save.tmp, kManifestFile, EncodeManifest(m)), ctx);

@@ -56,7 +56,7 @@ class CommitTest : public ::testing::TestWithParam<int> {
       Status local = BeginSave(save);
       ShardState shard;
       for (const StateGroup& g : state.view.groups) shard.push_back(g.buffers);
-      if (local.ok()) local = WriteShard(*io, save.tmp, m, comm.rank(), shard, {});
+      if (local.ok()) local = WriteShard(*io, save.tmp, m, comm.rank(), shard);
       if (local.ok() && comm.rank() == 0) local = PublishFile(*io, save.tmp, kManifestFile, EncodeManifest(m));
       if (comm.rank() == fail_rank) local = IoError("injected failure on rank ", fail_rank);
       Status s = Commit(&comm, local, save, retention, *io);

@@ -84,7 +84,7 @@ Status WriteCheckpointFromFull(const std::string& out_root, const std::vector<Fu
           }));
         }
       }
-      RETURN_IF_ERROR(WriteShard(*io, save.tmp, m, r, state, CompressOptions{}));
+      RETURN_IF_ERROR(WriteShard(*io, save.tmp, m, r, state));
     }
     return PublishFile(*io, save.tmp, kManifestFile, EncodeManifest(m));
   };

@@ -13,6 +13,7 @@ Result<CheckpointOptions> CheckpointOptionsFromJson(const nlohmann::json& j, con
   RETURN_IF_ERROR(r.Read("keep_last", &o.keep_last));
   RETURN_IF_ERROR(r.Read("keep_every", &o.keep_every));
   RETURN_IF_ERROR(r.Read("writer_nice", &o.writer_nice));
+  RETURN_IF_ERROR(r.Read("writer_threads", &o.writer_threads));
   {
     ASSIGN_OR_RETURN(JsonReader c, r.Child("compression"));
     RETURN_IF_ERROR(c.Read<Codec>("codec", &o.compression.codec, ParseCodec));

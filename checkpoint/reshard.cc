@@ -91,7 +91,7 @@ Result<std::string> Reshard(const std::string& dir, const std::string& out_root,
         state.back().push_back(std::move(b));
       }
     }
-    return WriteShard(*io, save.tmp, nm, r, state, CompressOptions{});
+    return WriteShard(*io, save.tmp, nm, r, state);
   };
   std::vector<Status> results(static_cast<size_t>(nm.shards));
   {

@@ -175,8 +175,9 @@ void ArrivingState::Release(DeviceBuffer buffer) {
 namespace {
 
 Status WriteShardFiles(IoEngine& io, const std::string& dir, const Manifest& m, int rank, const ShardState& state,
-                       const CompressOptions& compression, ShardWriteStats* stats, ArrivingState* arriving) {
+                       const ShardWriteOptions& o, ShardWriteStats* stats) {
   constexpr int64_t kAlign = static_cast<int64_t>(kIoAlignment);
+  ArrivingState* arriving = o.arriving;
   if (state.size() != m.groups.size()) {
     return InvalidArgumentError("shard ", rank, ": ", state.size(), " groups of state for a manifest of ", m.groups.size());
   }
@@ -198,29 +199,37 @@ Status WriteShardFiles(IoEngine& io, const std::string& dir, const Manifest& m, 
   const std::string tmp = dir + "/" + index.data_file + ".tmp";
   ASSIGN_OR_RETURN(IoFile f, IoFile::Open(tmp, IoFile::Mode::kCreate));
   CpuDevice host;  // before every buffer it hands out: destroyed after them
-  // Compressed chunks need their own buffers until written: a bounded window stays in flight.
+  // A chunk on its way: being encoded (and checksummed), then written. Compressed chunks need their own
+  // buffers until written: a bounded window stays in flight.
   struct InFlight {
+    ChunkEntry entry;
+    const char* raw = nullptr;
+    DeviceBuffer buffer;   // a chunk read from non-resident state, or an arriving chunk's
+    bool arrived = false;  // buffer is an arriving chunk's
+    std::vector<char> buf;  // the encoded bytes (compressed chunks)
+    std::future<Status> encoded;  // with encoders
     IoHandle handle;
-    std::vector<char> buf;
-    DeviceBuffer raw;  // a chunk read from non-resident state
-    bool arrived = false;  // raw is an arriving chunk's buffer
   };
-  std::deque<InFlight> window;
+  std::deque<std::unique_ptr<InFlight>> encoding, window;
+  const size_t encode_depth = o.encoders != nullptr ? 2 * static_cast<size_t>(o.encoders->workers() + 1) : 0;
   std::vector<char> scratch;
   std::vector<DeviceBuffer> spare;  // chunk buffers for non-resident state, reused once written
   int64_t file_off = 0;
+  auto recycle = [&](InFlight& w) {
+    if (w.arrived) {
+      arriving->Release(std::move(w.buffer));
+    } else if (!w.buffer.empty()) {
+      spare.push_back(std::move(w.buffer));
+    }
+  };
   auto drain = [&](size_t keep) -> Status {
     while (window.size() > keep) {
-      Status s = window.front().handle.Wait();
-      if (window.front().arrived) {
-        arriving->Release(std::move(window.front().raw));
-      } else if (!window.front().raw.empty()) {
-        spare.push_back(std::move(window.front().raw));
-      }
+      Status s = window.front()->handle.Wait();
+      recycle(*window.front());
       window.pop_front();
       if (!s.ok()) {
         while (!window.empty()) {  // nothing may be freed while the engine still uses it
-          (void)window.front().handle.Wait();
+          (void)window.front()->handle.Wait();
           window.pop_front();
         }
         return s;
@@ -228,19 +237,56 @@ Status WriteShardFiles(IoEngine& io, const std::string& dir, const Manifest& m, 
     }
     return Status();
   };
-  // One chunk: encoded, checksummed, written at the end of the file (raw ones 4 KiB-aligned).
-  auto put = [&](int g, int k, int64_t e, int64_t n, const char* raw, InFlight w, size_t in_flight) -> Status {
-    const size_t raw_bytes = static_cast<size_t>(n) * 4;
-    ASSIGN_OR_RETURN(Codec codec, EncodeChunk(raw, raw_bytes, 4, compression, &scratch, &w.buf));
-    const char* stored = codec == Codec::kRaw ? raw : w.buf.data();
-    const size_t stored_bytes = codec == Codec::kRaw ? raw_bytes : w.buf.size();
-    if (codec == Codec::kRaw) file_off = (file_off + kAlign - 1) / kAlign * kAlign;  // raw chunks stay O_DIRECT-able
-    index.chunks.push_back(ChunkEntry{g, k, e, n, file_off, static_cast<int64_t>(stored_bytes), codec, Checksum(stored, stored_bytes)});
-    ASSIGN_OR_RETURN(w.handle, io.Write(f, stored, stored_bytes, file_off));
+  auto encode = [&compression = o.compression](InFlight& w, std::vector<char>* scratch_buf) -> Status {
+    const size_t raw_bytes = static_cast<size_t>(w.entry.elements) * 4;
+    ASSIGN_OR_RETURN(w.entry.codec, EncodeChunk(w.raw, raw_bytes, 4, compression, scratch_buf, &w.buf));
+    const char* stored = w.entry.codec == Codec::kRaw ? w.raw : w.buf.data();
+    w.entry.stored_bytes = static_cast<int64_t>(w.entry.codec == Codec::kRaw ? raw_bytes : w.buf.size());
+    w.entry.xxh3 = Checksum(stored, static_cast<size_t>(w.entry.stored_bytes));
+    return Status();
+  };
+  // The oldest encoded chunk, written at the end of the file (raw ones 4 KiB-aligned).
+  auto issue = [&](size_t in_flight) -> Status {
+    std::unique_ptr<InFlight> w = std::move(encoding.front());
+    encoding.pop_front();
+    if (w->encoded.valid()) RETURN_IF_ERROR(w->encoded.get());
+    ChunkEntry& c = w->entry;
+    if (c.codec == Codec::kRaw) file_off = (file_off + kAlign - 1) / kAlign * kAlign;  // raw chunks stay O_DIRECT-able
+    c.file_offset = file_off;
+    index.chunks.push_back(c);
+    const char* stored = c.codec == Codec::kRaw ? w->raw : w->buf.data();
+    ASSIGN_OR_RETURN(w->handle, io.Write(f, stored, static_cast<size_t>(c.stored_bytes), file_off));
     window.push_back(std::move(w));
     RETURN_IF_ERROR(drain(in_flight));
-    file_off += static_cast<int64_t>(stored_bytes);
-    if (stats) stats->stored_bytes += static_cast<int64_t>(stored_bytes);
+    file_off += c.stored_bytes;
+    if (stats) stats->stored_bytes += c.stored_bytes;
+    return Status();
+  };
+  // Every chunk still being encoded is waited for (an error leaves none using its buffers).
+  auto settle = [&]() {
+    for (auto& w : encoding) {
+      if (w->encoded.valid()) w->encoded.wait();
+    }
+    encoding.clear();
+  };
+  // One chunk: encoded here or on an encoder, then issued in order.
+  auto put = [&](int g, int k, int64_t e, int64_t n, const char* raw, std::unique_ptr<InFlight> w, size_t in_flight) -> Status {
+    w->entry = ChunkEntry{g, k, e, n, 0, 0, Codec::kRaw, 0};
+    w->raw = raw;
+    if (o.encoders == nullptr) {
+      RETURN_IF_ERROR(encode(*w, &scratch));
+    } else {
+      w->encoded = o.encoders->Submit([&encode, p = w.get()] {
+        thread_local std::vector<char> encoder_scratch;
+        return encode(*p, &encoder_scratch);
+      });
+    }
+    encoding.push_back(std::move(w));
+    while (encoding.size() > encode_depth) RETURN_IF_ERROR(issue(in_flight));
+    return Status();
+  };
+  auto issue_all = [&](size_t in_flight) -> Status {
+    while (!encoding.empty()) RETURN_IF_ERROR(issue(in_flight));
     return Status();
   };
   auto write_all = [&]() -> Status {
@@ -250,42 +296,44 @@ Status WriteShardFiles(IoEngine& io, const std::string& dir, const Manifest& m, 
         if (p.data == nullptr && !p.read && arriving != nullptr) continue;  // below, as it arrives
         for (int64_t e = 0; e < p.count; e += m.chunk_elements) {
           const int64_t n = std::min(m.chunk_elements, p.count - e);
-          InFlight w;
+          auto w = std::make_unique<InFlight>();
           const char* raw = p.data == nullptr ? nullptr : static_cast<const char*>(p.data) + static_cast<size_t>(e) * 4;
           if (raw == nullptr) {
             if (!p.read) return InvalidArgumentError("state '", p.kind, "' of group '", m.groups[g].name, "' has neither data nor a read function");
             if (spare.empty()) {
-              ASSIGN_OR_RETURN(w.raw, host.Allocate(static_cast<size_t>(m.chunk_elements) * 4, MemCategory::kStaging, kIoAlignment));
+              ASSIGN_OR_RETURN(w->buffer, host.Allocate(static_cast<size_t>(m.chunk_elements) * 4, MemCategory::kStaging, kIoAlignment));
             } else {
-              w.raw = std::move(spare.back());
+              w->buffer = std::move(spare.back());
               spare.pop_back();
             }
-            RETURN_IF_ERROR(p.read(e, n, w.raw.data()), "reading state '", p.kind, "' of group '", m.groups[g].name, "' at element ", e);
-            raw = w.raw.as<char>();
+            RETURN_IF_ERROR(p.read(e, n, w->buffer.data()), "reading state '", p.kind, "' of group '", m.groups[g].name, "' at element ", e);
+            raw = w->buffer.as<char>();
           }
           RETURN_IF_ERROR(put(static_cast<int>(g), static_cast<int>(k), e, n, raw, std::move(w), 16));
         }
       }
     }
-    // Arriving chunks in the order they fill; when none is ready, the writes in flight finish first
-    // (their buffers go back to the pool the owner's thread is waiting on).
+    // Arriving chunks in the order they fill; when none is ready, the chunks on their way finish first
+    // (their buffers go back to the pool the owner's thread may be waiting on).
     while (arriving != nullptr) {
       ASSIGN_OR_RETURN(std::optional<ArrivingState::Chunk> c, arriving->Next(false));
       if (!c) {
+        RETURN_IF_ERROR(issue_all(8));
         RETURN_IF_ERROR(drain(0));
         ASSIGN_OR_RETURN(c, arriving->Next(true));
         if (!c) break;
       }
-      InFlight w;
-      w.arrived = true;
-      w.raw = std::move(c->buffer);
-      const char* raw = w.raw.as<char>();
       if (c->group < 0 || static_cast<size_t>(c->group) >= state.size() || c->kind < 0 ||
           static_cast<size_t>(c->kind) >= state[static_cast<size_t>(c->group)].size()) {
         return InternalError("an arriving chunk names group ", c->group, " buffer ", c->kind, " of a shard without it");
       }
+      auto w = std::make_unique<InFlight>();
+      w->arrived = true;
+      w->buffer = std::move(c->buffer);
+      const char* raw = w->buffer.as<char>();
       RETURN_IF_ERROR(put(c->group, c->kind, c->offset, c->count, raw, std::move(w), 8));
     }
+    RETURN_IF_ERROR(issue_all(16));
     RETURN_IF_ERROR(drain(0));
     std::sort(index.chunks.begin(), index.chunks.end(), [](const ChunkEntry& a, const ChunkEntry& b) {
       return std::tie(a.group, a.kind, a.elem_offset) < std::tie(b.group, b.kind, b.elem_offset);
@@ -293,6 +341,7 @@ Status WriteShardFiles(IoEngine& io, const std::string& dir, const Manifest& m, 
     return Status();
   };
   if (Status s = write_all(); !s.ok()) {
+    settle();
     (void)drain(0);
     return s;
   }
@@ -308,9 +357,9 @@ Status WriteShardFiles(IoEngine& io, const std::string& dir, const Manifest& m, 
 }  // namespace
 
 Status WriteShard(IoEngine& io, const std::string& dir, const Manifest& m, int rank, const ShardState& state,
-                  const CompressOptions& compression, ShardWriteStats* stats, ArrivingState* arriving) {
-  Status s = WriteShardFiles(io, dir, m, rank, state, compression, stats, arriving);
-  if (!s.ok() && arriving != nullptr) arriving->Stop(s);  // the owner's thread stops waiting to deliver
+                  const ShardWriteOptions& options, ShardWriteStats* stats) {
+  Status s = WriteShardFiles(io, dir, m, rank, state, options, stats);
+  if (!s.ok() && options.arriving != nullptr) options.arriving->Stop(s);  // the owner's thread stops waiting to deliver
   return s;
 }
 

@@ -14,6 +14,7 @@
 #include "zrt/checkpoint/format.h"
 #include "zrt/core/device.h"
 #include "zrt/core/state_view.h"
+#include "zrt/core/thread_pool.h"
 #include "zrt/offload/io_engine.h"
 
 namespace zrt::ckpt {
@@ -83,11 +84,19 @@ class ArrivingState final : public StateSink {
   bool stopped_ = false;
 };
 
+struct ShardWriteOptions {
+  CompressOptions compression;
+  // Encode (compress) and checksum chunks on these threads too, several chunks at a time (null: on the
+  // calling thread only). The file is the same either way.
+  ThreadPool* encoders = nullptr;
+  // Supplies the buffers of `state` that have neither data nor a read (their chunks are written as
+  // they fill, after the others); a failed write stops it.
+  ArrivingState* arriving = nullptr;
+};
+
 // dir/rank-r.data (temp name, fsync, rename) then dir/rank-r.index.json (written last, durably: its
-// presence says the rank's data is durable). Durability steps ask io's hooks. `arriving` supplies the
-// buffers of `state` that have neither data nor a read (their chunks are written as they fill, after
-// the others); a failed write stops it.
+// presence says the rank's data is durable). Durability steps ask io's hooks.
 Status WriteShard(IoEngine& io, const std::string& dir, const Manifest& m, int rank, const ShardState& state,
-                  const CompressOptions& compression, ShardWriteStats* stats = nullptr, ArrivingState* arriving = nullptr);
+                  const ShardWriteOptions& options = {}, ShardWriteStats* stats = nullptr);
 
 }  // namespace zrt::ckpt

@@ -1,11 +1,18 @@
-// WriteShard: every chunk of resident and streamed (read-function) state reads back through
-// files.h with its checksum, raw and compressed; raw chunks stay 4 KiB-aligned; the index is written
-// last, so a failed fsync or rename leaves no index and no final data file.
+// WriteShard: every chunk of resident, streamed (read-function) and arriving (ArrivingState) state
+// reads back through files.h with its checksum, raw and compressed; raw chunks stay 4 KiB-aligned;
+// encoder threads write the same file; the index is written last, so a failed fsync or rename (or a
+// delivery that stops) leaves no index and no final data file; a delivery waiting for buffers stops
+// when the save does.
 #include "zrt/checkpoint/shard_writer.h"
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <thread>
 
 #include "tests/support/io_hooks.h"
 #include "zrt/checkpoint/files.h"
@@ -41,6 +48,35 @@ class ShardWriterTest : public ::testing::TestWithParam<Codec> {
     };
     return {{{"master", DType::kF32, master_.data(), layout_.shard_size()}, std::move(streamed)}};
   }
+  // Reads every chunk of shard 0 back through files.h (checksums checked): fn(chunk, its elements).
+  // Returns the stored bytes read (-1 on a failure, reported).
+  int64_t ReadBack(const std::function<void(const ChunkEntry&, const std::vector<float>&)>& fn, size_t* chunks = nullptr) {
+    auto io = IoEngine::Create();
+    auto cd = CheckpointDir::Open(dir_.string());
+    const std::vector<ShardLayout> layouts = {layout_};
+    auto idx = cd.ok() ? ReadIndex(*cd, m_, layouts, 0) : Result<RankIndex>(cd.status());
+    if (!io.ok() || !idx.ok()) {
+      ADD_FAILURE() << io.status() << idx.status();
+      return -1;
+    }
+    auto f = IoFile::Open((dir_ / idx->data_file).string(), IoFile::Mode::kRead);
+    if (!f.ok()) {
+      ADD_FAILURE() << f.status();
+      return -1;
+    }
+    if (chunks != nullptr) *chunks = idx->chunks.size();
+    std::vector<float> out;
+    std::vector<char> scratch;
+    int64_t bytes = 0;
+    for (size_t k = 0; k < idx->chunks.size(); ++k) {
+      if (Status s = ReadChunk(**io, *f, m_, layout_, *idx, k, &out, &scratch, &bytes); !s.ok()) {
+        ADD_FAILURE() << "chunk " << k << ": " << s;
+        return -1;
+      }
+      fn(idx->chunks[k], out);
+    }
+    return bytes;
+  }
   fs::path dir_;
   Manifest m_;
   ShardLayout layout_;
@@ -52,30 +88,19 @@ TEST_P(ShardWriterTest, EveryChunkReadsBackWithItsChecksum) {
   auto io = IoEngine::Create();
   ASSERT_TRUE(io.ok());
   ShardWriteStats stats;
-  ASSERT_TRUE(WriteShard(**io, dir_.string(), m_, 0, State(), {GetParam(), 1}, &stats).ok());
+  ASSERT_TRUE(WriteShard(**io, dir_.string(), m_, 0, State(), {.compression = {GetParam(), 1}}, &stats).ok());
   EXPECT_EQ(reads_, 3);  // the streamed buffer, one chunk at a time
-  auto cd = CheckpointDir::Open(dir_.string());
-  ASSERT_TRUE(cd.ok()) << cd.status();
-  const std::vector<ShardLayout> layouts = {layout_};
-  auto idx = ReadIndex(*cd, m_, layouts, 0);
-  ASSERT_TRUE(idx.ok()) << idx.status();
-  EXPECT_EQ(idx->chunks.size(), 6u);
-  auto f = IoFile::Open((dir_ / idx->data_file).string(), IoFile::Mode::kRead);
-  ASSERT_TRUE(f.ok());
-  std::vector<float> out;
-  std::vector<char> scratch;
-  int64_t bytes = 0;
-  for (size_t k = 0; k < idx->chunks.size(); ++k) {
-    const ChunkEntry& c = idx->chunks[k];
+  size_t chunks = 0;
+  const int64_t bytes = ReadBack([&](const ChunkEntry& c, const std::vector<float>& out) {
     if (c.codec == Codec::kRaw) {
-      EXPECT_EQ(c.file_offset % 4096, 0) << k;
+      EXPECT_EQ(c.file_offset % 4096, 0) << c.elem_offset;
     }
-    ASSERT_TRUE(ReadChunk(**io, *f, m_, layout_, *idx, k, &out, &scratch, &bytes).ok()) << k;
     for (int64_t i = 0; i < c.elements; ++i) {
       const int64_t e = c.elem_offset + i;
-      ASSERT_EQ(out[static_cast<size_t>(i)], c.kind == 0 ? master_[static_cast<size_t>(e)] : -static_cast<float>(e)) << k;
+      ASSERT_EQ(out[static_cast<size_t>(i)], c.kind == 0 ? master_[static_cast<size_t>(e)] : -static_cast<float>(e)) << e;
     }
-  }
+  }, &chunks);
+  EXPECT_EQ(chunks, 6u);
   EXPECT_EQ(bytes, stats.stored_bytes);
   if (GetParam() != Codec::kRaw) {
     EXPECT_LT(stats.stored_bytes, 2 * layout_.shard_size() * 4);
@@ -88,7 +113,7 @@ TEST_P(ShardWriterTest, AFailedFsyncOrRenameLeavesNoIndex) {
     hooks.file_op = [op](std::string_view o, const std::string& path) { return o == op && path.ends_with(".data.tmp") ? EIO : 0; };
     auto io = IoEngine::Create({}, &hooks);
     ASSERT_TRUE(io.ok());
-    Status s = WriteShard(**io, dir_.string(), m_, 1, State(), {GetParam(), 1});
+    Status s = WriteShard(**io, dir_.string(), m_, 1, State(), {.compression = {GetParam(), 1}});
     EXPECT_EQ(s.code(), StatusCode::kIo) << op;
     EXPECT_FALSE(fs::exists(dir_ / IndexFileName(1))) << op;
     EXPECT_FALSE(fs::exists(dir_ / DataFileName(1))) << op;
@@ -99,7 +124,90 @@ TEST_P(ShardWriterTest, StateThatDoesNotMatchTheManifestIsRefused) {
   auto io = IoEngine::Create();
   ShardState state = State();
   state[0].pop_back();
-  EXPECT_EQ(WriteShard(**io, dir_.string(), m_, 0, state, {}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(WriteShard(**io, dir_.string(), m_, 0, state).code(), StatusCode::kInvalidArgument);
+}
+
+std::string Slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+TEST_P(ShardWriterTest, EncoderThreadsWriteTheSameFile) {
+  auto io = IoEngine::Create();
+  ASSERT_TRUE(io.ok());
+  ASSERT_TRUE(WriteShard(**io, dir_.string(), m_, 0, State(), {.compression = {GetParam(), 1}}).ok());
+  ThreadPool encoders(3, "test-enc");
+  ASSERT_TRUE(WriteShard(**io, dir_.string(), m_, 1, State(), {.compression = {GetParam(), 1}, .encoders = &encoders}).ok());
+  EXPECT_EQ(Slurp(dir_ / DataFileName(0)), Slurp(dir_ / DataFileName(1)));
+  auto cd = CheckpointDir::Open(dir_.string());
+  ASSERT_TRUE(cd.ok()) << cd.status();
+  const std::vector<ShardLayout> layouts = {layout_};
+  // Rank 1's index read as rank 0's shard: the same chunks (the names differ, nothing else).
+  auto a = ReadIndex(*cd, m_, layouts, 0);
+  auto b = ReadIndex(*cd, m_, layouts, 1);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  ASSERT_EQ(a->chunks.size(), b->chunks.size());
+  for (size_t k = 0; k < a->chunks.size(); ++k) {
+    EXPECT_EQ(a->chunks[k].file_offset, b->chunks[k].file_offset) << k;
+    EXPECT_EQ(a->chunks[k].xxh3, b->chunks[k].xxh3) << k;
+  }
+}
+
+// exp_avg arrives from another thread in parts of 700 elements (straddling chunks of 1024) while the
+// shard is written, with and without encoders; out-of-order parts are refused; a delivery that ends
+// early fails the write and leaves no index.
+TEST_P(ShardWriterTest, ArrivingStateIsWrittenAsItFills) {
+  auto io = IoEngine::Create();
+  ASSERT_TRUE(io.ok());
+  const int64_t n = layout_.shard_size();
+  std::vector<float> avg(static_cast<size_t>(n));
+  for (size_t i = 0; i < avg.size(); ++i) avg[i] = 0.5f - static_cast<float>(i % 13);
+  ThreadPool encoders(2, "test-enc");
+  for (ThreadPool* enc : {static_cast<ThreadPool*>(nullptr), &encoders}) {
+    for (bool complete : {true, false}) {
+      fs::remove_all(dir_);
+      fs::create_directories(dir_);
+      ShardState state = {{{"master", DType::kF32, master_.data(), n}, {"exp_avg", DType::kF32, nullptr, n, {}, {}}}};
+      ArrivingState arriving({{0, n}}, m_.chunk_elements);
+      std::thread owner([&] {
+        const int64_t upto = complete ? n : n - 5;
+        for (int64_t off = 0; off < upto; off += 700) {
+          EXPECT_TRUE(arriving.Put(0, 1, off, std::min<int64_t>(700, upto - off), avg.data() + off).ok());
+        }
+        EXPECT_EQ(arriving.Put(0, 1, 3, 1, avg.data()).code(), StatusCode::kInvalidArgument);  // out of order
+        arriving.Close(Status());
+        EXPECT_EQ(arriving.Put(0, 1, upto, 1, avg.data()).code(), StatusCode::kFailedPrecondition);  // after the end
+      });
+      Status s = WriteShard(**io, dir_.string(), m_, 0, state, {.compression = {GetParam(), 1}, .encoders = enc, .arriving = &arriving});
+      owner.join();
+      if (!complete) {
+        EXPECT_FALSE(s.ok());
+        EXPECT_NE(s.message().find("ended at element"), std::string::npos) << s;
+        EXPECT_FALSE(fs::exists(dir_ / IndexFileName(0)));
+        continue;
+      }
+      ASSERT_TRUE(s.ok()) << s;
+      EXPECT_GT(ReadBack([&](const ChunkEntry& c, const std::vector<float>& out) {
+        const std::vector<float>& want = c.kind == 0 ? master_ : avg;
+        ASSERT_EQ(0, std::memcmp(out.data(), want.data() + c.elem_offset, static_cast<size_t>(c.elements) * 4)) << c.elem_offset;
+      }), 0);
+    }
+  }
+}
+
+TEST_P(ShardWriterTest, ADeliveryWaitingForBuffersStopsWithTheSave) {
+  const int64_t n = 200 * m_.chunk_elements;  // far more than the pool's chunks
+  std::vector<float> big(static_cast<size_t>(n), 1.0f);
+  ArrivingState arriving({{n}}, m_.chunk_elements);
+  Status put;
+  std::thread owner([&] { put = arriving.Put(0, 0, 0, n, big.data()); });  // no writer takes chunks
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_TRUE(arriving.wanted());
+  arriving.Stop(IoError("disk full"));
+  owner.join();
+  EXPECT_EQ(put.code(), StatusCode::kIo) << put;
+  EXPECT_FALSE(arriving.wanted());
+  EXPECT_EQ(arriving.Next(true).status().code(), StatusCode::kIo);
 }
 
 INSTANTIATE_TEST_SUITE_P(Codecs, ShardWriterTest, ::testing::Values(Codec::kRaw, Codec::kZstd, Codec::kByteGroupZstd),

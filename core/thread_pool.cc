@@ -10,11 +10,12 @@ namespace {
 thread_local const ThreadPool* tls_current_pool = nullptr;
 }  // namespace
 
-ThreadPool::ThreadPool(int workers, std::string name) {
+ThreadPool::ThreadPool(int workers, std::string name, std::function<void()> on_start) {
   threads_.reserve(workers > 0 ? workers : 0);
   for (int i = 0; i < workers; ++i) {
-    threads_.emplace_back([this] {
+    threads_.emplace_back([this, on_start] {
       tls_current_pool = this;
+      if (on_start) on_start();
       WorkerLoop();
     });
     std::string tname = name + "-" + std::to_string(i);

@@ -21,8 +21,9 @@ namespace zrt {
 
 class ThreadPool {
  public:
-  // Starts `workers` threads (>= 0) named "<name>-<i>" (15 characters at most are kept by Linux).
-  explicit ThreadPool(int workers, std::string name = "zrt-pool");
+  // Starts `workers` threads (>= 0) named "<name>-<i>" (15 characters at most are kept by Linux);
+  // each runs `on_start` first (e.g. to set its priority).
+  explicit ThreadPool(int workers, std::string name = "zrt-pool", std::function<void()> on_start = {});
   ~ThreadPool();  // finishes queued tasks, then joins every worker
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;

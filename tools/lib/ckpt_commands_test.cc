@@ -58,7 +58,7 @@ class CkptCommands : public ::testing::Test {
       }
       const ShardState state = {{{"master", DType::kF32, data[0].data(), layout->shard_size()},
                                  {"exp_avg", DType::kF32, data[1].data(), layout->shard_size()}}};
-      EXPECT_TRUE(WriteShard(**io, dir, m, r, state, CompressOptions{}).ok());
+      EXPECT_TRUE(WriteShard(**io, dir, m, r, state).ok());
     }
     EXPECT_TRUE(WriteFileDurably(**io, dir, "manifest.json", EncodeManifest(m)).ok());
     return dir;
