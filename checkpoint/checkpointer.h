@@ -39,12 +39,12 @@
 #include "zrt/core/communicator.h"
 #include "zrt/core/device.h"
 #include "zrt/core/state_view.h"
-#include "zrt/core/thread_pool.h"
 #include "zrt/offload/io_options.h"
 
 namespace zrt {
 class IoEngine;
 class IoHooks;
+class ThreadPool;
 }  // namespace zrt
 
 namespace zrt::ckpt {

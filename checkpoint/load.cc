@@ -309,7 +309,8 @@ Result<std::pair<const GroupEntry*, const TensorEntry*>> TensorReader::Find(cons
   return std::pair<const GroupEntry*, const TensorEntry*>{&ge, &ge.tensors[static_cast<size_t>(w->second.second)]};
 }
 
-Status TensorReader::Read(const std::string& name, const std::string& kind, int64_t offset, int64_t count, float* out) {
+Status TensorReader::ForEachPiece(const std::string& name, const std::string& kind, int64_t offset, int64_t count,
+                                  const std::function<Status(int group, int kind, const ShardPiece&)>& fn) {
   ASSIGN_OR_RETURN(auto found, Find(name));
   const auto [g, t] = impl_->where.at(name);
   const GroupEntry& ge = *found.first;
@@ -319,12 +320,23 @@ Status TensorReader::Read(const std::string& name, const std::string& kind, int6
     return InvalidArgumentError("tensor '", name, "': elements [", offset, ", ", offset + count, ") outside its ", found.second->numel);
   }
   for (const ShardPiece& op : impl_->src->layout(g).Locate(t, offset, offset + count)) {
-    RETURN_IF_ERROR(impl_->src->Read(op.rank, g, static_cast<int>(k - ge.kinds.begin()), op.shard_offset, op.count,
-                                     out + (op.tensor_offset - offset)),
-                    "reading tensor '", name, "' (", kind, ") from ", impl_->cd.path());
+    RETURN_IF_ERROR(fn(g, static_cast<int>(k - ge.kinds.begin()), op), "reading tensor '", name, "' (", kind, ") from ", impl_->cd.path());
   }
   return Status();
 }
+
+Status TensorReader::Read(const std::string& name, const std::string& kind, int64_t offset, int64_t count, float* out) {
+  return ForEachPiece(name, kind, offset, count, [&](int g, int k, const ShardPiece& op) {
+    return impl_->src->Read(op.rank, g, k, op.shard_offset, op.count, out + (op.tensor_offset - offset));
+  });
+}
+
+Status TensorReader::Plan(const std::string& name, const std::string& kind, int64_t offset, int64_t count) {
+  return ForEachPiece(name, kind, offset, count,
+                      [&](int g, int k, const ShardPiece& op) { return impl_->src->Plan(op.rank, g, k, op.shard_offset, op.count); });
+}
+
+void TensorReader::StartReadAhead(int64_t window_bytes) { impl_->src->Start(window_bytes); }
 
 Result<LoadResult> Load(const std::string& dir, const StateView& target, const LoadOptions& options) {
   ASSIGN_OR_RETURN(CheckpointDir cd, CheckpointDir::Open(dir), "loading checkpoint");

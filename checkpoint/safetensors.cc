@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -45,28 +46,32 @@ Result<const char*> SafetensorsName(DType t) {
   }
 }
 
-// Streams bytes to a file through an aligned buffer, durably at Finish. O_DIRECT where the filesystem
-// takes it (no copy into the page cache: the copy was half the export's time), written a whole
-// buffer at a time at aligned offsets; the tail is padded to the block and the file truncated to its
-// length. Buffered writes elsewhere (tmpfs).
+// Streams bytes to a file through aligned buffers, durably at Finish: each full buffer is written
+// asynchronously through the IoEngine (O_DIRECT where the filesystem takes it: no copy into the page
+// cache) while the next one fills, kBuffers - 1 writes in flight at most; the tail is padded to the
+// block and the file truncated to its length.
 class FileWriter {
  public:
-  static Result<FileWriter> Create(const std::string& path) {
+  static Result<FileWriter> Create(IoEngine& io, const std::string& path) {
     FileWriter w;
-    w.path_ = path;
-    w.fd_ = UniqueFd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644));
-    w.direct_ = w.fd_.valid();
-    if (!w.direct_) w.fd_ = UniqueFd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-    if (!w.fd_.valid()) return IoError("creating ", path, ": ", std::strerror(errno));
-    w.buf_.reset(static_cast<char*>(std::aligned_alloc(kAlign, kBuffer)));
-    if (!w.buf_) return OutOfMemoryError("export: no memory for a write buffer");
+    w.io_ = &io;
+    ASSIGN_OR_RETURN(w.file_, IoFile::Open(path, IoFile::Mode::kCreate));
+    for (Slot& b : w.slots_) {
+      b.data.reset(static_cast<char*>(std::aligned_alloc(kAlign, kBuffer)));
+      if (!b.data) return OutOfMemoryError("export: no memory for a write buffer");
+    }
     return w;
+  }
+  FileWriter(FileWriter&&) = default;
+  FileWriter& operator=(FileWriter&&) = default;
+  ~FileWriter() {
+    for (Slot& b : slots_) (void)b.write.Wait();  // nothing is freed while the engine still reads it
   }
   Status Write(const void* p, size_t n) {
     const char* c = static_cast<const char*>(p);
     while (n > 0) {
       const size_t k = std::min(n, kBuffer - used_);
-      std::memcpy(buf_.get() + used_, c, k);
+      std::memcpy(slots_[cur_].data.get() + used_, c, k);
       used_ += k, c += k, n -= k;
       if (used_ == kBuffer) RETURN_IF_ERROR(Flush());
     }
@@ -75,38 +80,39 @@ class FileWriter {
   Status Finish() {
     const int64_t length = offset_ + static_cast<int64_t>(used_);
     if (used_ > 0) {
-      const size_t padded = direct_ ? (used_ + kAlign - 1) / kAlign * kAlign : used_;
-      std::memset(buf_.get() + used_, 0, padded - used_);
+      const size_t padded = (used_ + kAlign - 1) / kAlign * kAlign;
+      std::memset(slots_[cur_].data.get() + used_, 0, padded - used_);
       used_ = padded;
       RETURN_IF_ERROR(Flush());
     }
-    if (::ftruncate(fd_.get(), length) != 0) return IoError("truncating ", path_, ": ", std::strerror(errno));
-    if (::fsync(fd_.get()) != 0) return IoError("fsync ", path_, ": ", std::strerror(errno));
-    fd_.Reset();
-    return Status();
+    for (Slot& b : slots_) RETURN_IF_ERROR(b.write.Wait(), "writing ", file_.path());
+    RETURN_IF_ERROR(file_.Truncate(length));
+    RETURN_IF_ERROR(io_->Sync(file_));
+    return std::move(file_).Close();
   }
 
  private:
-  static constexpr size_t kBuffer = size_t{8} << 20, kAlign = 4096;
+  FileWriter() = default;
+  static constexpr size_t kBuffer = size_t{8} << 20, kAlign = 4096, kBuffers = 5;
   struct Free {
     void operator()(char* p) const { std::free(p); }
   };
+  struct Slot {
+    std::unique_ptr<char, Free> data;
+    IoHandle write;  // the write of its last contents
+  };
+  // The current buffer goes out; the next one is reused once its previous write finished.
   Status Flush() {
-    for (size_t at = 0; at < used_;) {
-      const ssize_t w = ::pwrite(fd_.get(), buf_.get() + at, used_ - at, offset_ + static_cast<int64_t>(at));
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) return IoError("writing ", path_, ": ", w < 0 ? std::strerror(errno) : "no progress");
-      at += static_cast<size_t>(w);
-    }
+    ASSIGN_OR_RETURN(slots_[cur_].write, io_->Write(file_, slots_[cur_].data.get(), used_, offset_), "writing ", file_.path());
     offset_ += static_cast<int64_t>(used_);
     used_ = 0;
-    return Status();
+    cur_ = (cur_ + 1) % kBuffers;
+    return slots_[cur_].write.Wait().WithContext("writing " + file_.path());
   }
-  std::string path_;
-  UniqueFd fd_;
-  bool direct_ = false;
-  std::unique_ptr<char, Free> buf_;
-  size_t used_ = 0;
+  IoEngine* io_ = nullptr;
+  IoFile file_;
+  std::array<Slot, kBuffers> slots_;
+  size_t cur_ = 0, used_ = 0;
   int64_t offset_ = 0;
 };
 }  // namespace
@@ -123,6 +129,7 @@ Status ExportSafetensors(const std::string& dir, const std::string& out_path, co
   std::vector<std::string> problems;
   RETURN_IF_ERROR(CheckComplete(dir, VerifyLevel::kMetadata, &problems));
   if (!problems.empty()) return DataLossError("export: ", dir, " is not complete: ", problems.front());
+  ASSIGN_OR_RETURN(std::unique_ptr<IoEngine> io, IoEngine::Create(IoOptions{}), "export");  // before the writers that use it
 
   // Every entry in write order: group by group, each kind's tensors together (one group in memory).
   struct Entry {
@@ -216,7 +223,7 @@ Status ExportSafetensors(const std::string& dir, const std::string& out_path, co
     std::string text = h.dump();
     text.append((8 - (8 + text.size()) % 8) % 8, ' ');  // the buffer starts 8-byte aligned
     tmps.push_back(file_name(f) + ".tmp");
-    ASSIGN_OR_RETURN(FileWriter fw, FileWriter::Create(tmps.back()), "export");
+    ASSIGN_OR_RETURN(FileWriter fw, FileWriter::Create(*io, tmps.back()), "export");
     uint8_t len[8];
     for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
     RETURN_IF_ERROR(fw.Write(len, 8));
@@ -225,11 +232,13 @@ Status ExportSafetensors(const std::string& dir, const std::string& out_path, co
     current = f;
     return Status();
   };
-  // Reading (chunks checked and decoded) runs on two threads, each with its own reader and two window
-  // buffers, taking alternate windows ahead of the writer: memory is those windows and the readers'
-  // chunk caches, whatever the checkpoint's size.
+  // Reading (chunks checked and decoded) runs on one thread ahead of the writer, in the writer's order,
+  // into kSlots window buffers; the reader's chunks are read asynchronously ahead of it (every read is
+  // planned). One reader: readers taking alternate windows each read the chunks their windows share.
+  // Memory is the windows, the read-ahead and the reader's chunk cache, whatever the checkpoint's size.
   constexpr int64_t kWindow = int64_t{1} << 20;  // elements (one chunk of a default checkpoint)
-  constexpr int kReaders = 2, kSlotsPerReader = 2;
+  constexpr size_t kSlots = 2;
+  constexpr int64_t kReadAheadBytes = int64_t{16} << 20;
   struct Window {
     size_t entry;
     int64_t offset, count;
@@ -244,47 +253,45 @@ Status ExportSafetensors(const std::string& dir, const std::string& out_path, co
       off += kWindow;
     } while (off < numel);
   }
-  std::vector<std::unique_ptr<TensorReader>> readers;
-  for (int k = 0; k < kReaders; ++k) {
-    ASSIGN_OR_RETURN(std::unique_ptr<TensorReader> r, TensorReader::Open(dir), "export");
-    readers.push_back(std::move(r));
+  auto what = [&](const Window& win) -> std::pair<const std::string&, const std::string&> {
+    const Entry& e = entries[win.entry];
+    return {m.groups[static_cast<size_t>(e.group)].tensors[e.tensor].name, kinds[static_cast<size_t>(e.group)][e.kind]};
+  };
+  ASSIGN_OR_RETURN(std::unique_ptr<TensorReader> reader, TensorReader::Open(dir), "export");
+  for (const Window& win : windows) {
+    if (win.count > 0) RETURN_IF_ERROR(reader->Plan(what(win).first, what(win).second, win.offset, win.count), "export");
   }
-  std::vector<std::vector<float>> slots(kReaders * kSlotsPerReader);
+  reader->StartReadAhead(kReadAheadBytes);
+  std::vector<std::vector<float>> slots(kSlots);
   std::vector<bool> slot_free(slots.size(), true);
   std::mutex mu;
   std::condition_variable cv;
   bool stop = false;
   Status read_status;
-  std::vector<std::thread> producers;
-  for (int k = 0; k < kReaders; ++k) {
-    producers.emplace_back([&, k] {
-      for (size_t j = static_cast<size_t>(k); j < windows.size(); j += kReaders) {
-        Window& win = windows[j];
-        int slot = -1;
-        {
-          std::unique_lock lock(mu);
-          cv.wait(lock, [&] { return stop || slot_free[static_cast<size_t>(k * kSlotsPerReader)] || slot_free[static_cast<size_t>(k * kSlotsPerReader + 1)]; });
-          if (stop) return;
-          slot = slot_free[static_cast<size_t>(k * kSlotsPerReader)] ? k * kSlotsPerReader : k * kSlotsPerReader + 1;
-          slot_free[static_cast<size_t>(slot)] = false;
-        }
-        const Entry& e = entries[win.entry];
-        const TensorEntry& te = m.groups[static_cast<size_t>(e.group)].tensors[e.tensor];
-        std::vector<float>& buf = slots[static_cast<size_t>(slot)];
-        buf.resize(static_cast<size_t>(win.count));
-        Status st = win.count > 0 ? readers[static_cast<size_t>(k)]->Read(te.name, kinds[static_cast<size_t>(e.group)][e.kind], win.offset, win.count, buf.data())
-                                  : Status();
-        std::lock_guard lock(mu);
-        if (!st.ok()) {
-          if (read_status.ok()) read_status = st;
-          stop = true;
-        }
-        win.slot = slot;
-        cv.notify_all();
-        if (!st.ok()) return;
+  std::vector<std::thread> producers;  // the one reader
+  producers.emplace_back([&] {
+    for (Window& win : windows) {
+      size_t slot = 0;
+      {
+        std::unique_lock lock(mu);
+        cv.wait(lock, [&] { return stop || std::find(slot_free.begin(), slot_free.end(), true) != slot_free.end(); });
+        if (stop) return;
+        slot = static_cast<size_t>(std::find(slot_free.begin(), slot_free.end(), true) - slot_free.begin());
+        slot_free[slot] = false;
       }
-    });
-  }
+      std::vector<float>& buf = slots[slot];
+      buf.resize(static_cast<size_t>(win.count));
+      Status st = win.count > 0 ? reader->Read(what(win).first, what(win).second, win.offset, win.count, buf.data()) : Status();
+      std::lock_guard lock(mu);
+      if (!st.ok()) {
+        if (read_status.ok()) read_status = st;
+        stop = true;
+      }
+      win.slot = static_cast<int>(slot);
+      cv.notify_all();
+      if (!st.ok()) return;
+    }
+  });
   auto consume = [&]() -> Status {
     std::vector<uint16_t> half;
     for (const Window& win : windows) {
@@ -338,7 +345,7 @@ Status ExportSafetensors(const std::string& dir, const std::string& out_path, co
         for (size_t i = files[f].first; i < files[f].second; ++i) index["weight_map"][entries[i].key] = fs::path(file_name(f)).filename().string();
       }
       const std::string index_path = stem + ".safetensors.index.json";
-      ASSIGN_OR_RETURN(FileWriter iw, FileWriter::Create(index_path + ".tmp"), "export");
+      ASSIGN_OR_RETURN(FileWriter iw, FileWriter::Create(*io, index_path + ".tmp"), "export");
       const std::string text = index.dump(2) + "\n";
       RETURN_IF_ERROR(iw.Write(text.data(), text.size()));
       RETURN_IF_ERROR(iw.Finish());

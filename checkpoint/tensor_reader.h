@@ -2,10 +2,12 @@
 // chunks that overlap are read, each checked (tools, the Python module). Not thread-safe.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "zrt/checkpoint/format.h"
+#include "zrt/core/shard_layout.h"
 #include "zrt/core/status.h"
 
 namespace zrt::ckpt {
@@ -20,10 +22,18 @@ class TensorReader {
   Result<std::pair<const GroupEntry*, const TensorEntry*>> Find(const std::string& name) const;
   // Elements [offset, offset + count) of tensor `name`'s state `kind` ("master", "exp_avg", ...) as f32.
   Status Read(const std::string& name, const std::string& kind, int64_t offset, int64_t count, float* out);
+  // Read-ahead for a caller that knows its reads: Plan each Read to come, in the order they will come,
+  // then StartReadAhead: the chunks are read asynchronously, `window_bytes` at most ahead of Read
+  // (each still checked when Read reaches it). Reads that were not planned work as without.
+  Status Plan(const std::string& name, const std::string& kind, int64_t offset, int64_t count);
+  void StartReadAhead(int64_t window_bytes);
 
  private:
   struct Impl;
   explicit TensorReader(std::unique_ptr<Impl> impl);
+  // fn(group, kind index, piece) for each saved shard's piece of the range, after checking the request.
+  Status ForEachPiece(const std::string& name, const std::string& kind, int64_t offset, int64_t count,
+                      const std::function<Status(int group, int kind, const ShardPiece&)>& fn);
   std::unique_ptr<Impl> impl_;
 };
 
