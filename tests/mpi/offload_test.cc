@@ -245,7 +245,7 @@ TEST_F(OffloadTest, ASaveOfNvmeStateIsHandedOverByTheNextStep) {
   ASSERT_TRUE(ck->Poll().ok());
   EXPECT_TRUE(ck->in_flight()) << "the save cannot be written before the step hands the state over";
   train(**e, 3, 4);
-  for (int i = 0; i < 1000 && ck->in_flight(); ++i) {
+  for (int i = 0; i < 4000 && ck->in_flight(); ++i) {  // up to 20 s on a loaded machine
     ASSERT_TRUE(ck->Poll().ok());
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
