@@ -234,6 +234,7 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
     job->arriving = std::make_shared<ArrivingState>(deferred, o_.chunk_elements);
     job->deliver = state.deliver;
     deferring = state.defer(job->arriving);
+    if (!deferring.ok()) job->arriving.reset();  // nothing will arrive: Commit has nothing to deliver
   }
   stats_.stall_seconds = Now() - t0;
   if (state.stalled) state.stalled(stats_.stall_seconds);
