@@ -102,10 +102,18 @@ void KeepSpare(const std::string& parent, int64_t keep) {
   }
 }
 
-// `path` (a new data file) takes the place of parent/spare.data when there is one.
+// `path` (a new data file) takes the place of parent/spare.data when that is a plain file (anything
+// else found there, a link say, is removed and never written through).
 void Recycle(const std::string& parent, const std::string& path) {
   std::error_code ec;
-  fs::rename(parent + "/" + kSpare, path, ec);  // none: the file is created
+  const std::string spare = parent + "/" + kSpare;
+  const fs::file_status st = fs::symlink_status(spare, ec);
+  if (ec || !fs::exists(st)) return;  // none: the file is created
+  if (fs::is_regular_file(st)) {
+    fs::rename(spare, path, ec);
+  } else {
+    fs::remove_all(spare, ec);
+  }
 }
 
 // Removes everything under `parent` but generation `keep` (whole or being written; -1: nothing kept).
@@ -158,7 +166,7 @@ class Mapping {
   // long (-1: whatever it is).
   static Result<Mapping> Map(const std::string& path, int64_t bytes, bool create) {
     // Created files are not truncated: a recycled one (Recycle) keeps its memory pages.
-    UniqueFd fd(::open(path.c_str(), create ? (O_RDWR | O_CREAT | O_CLOEXEC) : (O_RDONLY | O_NOFOLLOW | O_CLOEXEC), 0644));
+    UniqueFd fd(::open(path.c_str(), create ? (O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC) : (O_RDONLY | O_NOFOLLOW | O_CLOEXEC), 0644));
     if (!fd.valid()) return ErrnoStatus(errno, "memory tier: opening " + path);
     if (create) {
       if (::ftruncate(fd.get(), bytes) != 0) return ErrnoStatus(errno, "memory tier: sizing " + path);
@@ -234,7 +242,7 @@ Status Seal(const IoEngine& io, const std::string& tmp, const std::string& final
 
 // This rank's state into a new data file (pwrite: tmpfs allocates and copies in one pass).
 Status WriteState(const std::string& path, const StateView& state, const std::vector<Piece>& plan, int64_t total) {
-  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644));  // not truncated: see Recycle
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644));  // not truncated: see Recycle
   if (!fd.valid()) return ErrnoStatus(errno, "memory tier: creating " + path);
   if (::ftruncate(fd.get(), total) != 0) return ErrnoStatus(errno, "memory tier: sizing " + path);
   constexpr int64_t kBounce = int64_t{1} << 24;  // elements read through for state that is not in host memory

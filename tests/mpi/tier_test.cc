@@ -274,14 +274,24 @@ TEST_P(TierTest, BudgetsSupersedingAndCleanup) {
     for (const auto& f : fs::directory_iterator(MemoryTier::RankDir(root_, tier_, rank()) + "/own")) gens.push_back(f.path().filename());
     std::sort(gens.begin(), gens.end());
     EXPECT_EQ(gens, (std::vector<std::string>{"spare.data", StepDirName(3)}));
+    // A spare.data that is not a plain file (a link planted there) is never written through.
+    const std::string victim = root_ + "-victim-" + std::to_string(rank());
+    std::ofstream(victim) << "keep";
+    fs::remove(MemoryTier::RankDir(root_, tier_, rank()) + "/own/spare.data");
+    fs::create_symlink(victim, MemoryTier::RankDir(root_, tier_, rank()) + "/own/spare.data");
+    Train(*e, ck.get(), 3, 4);
+    ASSERT_TRUE(ck->Wait().ok());
+    EXPECT_EQ(ck->memory_stats()->step, 4);
+    EXPECT_EQ(fs::file_size(victim), 4u) << "written through a link";
+    fs::remove(victim);
     // A disk checkpoint of a newer step supersedes the tier's files.
-    Train(*e, nullptr, 3, 4);
+    Train(*e, nullptr, 4, 5);
     ASSERT_TRUE(ck->SaveAsync(e->state_view()).ok());
     ASSERT_TRUE(ck->Wait().ok());
     EXPECT_EQ(ck->memory_stats()->step, -1);
     EXPECT_TRUE(fs::is_empty(MemoryTier::RankDir(root_, tier_, rank()) + "/own"));
     // End of a run whose last disk checkpoint holds everything: the tier's directory is removed.
-    ASSERT_TRUE(ck->SaveToMemory(e->state_view()).ok());  // step 4 again: as new as the disk's
+    ASSERT_TRUE(ck->SaveToMemory(e->state_view()).ok());  // step 5 again: as new as the disk's
     ASSERT_TRUE(ck->Wait().ok());
   }
   ASSERT_TRUE(comm_->Barrier().ok());
