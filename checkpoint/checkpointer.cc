@@ -170,7 +170,7 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
   // where it lives into the files now, before SaveAsync returns, through O(chunk) memory.
   const bool defer = state.defer && state.deliver;
   std::vector<std::vector<int64_t>> deferred;  // per group and buffer: elements that arrive
-  bool streamed = false;
+  bool streamed = false, arrives = false;
   if (job->shard_rank >= 0) {
     int64_t bytes = 0;
     for (const StateGroup& g : state.groups) {
@@ -179,6 +179,7 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
           bytes += AlignUp(b.count * static_cast<int64_t>(DTypeSize(b.dtype)));
         } else {
           streamed = !defer;
+          arrives = defer;
         }
       }
     }
@@ -230,7 +231,7 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
     return Status();
   }
   Status deferring;
-  if (std::any_of(deferred.begin(), deferred.end(), [](const auto& g) { return std::any_of(g.begin(), g.end(), [](int64_t c) { return c > 0; }); })) {
+  if (arrives) {
     job->arriving = std::make_shared<ArrivingState>(deferred, o_.chunk_elements);
     job->deliver = state.deliver;
     deferring = state.defer(job->arriving);

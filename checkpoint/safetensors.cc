@@ -268,8 +268,7 @@ Status ExportSafetensors(const std::string& dir, const std::string& out_path, co
   std::condition_variable cv;
   bool stop = false;
   Status read_status;
-  std::vector<std::thread> producers;  // the one reader
-  producers.emplace_back([&] {
+  std::thread reading([&] {
     for (Window& win : windows) {
       size_t slot = 0;
       {
@@ -333,7 +332,7 @@ Status ExportSafetensors(const std::string& dir, const std::string& out_path, co
       stop = true;
       cv.notify_all();
     }
-    for (std::thread& t : producers) t.join();
+    reading.join();
     RETURN_IF_ERROR(consumed);
     if (w) RETURN_IF_ERROR(w->Finish());
     RETURN_IF_ERROR(FsyncDir(parent));

@@ -17,11 +17,12 @@ source "$(dirname "$0")/../support/kill.sh"  # rank_pids
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_btl_vader_single_copy_mechanism=none ZRT_LOG_LEVEL=warn
 mpi() { local n=$1; shift; mpirun -n "$n" --oversubscribe --bind-to none "$@"; }
-# Waits (up to 120 s) until a checkpoint has been committed under $1 or job $2 ended, so the random
-# kill below lands after there is something to resume from, however slow the build (sanitizers).
+# Waits (up to 120 s) until a checkpoint has been committed under $1 (one newer than what `latest`
+# said before, $3, when given) or job $2 ended, so the random kill below lands after there is
+# something to resume from, however slow the build (sanitizers).
 wait_for_checkpoint() {
   for _ in $(seq 1 1200); do
-    [ -f "$1/latest" ] && return 0
+    [ -f "$1/latest" ] && [ "$(cat "$1/latest" 2>/dev/null || true)" != "${3:-}" ] && return 0
     kill -0 "$2" 2>/dev/null || return 0
     sleep 0.1
   done
@@ -88,11 +89,7 @@ for attempt in 1 2 3 4; do
   before=$(cat "$work/nvme/latest" 2>/dev/null || true)
   mpi 4 "$bin" "${nargs[@]}" "${off[@]}" --ckpt "$work/nvme" > "$work/nvme.$attempt.log" 2>&1 &
   job=$!
-  for _ in $(seq 1 1200); do  # until this run has committed a checkpoint of its own
-    [ "$(cat "$work/nvme/latest" 2>/dev/null || true)" != "$before" ] && break
-    kill -0 $job 2>/dev/null || break
-    sleep 0.1
-  done
+  wait_for_checkpoint "$work/nvme" $job "$before"  # one of this run's own
   sleep "0.$((RANDOM % 6))"
   kill_random_rank "charlm.*$work/nvme" "$work/nvme" && nkilled=$((nkilled + 1))
   wait $job || true
