@@ -1,6 +1,5 @@
 #include "zrt/checkpoint/codec.h"
 
-#include <xxhash.h>
 #include <zstd.h>
 
 #include <cstring>
@@ -38,7 +37,22 @@ Result<Codec> ParseCodec(std::string_view name) {
   return InvalidArgumentError("unknown codec '", name, "' (raw, zstd, bg+zstd)");
 }
 
-uint64_t Checksum(const void* data, size_t bytes) { return XXH3_64bits(data, bytes); }
+namespace {
+bool HasAvx2() {
+#if defined(__x86_64__)
+  static const bool yes = __builtin_cpu_supports("avx2");
+  return yes;
+#else
+  return false;
+#endif
+}
+}  // namespace
+
+uint64_t Checksum(const void* data, size_t bytes) { return HasAvx2() ? avx2::Checksum(data, bytes) : generic::Checksum(data, bytes); }
+
+uint64_t CopyAndChecksum(void* to, const void* from, size_t bytes) {
+  return HasAvx2() ? avx2::CopyAndChecksum(to, from, bytes) : generic::CopyAndChecksum(to, from, bytes);
+}
 
 Result<Codec> EncodeChunk(const void* raw, size_t bytes, size_t elem_size, const CompressOptions& o,
                           std::vector<char>* scratch, std::vector<char>* out) {

@@ -20,6 +20,18 @@ Result<Codec> EncodeChunk(const void* raw, size_t bytes, size_t elem_size, const
 Status DecodeChunk(Codec codec, const void* stored, size_t stored_bytes, void* raw_out, size_t raw_bytes,
                    size_t elem_size, std::vector<char>* scratch);
 
-uint64_t Checksum(const void* data, size_t bytes);  // xxh3-64
+uint64_t Checksum(const void* data, size_t bytes);  // xxh3-64 (with AVX2 where the CPU has it)
+// Copies `bytes` from `from` to `to` and returns Checksum(to, bytes), reading memory once.
+uint64_t CopyAndChecksum(void* to, const void* from, size_t bytes);
+// The two builds those choose between at run time (checksum.inc; the tests compare them). avx2's
+// only on a CPU with AVX2.
+namespace generic {
+uint64_t Checksum(const void* data, size_t bytes);
+uint64_t CopyAndChecksum(void* to, const void* from, size_t bytes);
+}  // namespace generic
+namespace avx2 {
+uint64_t Checksum(const void* data, size_t bytes);
+uint64_t CopyAndChecksum(void* to, const void* from, size_t bytes);
+}  // namespace avx2
 
 }  // namespace zrt::ckpt

@@ -4,6 +4,8 @@
 
 #include <random>
 
+#include <xxhash.h>
+
 #include "zrt/checkpoint/codec.h"
 #include "tests/support/reference.h"
 
@@ -139,6 +141,35 @@ TEST(Codec, RoundTripsAndFallsBackToRaw) {
   EXPECT_NE(Checksum("a", 1), Checksum("b", 1));
   EXPECT_EQ(*ParseCodec("bg+zstd"), Codec::kByteGroupZstd);
   EXPECT_FALSE(ParseCodec("lz4").ok());
+}
+
+// Every checkpoint ever written holds these values: each build, and the copying variant, must give
+// exactly what the xxhash library gives, at every length and alignment (block edges included).
+TEST(FormatTest, ChecksumsAreTheLibrarysXxh3AtEveryLengthAndAlignment) {
+  EXPECT_EQ(Checksum("", 0), 0x2D06800538D394C2ull);  // XXH3-64 of nothing, from its specification
+  std::mt19937_64 rng(7);
+  std::vector<unsigned char> src((size_t{1} << 20) + 4096), dst(src.size());
+  for (auto& c : src) c = static_cast<unsigned char>(rng());
+  const bool avx2 = __builtin_cpu_supports("avx2");
+  for (size_t len : {size_t{0}, size_t{1}, size_t{3}, size_t{16}, size_t{17}, size_t{128}, size_t{129}, size_t{240}, size_t{241},
+                     size_t{1024}, size_t{4099}, (size_t{256} << 10) - 1, size_t{256} << 10, (size_t{256} << 10) + 1,
+                     (size_t{512} << 10) + 77, size_t{1} << 20}) {
+    for (size_t align : {size_t{0}, size_t{1}, size_t{7}}) {
+      const unsigned char* p = src.data() + align;
+      const uint64_t want = XXH3_64bits(p, len);
+      EXPECT_EQ(Checksum(p, len), want) << len << " at +" << align;
+      EXPECT_EQ(generic::Checksum(p, len), want) << len << " at +" << align;
+      std::fill(dst.begin(), dst.end(), 0);
+      EXPECT_EQ(CopyAndChecksum(dst.data() + 3 * align, p, len), want) << len << " at +" << align;
+      EXPECT_TRUE(std::equal(p, p + len, dst.data() + 3 * align)) << len;
+      EXPECT_EQ(dst[3 * align + len], 0) << "wrote past the end: " << len;
+      EXPECT_EQ(generic::CopyAndChecksum(dst.data(), p, len), want) << len;
+      if (avx2) {
+        EXPECT_EQ(avx2::Checksum(p, len), want) << len << " at +" << align;
+        EXPECT_EQ(avx2::CopyAndChecksum(dst.data() + align, p, len), want) << len << " at +" << align;
+      }
+    }
+  }
 }
 
 }  // namespace
