@@ -86,8 +86,8 @@ struct StateView {
   // offload: every sub-group is read, updated and written back): `defer(sink)` registers `sink` to
   // receive the deferred buffers as they are now, part by part, during the owner's next update, each
   // part before it changes (or before anything else changes them: a load); `deliver()` streams them
-  // to a registered sink at once (a save that cannot wait for the next step; not collective). One
-  // sink at a time.
+  // to the registered sinks at once (a save that cannot wait for the next step; not collective).
+  // Several sinks may wait at once (a disk save and a memory-tier snapshot of the same step).
   std::function<Status(std::shared_ptr<StateSink> sink)> defer;
   std::function<Status()> deliver;
 };

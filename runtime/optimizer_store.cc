@@ -219,7 +219,7 @@ class SwappedStore final : public OptimizerStore {
                const Options& o, std::unique_ptr<IoEngine> io)
       : OptimizerStore(comm, device, compute, host, host_compute, o), io_(std::move(io)) {}
   ~SwappedStore() override {
-    if (sink_ && sink_->wanted()) sink_->Close(FailedPreconditionError("the offloaded optimizer state was destroyed before a save received it"));
+    for (const auto& sink : TakeSinks()) sink->Close(FailedPreconditionError("the offloaded optimizer state was destroyed before a save received it"));
   }
 
   Status Update(const UpdateFn& fn) override {
@@ -227,7 +227,7 @@ class SwappedStore final : public OptimizerStore {
     if (params_ >= 0) access[static_cast<size_t>(params_)] = SwapAccess::kWrite;
     // Every rank learns of a problem on any rank: first before anything changes, then after streaming.
     RETURN_IF_ERROR(AgreeOnStatus(comm_, swapper_->CheckFiles()), "step (nothing was updated)");
-    Delivery delivery(TakeSink(), kinds_);
+    Delivery delivery(TakeSinks(), kinds_);
     Copies copies(*this);
     Status st = swapper_->Stream(access, [&](const StateSwapper::Window& w) -> Status {
       if (w.offset == 0) RETURN_IF_ERROR(copies.Begin(static_cast<size_t>(w.region)));
@@ -244,13 +244,14 @@ class SwappedStore final : public OptimizerStore {
 
   bool can_defer() const override { return true; }
   Status Defer(std::shared_ptr<StateSink> sink) override {
-    if (sink_ && sink_->wanted()) return FailedPreconditionError("optimizer store: a save is already waiting for the offloaded state");
-    sink_ = std::move(sink);
+    if (sink == nullptr) return InvalidArgumentError("optimizer store: null sink");
+    std::erase_if(sinks_, [](const std::shared_ptr<StateSink>& s) { return !s->wanted(); });
+    sinks_.push_back(std::move(sink));
     return Status();
   }
-  // A read-only stream of the state kinds into the registered sink.
+  // A read-only stream of the state kinds into the registered sinks.
   Status Deliver() override {
-    Delivery delivery(TakeSink(), kinds_);
+    Delivery delivery(TakeSinks(), kinds_);
     if (!delivery.active()) return Status();
     std::vector<SwapAccess> access(streams_.size(), SwapAccess::kNone);
     for (const auto& [kind, k] : kinds_) access[static_cast<size_t>(k)] = SwapAccess::kRead;
@@ -356,39 +357,46 @@ class SwappedStore final : public OptimizerStore {
     return Status();
   }
 
-  // One delivery of the state kinds to a sink, window by window; the first failed Put ends it.
+  // One delivery of the state kinds to the sinks, window by window; a sink's first failed Put ends
+  // its delivery (the others go on). Put fails once every sink failed.
   class Delivery {
    public:
-    Delivery(std::shared_ptr<StateSink> sink, const std::vector<std::pair<std::string, int>>& kinds)
-        : sink_(std::move(sink)), kinds_(kinds) {}
+    Delivery(std::vector<std::shared_ptr<StateSink>> sinks, const std::vector<std::pair<std::string, int>>& kinds) : kinds_(kinds) {
+      for (auto& s : sinks) sinks_.push_back({std::move(s), Status()});
+    }
     ~Delivery() { Close(InternalError("optimizer store: the delivery to a save ended early")); }
-    bool active() const { return sink_ != nullptr; }
-    const Status& Put(const StateSwapper::Window& w) {
-      for (size_t b = 0; b < kinds_.size() && sink_ && status_.ok(); ++b) {
-        status_ = sink_->Put(w.region, static_cast<int>(b), w.offset, w.count, Data(w, kinds_[b].second));
+    bool active() const { return !sinks_.empty(); }
+    Status Put(const StateSwapper::Window& w) {
+      bool any = false;
+      for (auto& [sink, status] : sinks_) {
+        for (size_t b = 0; b < kinds_.size() && status.ok(); ++b) {
+          status = sink->Put(w.region, static_cast<int>(b), w.offset, w.count, Data(w, kinds_[b].second));
+        }
+        any = any || status.ok();
       }
-      return status_;
+      return any || sinks_.empty() ? Status() : sinks_.front().second;
     }
     void Close(const Status& st) {
-      if (!sink_) return;
-      sink_->Close(status_.ok() ? st : status_);
-      sink_.reset();
+      for (auto& [sink, status] : sinks_) sink->Close(status.ok() ? st : status);
+      sinks_.clear();
     }
 
    private:
-    std::shared_ptr<StateSink> sink_;
+    std::vector<std::pair<std::shared_ptr<StateSink>, Status>> sinks_;
     const std::vector<std::pair<std::string, int>>& kinds_;
-    Status status_;
   };
-  std::shared_ptr<StateSink> TakeSink() {
-    std::shared_ptr<StateSink> s = std::move(sink_);
-    sink_.reset();
-    return s && s->wanted() ? s : nullptr;
+  std::vector<std::shared_ptr<StateSink>> TakeSinks() {
+    std::vector<std::shared_ptr<StateSink>> out;
+    for (auto& s : sinks_) {
+      if (s->wanted()) out.push_back(std::move(s));
+    }
+    sinks_.clear();
+    return out;
   }
 
   std::unique_ptr<IoEngine> io_;
   std::unique_ptr<StateSwapper> swapper_;  // after io_: destroyed before the engine it uses
-  std::shared_ptr<StateSink> sink_;        // a save's, waiting for the next Update
+  std::vector<std::shared_ptr<StateSink>> sinks_;  // saves' (disk, memory tier), waiting for the next Update
   std::vector<SwapStream> streams_;
   std::vector<std::pair<std::string, int>> kinds_;  // state kind -> stream
   int master_ = -1, exp_avg_ = -1, exp_avg_sq_ = -1, max_exp_avg_sq_ = -1, params_ = -1;

@@ -94,7 +94,7 @@ class OptimizerStore {
   virtual std::vector<StateBuffer> StateBuffers(int group) = 0;
 
   // StateView::defer and deliver for the buffers StateBuffers gives without data or snapshot (the
-  // swapped store's): Defer registers `sink` (one at a time), which receives every such buffer of
+  // swapped store's): Defer registers `sink` (beside any others), which receives every such buffer of
   // every group (indices: the store's groups, the kinds' order) during the next Update, each
   // sub-group before Adam changes it, or at once from Deliver, or before a StateBuffer::write changes
   // the state. A sink registered when the store is destroyed is closed with an error.
