@@ -1,10 +1,13 @@
 // The memory tier (memory_tier.h). One generation's protocol:
-//   Save (collective)   rank 0's nonce; each rank writes its state into own/step-N.tmp/rank-S.data
-//                       (pwrite into tmpfs: the one copy training waits for) and maps it read-only;
-//                       the replica transfer starts (Communicator::ShiftAsync from that mapping
-//                       straight into the holder's mapped replica-q/step-N.tmp/rank-Sq.data).
-//   background          own: xxh3 per chunk from the mapping, index, manifest, rename to step-N.
-//                       replica (once the transfer completed, seen by Poll/Wait): the same on its holder.
+//   Save (collective)   rank 0's nonce; each rank copies its state into own/step-N.tmp/rank-S.data
+//                       (a mapping of a tmpfs file, pages recycled) chunk by chunk, checksumming each
+//                       chunk while it is in cache: the one pass training waits for. Its checksums go
+//                       to its replica's holder (a small shift), then the replica transfer starts
+//                       (Communicator::ShiftAsync from that mapping straight into the holder's mapped
+//                       replica-q/step-N.tmp/rank-Sq.data).
+//   background          own: index (from the checksums), manifest, rename to step-N.
+//                       replica (once the transfer completed, seen by Poll/Wait): the same on its
+//                       holder, indexed with the sender's checksums (never re-hashed there).
 //   Poll/Wait           one all-reduce: whole on every rank? Then AgreeOnStatus and every generation
 //                       but N is removed (older ones, and newer ones a resume from an older state left).
 // The files are an ordinary checkpoint directory holding one rank's files, so Load reads and checks
@@ -140,7 +143,9 @@ int64_t TreeBytes(const std::string& dir) {
   return n;
 }
 
-// A read-only or writable shared mapping of a whole file.
+// A read-only or writable shared mapping of a whole file, its page tables filled at once unless told
+// otherwise (MAP_POPULATE: one pass instead of a fault per page while training waits or the replica
+// arrives).
 class Mapping {
  public:
   Mapping() = default;
@@ -163,8 +168,9 @@ class Mapping {
   size_t size() const { return n_; }
 
   // `create`: a new file of `bytes` (writable); else the existing file, read-only, which must be `bytes`
-  // long (-1: whatever it is).
-  static Result<Mapping> Map(const std::string& path, int64_t bytes, bool create) {
+  // long (-1: whatever it is). `populate` false: pages come as they are touched (state that arrives
+  // with the next step: a new file's pages are then allocated there, not while training waits).
+  static Result<Mapping> Map(const std::string& path, int64_t bytes, bool create, bool populate = true) {
     // Created files are not truncated: a recycled one (Recycle) keeps its memory pages.
     UniqueFd fd(::open(path.c_str(), create ? (O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC) : (O_RDONLY | O_NOFOLLOW | O_CLOEXEC), 0644));
     if (!fd.valid()) return ErrnoStatus(errno, "memory tier: opening " + path);
@@ -178,7 +184,8 @@ class Mapping {
     }
     Mapping m;
     if (bytes == 0) return m;
-    void* p = ::mmap(nullptr, static_cast<size_t>(bytes), create ? (PROT_READ | PROT_WRITE) : PROT_READ, MAP_SHARED, fd.get(), 0);
+    void* p = ::mmap(nullptr, static_cast<size_t>(bytes), create ? (PROT_READ | PROT_WRITE) : PROT_READ,
+                     MAP_SHARED | (populate ? MAP_POPULATE : 0), fd.get(), 0);
     if (p == MAP_FAILED) return ErrnoStatus(errno, "memory tier: mapping " + path);
     m.p_ = p;
     m.n_ = static_cast<size_t>(bytes);
@@ -211,8 +218,18 @@ Result<std::vector<Piece>> PlanFile(const Manifest& m, int64_t* total) {
   return plan;
 }
 
-// The index of a data file laid out by PlanFile, checksummed from its bytes.
-RankIndex IndexFor(const Manifest& m, const std::vector<Piece>& plan, int shard, const char* base, int64_t total) {
+// Calls f(piece, first element, elements, byte offset in the file) for each chunk of the plan, in
+// file order (the order of the index and of the checksums).
+template <typename F>
+void ForEachChunk(const Manifest& m, const std::vector<Piece>& plan, F&& f) {
+  for (const Piece& p : plan) {
+    for (int64_t e = 0; e < p.count; e += m.chunk_elements) f(p, e, std::min(m.chunk_elements, p.count - e), p.offset + e * 4);
+  }
+}
+
+// The index of a data file laid out by PlanFile with the checksums of its chunks (in ForEachChunk's
+// order: computed as the snapshot was taken, on the rank that took it).
+RankIndex IndexFor(const Manifest& m, const std::vector<Piece>& plan, int shard, const std::vector<uint64_t>& sums, int64_t total) {
   RankIndex idx;
   idx.nonce = m.nonce;
   idx.step = m.step;
@@ -220,64 +237,132 @@ RankIndex IndexFor(const Manifest& m, const std::vector<Piece>& plan, int shard,
   idx.shards = m.shards;
   idx.data_file = DataFileName(shard);
   idx.data_bytes = total;
-  for (const Piece& p : plan) {
-    for (int64_t e = 0; e < p.count; e += m.chunk_elements) {
-      const int64_t n = std::min(m.chunk_elements, p.count - e);
-      const int64_t at = p.offset + e * 4;
-      idx.chunks.push_back(ChunkEntry{p.group, p.kind, e, n, at, n * 4, Codec::kRaw, Checksum(base + at, static_cast<size_t>(n) * 4)});
-    }
-  }
+  ForEachChunk(m, plan, [&](const Piece& p, int64_t e, int64_t n, int64_t at) {
+    idx.chunks.push_back(ChunkEntry{p.group, p.kind, e, n, at, n * 4, Codec::kRaw, sums[idx.chunks.size()]});
+  });
   return idx;
 }
 
 // Index and manifest beside a whole data file in `tmp`, then tmp renamed to `final` (replacing it).
 Status Seal(const IoEngine& io, const std::string& tmp, const std::string& final, const Manifest& m,
-            const std::vector<Piece>& plan, int shard, const Mapping& data, int64_t total) {
-  const RankIndex idx = IndexFor(m, plan, shard, data.data(), total);
-  RETURN_IF_ERROR(WriteFileDurably(io, tmp, IndexFileName(shard), EncodeIndex(idx)));
+            const std::vector<Piece>& plan, int shard, const std::vector<uint64_t>& sums, int64_t total) {
+  RETURN_IF_ERROR(WriteFileDurably(io, tmp, IndexFileName(shard), EncodeIndex(IndexFor(m, plan, shard, sums, total))));
   RETURN_IF_ERROR(WriteFileDurably(io, tmp, std::string(kManifestFile), EncodeManifest(m)));
   RETURN_IF_ERROR(RemoveTree(final));
   return RenamePath(tmp, final);
 }
 
-// This rank's state into a new data file (pwrite: tmpfs allocates and copies in one pass).
-Status WriteState(const std::string& path, const StateView& state, const std::vector<Piece>& plan, int64_t total) {
-  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644));  // not truncated: see Recycle
-  if (!fd.valid()) return ErrnoStatus(errno, "memory tier: creating " + path);
-  if (::ftruncate(fd.get(), total) != 0) return ErrnoStatus(errno, "memory tier: sizing " + path);
-  constexpr int64_t kBounce = int64_t{1} << 24;  // elements read through for state that is not in host memory
-  std::vector<float> bounce;
-  auto put = [&](const char* p, int64_t bytes, int64_t at) -> Status {
-    while (bytes > 0) {
-      const ssize_t w = ::pwrite(fd.get(), p, static_cast<size_t>(std::min<int64_t>(bytes, int64_t{1} << 30)), at);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) return ErrnoStatus(w < 0 ? errno : ENOSPC, "memory tier: writing " + path);
-      p += w;
-      at += w;
-      bytes -= w;
-    }
-    return Status();
-  };
+// The chunks' positions in ForEachChunk's order: first[i] is piece i's first chunk; the total last.
+std::vector<size_t> FirstChunks(const Manifest& m, const std::vector<Piece>& plan) {
+  std::vector<size_t> first{0};
+  for (const Piece& p : plan) first.push_back(first.back() + static_cast<size_t>((p.count + m.chunk_elements - 1) / m.chunk_elements));
+  return first;
+}
+
+// Whether the state's owner hands buffer `b` over with its next step instead (NVMe: StateView::defer).
+bool Arrives(const StateView& state, const StateBuffer& b) { return state.defer && state.deliver && !b.resident() && !b.snapshot; }
+
+// This rank's state copied into `into` (a mapping of the new data file) chunk by chunk, each chunk
+// checksummed while it is still in cache: the one pass over the state training waits for. Buffers
+// that arrive later (Arrives) are left to the Arrival; their checksums too.
+Status Snapshot(const StateView& state, const Manifest& m, const std::vector<Piece>& plan, const Mapping& into,
+                std::vector<uint64_t>* sums) {
+  const std::vector<size_t> first = FirstChunks(m, plan);
+  sums->assign(first.back(), 0);
   size_t i = 0;
   for (const StateGroup& g : state.groups) {
     for (const StateBuffer& b : g.buffers) {
-      const Piece& p = plan[i++];
+      const Piece& p = plan[i];
+      size_t sum = first[i++];
       if (b.count != p.count) return InternalError("memory tier: group '", g.name, "' ", b.kind, " has ", b.count, " elements, planned ", p.count);
-      if (b.data != nullptr || b.count == 0) {
-        RETURN_IF_ERROR(put(static_cast<const char*>(b.data), b.count * 4, p.offset));
-        continue;
+      if (Arrives(state, b)) continue;
+      if (!b.resident() && !b.read) {
+        return InvalidArgumentError("memory tier: state '", b.kind, "' of group '", g.name, "' is not resident and has no read");
       }
-      if (!b.read) return InvalidArgumentError("memory tier: state '", b.kind, "' of group '", g.name, "' is not resident and has no read");
-      bounce.resize(static_cast<size_t>(std::min(kBounce, b.count)));
-      for (int64_t e = 0; e < b.count; e += kBounce) {
-        const int64_t n = std::min(kBounce, b.count - e);
-        RETURN_IF_ERROR(b.read(e, n, bounce.data()), "memory tier: reading state '", b.kind, "' of group '", g.name, "'");
-        RETURN_IF_ERROR(put(reinterpret_cast<const char*>(bounce.data()), n * 4, p.offset + e * 4));
+      for (int64_t e = 0; e < p.count; e += m.chunk_elements) {
+        const int64_t n = std::min(m.chunk_elements, p.count - e);
+        char* to = into.data() + p.offset + e * 4;
+        const size_t bytes = static_cast<size_t>(n) * 4;
+        if (b.data != nullptr) {
+          (*sums)[sum++] = CopyAndChecksum(to, static_cast<const float*>(b.data) + e, bytes);
+        } else {
+          RETURN_IF_ERROR(b.read(e, n, to), "memory tier: reading state '", b.kind, "' of group '", g.name, "'");
+          (*sums)[sum++] = Checksum(to, bytes);
+        }
       }
     }
   }
-  return std::move(fd).Close();
+  return Status();
 }
+
+// The buffers that arrive with the owner's next step (Arrives; state offloaded to NVMe): each part
+// is copied into the snapshot's mapping as the step streams it, and each chunk checksummed once its
+// last part came. Called on the owner's thread, like the tier itself; the generation abandons it
+// before its mapping goes.
+class Arrival final : public StateSink {
+ public:
+  Arrival(const StateView& state, const Manifest& m, const std::vector<Piece>& plan, char* base, std::vector<uint64_t>* sums)
+      : plan_(plan), first_(FirstChunks(m, plan)), chunk_(m.chunk_elements), base_(base), sums_(sums) {
+    size_t i = 0;
+    for (const StateGroup& g : state.groups) {
+      std::vector<Part>& parts = parts_.emplace_back();
+      for (const StateBuffer& b : g.buffers) {
+        parts.push_back({i++, Arrives(state, b)});
+        if (parts.back().arrives) left_ += b.count;
+      }
+    }
+  }
+  bool expected() const { return left_ > 0; }
+
+  Status Put(int group, int buffer, int64_t offset, int64_t n, const float* data) override {
+    if (abandoned_) return FailedPreconditionError("memory tier: the snapshot no longer takes state");
+    if (group < 0 || static_cast<size_t>(group) >= parts_.size() || buffer < 0 ||
+        static_cast<size_t>(buffer) >= parts_[static_cast<size_t>(group)].size()) {
+      return InternalError("memory tier: state arrived for group ", group, " buffer ", buffer, ", which the snapshot does not have");
+    }
+    Part& part = parts_[static_cast<size_t>(group)][static_cast<size_t>(buffer)];
+    const Piece& p = plan_[part.piece];
+    if (!part.arrives || offset != part.filled || n <= 0 || n > p.count - offset) {
+      return InternalError("memory tier: state of group ", group, " buffer ", buffer, " arrived at elements [", offset, ", ",
+                           offset + n, "); expected from ", part.filled, " of ", part.arrives ? p.count : 0);
+    }
+    std::memcpy(base_ + p.offset + offset * 4, data, static_cast<size_t>(n) * 4);
+    part.filled += n;
+    left_ -= n;
+    while (part.hashed < part.filled && (part.filled - part.hashed >= chunk_ || part.filled == p.count)) {
+      const int64_t c = std::min(chunk_, p.count - part.hashed);
+      (*sums_)[first_[part.piece] + static_cast<size_t>(part.hashed / chunk_)] =
+          Checksum(base_ + p.offset + part.hashed * 4, static_cast<size_t>(c) * 4);
+      part.hashed += c;
+    }
+    return Status();
+  }
+  void Close(const Status& status) override {
+    closed_ = true;
+    status_ = status.ok() && left_ != 0 ? InternalError("memory tier: the state's owner ended its delivery with ", left_, " elements missing")
+                                        : status;
+  }
+  bool wanted() const override { return !closed_ && !abandoned_; }
+  void Abandon() { abandoned_ = true; }
+  bool closed() const { return closed_; }
+  const Status& status() const { return status_; }
+
+ private:
+  struct Part {
+    size_t piece;
+    bool arrives;
+    int64_t filled = 0, hashed = 0;
+  };
+  const std::vector<Piece>& plan_;
+  std::vector<size_t> first_;
+  int64_t chunk_;
+  char* base_;
+  std::vector<uint64_t>* sums_;
+  std::vector<std::vector<Part>> parts_;  // per group and buffer
+  int64_t left_ = 0;                      // elements still to arrive
+  bool closed_ = false, abandoned_ = false;
+  Status status_;
+};
 
 bool Exists(const std::string& p) {
   std::error_code ec;
@@ -318,16 +403,72 @@ struct MemoryTier::Impl {
     int64_t bytes = 0;
     int own_shard = 0, replica_shard = 0;
     Mapping own, replica;
+    std::vector<uint64_t> own_sums, replica_sums;  // the chunks' checksums, as the snapshot's rank took them
+    std::shared_ptr<Arrival> arrival;              // state the owner's next step hands over (null: none)
+    std::function<Status()> deliver;               // the owner's StateView::deliver, for a commit that cannot wait
+    bool started = false;                          // the own copy is whole: its seal and the replica's transfer began
     CommHandle shift;
     bool shift_done = true;
     std::future<Status> own_sealed, replica_sealed;
     double t0 = 0, replica_done_at = 0, write_seconds = 0;
     Status local;  // this rank's first failure
+    ~Gen() {
+      if (arrival) arrival->Abandon();
+    }
   };
   std::unique_ptr<Gen> gen;
 
   void Fail(const Status& s) {
     if (gen->local.ok() && !s.ok()) gen->local = s;
+  }
+  // Collective, once the own copy is whole on every rank (or failed): the own copy's seal in the
+  // background and the replica's transfer.
+  void StartTransfer() {
+    Gen& g = *gen;
+    g.started = true;
+    const std::string own_tmp = StepPath(own_dir, g.step) + ".tmp";
+    if (g.local.ok()) {
+      g.own_sealed = std::async(std::launch::async, [this, p = &g, own_tmp] {
+        const double t0 = Now();
+        Status s = Seal(*io, own_tmp, StepPath(own_dir, p->step), p->m, p->plan, p->own_shard, p->own_sums, p->bytes);
+        p->write_seconds = Now() - t0;  // read by Commit after get()
+        return s;
+      });
+    }
+    if (!Replicated(n, o)) return;
+    // The replica: this rank's mapping straight into its holder's.
+    const std::string rep_tmp = StepPath(replica_dir, g.step) + ".tmp";
+    if (g.local.ok()) {
+      Fail([&]() -> Status {
+        RETURN_IF_ERROR(RemoveTree(rep_tmp));
+        RETURN_IF_ERROR(MakeDirs(rep_tmp));
+        Recycle(replica_dir, rep_tmp + "/" + DataFileName(g.replica_shard));
+        ASSIGN_OR_RETURN(g.replica, Mapping::Map(rep_tmp + "/" + DataFileName(g.replica_shard), g.bytes, true));
+        return Status();
+      }());
+    }
+    // The checksums first (the holder indexes the replica with them: it does not hash the bytes
+    // again, and a transfer that damaged them fails the replica's check when it is loaded), then the
+    // data. A rank that failed above still takes part, with nothing to send or receive: the sizes
+    // disagree, so the shift fails on every rank (the data's is then posted nowhere) and the
+    // generation is dropped at commit.
+    const bool ok = g.local.ok();
+    const size_t sums_bytes = ok ? g.own_sums.size() * 8 : 0;
+    if (ok) g.replica_sums.resize(g.own_sums.size());
+    Status sent = comm->Shift(g.own_sums.data(), sums_bytes, g.replica_sums.data(), sums_bytes, d);
+    if (!sent.ok()) return Fail(sent);
+    auto h = comm->ShiftAsync(ok ? g.own.data() : nullptr, ok ? static_cast<size_t>(g.bytes) : 0, ok ? g.replica.data() : nullptr,
+                              ok ? static_cast<size_t>(g.bytes) : 0, d);
+    if (!h.ok()) return Fail(h.status());
+    g.shift = std::move(*h);
+    g.shift_done = false;
+  }
+  // The arrival ended (delivered, failed or refused): its outcome is this rank's.
+  void Arrived() {
+    Gen& g = *gen;
+    if (!g.arrival) return;
+    Fail(g.arrival->closed() ? g.arrival->status() : InternalError("memory tier: the state never arrived"));
+    g.arrival.reset();
   }
   void StartReplicaSeal() {
     Gen* g = gen.get();
@@ -335,7 +476,7 @@ struct MemoryTier::Impl {
     if (!g->local.ok() || !Replicated(n, o)) return;
     const std::string tmp = StepPath(replica_dir, g->step) + ".tmp", final = StepPath(replica_dir, g->step);
     g->replica_sealed = std::async(std::launch::async, [this, g, tmp, final] {
-      return Seal(*io, tmp, final, g->m, g->plan, g->replica_shard, g->replica, g->bytes).WithContext("memory tier replica of rank " +
+      return Seal(*io, tmp, final, g->m, g->plan, g->replica_shard, g->replica_sums, g->bytes).WithContext("memory tier replica of rank " +
                                                                                                           std::to_string(source));
     });
   }
@@ -358,6 +499,11 @@ struct MemoryTier::Impl {
   }
   Status Commit() {
     Gen* g = gen.get();
+    if (!g->started) {  // the state still to arrive is delivered now (not collective), then the rest
+      if (g->arrival && !g->arrival->closed()) Fail(g->deliver().WithContext("memory tier: taking the offloaded state"));
+      Arrived();
+      StartTransfer();
+    }
     if (!g->shift_done) {
       Fail(g->shift.Wait());
       g->shift_done = true;
@@ -517,56 +663,46 @@ Status MemoryTier::Save(const StateView& state, const nlohmann::json& trainer_st
   t.stats.snapshot_bytes = g->bytes;
   t.gen = std::move(g);
   Impl::Gen& gen = *t.gen;
-  // The own copy: the part training waits for.
+  // The own copy: the part training waits for (state on NVMe arrives with the next step instead).
   const std::string own_tmp = StepPath(t.own_dir, gen.step) + ".tmp";
   const std::string own_data = own_tmp + "/" + DataFileName(gen.own_shard);
   t.Fail([&]() -> Status {
     RETURN_IF_ERROR(RemoveTree(own_tmp));
     RETURN_IF_ERROR(MakeDirs(own_tmp));
     Recycle(t.own_dir, own_data);
-    RETURN_IF_ERROR(WriteState(own_data, state, gen.plan, gen.bytes));
-    ASSIGN_OR_RETURN(gen.own, Mapping::Map(own_data, gen.bytes, false));
+    const bool arrives = std::any_of(state.groups.begin(), state.groups.end(), [&](const StateGroup& sg) {
+      return std::any_of(sg.buffers.begin(), sg.buffers.end(), [&](const StateBuffer& b) { return Arrives(state, b); });
+    });
+    ASSIGN_OR_RETURN(gen.own, Mapping::Map(own_data, gen.bytes, true, !arrives));
+    RETURN_IF_ERROR(Snapshot(state, gen.m, gen.plan, gen.own, &gen.own_sums));
+    auto arrival = std::make_shared<Arrival>(state, gen.m, gen.plan, gen.own.data(), &gen.own_sums);
+    if (!arrival->expected()) return Status();
+    RETURN_IF_ERROR(state.defer(arrival), "memory tier: handing the offloaded state over");
+    gen.arrival = std::move(arrival);
+    gen.deliver = state.deliver;
     return Status();
   }());
   t.stats.stall_seconds = Now() - gen.t0;
   if (state.stalled) state.stalled(t.stats.stall_seconds);
-  if (gen.local.ok()) {
-    gen.own_sealed = std::async(std::launch::async, [&t, g = &gen, own_tmp] {
-      const double t0 = Now();
-      Status s = Seal(*t.io, own_tmp, StepPath(t.own_dir, g->step), g->m, g->plan, g->own_shard, g->own, g->bytes);
-      g->write_seconds = Now() - t0;  // read by Commit after get()
-      return s;
-    });
-  }
-  if (!Replicated(t.n, t.o)) return Status();
-  // The replica: this rank's mapping straight into its holder's.
-  const std::string rep_tmp = StepPath(t.replica_dir, gen.step) + ".tmp";
-  if (gen.local.ok()) {
-    t.Fail([&]() -> Status {
-      RETURN_IF_ERROR(RemoveTree(rep_tmp));
-      RETURN_IF_ERROR(MakeDirs(rep_tmp));
-      Recycle(t.replica_dir, rep_tmp + "/" + DataFileName(gen.replica_shard));
-      ASSIGN_OR_RETURN(gen.replica, Mapping::Map(rep_tmp + "/" + DataFileName(gen.replica_shard), gen.bytes, true));
-      return Status();
-    }());
-  }
-  // A rank that failed above still takes part, with nothing to send or receive: the sizes disagree,
-  // so the shift fails on every rank and the generation is dropped at commit.
-  const bool ok = gen.local.ok();
-  auto h = t.comm->ShiftAsync(ok ? gen.own.data() : nullptr, ok ? static_cast<size_t>(gen.bytes) : 0, ok ? gen.replica.data() : nullptr,
-                              ok ? static_cast<size_t>(gen.bytes) : 0, t.d);
-  if (!h.ok()) {
-    t.Fail(h.status());
-  } else {
-    gen.shift = std::move(*h);
-    gen.shift_done = false;
-  }
+  // Whether any rank waits for its next step (then every rank does, and Poll or Commit goes on).
+  float waits = gen.arrival && gen.local.ok() ? 1.0f : 0.0f;
+  RETURN_IF_ERROR(t.comm->AllReduce(&waits, &waits, 1, DType::kF32, ReduceOp::kMax), "memory tier");
+  if (waits > 0) return Status();  // some rank's state arrives with the next step: Poll or Commit starts the rest
+  t.StartTransfer();
   return Status();
 }
 
 Status MemoryTier::Poll() {
   Impl& t = *impl_;
   if (!t.gen) return Status();
+  if (!t.gen->started) {  // has every rank's state arrived (or failed)?
+    float arrived = !t.gen->arrival || t.gen->arrival->closed() ? 1.0f : 0.0f;
+    RETURN_IF_ERROR(t.comm->AllReduce(&arrived, &arrived, 1, DType::kF32, ReduceOp::kMin), "memory tier poll");
+    if (arrived == 0) return Status();
+    t.Arrived();
+    t.StartTransfer();
+    return Status();
+  }
   float done = t.LocallyDone() ? 1.0f : 0.0f;
   RETURN_IF_ERROR(t.comm->AllReduce(&done, &done, 1, DType::kF32, ReduceOp::kMin), "memory tier poll");
   return done > 0 ? t.Commit() : Status();

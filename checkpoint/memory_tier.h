@@ -70,8 +70,11 @@ class MemoryTier {
   // Collective: snapshot `state` (its counters and trainer_state as a disk checkpoint would) as
   // generation `state.counters.step`. Waits for the previous generation first (never two in flight).
   // A step every rank already holds is not snapshotted again.
-  // Training waits for the copy of this rank's state into the tier; the checksums, the index and the
-  // replica's transfer and write run in the background until Poll/Wait commit it.
+  // Training waits for one pass over this rank's resident state (copied into the tier and checksummed
+  // chunk by chunk); the index and the replica's transfer run in the background until Poll/Wait
+  // commit it. State offloaded to NVMe (StateView::defer) is not read here: the owner's next step
+  // hands it over as it streams it (or Wait/the next Save has it delivered at once), and the
+  // replica's transfer starts at the first Poll after that step.
   Status Save(const StateView& state, const nlohmann::json& trainer_state = nlohmann::json::object());
   // Collective, once per step: progresses the replica transfer; commits a generation whose files are
   // whole on every rank (one small all-reduce while one is pending).

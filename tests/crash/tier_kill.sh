@@ -9,7 +9,9 @@
 #   3. killed, then a byte of rank 2's own copy flipped: rank 2 uses its replica; identical;
 #   4. killed, then rank 3's own copy and its replica both deleted: every rank resumes from disk
 #      together; identical;
-#   5. a run that ends normally leaves no tier files behind.
+#   5. a run that ends normally leaves no tier files behind;
+#   6. the optimizer state offloaded to NVMe (each snapshot handed over by the next step, beside the
+#      disk saves): one rank killed at random twice, restarted each time; identical at the end.
 # usage: tier_kill.sh CHARLM WORKDIR [KILLS]
 set -euo pipefail
 bin=$1; work=$2; kills=${3:-4}
@@ -21,6 +23,7 @@ steps=1000
 args=(--steps $steps --stage 3 --batch 32 --every 40 --keep-last 2 --print-every 100000)
 rm -rf "$work"; mkdir -p "$work/shm"
 tier=(--memory-every 1 --memory-dir "$work/shm" --ranks-per-node 2)
+extra=()  # more arguments of the killed runs and their finish (the NVMe case)
 RANDOM=${ZRT_TEST_SEED:-$$}
 # Waits (up to 120 s) until every rank's tier holds a generation, or job $1 ended.
 wait_for_tier() {
@@ -33,7 +36,7 @@ wait_for_tier() {
 # Starts a run on root $1 and SIGKILLs one random rank at a random moment; 0 if it killed one.
 run_and_kill() {
   local root=$1 log=$2 job victim
-  mpi 4 "$bin" "${args[@]}" "${tier[@]}" --ckpt "$root" > "$log" 2>&1 &
+  mpi 4 "$bin" "${args[@]}" "${tier[@]}" "${extra[@]}" --ckpt "$root" > "$log" 2>&1 &
   job=$!
   wait_for_tier $job
   sleep "$((RANDOM % 2)).$((RANDOM % 10))"
@@ -44,7 +47,7 @@ run_and_kill() {
   return $killed
 }
 finish() {  # finishes the run on root $1 and compares with the baseline
-  mpi 4 "$bin" "${args[@]}" "${tier[@]}" --ckpt "$1" --dump "$work/final.bin" > "$2"
+  mpi 4 "$bin" "${args[@]}" "${tier[@]}" "${extra[@]}" --ckpt "$1" --dump "$work/final.bin" > "$2"
   cmp "$work/base.bin" "$work/final.bin" || { echo "FAIL: $3: the resumed run differs from the uninterrupted one"; exit 1; }
   rm -f "$work/final.bin"
 }
@@ -104,4 +107,25 @@ if grep -q "^resumed from" "$work/gone.final.log"; then
   grep -q "^resumed from .*(disk)" "$work/gone.final.log" || { echo "FAIL: expected every rank to resume from disk"; exit 1; }
 fi
 echo "   every rank resumed from disk; identical to the uninterrupted run"
+
+echo "== optimizer state on NVMe (snapshots handed over by the next step), killed twice"
+extra=(--offload nvme --nvme-dir "$work/swap")
+rm -rf "${work:?}"/shm/*; mkdir -p "$work/swap"
+killed=0; last_killed=0
+for attempt in $(seq 1 6); do
+  [ $killed -ge 2 ] && break
+  last_killed=0
+  if run_and_kill "$work/nvme" "$work/nvme.$attempt.log"; then
+    killed=$((killed + 1)); last_killed=1
+    echo "   attempt $attempt: killed a rank; $(grep -h '^resumed from' "$work/nvme.$attempt.log" || echo 'fresh start')"
+  fi
+  if grep -q "^SUMMARY" "$work/nvme.$attempt.log"; then rm -rf "$work/nvme"; fi
+done
+[ $killed -ge 1 ] || { echo "FAIL: managed to kill no NVMe run"; exit 1; }
+finish "$work/nvme" "$work/nvme.final.log" "NVMe-offloaded state"
+grep -h "^resumed from" "$work/nvme.final.log" || true
+if [ $last_killed -eq 1 ]; then
+  grep -q "^resumed from .*(memory)" "$work/nvme.final.log" || { echo "FAIL: the NVMe run did not resume from the memory tier"; exit 1; }
+fi
+echo "   resumed from the memory tier; identical to the uninterrupted run"
 echo "PASS"

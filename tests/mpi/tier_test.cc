@@ -26,6 +26,22 @@ struct Case {
   bool nvme;
 };
 
+// Every buffer of the engine's state as it is now, read from wherever it lives.
+std::vector<std::vector<float>> StateNow(ZeroEngine& e) {
+  std::vector<std::vector<float>> out;
+  for (const StateGroup& g : e.state_view().groups) {
+    for (const StateBuffer& b : g.buffers) {
+      std::vector<float>& v = out.emplace_back(static_cast<size_t>(b.count));
+      if (b.data != nullptr) {
+        std::memcpy(v.data(), b.data, v.size() * 4);
+      } else {
+        EXPECT_TRUE(b.read(0, b.count, v.data()).ok());
+      }
+    }
+  }
+  return out;
+}
+
 class TierTest : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
@@ -163,6 +179,16 @@ class TierTest : public ::testing::TestWithParam<Case> {
     char name[32];
     std::snprintf(name, sizeof(name), "replica-%05d", q);
     return MemoryTier::RankDir(root_, tier_, (q + d) % n()) + "/" + name + "/" + StepDirName(step);
+  }
+  // The newest disk checkpoint is of `step` and holds `want` (resumed into a fresh engine, no tier).
+  void ExpectDiskHolds(int64_t step, const std::vector<std::vector<float>>& want) {
+    auto e = Engine();
+    auto ck = Checkpointer::Create(comm_.get(), &device_, {.root = root_, .chunk_elements = 1024});
+    ASSERT_TRUE(ck.ok());
+    auto r = (*ck)->Resume(e->state_view());
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->step, step);
+    EXPECT_EQ(StateNow(*e), want);
   }
   // Rank 0 changes files; everyone waits for it.
   template <class F>
@@ -304,6 +330,128 @@ TEST_P(TierTest, BudgetsSupersedingAndCleanup) {
   {
     auto ck = Ck(tier_);
     EXPECT_FALSE(fs::exists(MemoryTier::RankDir(root_, tier_, 0) + "/own/step-00000009.tmp"));
+  }
+}
+
+// A sink between the engine and the tier that counts the parts, or fails on one rank the way an
+// owner's delivery can: a Put that fails, or parts that never come though the owner says it is done.
+class Relay final : public StateSink {
+ public:
+  enum Mode { kPass, kPutFails, kPartsLost };
+  Relay(std::shared_ptr<StateSink> inner, Mode mode, int* puts) : inner_(std::move(inner)), mode_(mode), puts_(puts) {}
+  Status Put(int group, int buffer, int64_t offset, int64_t n, const float* data) override {
+    if (++*puts_ < 3 || mode_ == kPass) return inner_->Put(group, buffer, offset, n, data);
+    if (mode_ == kPutFails) return DataLossError("sabotaged put");
+    return Status();  // dropped
+  }
+  void Close(const Status& status) override { inner_->Close(status); }
+  bool wanted() const override { return inner_->wanted(); }
+
+ private:
+  std::shared_ptr<StateSink> inner_;
+  Mode mode_;
+  int* puts_;
+};
+// `v` with its sinks wrapped in a Relay.
+StateView Relayed(StateView v, Relay::Mode mode, int* puts) {
+  v.defer = [inner = v.defer, mode, puts](std::shared_ptr<StateSink> sink) { return inner(std::make_shared<Relay>(std::move(sink), mode, puts)); };
+  return v;
+}
+
+// State offloaded to NVMe is snapshotted by the owner's next step (no read while training waits),
+// beside a disk save of the same step waiting for the same step; a commit before any step has it
+// delivered at once. Both copies hold the state as it was when saved.
+TEST_P(TierTest, NvmeStateIsTakenByTheNextStepBesideADiskSave) {
+  if (!GetParam().nvme) GTEST_SKIP() << "resident state is copied at once";
+  auto e = Engine();
+  auto ck = Ck(tier_);
+  Train(*e, ck.get(), 0, 2);
+  ASSERT_TRUE(ck->Wait().ok());
+  Train(*e, nullptr, 2, 3);
+  const auto saved = StateNow(*e);
+  ASSERT_TRUE(ck->SaveAsync(e->state_view()).ok());
+  int puts = 0;
+  ASSERT_TRUE(ck->SaveToMemory(Relayed(e->state_view(), Relay::kPass, &puts)).ok());
+  ASSERT_TRUE(ck->Poll().ok());
+  // Nothing of step 3 was read or sealed before the step that hands it over, here or on any rank.
+  EXPECT_EQ(puts, 0);
+  EXPECT_EQ(ck->memory_stats()->step, 2);
+  EXPECT_FALSE(fs::exists(MemoryTier::RankDir(root_, tier_, rank()) + "/own/" + StepDirName(3)));
+  Train(*e, nullptr, 3, 4);  // hands step 3's state to both saves before changing it
+  EXPECT_GT(puts, 0);
+  ASSERT_TRUE(ck->Poll().ok());
+  ASSERT_TRUE(ck->Wait().ok());
+  EXPECT_EQ(ck->memory_stats()->step, 3);
+  // Step 4, committed before any step came: delivered at once.
+  const auto saved4 = StateNow(*e);
+  ASSERT_TRUE(ck->SaveToMemory(e->state_view()).ok());
+  ASSERT_TRUE(ck->Wait().ok());
+  EXPECT_EQ(ck->memory_stats()->step, 4);
+  ck.reset();
+  e.reset();
+  ASSERT_TRUE(comm_->Barrier().ok());
+  {  // the tier holds step 4 as it was
+    auto e2 = Engine();
+    auto ck2 = Ck(tier_);
+    auto r = ck2->Resume(e2->state_view());
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->step, 4);
+    EXPECT_EQ(r->source, "memory");
+    EXPECT_EQ(StateNow(*e2), saved4);
+    // Step 3's tier copy (removed once 4 committed) was checked through the disk save beside it.
+  }
+  ASSERT_TRUE(comm_->Barrier().ok());
+  ExpectDiskHolds(3, saved);  // the disk save of step 3 that waited beside the tier's snapshot
+}
+
+// One rank's hand-over fails (or its engine goes before the step): the snapshot is dropped on every
+// rank, the previous generation stays the newest, nothing half-written stays, and the next works; a
+// disk save waiting for the same step beside it is unharmed.
+TEST_P(TierTest, AFailedHandOverOnOneRankDropsTheSnapshotOnEveryRank) {
+  if (!GetParam().nvme) GTEST_SKIP() << "resident state is copied at once";
+  for (int mode : {0, 1, 2}) {  // Put fails, parts lost, the engine destroyed before the step
+    SCOPED_TRACE(mode);
+    auto e = Engine();
+    auto ck = Ck(tier_);
+    Train(*e, ck.get(), 0, 2);
+    ASSERT_TRUE(ck->Wait().ok());
+    Train(*e, nullptr, 2, 3);
+    int puts = 0;
+    const Relay::Mode how = mode < 2 && rank() == n() - 1 ? static_cast<Relay::Mode>(mode + 1) : Relay::kPass;
+    const auto saved = StateNow(*e);
+    if (mode < 2) {
+      ASSERT_TRUE(ck->SaveAsync(e->state_view()).ok());
+    }
+    ASSERT_TRUE(ck->SaveToMemory(Relayed(e->state_view(), how, &puts)).ok());
+    if (mode == 2) {
+      e.reset();
+    } else {
+      Train(*e, nullptr, 3, 4);
+    }
+    ASSERT_TRUE(ck->Poll().ok());
+    Status s = ck->Wait();
+    EXPECT_FALSE(s.ok()) << "rank " << rank() << " committed a snapshot another rank lacks";
+    // The previous generation is the newest, unless the disk save of step 3 superseded it.
+    EXPECT_EQ(ck->memory_stats()->step, mode < 2 ? -1 : 2);
+    const std::string own = MemoryTier::RankDir(root_, tier_, rank()) + "/own/";
+    EXPECT_FALSE(fs::exists(own + StepDirName(3)));
+    EXPECT_FALSE(fs::exists(own + StepDirName(3) + ".tmp"));
+    EXPECT_EQ(fs::exists(own + StepDirName(2)), mode == 2);
+    if (e) {  // the next snapshot works
+      ASSERT_TRUE(ck->SaveToMemory(e->state_view()).ok());
+      Train(*e, nullptr, 4, 5);
+      ASSERT_TRUE(ck->Wait().ok());
+      EXPECT_EQ(ck->memory_stats()->step, 4);
+    }
+    ck.reset();
+    e.reset();
+    ASSERT_TRUE(comm_->Barrier().ok());
+    if (mode < 2) ExpectDiskHolds(3, saved);  // the disk save beside it is whole
+    ASSERT_TRUE(comm_->Barrier().ok());
+    OnRank0([&] {
+      fs::remove_all(MemoryTier::JobDir(root_, tier_));
+      fs::remove_all(root_);
+    });
   }
 }
 
