@@ -1,15 +1,17 @@
 // bench/offload_checkpoint (under mpirun; ./scripts/bench runs it on 2 ranks beside fio's write rate):
 // checkpoints of state that lives on NVMe (ZeRO-Infinity: fp32 master, Adam moments and the bf16
-// parameter shards in swap files), stage 3, two ways, in interleaved rounds:
-//   handed over   the default: SaveAsync snapshots nothing, the next step hands every sub-group to
-//                 the writer before updating it (StateView::defer)
-//   read at once  the view's defer cleared: SaveAsync reads the state from the swap files and writes
-//                 it before returning (what a save of NVMe state cost before)
-// Per way: SaveAsync's stall and the next step's time beside a step without a save (what training
-// waits for, beside the save's bytes at fio's sequential write rate: the disk time of an extra write
-// stream where the swap files and the checkpoints share the disk), and when the save is durable.
+// parameter shards in swap files), stage 3, to disk (SaveAsync) and to the memory tier
+// (SaveToMemory, on --shm), two ways each, in interleaved rounds:
+//   handed over   the default: the save snapshots nothing, the next step hands every sub-group to
+//                 the writer (or the tier) before updating it (StateView::defer)
+//   read at once  the view's defer cleared: the save reads the state from the swap files before
+//                 returning (what a save of NVMe state cost before)
+// Per way: the save's stall and the next step's time beside a step without a save (what training
+// waits for; for the disk beside the save's bytes at fio's sequential write rate: the disk time of an
+// extra write stream where the swap files and the checkpoints share the disk), and when the save is
+// complete (durable; the tier's generation committed).
 //
-//   mpirun -n 2 offload_checkpoint_bench --dir DIR [--params P] [--rounds R] [--fio-write-mbps W]
+//   mpirun -n 2 offload_checkpoint_bench --dir DIR [--shm DIR] [--params P] [--rounds R] [--fio-write-mbps W]
 #include <CLI/CLI.hpp>
 
 #include <mpi.h>
@@ -39,10 +41,11 @@ int main(int argc, char** argv) {
   int64_t params = 50'000'000;
   int groups = 8, rounds = 3;
   double fio_w = -1;
-  std::string dir;
+  std::string dir, shm = "/dev/shm";
   CLI::App app{"offload_checkpoint_bench: saving NVMe-offloaded state, handed over by the next step vs read at once"};
   app.add_option("--dir", dir, "where the swap files and checkpoints go (written only here, and removed)")->required();
   app.add_option("--params", params, "bf16 parameters (+ Adam state), all on NVMe")->capture_default_str();
+  app.add_option("--shm", shm, "node-local memory for the tier (tmpfs)")->capture_default_str();
   app.add_option("--rounds", rounds, "interleaved rounds of each way")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--fio-write-mbps", fio_w, "fio's sequential write rate on the same filesystem");
   CLI11_PARSE(app, argc, argv);
@@ -58,7 +61,7 @@ int main(int argc, char** argv) {
   CpuDevice dev;
   auto e = bench::MakeEngine(comm.get(), &dev, 3, params, groups, swap);
   const int64_t per_group = params / groups;
-  auto ck = Checkpointer::Create(comm.get(), &dev, {.root = root, .keep_last = 1}).value();
+  auto ck = Checkpointer::Create(comm.get(), &dev, {.root = root, .keep_last = 1, .memory = MemoryTierOptions{.dir = shm}}).value();
   bench::Step(*e, per_group);
 
   // A step without a save: the mean of 3, after one to warm up.
@@ -68,24 +71,25 @@ int main(int argc, char** argv) {
   for (int i = 0; i < 3; ++i) bench::Step(*e, per_group);
   const double plain = bench::MaxOverRanks(Now() - t) / 3;
 
-  Figures way[2];  // [0] handed over, [1] read at once
+  Figures way[2][2];  // [disk, tier][handed over, read at once]
   Status failed;
   for (int r = 0; r < rounds; ++r) {
-    for (int w = 0; w < 2; ++w) {
+    for (int i = 0; i < 4; ++i) {
+      const int to = i / 2, w = i % 2;
       StateView v = e->state_view();
       if (w == 1) v.defer = nullptr;
       comm->Barrier().IgnoreError();
       const double t0 = Now();
-      Status s = ck->SaveAsync(v);
+      Status s = to == 0 ? ck->SaveAsync(v) : ck->SaveToMemory(v);
       const double t1 = Now();
       bench::Step(*e, per_group);
       const double t2 = Now();
       if (s.ok()) s = ck->Wait();
       const double t3 = Now();
       if (!s.ok() && failed.ok()) failed = s;
-      way[w].stall += bench::MaxOverRanks(t1 - t0) / rounds;
-      way[w].step += bench::MaxOverRanks(t2 - t1) / rounds;
-      way[w].total += bench::MaxOverRanks(t3 - t0) / rounds;
+      way[to][w].stall += bench::MaxOverRanks(t1 - t0) / rounds;
+      way[to][w].step += bench::MaxOverRanks(t2 - t1) / rounds;
+      way[to][w].total += bench::MaxOverRanks(t3 - t0) / rounds;
     }
   }
   const double bytes = bench::SumOverRanks(static_cast<double>(ck->last_stats().raw_bytes));
@@ -101,19 +105,26 @@ int main(int argc, char** argv) {
     const double limit = fio_w > 0 ? bytes / (fio_w * 1e6) : -1;
     std::printf("  step without a save %7.3f s; the save's bytes at fio's seq write rate (%0.f MB/s): %.3f s\n", plain, fio_w, limit);
     const char* names[2] = {"handed over", "read at once"};
-    for (int w = 0; w < 2; ++w) {
-      const Figures& f = way[w];
-      // Training waits for the stall and the step's extra time; the Wait after it is the write still
-      // to finish (in a run, Poll commits it in the background).
-      const double cost = f.stall + f.step - plain;
-      std::printf("  %-13s stall %7.3f s   next step %7.3f s   training waits %7.3f s   written %7.3f s after SaveAsync\n", names[w],
-                  f.stall, f.step, cost, f.total);
-      bench::PrintResult("offload_checkpoint", std::string(names[w]) + ": training waits per save", cost, "s", limit,
-                         "save bytes at fio seq write s");
-      bench::PrintResult("offload_checkpoint", std::string(names[w]) + ": save written after", f.total, "s", plain, "step s");
+    const char* targets[2] = {"disk", "tier"};
+    double waits[2][2] = {};
+    for (int to = 0; to < 2; ++to) {
+      for (int w = 0; w < 2; ++w) {
+        const Figures& f = way[to][w];
+        // Training waits for the stall and the step's extra time; the Wait after it is the write
+        // still to finish (in a run, Poll commits it in the background).
+        waits[to][w] = f.stall + f.step - plain;
+        std::printf("  %s, %-13s stall %7.3f s   next step %7.3f s   training waits %7.3f s   complete %7.3f s after the save\n",
+                    targets[to], names[w], f.stall, f.step, waits[to][w], f.total);
+        const std::string what = std::string(targets[to]) + ", " + names[w];
+        if (to == 0) {
+          bench::PrintResult("offload_checkpoint", what + ": training waits per save", waits[to][w], "s", limit, "save bytes at fio seq write s");
+        } else {
+          bench::PrintResult("offload_checkpoint", what + ": training waits per save", waits[to][w], "s", plain, "step s");
+        }
+        bench::PrintResult("offload_checkpoint", what + ": save complete after", f.total, "s", plain, "step s");
+      }
+      std::printf("  %s: handed over / read at once: training waits %.2fx\n", targets[to], waits[to][0] / waits[to][1]);
     }
-    std::printf("  handed over / read at once: training waits %.2fx\n", (way[0].stall + way[0].step - plain) /
-                                                                         (way[1].stall + way[1].step - plain));
   }
   return failed.ok() ? 0 : 1;
 }
