@@ -143,18 +143,30 @@ int64_t TreeBytes(const std::string& dir) {
   return n;
 }
 
+Status ReserveBlocks(int fd, int64_t offset, int64_t bytes, const std::string& path) {
+  if (bytes <= 0) return Status();
+  struct stat st {};
+  if (offset == 0 && ::fstat(fd, &st) == 0 && st.st_size <= bytes && static_cast<int64_t>(st.st_blocks) * 512 >= bytes) {
+    return Status();  // a recycled file whose every block is there (the walk would cost ~6 ms per 150 MiB)
+  }
+  const int e = ::posix_fallocate(fd, offset, bytes);
+  return e == 0 ? Status() : ErrnoStatus(e, "memory tier: no room for " + std::to_string(bytes) + " bytes in " + path);
+}
+
 // A read-only or writable shared mapping of a whole file, its page tables filled at once unless told
 // otherwise (MAP_POPULATE: one pass instead of a fault per page while training waits or the replica
 // arrives).
 class Mapping {
  public:
   Mapping() = default;
-  Mapping(Mapping&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  Mapping(Mapping&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)), fd_(std::move(o.fd_)), path_(std::move(o.path_)) {}
   Mapping& operator=(Mapping&& o) noexcept {
     if (this != &o) {
       Reset();
       p_ = std::exchange(o.p_, nullptr);
       n_ = std::exchange(o.n_, 0);
+      fd_ = std::move(o.fd_);
+      path_ = std::move(o.path_);
     }
     return *this;
   }
@@ -163,13 +175,19 @@ class Mapping {
     if (p_ != nullptr) ::munmap(p_, n_);
     p_ = nullptr;
     n_ = 0;
+    fd_ = UniqueFd();
   }
   char* data() const { return static_cast<char*>(p_); }
   size_t size() const { return n_; }
 
-  // `create`: a new file of `bytes` (writable); else the existing file, read-only, which must be `bytes`
-  // long (-1: whatever it is). `populate` false: pages come as they are touched (state that arrives
-  // with the next step: a new file's pages are then allocated there, not while training waits).
+  // Allocates the file's blocks for [offset, offset + bytes) of a created mapping, so that writing
+  // there cannot fault for want of space (tmpfs full: SIGBUS): the error comes here instead.
+  Status Reserve(int64_t offset, int64_t bytes) const { return ReserveBlocks(fd_.get(), offset, bytes, path_); }
+
+  // `create`: a new file of `bytes` (writable), its blocks reserved (Reserve); else the existing file,
+  // read-only, which must be `bytes` long (-1: whatever it is). `populate` false: nothing reserved or
+  // mapped in advance (state that arrives with the next step reserves each part as it comes: a new
+  // file's pages are then allocated there, not while training waits).
   static Result<Mapping> Map(const std::string& path, int64_t bytes, bool create, bool populate = true) {
     // Created files are not truncated: a recycled one (Recycle) keeps its memory pages.
     UniqueFd fd(::open(path.c_str(), create ? (O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC) : (O_RDONLY | O_NOFOLLOW | O_CLOEXEC), 0644));
@@ -183,18 +201,23 @@ class Mapping {
       bytes = st.st_size;
     }
     Mapping m;
+    m.path_ = path;
+    if (create && populate) RETURN_IF_ERROR(ReserveBlocks(fd.get(), 0, bytes, path));
     if (bytes == 0) return m;
     void* p = ::mmap(nullptr, static_cast<size_t>(bytes), create ? (PROT_READ | PROT_WRITE) : PROT_READ,
                      MAP_SHARED | (populate ? MAP_POPULATE : 0), fd.get(), 0);
     if (p == MAP_FAILED) return ErrnoStatus(errno, "memory tier: mapping " + path);
     m.p_ = p;
     m.n_ = static_cast<size_t>(bytes);
+    if (create) m.fd_ = std::move(fd);
     return m;
   }
 
  private:
   void* p_ = nullptr;
   size_t n_ = 0;
+  UniqueFd fd_;  // created mappings: for Reserve
+  std::string path_;
 };
 
 // Where each (group, kind) of a shard lies in its data file: raw chunks, each buffer 4 KiB-aligned
@@ -301,8 +324,8 @@ Status Snapshot(const StateView& state, const Manifest& m, const std::vector<Pie
 // before its mapping goes.
 class Arrival final : public StateSink {
  public:
-  Arrival(const StateView& state, const Manifest& m, const std::vector<Piece>& plan, char* base, std::vector<uint64_t>* sums)
-      : plan_(plan), first_(FirstChunks(m, plan)), chunk_(m.chunk_elements), base_(base), sums_(sums) {
+  Arrival(const StateView& state, const Manifest& m, const std::vector<Piece>& plan, const Mapping& into, std::vector<uint64_t>* sums)
+      : plan_(plan), first_(FirstChunks(m, plan)), chunk_(m.chunk_elements), into_(into), base_(into.data()), sums_(sums) {
     size_t i = 0;
     for (const StateGroup& g : state.groups) {
       std::vector<Part>& parts = parts_.emplace_back();
@@ -326,6 +349,7 @@ class Arrival final : public StateSink {
       return InternalError("memory tier: state of group ", group, " buffer ", buffer, " arrived at elements [", offset, ", ",
                            offset + n, "); expected from ", part.filled, " of ", part.arrives ? p.count : 0);
     }
+    RETURN_IF_ERROR(into_.Reserve(p.offset + offset * 4, n * 4));
     std::memcpy(base_ + p.offset + offset * 4, data, static_cast<size_t>(n) * 4);
     part.filled += n;
     left_ -= n;
@@ -356,6 +380,7 @@ class Arrival final : public StateSink {
   const std::vector<Piece>& plan_;
   std::vector<size_t> first_;
   int64_t chunk_;
+  const Mapping& into_;
   char* base_;
   std::vector<uint64_t>* sums_;
   std::vector<std::vector<Part>> parts_;  // per group and buffer
@@ -675,7 +700,7 @@ Status MemoryTier::Save(const StateView& state, const nlohmann::json& trainer_st
     });
     ASSIGN_OR_RETURN(gen.own, Mapping::Map(own_data, gen.bytes, true, !arrives));
     RETURN_IF_ERROR(Snapshot(state, gen.m, gen.plan, gen.own, &gen.own_sums));
-    auto arrival = std::make_shared<Arrival>(state, gen.m, gen.plan, gen.own.data(), &gen.own_sums);
+    auto arrival = std::make_shared<Arrival>(state, gen.m, gen.plan, gen.own, &gen.own_sums);
     if (!arrival->expected()) return Status();
     RETURN_IF_ERROR(state.defer(arrival), "memory tier: handing the offloaded state over");
     gen.arrival = std::move(arrival);

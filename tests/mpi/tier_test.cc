@@ -5,6 +5,7 @@
 // disk; budgets, superseding and end-of-run cleanup. Kills at random moments: tests/crash/tier_kill.sh.
 #include <gtest/gtest.h>
 #include <mpi.h>
+#include <sys/mount.h>
 
 #include <algorithm>
 #include <cstring>
@@ -453,6 +454,59 @@ TEST_P(TierTest, AFailedHandOverOnOneRankDropsTheSnapshotOnEveryRank) {
       fs::remove_all(root_);
     });
   }
+}
+
+// The tier's filesystem has no room left (another process took it after start-up): writing into a
+// mapping of a full tmpfs would kill the process (SIGBUS); instead the snapshot fails on every rank,
+// naming the file, and the next one works once there is room. Needs a small tmpfs of its own: skipped
+// where this process may not mount one.
+TEST_P(TierTest, AFullTierFilesystemFailsTheSnapshotNotTheProcess) {
+  const std::string small = base_ + "/small";
+  int mounted = 0;
+  if (rank() == 0) {
+    fs::create_directories(small);
+    mounted = ::mount("tmpfs", small.c_str(), "tmpfs", 0, "size=4m") == 0 ? 1 : 0;
+  }
+  ASSERT_TRUE(comm_->Broadcast(&mounted, sizeof(mounted), DType::kBytes, 0).ok());
+  if (mounted == 0) GTEST_SKIP() << "cannot mount a tmpfs here";
+  struct Unmount {
+    bool on;
+    std::string path;
+    ~Unmount() {
+      if (on) ::umount(path.c_str());
+    }
+  } unmount{rank() == 0, small};
+  MemoryTierOptions t = tier_;
+  t.dir = small;
+  t.budget_bytes = int64_t{1} << 30;  // past the start-up check: the space goes after it
+  auto e = Engine();
+  auto ck = Ck(t);
+  const std::string filler = small + "/filler";
+  OnRank0([&] {  // take every block left
+    std::ofstream f(filler, std::ios::binary);
+    std::vector<char> block(4096, 'x');
+    while (f.write(block.data(), static_cast<std::streamsize>(block.size())) && f.flush()) {
+    }
+  });
+  Train(*e, nullptr, 0, 1);
+  ASSERT_TRUE(ck->SaveToMemory(e->state_view()).ok());
+  Train(*e, nullptr, 1, 2);  // NVMe state arrives here
+  Status s = ck->Poll();  // the failure comes at the commit: this Poll's or the Wait's
+  if (s.ok()) s = ck->Wait();
+  EXPECT_FALSE(s.ok()) << "rank " << rank() << ": a snapshot into a full filesystem was committed";
+  EXPECT_EQ(ck->memory_stats()->step, -1);
+  if (rank() == 0) {
+    EXPECT_NE(s.message().find("no room"), std::string_view::npos) << s;
+  }
+  OnRank0([&] { fs::remove(filler); });
+  ASSERT_TRUE(ck->SaveToMemory(e->state_view()).ok());
+  Train(*e, nullptr, 2, 3);
+  Status again = ck->Wait();
+  EXPECT_TRUE(again.ok()) << again;
+  EXPECT_EQ(ck->memory_stats()->step, 2);
+  ck.reset();
+  e.reset();
+  ASSERT_TRUE(comm_->Barrier().ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, TierTest, ::testing::Values(Case{0, false}, Case{2, false}, Case{3, false}, Case{3, true}),
