@@ -55,51 +55,69 @@ class ShardSource {
   }
 
   // The whole of saved rank `rank`'s (group, kind) straight into `dst` (`count` elements: a target
-  // buffer laid out exactly as the saved shard): raw chunks are read in place, 16 in flight, and
-  // checked there; no copy. Compressed chunks are decoded into place.
-  Status ReadWhole(int rank, int group, int kind, float* dst, int64_t count) {
-    ASSIGN_OR_RETURN(Rank * r, Open(rank));
-    const ShardLayout& l = layouts_[static_cast<size_t>(group)];
+  // buffer laid out exactly as the saved shard), for every target in one pipeline: raw chunks are read
+  // in place, 16 in flight across the targets (a buffer of a few chunks leaves no bubble), and checked
+  // there; no copy. Compressed chunks are decoded into place.
+  struct Whole {
+    int rank, group, kind;
+    float* dst;
+    int64_t count;
+    std::string what;  // the error's context
+  };
+  Status ReadWhole(const std::vector<Whole>& targets) {
     struct InFlight {
-      size_t k;
+      size_t t, k;
+      Rank* r;
       IoHandle h;
     };
     std::deque<InFlight> q;
     auto finish = [&]() -> Status {
       InFlight f = std::move(q.front());
       q.pop_front();
-      Status st = f.h.Wait().WithContext(ChunkName(m_, l, r->index, f.k));
-      const ChunkEntry& c = r->index.chunks[f.k];
+      const Whole& w = targets[f.t];
+      const ShardLayout& l = layouts_[static_cast<size_t>(w.group)];
+      Status st = f.h.Wait().WithContext(ChunkName(m_, l, f.r->index, f.k));
+      const ChunkEntry& c = f.r->index.chunks[f.k];
       if (st.ok()) {
-        char* at = reinterpret_cast<char*>(dst + c.elem_offset);
-        st = FinishChunkRead(r->file, m_, l, r->index, f.k, at, dst + c.elem_offset, &scratch_);
+        char* at = reinterpret_cast<char*>(w.dst + c.elem_offset);
+        st = FinishChunkRead(f.r->file, m_, l, f.r->index, f.k, at, w.dst + c.elem_offset, &scratch_);
       }
       if (st.ok()) bytes_read_ += c.stored_bytes;
-      return st;
+      return st.WithContext(w.what);
     };
     Status s;
-    for (size_t k : r->by_kind[{group, kind}]) {
-      const ChunkEntry& c = r->index.chunks[k];
-      if (c.elem_offset < 0 || c.elem_offset + c.elements > count) {
-        s = DataLossError(r->index.data_file, ": ", ChunkName(m_, l, r->index, k), " outside the shard of ", count, " elements");
+    for (size_t t = 0; t < targets.size() && s.ok(); ++t) {
+      const Whole& w = targets[t];
+      auto opened = Open(w.rank);
+      if (!opened.ok()) {
+        s = opened.status().WithContext(w.what);
         break;
       }
-      if (c.codec != Codec::kRaw) {
-        while (!q.empty() && s.ok()) s = finish();
-        if (s.ok()) s = ReadChunkInto(io_, r->file, m_, l, r->index, k, dst + c.elem_offset, &scratch_, &bytes_read_);
-        if (!s.ok()) break;
-        continue;
+      Rank* r = *opened;
+      const ShardLayout& l = layouts_[static_cast<size_t>(w.group)];
+      for (size_t k : r->by_kind[{w.group, w.kind}]) {
+        const ChunkEntry& c = r->index.chunks[k];
+        if (c.elem_offset < 0 || c.elem_offset + c.elements > w.count) {
+          s = DataLossError(r->index.data_file, ": ", ChunkName(m_, l, r->index, k), " outside the shard of ", w.count, " elements").WithContext(w.what);
+          break;
+        }
+        if (c.codec != Codec::kRaw) {
+          while (!q.empty() && s.ok()) s = finish();
+          if (s.ok()) s = ReadChunkInto(io_, r->file, m_, l, r->index, k, w.dst + c.elem_offset, &scratch_, &bytes_read_).WithContext(w.what);
+          if (!s.ok()) break;
+          continue;
+        }
+        if (!(s = CheckRawChunkSize(r->file, m_, l, r->index, k).WithContext(w.what)).ok()) break;
+        auto h = io_.Read(r->file, w.dst + c.elem_offset, static_cast<size_t>(c.stored_bytes), c.file_offset);
+        if (!h.ok()) {
+          s = h.status().WithContext(ChunkName(m_, l, r->index, k)).WithContext(w.what);
+          break;
+        }
+        q.push_back({t, k, r, std::move(*h)});
+        if (q.size() >= 16 && !(s = finish()).ok()) break;
       }
-      if (!(s = CheckRawChunkSize(r->file, m_, l, r->index, k)).ok()) break;
-      auto h = io_.Read(r->file, dst + c.elem_offset, static_cast<size_t>(c.stored_bytes), c.file_offset);
-      if (!h.ok()) {
-        s = h.status().WithContext(ChunkName(m_, l, r->index, k));
-        break;
-      }
-      q.push_back({k, std::move(*h)});
-      if (q.size() >= 16 && !(s = finish()).ok()) break;
     }
-    while (!q.empty()) {  // every read finishes before dst may be touched again
+    while (!q.empty()) {  // every read finishes before any target may be touched again
       Status f = finish();
       if (s.ok()) s = f;
     }
@@ -456,16 +474,23 @@ Result<LoadResult> Load(const std::string& dir, const StateView& target, const L
     }
   }
   src.Start(options.read_ahead_bytes);
+  std::vector<ShardSource::Whole> wholes;  // the buffers read in place, all in one pipeline
   for (size_t gi = 0; gi < target.groups.size(); ++gi) {
     const StateGroup& tg = target.groups[gi];
     for (size_t bi = 0; bi < tg.buffers.size(); ++bi) {
       const StateBuffer& b = tg.buffers[bi];
       if (const int kind = whole(gi, bi); kind >= 0) {
-        const int rank = tg.layout.world_size() == 1 ? 0 : target.rank;
-        RETURN_IF_ERROR(src.ReadWhole(rank, same[gi], kind, static_cast<float*>(b.data), b.count), "loading group '", tg.name, "' (",
-                        b.kind, ") from ", dir);
-        continue;
+        wholes.push_back({tg.layout.world_size() == 1 ? 0 : target.rank, same[gi], kind, static_cast<float*>(b.data), b.count,
+                          "loading group '" + tg.name + "' (" + b.kind + ") from " + dir});
       }
+    }
+  }
+  RETURN_IF_ERROR(src.ReadWhole(wholes));
+  for (size_t gi = 0; gi < target.groups.size(); ++gi) {
+    const StateGroup& tg = target.groups[gi];
+    for (size_t bi = 0; bi < tg.buffers.size(); ++bi) {
+      const StateBuffer& b = tg.buffers[bi];
+      if (whole(gi, bi) >= 0) continue;
       const std::vector<Source>& list = sources[gi][bi];
       auto fill = [&](int64_t w0, int64_t w1, float* base) -> Status {
         for (const Source& src_piece : list) {

@@ -6,10 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "tests/support/synthetic_state.h"
 #include "zrt/checkpoint/catalog.h"
 #include "zrt/checkpoint/checkpointer.h"
+#include "zrt/checkpoint/format.h"
 #include "zrt/core/loopback_communicator.h"
 
 namespace zrt::ckpt {
@@ -101,6 +104,45 @@ TEST_F(LoadErrorTest, AMissingOrResizedTensorIsAnErrorNamingIt) {
   s = Load(dir_, b.view).status();
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("'bias'"), std::string_view::npos) << s;
+}
+
+// A same-layout load reads every buffer in place in one pipeline: a chunk failing its checksum
+// anywhere in it (here the last of rank 1's file, read while the others are in flight) fails the load
+// naming its group and kind; the other rank's file loads exactly.
+TEST_F(LoadErrorTest, ACorruptChunkInTheInPlacePipelineIsNamedAndTheOtherRankLoads) {
+  auto text = [](const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  auto m = DecodeManifest(text(dir_ + "/manifest.json"), "manifest");
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto idx = DecodeIndex(text(dir_ + "/" + IndexFileName(1)), "index");
+  ASSERT_TRUE(idx.ok()) << idx.status();
+  ASSERT_GE(idx->chunks.size(), 4u);
+  const ChunkEntry last = *std::max_element(idx->chunks.begin(), idx->chunks.end(),
+                                            [](const ChunkEntry& a, const ChunkEntry& b) { return a.file_offset < b.file_offset; });
+  {
+    std::fstream f(dir_ + "/" + DataFileName(1), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(last.file_offset + 1);
+    char c = 0;
+    f.read(&c, 1);
+    c ^= 0x20;
+    f.seekp(last.file_offset + 1);
+    f.write(&c, 1);
+  }
+  testing::SyntheticState t1(testing::SmallModel(), 2, 1, 16, false);
+  Status s = Load(dir_, t1.view).status();
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+  const GroupEntry& g = m->groups[static_cast<size_t>(last.group)];
+  const std::string named = "loading group '" + g.name + "' (" + g.kinds[static_cast<size_t>(last.kind)] + ")";
+  EXPECT_NE(s.message().find(named), std::string_view::npos) << s;
+  EXPECT_NE(s.message().find("checksum"), std::string_view::npos) << s;
+  testing::SyntheticState t0(testing::SmallModel(), 2, 0, 16, false);
+  Status ok = Load(dir_, t0.view).status();
+  ASSERT_TRUE(ok.ok()) << ok;
+  t0.ExpectValues();
 }
 
 }  // namespace
