@@ -143,6 +143,8 @@ int64_t TreeBytes(const std::string& dir) {
   return n;
 }
 
+// Allocates the blocks of [offset, offset + bytes) of the file `fd`, so that writing them through a
+// mapping cannot fault for want of space (a full tmpfs: SIGBUS); the error (ENOSPC) comes here.
 Status ReserveBlocks(int fd, int64_t offset, int64_t bytes, const std::string& path) {
   if (bytes <= 0) return Status();
   struct stat st {};
@@ -159,7 +161,8 @@ Status ReserveBlocks(int fd, int64_t offset, int64_t bytes, const std::string& p
 class Mapping {
  public:
   Mapping() = default;
-  Mapping(Mapping&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)), fd_(std::move(o.fd_)), path_(std::move(o.path_)) {}
+  Mapping(Mapping&& o) noexcept
+      : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)), fd_(std::move(o.fd_)), path_(std::move(o.path_)), reserved_(o.reserved_) {}
   Mapping& operator=(Mapping&& o) noexcept {
     if (this != &o) {
       Reset();
@@ -167,6 +170,7 @@ class Mapping {
       n_ = std::exchange(o.n_, 0);
       fd_ = std::move(o.fd_);
       path_ = std::move(o.path_);
+      reserved_ = o.reserved_;
     }
     return *this;
   }
@@ -180,9 +184,8 @@ class Mapping {
   char* data() const { return static_cast<char*>(p_); }
   size_t size() const { return n_; }
 
-  // Allocates the file's blocks for [offset, offset + bytes) of a created mapping, so that writing
-  // there cannot fault for want of space (tmpfs full: SIGBUS): the error comes here instead.
-  Status Reserve(int64_t offset, int64_t bytes) const { return ReserveBlocks(fd_.get(), offset, bytes, path_); }
+  // ReserveBlocks for part of a created mapping (nothing to do where Map reserved the whole file).
+  Status Reserve(int64_t offset, int64_t bytes) const { return reserved_ ? Status() : ReserveBlocks(fd_.get(), offset, bytes, path_); }
 
   // `create`: a new file of `bytes` (writable), its blocks reserved (Reserve); else the existing file,
   // read-only, which must be `bytes` long (-1: whatever it is). `populate` false: nothing reserved or
@@ -202,7 +205,10 @@ class Mapping {
     }
     Mapping m;
     m.path_ = path;
-    if (create && populate) RETURN_IF_ERROR(ReserveBlocks(fd.get(), 0, bytes, path));
+    if (create && populate) {
+      RETURN_IF_ERROR(ReserveBlocks(fd.get(), 0, bytes, path));
+      m.reserved_ = true;
+    }
     if (bytes == 0) return m;
     void* p = ::mmap(nullptr, static_cast<size_t>(bytes), create ? (PROT_READ | PROT_WRITE) : PROT_READ,
                      MAP_SHARED | (populate ? MAP_POPULATE : 0), fd.get(), 0);
@@ -218,6 +224,7 @@ class Mapping {
   size_t n_ = 0;
   UniqueFd fd_;  // created mappings: for Reserve
   std::string path_;
+  bool reserved_ = false;
 };
 
 // Where each (group, kind) of a shard lies in its data file: raw chunks, each buffer 4 KiB-aligned
@@ -302,6 +309,7 @@ Status Snapshot(const StateView& state, const Manifest& m, const std::vector<Pie
       if (!b.resident() && !b.read) {
         return InvalidArgumentError("memory tier: state '", b.kind, "' of group '", g.name, "' is not resident and has no read");
       }
+      RETURN_IF_ERROR(into.Reserve(p.offset, p.count * 4));  // beside state that arrives later, the file is not reserved whole
       for (int64_t e = 0; e < p.count; e += m.chunk_elements) {
         const int64_t n = std::min(m.chunk_elements, p.count - e);
         char* to = into.data() + p.offset + e * 4;

@@ -309,11 +309,14 @@ TEST_F(TrainerApiTest, FrozenTensorsTakeNoGradientNoStateAndComeBackFromACheckpo
     }
     // Saved (its values, as master, and nothing else) and loaded into an engine that initialised it
     // otherwise.
+    // The memory tier takes a snapshot of the same step beside it (on NVMe both wait for the next step).
     CpuDevice staging;
-    auto ck = ckpt::Checkpointer::Create(comm_.get(), &staging, {.root = root});
+    const ckpt::MemoryTierOptions tier{.dir = root + "-shm"};
+    auto ck = ckpt::Checkpointer::Create(comm_.get(), &staging, {.root = root, .memory = tier});
     ASSERT_TRUE(ck.ok());
     ASSERT_TRUE((*ck)->SaveAsync((*a)->state_view()).ok());
-    train(**a, true, 2);  // the save is of the state before these steps
+    ASSERT_TRUE((*ck)->SaveToMemory((*a)->state_view()).ok());
+    train(**a, true, 2);  // the saves are of the state before these steps
     ASSERT_TRUE((*ck)->Wait().ok());
     auto b = make(true, [](int64_t, int64_t, int64_t count, float* out) { std::fill(out, out + count, 0.25f); }, &dev_b);
     ASSERT_TRUE(b.ok());
@@ -322,6 +325,18 @@ TEST_F(TrainerApiTest, FrozenTensorsTakeNoGradientNoStateAndComeBackFromACheckpo
     EXPECT_EQ(Params(**b, kModel.size()), got) << "stage " << stage;
     train(**b, true, 2);
     EXPECT_EQ(Params(**b, kModel.size()), Params(**a, kModel.size())) << "stage " << stage;
+    {  // and from the tier's snapshot
+      CpuDevice dev_c(c.host_accessible);
+      auto e = make(true, [](int64_t, int64_t, int64_t count, float* out) { std::fill(out, out + count, -0.5f); }, &dev_c);
+      ASSERT_TRUE(e.ok());
+      auto rt = (*ck)->Resume((*e)->state_view());
+      ASSERT_TRUE(rt.ok()) << rt.status();
+      EXPECT_EQ(rt->source, "memory") << "stage " << stage;
+      EXPECT_EQ(Params(**e, kModel.size()), got) << "stage " << stage;
+    }
+    ck->reset();
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank() == 0) std::filesystem::remove_all(root + "-shm");
   }
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank() == 0) std::filesystem::remove_all(root + "-swap");
