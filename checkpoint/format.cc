@@ -169,6 +169,16 @@ Result<int64_t> ParseStepDirName(std::string_view name) {
   return v;
 }
 
+RankIndex IndexOf(const Manifest& m, int rank) {
+  RankIndex idx;
+  idx.nonce = m.nonce;
+  idx.step = m.step;
+  idx.rank = rank;
+  idx.shards = m.shards;
+  idx.data_file = DataFileName(rank);
+  return idx;
+}
+
 std::string DataFileName(int rank) {
   char b[32];
   std::snprintf(b, sizeof(b), "rank-%05d.data", rank);

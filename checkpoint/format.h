@@ -91,6 +91,10 @@ struct RankIndex {
   std::vector<ChunkEntry> chunks;
 };
 
+// Shard `rank`'s index of the checkpoint `m` describes, before its chunks: nonce, step, rank, shards,
+// data file name.
+RankIndex IndexOf(const Manifest& m, int rank);
+
 std::string StepDirName(int64_t step);           // "step-00001200"
 Result<int64_t> ParseStepDirName(std::string_view name);  // NotFound unless exactly step-<digits>
 std::string DataFileName(int rank);              // "rank-00003.data"

@@ -11,12 +11,9 @@
 //   Poll/Wait           one all-reduce: whole on every rank? Then AgreeOnStatus and every generation
 //                       but N is removed (older ones, and newer ones a resume from an older state left).
 // The files are an ordinary checkpoint directory holding one rank's files, so Load reads and checks
-// them like any checkpoint.
+// them like any checkpoint; how one is laid out, mapped, filled and sealed is tier_file.h.
 #include "zrt/checkpoint/memory_tier.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -34,18 +31,20 @@
 #include "zrt/checkpoint/format.h"
 #include "zrt/checkpoint/fs_util.h"
 #include "zrt/checkpoint/shard_writer.h"
+#include "zrt/checkpoint/tier_file.h"
 #include "zrt/core/logging.h"
-#include "zrt/core/unique_fd.h"
 #include "zrt/offload/io_engine.h"
 
 namespace zrt::ckpt {
 
 namespace fs = std::filesystem;
+using internal::AlignUp;
+using internal::Arrival;
+using internal::Mapping;
+using internal::Piece;
 
 namespace {
 
-constexpr int64_t kAlign = static_cast<int64_t>(kIoAlignment);
-int64_t AlignUp(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 int RanksPerNode(const MemoryTierOptions& o) {
@@ -143,260 +142,6 @@ int64_t TreeBytes(const std::string& dir) {
   return n;
 }
 
-// Allocates the blocks of [offset, offset + bytes) of the file `fd`, so that writing them through a
-// mapping cannot fault for want of space (a full tmpfs: SIGBUS); the error (ENOSPC) comes here.
-Status ReserveBlocks(int fd, int64_t offset, int64_t bytes, const std::string& path) {
-  if (bytes <= 0) return Status();
-  struct stat st {};
-  if (offset == 0 && ::fstat(fd, &st) == 0 && st.st_size <= bytes && static_cast<int64_t>(st.st_blocks) * 512 >= bytes) {
-    return Status();  // a recycled file whose every block is there (the walk would cost ~6 ms per 150 MiB)
-  }
-  const int e = ::posix_fallocate(fd, offset, bytes);
-  return e == 0 ? Status() : ErrnoStatus(e, "memory tier: no room for " + std::to_string(bytes) + " bytes in " + path);
-}
-
-// A read-only or writable shared mapping of a whole file, its page tables filled at once unless told
-// otherwise (MAP_POPULATE: one pass instead of a fault per page while training waits or the replica
-// arrives).
-class Mapping {
- public:
-  Mapping() = default;
-  Mapping(Mapping&& o) noexcept
-      : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)), fd_(std::move(o.fd_)), path_(std::move(o.path_)), reserved_(o.reserved_) {}
-  Mapping& operator=(Mapping&& o) noexcept {
-    if (this != &o) {
-      Reset();
-      p_ = std::exchange(o.p_, nullptr);
-      n_ = std::exchange(o.n_, 0);
-      fd_ = std::move(o.fd_);
-      path_ = std::move(o.path_);
-      reserved_ = o.reserved_;
-    }
-    return *this;
-  }
-  ~Mapping() { Reset(); }
-  void Reset() {
-    if (p_ != nullptr) ::munmap(p_, n_);
-    p_ = nullptr;
-    n_ = 0;
-    fd_ = UniqueFd();
-  }
-  char* data() const { return static_cast<char*>(p_); }
-  size_t size() const { return n_; }
-
-  // ReserveBlocks for part of a created mapping (nothing to do where Map reserved the whole file).
-  Status Reserve(int64_t offset, int64_t bytes) const { return reserved_ ? Status() : ReserveBlocks(fd_.get(), offset, bytes, path_); }
-
-  // `create`: a new file of `bytes` (writable), its blocks reserved (Reserve); else the existing file,
-  // read-only, which must be `bytes` long (-1: whatever it is). `populate` false: nothing reserved or
-  // mapped in advance (state that arrives with the next step reserves each part as it comes: a new
-  // file's pages are then allocated there, not while training waits).
-  static Result<Mapping> Map(const std::string& path, int64_t bytes, bool create, bool populate = true) {
-    // Created files are not truncated: a recycled one (Recycle) keeps its memory pages.
-    UniqueFd fd(::open(path.c_str(), create ? (O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC) : (O_RDONLY | O_NOFOLLOW | O_CLOEXEC), 0644));
-    if (!fd.valid()) return ErrnoStatus(errno, "memory tier: opening " + path);
-    if (create) {
-      if (::ftruncate(fd.get(), bytes) != 0) return ErrnoStatus(errno, "memory tier: sizing " + path);
-    } else {
-      struct stat st {};
-      if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "memory tier: " + path);
-      if (bytes >= 0 && st.st_size != bytes) return DataLossError(path, ": ", st.st_size, " bytes, expected ", bytes);
-      bytes = st.st_size;
-    }
-    Mapping m;
-    m.path_ = path;
-    if (create && populate) {
-      RETURN_IF_ERROR(ReserveBlocks(fd.get(), 0, bytes, path));
-      m.reserved_ = true;
-    }
-    if (bytes == 0) return m;
-    void* p = ::mmap(nullptr, static_cast<size_t>(bytes), create ? (PROT_READ | PROT_WRITE) : PROT_READ,
-                     MAP_SHARED | (populate ? MAP_POPULATE : 0), fd.get(), 0);
-    if (p == MAP_FAILED) return ErrnoStatus(errno, "memory tier: mapping " + path);
-    m.p_ = p;
-    m.n_ = static_cast<size_t>(bytes);
-    if (create) m.fd_ = std::move(fd);
-    return m;
-  }
-
- private:
-  void* p_ = nullptr;
-  size_t n_ = 0;
-  UniqueFd fd_;  // created mappings: for Reserve
-  std::string path_;
-  bool reserved_ = false;
-};
-
-// Where each (group, kind) of a shard lies in its data file: raw chunks, each buffer 4 KiB-aligned
-// (the layout WriteShard gives uncompressed state).
-struct Piece {
-  int group, kind;
-  int64_t count, offset;
-};
-Result<std::vector<Piece>> PlanFile(const Manifest& m, int64_t* total) {
-  ASSIGN_OR_RETURN(std::vector<ShardLayout> layouts, SavedLayouts(m));
-  std::vector<Piece> plan;
-  int64_t off = 0;
-  for (size_t g = 0; g < m.groups.size(); ++g) {
-    for (size_t k = 0; k < m.groups[g].kinds.size(); ++k) {
-      const int64_t count = layouts[g].shard_size();
-      plan.push_back({static_cast<int>(g), static_cast<int>(k), count, off});
-      off = AlignUp(off + count * 4);
-    }
-  }
-  *total = plan.empty() ? 0 : plan.back().offset + plan.back().count * 4;
-  return plan;
-}
-
-// Calls f(piece, first element, elements, byte offset in the file) for each chunk of the plan, in
-// file order (the order of the index and of the checksums).
-template <typename F>
-void ForEachChunk(const Manifest& m, const std::vector<Piece>& plan, F&& f) {
-  for (const Piece& p : plan) {
-    for (int64_t e = 0; e < p.count; e += m.chunk_elements) f(p, e, std::min(m.chunk_elements, p.count - e), p.offset + e * 4);
-  }
-}
-
-// The index of a data file laid out by PlanFile with the checksums of its chunks (in ForEachChunk's
-// order: computed as the snapshot was taken, on the rank that took it).
-RankIndex IndexFor(const Manifest& m, const std::vector<Piece>& plan, int shard, const std::vector<uint64_t>& sums, int64_t total) {
-  RankIndex idx;
-  idx.nonce = m.nonce;
-  idx.step = m.step;
-  idx.rank = shard;
-  idx.shards = m.shards;
-  idx.data_file = DataFileName(shard);
-  idx.data_bytes = total;
-  ForEachChunk(m, plan, [&](const Piece& p, int64_t e, int64_t n, int64_t at) {
-    idx.chunks.push_back(ChunkEntry{p.group, p.kind, e, n, at, n * 4, Codec::kRaw, sums[idx.chunks.size()]});
-  });
-  return idx;
-}
-
-// Index and manifest beside a whole data file in `tmp`, then tmp renamed to `final` (replacing it).
-Status Seal(const IoEngine& io, const std::string& tmp, const std::string& final, const Manifest& m,
-            const std::vector<Piece>& plan, int shard, const std::vector<uint64_t>& sums, int64_t total) {
-  RETURN_IF_ERROR(WriteFileDurably(io, tmp, IndexFileName(shard), EncodeIndex(IndexFor(m, plan, shard, sums, total))));
-  RETURN_IF_ERROR(WriteFileDurably(io, tmp, std::string(kManifestFile), EncodeManifest(m)));
-  RETURN_IF_ERROR(RemoveTree(final));
-  return RenamePath(tmp, final);
-}
-
-// The chunks' positions in ForEachChunk's order: first[i] is piece i's first chunk; the total last.
-std::vector<size_t> FirstChunks(const Manifest& m, const std::vector<Piece>& plan) {
-  std::vector<size_t> first{0};
-  for (const Piece& p : plan) first.push_back(first.back() + static_cast<size_t>((p.count + m.chunk_elements - 1) / m.chunk_elements));
-  return first;
-}
-
-// Whether the state's owner hands buffer `b` over with its next step instead (NVMe: StateView::defer).
-bool Arrives(const StateView& state, const StateBuffer& b) { return state.defer && state.deliver && !b.resident() && !b.snapshot; }
-
-// This rank's state copied into `into` (a mapping of the new data file) chunk by chunk, each chunk
-// checksummed while it is still in cache: the one pass over the state training waits for. Buffers
-// that arrive later (Arrives) are left to the Arrival; their checksums too.
-Status Snapshot(const StateView& state, const Manifest& m, const std::vector<Piece>& plan, const Mapping& into,
-                std::vector<uint64_t>* sums) {
-  const std::vector<size_t> first = FirstChunks(m, plan);
-  sums->assign(first.back(), 0);
-  size_t i = 0;
-  for (const StateGroup& g : state.groups) {
-    for (const StateBuffer& b : g.buffers) {
-      const Piece& p = plan[i];
-      size_t sum = first[i++];
-      if (b.count != p.count) return InternalError("memory tier: group '", g.name, "' ", b.kind, " has ", b.count, " elements, planned ", p.count);
-      if (Arrives(state, b)) continue;
-      if (!b.resident() && !b.read) {
-        return InvalidArgumentError("memory tier: state '", b.kind, "' of group '", g.name, "' is not resident and has no read");
-      }
-      RETURN_IF_ERROR(into.Reserve(p.offset, p.count * 4));  // beside state that arrives later, the file is not reserved whole
-      for (int64_t e = 0; e < p.count; e += m.chunk_elements) {
-        const int64_t n = std::min(m.chunk_elements, p.count - e);
-        char* to = into.data() + p.offset + e * 4;
-        const size_t bytes = static_cast<size_t>(n) * 4;
-        if (b.data != nullptr) {
-          (*sums)[sum++] = CopyAndChecksum(to, static_cast<const float*>(b.data) + e, bytes);
-        } else {
-          RETURN_IF_ERROR(b.read(e, n, to), "memory tier: reading state '", b.kind, "' of group '", g.name, "'");
-          (*sums)[sum++] = Checksum(to, bytes);
-        }
-      }
-    }
-  }
-  return Status();
-}
-
-// The buffers that arrive with the owner's next step (Arrives; state offloaded to NVMe): each part
-// is copied into the snapshot's mapping as the step streams it, and each chunk checksummed once its
-// last part came. Called on the owner's thread, like the tier itself; the generation abandons it
-// before its mapping goes.
-class Arrival final : public StateSink {
- public:
-  Arrival(const StateView& state, const Manifest& m, const std::vector<Piece>& plan, const Mapping& into, std::vector<uint64_t>* sums)
-      : plan_(plan), first_(FirstChunks(m, plan)), chunk_(m.chunk_elements), into_(into), base_(into.data()), sums_(sums) {
-    size_t i = 0;
-    for (const StateGroup& g : state.groups) {
-      std::vector<Part>& parts = parts_.emplace_back();
-      for (const StateBuffer& b : g.buffers) {
-        parts.push_back({i++, Arrives(state, b)});
-        if (parts.back().arrives) left_ += b.count;
-      }
-    }
-  }
-  bool expected() const { return left_ > 0; }
-
-  Status Put(int group, int buffer, int64_t offset, int64_t n, const float* data) override {
-    if (abandoned_) return FailedPreconditionError("memory tier: the snapshot no longer takes state");
-    if (group < 0 || static_cast<size_t>(group) >= parts_.size() || buffer < 0 ||
-        static_cast<size_t>(buffer) >= parts_[static_cast<size_t>(group)].size()) {
-      return InternalError("memory tier: state arrived for group ", group, " buffer ", buffer, ", which the snapshot does not have");
-    }
-    Part& part = parts_[static_cast<size_t>(group)][static_cast<size_t>(buffer)];
-    const Piece& p = plan_[part.piece];
-    if (!part.arrives || offset != part.filled || n <= 0 || n > p.count - offset) {
-      return InternalError("memory tier: state of group ", group, " buffer ", buffer, " arrived at elements [", offset, ", ",
-                           offset + n, "); expected from ", part.filled, " of ", part.arrives ? p.count : 0);
-    }
-    RETURN_IF_ERROR(into_.Reserve(p.offset + offset * 4, n * 4));
-    std::memcpy(base_ + p.offset + offset * 4, data, static_cast<size_t>(n) * 4);
-    part.filled += n;
-    left_ -= n;
-    while (part.hashed < part.filled && (part.filled - part.hashed >= chunk_ || part.filled == p.count)) {
-      const int64_t c = std::min(chunk_, p.count - part.hashed);
-      (*sums_)[first_[part.piece] + static_cast<size_t>(part.hashed / chunk_)] =
-          Checksum(base_ + p.offset + part.hashed * 4, static_cast<size_t>(c) * 4);
-      part.hashed += c;
-    }
-    return Status();
-  }
-  void Close(const Status& status) override {
-    closed_ = true;
-    status_ = status.ok() && left_ != 0 ? InternalError("memory tier: the state's owner ended its delivery with ", left_, " elements missing")
-                                        : status;
-  }
-  bool wanted() const override { return !closed_ && !abandoned_; }
-  void Abandon() { abandoned_ = true; }
-  bool closed() const { return closed_; }
-  const Status& status() const { return status_; }
-
- private:
-  struct Part {
-    size_t piece;
-    bool arrives;
-    int64_t filled = 0, hashed = 0;
-  };
-  const std::vector<Piece>& plan_;
-  std::vector<size_t> first_;
-  int64_t chunk_;
-  const Mapping& into_;
-  char* base_;
-  std::vector<uint64_t>* sums_;
-  std::vector<std::vector<Part>> parts_;  // per group and buffer
-  int64_t left_ = 0;                      // elements still to arrive
-  bool closed_ = false, abandoned_ = false;
-  Status status_;
-};
-
 bool Exists(const std::string& p) {
   std::error_code ec;
   return fs::exists(p, ec);
@@ -463,7 +208,7 @@ struct MemoryTier::Impl {
     if (g.local.ok()) {
       g.own_sealed = std::async(std::launch::async, [this, p = &g, own_tmp] {
         const double t0 = Now();
-        Status s = Seal(*io, own_tmp, StepPath(own_dir, p->step), p->m, p->plan, p->own_shard, p->own_sums, p->bytes);
+        Status s = internal::Seal(*io, own_tmp, StepPath(own_dir, p->step), p->m, p->plan, p->own_shard, p->own_sums, p->bytes);
         p->write_seconds = Now() - t0;  // read by Commit after get()
         return s;
       });
@@ -509,7 +254,7 @@ struct MemoryTier::Impl {
     if (!g->local.ok() || !Replicated(n, o)) return;
     const std::string tmp = StepPath(replica_dir, g->step) + ".tmp", final = StepPath(replica_dir, g->step);
     g->replica_sealed = std::async(std::launch::async, [this, g, tmp, final] {
-      return Seal(*io, tmp, final, g->m, g->plan, g->replica_shard, g->replica_sums, g->bytes).WithContext("memory tier replica of rank " +
+      return internal::Seal(*io, tmp, final, g->m, g->plan, g->replica_shard, g->replica_sums, g->bytes).WithContext("memory tier replica of rank " +
                                                                                                           std::to_string(source));
     });
   }
@@ -681,7 +426,7 @@ Status MemoryTier::Save(const StateView& state, const nlohmann::json& trainer_st
   g->t0 = Now();
   g->step = state.counters.step;
   ASSIGN_OR_RETURN(g->m, ManifestFor(state, trainer_state, 1 << 20, nonce), "memory tier");
-  ASSIGN_OR_RETURN(g->plan, PlanFile(g->m, &g->bytes), "memory tier");
+  ASSIGN_OR_RETURN(g->plan, internal::PlanFile(g->m, &g->bytes), "memory tier");
   g->own_shard = g->m.shards == 1 ? 0 : t.comm->rank();
   g->replica_shard = g->m.shards == 1 ? 0 : t.source;
   if (!t.budget_checked) {  // two generations of the own copy and the replica must fit
@@ -704,10 +449,10 @@ Status MemoryTier::Save(const StateView& state, const nlohmann::json& trainer_st
     RETURN_IF_ERROR(MakeDirs(own_tmp));
     Recycle(t.own_dir, own_data);
     const bool arrives = std::any_of(state.groups.begin(), state.groups.end(), [&](const StateGroup& sg) {
-      return std::any_of(sg.buffers.begin(), sg.buffers.end(), [&](const StateBuffer& b) { return Arrives(state, b); });
+      return std::any_of(sg.buffers.begin(), sg.buffers.end(), [&](const StateBuffer& b) { return internal::Arrives(state, b); });
     });
     ASSIGN_OR_RETURN(gen.own, Mapping::Map(own_data, gen.bytes, true, !arrives));
-    RETURN_IF_ERROR(Snapshot(state, gen.m, gen.plan, gen.own, &gen.own_sums));
+    RETURN_IF_ERROR(internal::Snapshot(state, gen.m, gen.plan, gen.own, &gen.own_sums));
     auto arrival = std::make_shared<Arrival>(state, gen.m, gen.plan, gen.own, &gen.own_sums);
     if (!arrival->expected()) return Status();
     RETURN_IF_ERROR(state.defer(arrival), "memory tier: handing the offloaded state over");

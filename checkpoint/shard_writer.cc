@@ -190,12 +190,7 @@ Status WriteShardFiles(IoEngine& io, const std::string& dir, const Manifest& m, 
       if (b.dtype != DType::kF32) return InvalidArgumentError("shard ", rank, ": state '", b.kind, "' must be f32");
     }
   }
-  RankIndex index;
-  index.nonce = m.nonce;
-  index.step = m.step;
-  index.rank = rank;
-  index.shards = m.shards;
-  index.data_file = DataFileName(rank);
+  RankIndex index = IndexOf(m, rank);
   const std::string tmp = dir + "/" + index.data_file + ".tmp";
   ASSIGN_OR_RETURN(IoFile f, IoFile::Open(tmp, IoFile::Mode::kCreate));
   CpuDevice host;  // before every buffer it hands out: destroyed after them

@@ -1,0 +1,168 @@
+// One rank's snapshot file in the memory tier (memory_tier.cc is the protocol around it): the file's
+// layout (raw chunks, each buffer 4 KiB-aligned: what WriteShard gives uncompressed state), its shared
+// mapping with reserved blocks, the one pass that copies and checksums resident state into it, the
+// sink that takes state arriving with the owner's next step, and the index and manifest that make it
+// an ordinary checkpoint directory. Internal to zrt_checkpoint.
+#pragma once
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "zrt/checkpoint/format.h"
+#include "zrt/core/state_view.h"
+#include "zrt/core/status.h"
+#include "zrt/core/unique_fd.h"
+#include "zrt/offload/io_engine.h"
+
+namespace zrt::ckpt::internal {
+
+constexpr int64_t kAlign = static_cast<int64_t>(kIoAlignment);
+inline int64_t AlignUp(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+// Allocates the blocks of [offset, offset + bytes) of the file `fd`, so that writing them through a
+// mapping cannot fault for want of space (a full tmpfs: SIGBUS); the error (ENOSPC) comes here.
+Status ReserveBlocks(int fd, int64_t offset, int64_t bytes, const std::string& path);
+
+// A read-only or writable shared mapping of a whole file, its page tables filled at once unless told
+// otherwise (MAP_POPULATE: one pass instead of a fault per page while training waits or the replica
+// arrives).
+class Mapping {
+ public:
+  Mapping() = default;
+  Mapping(Mapping&& o) noexcept
+      : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)), fd_(std::move(o.fd_)), path_(std::move(o.path_)), reserved_(o.reserved_) {}
+  Mapping& operator=(Mapping&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      p_ = std::exchange(o.p_, nullptr);
+      n_ = std::exchange(o.n_, 0);
+      fd_ = std::move(o.fd_);
+      path_ = std::move(o.path_);
+      reserved_ = o.reserved_;
+    }
+    return *this;
+  }
+  ~Mapping() { Reset(); }
+  void Reset() {
+    if (p_ != nullptr) ::munmap(p_, n_);
+    p_ = nullptr;
+    n_ = 0;
+    fd_ = UniqueFd();
+  }
+  char* data() const { return static_cast<char*>(p_); }
+  size_t size() const { return n_; }
+
+  // ReserveBlocks for part of a created mapping (nothing to do where Map reserved the whole file).
+  Status Reserve(int64_t offset, int64_t bytes) const { return reserved_ ? Status() : ReserveBlocks(fd_.get(), offset, bytes, path_); }
+
+  // `create`: a new file of `bytes` (writable), its blocks reserved (Reserve); else the existing file,
+  // read-only, which must be `bytes` long (-1: whatever it is). `populate` false: nothing reserved or
+  // mapped in advance (state that arrives with the next step reserves each part as it comes: a new
+  // file's pages are then allocated there, not while training waits).
+  static Result<Mapping> Map(const std::string& path, int64_t bytes, bool create, bool populate = true) {
+    // Created files are not truncated: a recycled one (Recycle) keeps its memory pages.
+    UniqueFd fd(::open(path.c_str(), create ? (O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC) : (O_RDONLY | O_NOFOLLOW | O_CLOEXEC), 0644));
+    if (!fd.valid()) return ErrnoStatus(errno, "memory tier: opening " + path);
+    if (create) {
+      if (::ftruncate(fd.get(), bytes) != 0) return ErrnoStatus(errno, "memory tier: sizing " + path);
+    } else {
+      struct stat st {};
+      if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "memory tier: " + path);
+      if (bytes >= 0 && st.st_size != bytes) return DataLossError(path, ": ", st.st_size, " bytes, expected ", bytes);
+      bytes = st.st_size;
+    }
+    Mapping m;
+    m.path_ = path;
+    if (create && populate) {
+      RETURN_IF_ERROR(ReserveBlocks(fd.get(), 0, bytes, path));
+      m.reserved_ = true;
+    }
+    if (bytes == 0) return m;
+    void* p = ::mmap(nullptr, static_cast<size_t>(bytes), create ? (PROT_READ | PROT_WRITE) : PROT_READ,
+                     MAP_SHARED | (populate ? MAP_POPULATE : 0), fd.get(), 0);
+    if (p == MAP_FAILED) return ErrnoStatus(errno, "memory tier: mapping " + path);
+    m.p_ = p;
+    m.n_ = static_cast<size_t>(bytes);
+    if (create) m.fd_ = std::move(fd);
+    return m;
+  }
+
+ private:
+  void* p_ = nullptr;
+  size_t n_ = 0;
+  UniqueFd fd_;  // created mappings: for Reserve
+  std::string path_;
+  bool reserved_ = false;
+};
+
+// Where each (group, kind) of a shard lies in its data file: raw chunks, each buffer 4 KiB-aligned
+// (the layout WriteShard gives uncompressed state).
+struct Piece {
+  int group, kind;
+  int64_t count, offset;
+};
+Result<std::vector<Piece>> PlanFile(const Manifest& m, int64_t* total);
+
+// The chunks' positions in ForEachChunk's order: first[i] is piece i's first chunk; the total last.
+std::vector<size_t> FirstChunks(const Manifest& m, const std::vector<Piece>& plan);
+
+// Whether the state's owner hands buffer `b` over with its next step instead (NVMe: StateView::defer).
+inline bool Arrives(const StateView& state, const StateBuffer& b) { return state.defer && state.deliver && !b.resident() && !b.snapshot; }
+
+// Index and manifest beside a whole data file in `tmp`, then tmp renamed to `final` (replacing it).
+Status Seal(const IoEngine& io, const std::string& tmp, const std::string& final, const Manifest& m,
+            const std::vector<Piece>& plan, int shard, const std::vector<uint64_t>& sums, int64_t total);
+
+// This rank's state copied into `into` (a mapping of the new data file) chunk by chunk, each chunk
+// checksummed while it is still in cache: the one pass over the state training waits for. Buffers
+// that arrive later (Arrives) are left to the Arrival; their checksums too.
+Status Snapshot(const StateView& state, const Manifest& m, const std::vector<Piece>& plan, const Mapping& into,
+                std::vector<uint64_t>* sums);
+
+// The buffers that arrive with the owner's next step (Arrives; state offloaded to NVMe): each part
+// is copied into the snapshot's mapping as the step streams it, and each chunk checksummed once its
+// last part came. Called on the owner's thread, like the tier itself; the generation abandons it
+// before its mapping goes.
+class Arrival final : public StateSink {
+ public:
+  Arrival(const StateView& state, const Manifest& m, const std::vector<Piece>& plan, const Mapping& into, std::vector<uint64_t>* sums);
+  bool expected() const { return left_ > 0; }
+
+  Status Put(int group, int buffer, int64_t offset, int64_t n, const float* data) override;
+  void Close(const Status& status) override {
+    closed_ = true;
+    status_ = status.ok() && left_ != 0 ? InternalError("memory tier: the state's owner ended its delivery with ", left_, " elements missing")
+                                        : status;
+  }
+  bool wanted() const override { return !closed_ && !abandoned_; }
+  void Abandon() { abandoned_ = true; }
+  bool closed() const { return closed_; }
+  const Status& status() const { return status_; }
+
+ private:
+  struct Part {
+    size_t piece;
+    bool arrives;
+    int64_t filled = 0, hashed = 0;
+  };
+  const std::vector<Piece>& plan_;
+  std::vector<size_t> first_;
+  int64_t chunk_;
+  const Mapping& into_;
+  char* base_;
+  std::vector<uint64_t>* sums_;
+  std::vector<std::vector<Part>> parts_;  // per group and buffer
+  int64_t left_ = 0;                      // elements still to arrive
+  bool closed_ = false, abandoned_ = false;
+  Status status_;
+};
+
+}  // namespace zrt::ckpt::internal
