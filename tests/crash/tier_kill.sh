@@ -96,7 +96,7 @@ done
 # The newest generation whose replica of rank 2 is whole (on rank 0, two nodes away), and the newest
 # disk checkpoint: rank 2 must be served by its replica unless the disk holds a step as new (the kill
 # may land after a disk save of step N and before N's replica was whole: then disk N serves everyone).
-newest() { ls -d "$@" 2>/dev/null | grep -v '\.tmp' | sed 's/.*step-0*//' | sort -n | tail -1; }
+newest() { ls -d "$@" 2>/dev/null | grep -v '\.tmp' | sed 's/.*step-0*//' | sort -n | tail -1 || true; }
 rep=$(newest "$(tierdir)"/rank-00000/replica-00002/step-*); disk=$(newest "$work/flip"/step-*)
 finish "$work/flip" "$work/flip.final.log" "corrupt copy"
 grep -h "^resumed from\|peer's replica" "$work/flip.final.log"
