@@ -357,6 +357,7 @@ Status TensorReader::Plan(const std::string& name, const std::string& kind, int6
 void TensorReader::StartReadAhead(int64_t window_bytes) { impl_->src->Start(window_bytes); }
 
 Result<LoadResult> Load(const std::string& dir, const StateView& target, const LoadOptions& options) {
+  if (target.settle) target.settle();  // a snapshot still copying from the buffers ends before they change
   ASSIGN_OR_RETURN(CheckpointDir cd, CheckpointDir::Open(dir), "loading checkpoint");
   ASSIGN_OR_RETURN(Manifest m, ReadManifest(cd), "loading checkpoint");
   ASSIGN_OR_RETURN(std::vector<ShardLayout> saved, SavedLayouts(m), "loading checkpoint");

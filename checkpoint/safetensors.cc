@@ -495,6 +495,7 @@ Status ImportSafetensors(const std::string& in_path, const std::string& out_root
 namespace {
 
 Result<LoadResult> LoadLocal(const std::string& path, const StateView& target, const SafetensorsLoadOptions& o) {
+  if (target.settle) target.settle();  // a snapshot still copying from the buffers ends before they change
   ASSIGN_OR_RETURN(SafetensorsReader r, SafetensorsReader::Open(path));
   ASSIGN_OR_RETURN(FileState s, Describe(r, o.names));
   std::map<std::string, size_t> where;

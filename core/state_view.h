@@ -2,7 +2,8 @@
 // say what each element is. The checkpoint module works on this view only, so it never includes the
 // engine (../shared/DESIGN.md layers).
 //
-// Lifetime: the pointers are the engine's; a view is valid until the engine's next mutating call.
+// Lifetime: the pointers are the engine's; a view is valid until the engine's next mutating call
+// (which first runs the waits registered with StateView::hold).
 #pragma once
 
 #include <cstdint>
@@ -90,6 +91,14 @@ struct StateView {
   // Several sinks may wait at once (a disk save and a memory-tier snapshot of the same step).
   std::function<Status(std::shared_ptr<StateSink> sink)> defer;
   std::function<Status()> deliver;
+  // Set by the owner: `hold(wait)` registers `wait`, which the owner calls on its thread before it
+  // next changes a resident buffer or frees the view's memory (its next update, a load, its
+  // destruction): a checkpoint copying the resident buffers in the background (the memory tier)
+  // finishes its copy there, so training waits only for what the copy has not done by then.
+  // `settle()` runs the registered waits now (a writer of the buffers other than the owner calls it
+  // first: Load). Both empty: the owner cannot hold, and a snapshot copies while training waits.
+  std::function<void(std::function<void()> wait)> hold;
+  std::function<void()> settle;
 };
 
 }  // namespace zrt

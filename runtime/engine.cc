@@ -75,6 +75,7 @@ std::string_view OffloadTargetName(OffloadTarget t) {
 ZeroEngine::ZeroEngine(Communicator* comm, Device* device, const EngineConfig& config)
     : comm_(comm), device_(device), config_(config), lr_(config.adam.lr), schedule_(config.lr_schedule) {}
 ZeroEngine::~ZeroEngine() {
+  if (impl_) impl_->Settle();  // a snapshot still copying from the state finishes first
   groups_.clear();  // their buffers may come from impl_'s host memory, which goes with impl_
 }
 
@@ -306,6 +307,7 @@ Status ZeroEngine::InitFrozen(Group& g, const InitFn& init) {
 }
 
 Status ZeroEngine::FrozenWrite(Group& g, int64_t offset, int64_t n, const float* in) {
+  impl_->Settle();
   char* dst = static_cast<char*>(OwnParams(g)) + static_cast<size_t>(offset) * g.esize();
   const bool on_host = device_->host_accessible() || (config_.stage == 3 && impl_->store->holds_params());
   if (on_host) return impl_->host_compute->Cast(in, DType::kF32, dst, g.dtype, n);
@@ -599,6 +601,7 @@ Result<StepResult> ZeroEngine::StepImpl() {
   };
   {
     const auto t0 = std::chrono::steady_clock::now();
+    impl_->Settle();  // a snapshot copying the state in the background (StateView::hold) ends first
     RETURN_IF_ERROR(impl_->store->Update(adam), "step");
     RETURN_IF_ERROR(impl_->compute->MarkUpdated(), "step");  // what a checkpoint snapshot waits for
     const double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -667,10 +670,16 @@ StateView ZeroEngine::state_view() {
     };
     v.deliver = [store = impl_->store.get()] { return store->Deliver(); };
   }
+  v.hold = [impl = impl_.get()](std::function<void()> wait) {
+    std::lock_guard<std::mutex> l(impl->holds_mu);
+    impl->holds.push_back(std::move(wait));
+  };
+  v.settle = [impl = impl_.get()] { impl->Settle(); };
   return v;
 }
 
 Status ZeroEngine::Restore(const StateCounters& saved) {
+  impl_->Settle();
   if (saved.step < 0) return InvalidArgumentError("restore: negative step ", saved.step);
   if (!(saved.loss_scale > 0) || !std::isfinite(saved.loss_scale)) {
     return InvalidArgumentError("restore: loss scale must be finite and > 0, got ", saved.loss_scale);

@@ -2,7 +2,9 @@
 // owns. Not installed.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -61,6 +63,17 @@ struct ZeroEngine::Impl {
   internal::StepClock clock;
   std::unique_ptr<internal::JsonlSink> sink;
   nlohmann::json recorded = nlohmann::json::object();
+  // StateView::hold's waits: run (Settle) before anything changes the state the views point at.
+  std::mutex holds_mu;
+  std::vector<std::function<void()>> holds;
+  void Settle() {
+    std::vector<std::function<void()>> run;
+    {
+      std::lock_guard<std::mutex> l(holds_mu);
+      run.swap(holds);
+    }
+    for (auto& w : run) w();
+  }
   kernels::CpuKernelOptions kernel_options() {
     kernels::CpuKernelOptions ko;
     ko.pool = &pool;
