@@ -1,13 +1,18 @@
 // The memory tier (memory_tier.h). One generation's protocol:
 //   Save (collective)   rank 0's nonce; each rank copies its state into own/step-N.tmp/rank-S.data
 //                       (a mapping of a tmpfs file, pages recycled) chunk by chunk, checksumming each
-//                       chunk while it is in cache: the one pass training waits for. Its checksums go
-//                       to its replica's holder (a small shift), then the replica transfer starts
-//                       (Communicator::ShiftAsync from that mapping straight into the holder's mapped
-//                       replica-q/step-N.tmp/rank-Sq.data).
-//   background          own: index (from the checksums), manifest, rename to step-N.
-//                       replica (once the transfer completed, seen by Poll/Wait): the same on its
-//                       holder, indexed with the sender's checksums (never re-hashed there).
+//                       chunk while it is in cache: one pass, on a thread of its own when the state is
+//                       host memory whose owner holds its next change until the copy ends
+//                       (StateView::hold), else while training waits. Its checksums go to its
+//                       replica's holder (a small shift), then the data (from that mapping straight
+//                       into the holder's mapped replica-q/step-N.tmp/rank-Sq.data):
+//                         with `wire` (MPI_THREAD_MULTIPLE): on the copy's thread, over a communicator
+//                         of its own, then both seals there; training never waits for it;
+//                         else: posted on the Checkpointer's communicator at Save, or at the first Poll
+//                         that finds every rank's copy whole, and moved while the owner is in MPI.
+//   seals               own: index (from the checksums), manifest, rename to step-N. Replica (once
+//                       the transfer completed): the same on its holder, indexed with the sender's
+//                       checksums (never re-hashed there).
 //   Poll/Wait           one all-reduce: whole on every rank? Then AgreeOnStatus and every generation
 //                       but N is removed (older ones, and newer ones a resume from an older state left).
 // The files are an ordinary checkpoint directory holding one rank's files, so Load reads and checks
@@ -18,6 +23,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -170,8 +176,15 @@ struct MemoryTier::Impl {
   std::string root, rank_dir, own_dir, replica_dir;  // replica_dir: where this rank keeps its source's replica
   int n = 1, d = 1, source = -1;                      // source: the rank whose replica this rank holds
   std::unique_ptr<IoEngine> io;
+  // The replicas' own communicator (split from comm where MPI allows another thread to use one at
+  // the same time): the thread that copies a snapshot then moves its replica too, while training
+  // runs. Null: the transfer is posted on comm at Poll and moves while the owner is in MPI.
+  std::unique_ptr<Communicator> wire;
   MemoryTierStats stats;
   int64_t superseded = -1;  // the newest complete disk checkpoint seen
+  // What the owner waited at StateView::hold for background copies (shared: a hold may run after
+  // its generation, or this tier, is gone).
+  std::shared_ptr<std::atomic<double>> held = std::make_shared<std::atomic<double>>(0.0);
   bool budget_checked = false;
 
   struct Gen {
@@ -182,16 +195,24 @@ struct MemoryTier::Impl {
     int own_shard = 0, replica_shard = 0;
     Mapping own, replica;
     std::vector<uint64_t> own_sums, replica_sums;  // the chunks' checksums, as the snapshot's rank took them
+    std::shared_future<Status> copied;             // the background copy (with `wire`: and the replica and seals)
+    std::shared_future<void> copy_done;            // what the owner's hold waits for (StateView::hold)
     std::shared_ptr<Arrival> arrival;              // state the owner's next step hands over (null: none)
     std::function<Status()> deliver;               // the owner's StateView::deliver, for a commit that cannot wait
     bool started = false;                          // the own copy is whole: its seal and the replica's transfer began
     CommHandle shift;
     bool shift_done = true;
     std::future<Status> own_sealed, replica_sealed;
-    double t0 = 0, replica_done_at = 0, write_seconds = 0;
+    double t0 = 0, replica_done_at = 0, write_seconds = 0, stall = 0;  // stall: training's wait (Save, the hold, Commit)
     Status local;  // this rank's first failure
     ~Gen() {
       if (arrival) arrival->Abandon();
+      if (copied.valid()) copied.wait();  // it writes into `own`
+    }
+    // Whether the own copy is whole (or failed) without waiting: the background copy and the state
+    // that arrives with the owner's step.
+    bool Whole() const {
+      return (!copied.valid() || copied.wait_for(std::chrono::seconds(0)) == std::future_status::ready) && (!arrival || arrival->closed());
     }
   };
   std::unique_ptr<Gen> gen;
@@ -199,8 +220,55 @@ struct MemoryTier::Impl {
   void Fail(const Status& s) {
     if (gen->local.ok() && !s.ok()) gen->local = s;
   }
-  // Collective, once the own copy is whole on every rank (or failed): the own copy's seal in the
-  // background and the replica's transfer.
+  // The replica's transfer on `c` from this rank's copy into its holder's: the holder's mapping, the
+  // checksums (the holder indexes the replica with them: it does not hash the bytes again, and a
+  // transfer that damaged them fails the replica's check when it is loaded), then the data, posted.
+  // A rank that failed (`local`) still takes part, with nothing to send or receive: the sizes
+  // disagree, so the shift fails on every rank (the data's is then posted nowhere) and the generation
+  // is dropped at commit.
+  Result<CommHandle> PostReplica(Gen& g, Communicator* c, Status* local) {
+    const std::string rep_tmp = StepPath(replica_dir, g.step) + ".tmp";
+    if (local->ok()) {
+      *local = [&]() -> Status {
+        RETURN_IF_ERROR(RemoveTree(rep_tmp));
+        RETURN_IF_ERROR(MakeDirs(rep_tmp));
+        Recycle(replica_dir, rep_tmp + "/" + DataFileName(g.replica_shard));
+        ASSIGN_OR_RETURN(g.replica, Mapping::Map(rep_tmp + "/" + DataFileName(g.replica_shard), g.bytes, true));
+        return Status();
+      }();
+    }
+    const bool ok = local->ok();
+    const size_t sums_bytes = ok ? g.own_sums.size() * 8 : 0;
+    if (ok) g.replica_sums.resize(g.own_sums.size());
+    RETURN_IF_ERROR(c->Shift(g.own_sums.data(), sums_bytes, g.replica_sums.data(), sums_bytes, d));
+    return c->ShiftAsync(ok ? g.own.data() : nullptr, ok ? static_cast<size_t>(g.bytes) : 0, ok ? g.replica.data() : nullptr,
+                         ok ? static_cast<size_t>(g.bytes) : 0, d);
+  }
+  Status SealReplica(Gen& g) {
+    return internal::Seal(*io, StepPath(replica_dir, g.step) + ".tmp", StepPath(replica_dir, g.step), g.m, g.plan, g.replica_shard,
+                          g.replica_sums, g.bytes)
+        .WithContext("memory tier replica of rank " + std::to_string(source));
+  }
+  // On the copy's thread, with `wire`: after the copy (`local`: its outcome), the replica's transfer
+  // and both seals; every rank takes part in the transfer whatever its copy's outcome.
+  Status Replicate(Gen& g, Status local) {
+    auto keep = [&](const Status& s) {
+      if (local.ok() && !s.ok()) local = s;
+    };
+    if (Replicated(n, o)) {
+      auto h = PostReplica(g, wire.get(), &local);
+      keep(h.ok() ? h->Wait() : h.status());
+    }
+    g.replica_done_at = Now();
+    if (!local.ok()) return local;
+    const double t0 = Now();
+    keep(internal::Seal(*io, StepPath(own_dir, g.step) + ".tmp", StepPath(own_dir, g.step), g.m, g.plan, g.own_shard, g.own_sums, g.bytes));
+    g.write_seconds = Now() - t0;
+    if (local.ok() && Replicated(n, o)) keep(SealReplica(g));
+    return local;
+  }
+  // Collective, once the own copy is whole on every rank (or failed), without `wire`: the own copy's
+  // seal in the background and the replica's transfer on comm.
   void StartTransfer() {
     Gen& g = *gen;
     g.started = true;
@@ -215,35 +283,19 @@ struct MemoryTier::Impl {
     }
     if (!Replicated(n, o)) return;
     // The replica: this rank's mapping straight into its holder's.
-    const std::string rep_tmp = StepPath(replica_dir, g.step) + ".tmp";
-    if (g.local.ok()) {
-      Fail([&]() -> Status {
-        RETURN_IF_ERROR(RemoveTree(rep_tmp));
-        RETURN_IF_ERROR(MakeDirs(rep_tmp));
-        Recycle(replica_dir, rep_tmp + "/" + DataFileName(g.replica_shard));
-        ASSIGN_OR_RETURN(g.replica, Mapping::Map(rep_tmp + "/" + DataFileName(g.replica_shard), g.bytes, true));
-        return Status();
-      }());
-    }
-    // The checksums first (the holder indexes the replica with them: it does not hash the bytes
-    // again, and a transfer that damaged them fails the replica's check when it is loaded), then the
-    // data. A rank that failed above still takes part, with nothing to send or receive: the sizes
-    // disagree, so the shift fails on every rank (the data's is then posted nowhere) and the
-    // generation is dropped at commit.
-    const bool ok = g.local.ok();
-    const size_t sums_bytes = ok ? g.own_sums.size() * 8 : 0;
-    if (ok) g.replica_sums.resize(g.own_sums.size());
-    Status sent = comm->Shift(g.own_sums.data(), sums_bytes, g.replica_sums.data(), sums_bytes, d);
-    if (!sent.ok()) return Fail(sent);
-    auto h = comm->ShiftAsync(ok ? g.own.data() : nullptr, ok ? static_cast<size_t>(g.bytes) : 0, ok ? g.replica.data() : nullptr,
-                              ok ? static_cast<size_t>(g.bytes) : 0, d);
+    auto h = PostReplica(g, comm, &g.local);
     if (!h.ok()) return Fail(h.status());
     g.shift = std::move(*h);
     g.shift_done = false;
   }
-  // The arrival ended (delivered, failed or refused): its outcome is this rank's.
+  // The own copy is whole: the background copy's and the arrival's (delivered, failed or refused)
+  // outcomes are this rank's.
   void Arrived() {
     Gen& g = *gen;
+    if (g.copied.valid()) {
+      Fail(g.copied.get());
+      g.copied = {};
+    }
     if (!g.arrival) return;
     Fail(g.arrival->closed() ? g.arrival->status() : InternalError("memory tier: the state never arrived"));
     g.arrival.reset();
@@ -252,11 +304,7 @@ struct MemoryTier::Impl {
     Gen* g = gen.get();
     g->replica_done_at = Now();
     if (!g->local.ok() || !Replicated(n, o)) return;
-    const std::string tmp = StepPath(replica_dir, g->step) + ".tmp", final = StepPath(replica_dir, g->step);
-    g->replica_sealed = std::async(std::launch::async, [this, g, tmp, final] {
-      return internal::Seal(*io, tmp, final, g->m, g->plan, g->replica_shard, g->replica_sums, g->bytes).WithContext("memory tier replica of rank " +
-                                                                                                          std::to_string(source));
-    });
+    g->replica_sealed = std::async(std::launch::async, [this, g] { return SealReplica(*g); });
   }
   // Whether this rank's part of the pending generation is done (no waiting).
   bool LocallyDone() {
@@ -272,12 +320,17 @@ struct MemoryTier::Impl {
         StartReplicaSeal();
       }
     }
-    auto ready = [](std::future<Status>& f) { return !f.valid() || f.wait_for(std::chrono::seconds(0)) == std::future_status::ready; };
-    return g->shift_done && ready(g->own_sealed) && ready(g->replica_sealed);
+    auto ready = [](const auto& f) { return !f.valid() || f.wait_for(std::chrono::seconds(0)) == std::future_status::ready; };
+    return g->shift_done && ready(g->own_sealed) && ready(g->replica_sealed) && ready(g->copied);
   }
   Status Commit() {
     Gen* g = gen.get();
-    if (!g->started) {  // the state still to arrive is delivered now (not collective), then the rest
+    if (!g->started) {  // the copy ends and the state still to arrive is delivered now (not collective), then the rest
+      if (g->copied.valid()) {  // the arrival's checksums go where the copy sized them
+        const double w0 = Now();
+        g->copied.wait();
+        g->stall += Now() - w0;
+      }
       if (g->arrival && !g->arrival->closed()) Fail(g->deliver().WithContext("memory tier: taking the offloaded state"));
       Arrived();
       StartTransfer();
@@ -289,12 +342,14 @@ struct MemoryTier::Impl {
     }
     if (g->own_sealed.valid()) Fail(g->own_sealed.get());
     if (g->replica_sealed.valid()) Fail(g->replica_sealed.get());
+    if (g->copied.valid()) Fail(g->copied.get());  // the copy's thread, which moved the replica too
     g->own.Reset();
     g->replica.Reset();
     const int64_t step = g->step;
     Status agreed = AgreeOnStatus(comm, g->local);
     const double replica_seconds = g->replica_done_at > 0 ? g->replica_done_at - g->t0 : 0;
     stats.write_seconds = g->write_seconds;
+    stats.stall_seconds = g->stall + held->exchange(0.0);
     gen.reset();
     if (!agreed.ok()) {  // the generation is not used: the previous one stays
       (void)RemoveTree(StepPath(own_dir, step) + ".tmp");
@@ -385,6 +440,13 @@ Result<std::unique_ptr<MemoryTier>> MemoryTier::Create(Communicator* comm, const
     return Status();
   }();
   RETURN_IF_ERROR(AgreeOnStatus(comm, s), "memory tier in ", JobDir(root, o));
+  if (Replicated(impl->n, o)) {  // the replicas' own communicator, where MPI lets a thread use it beside comm
+    float can = comm->concurrent_splits() ? 1.0f : 0.0f;
+    RETURN_IF_ERROR(comm->AllReduce(&can, &can, 1, DType::kF32, ReduceOp::kMin), "memory tier");
+    if (can > 0) {
+      ASSIGN_OR_RETURN(impl->wire, comm->Split(0, comm->rank()), "memory tier: the replicas' communicator");
+    }
+  }
   return std::unique_ptr<MemoryTier>(new MemoryTier(std::move(impl)));
 }
 
@@ -414,11 +476,24 @@ MemoryTier::~MemoryTier() {
 Status MemoryTier::Save(const StateView& state, const nlohmann::json& trainer_state) {
   Impl& t = *impl_;
   if (t.gen) RETURN_IF_ERROR(t.Commit(), "committing the previous snapshot");
-  // The step every rank already holds is kept as it is (replacing it would leave a moment with no
-  // whole copy of it); agreed, since what a previous run left may differ between ranks.
-  float held = t.stats.step == state.counters.step ? 1.0f : 0.0f;
-  RETURN_IF_ERROR(t.comm->AllReduce(&held, &held, 1, DType::kF32, ReduceOp::kMin), "memory tier");
-  if (held > 0) return Status();
+  // How the own copy is taken: one pass over the resident state, in the background when its owner
+  // can hold its next change until the copy is done (StateView::hold; then, with `wire`, that thread
+  // moves the replica too), else while training waits; state on NVMe arrives with the next step.
+  bool arrives = false, in_memory = true;  // in_memory: every buffer not arriving is host memory
+  for (const StateGroup& sg : state.groups) {
+    for (const StateBuffer& b : sg.buffers) {
+      arrives = arrives || internal::Arrives(state, b);
+      in_memory = in_memory && (b.data != nullptr || b.count == 0 || internal::Arrives(state, b));
+    }
+  }
+  const bool background = in_memory && state.hold && state.settle;
+  // [held, worker], agreed, since what a previous run left (and in principle the views) may differ.
+  // held: the step every rank already holds is kept as it is (replacing it would leave a moment with
+  // no whole copy of it). worker: the copy's thread moves the replica too.
+  float agree[2] = {t.stats.step == state.counters.step ? 1.0f : 0.0f, background && !arrives && t.wire ? 1.0f : 0.0f};
+  RETURN_IF_ERROR(t.comm->AllReduce(agree, agree, 2, DType::kF32, ReduceOp::kMin), "memory tier");
+  if (agree[0] > 0) return Status();
+  const bool worker = agree[1] > 0;
   char nonce[17] = {};
   if (t.comm->rank() == 0) std::snprintf(nonce, sizeof(nonce), "%s", NewNonce().c_str());
   RETURN_IF_ERROR(t.comm->Broadcast(nonce, sizeof(nonce), DType::kBytes, 0), "memory tier nonce");
@@ -441,31 +516,63 @@ Status MemoryTier::Save(const StateView& state, const nlohmann::json& trainer_st
   t.stats.snapshot_bytes = g->bytes;
   t.gen = std::move(g);
   Impl::Gen& gen = *t.gen;
-  // The own copy: the part training waits for (state on NVMe arrives with the next step instead).
   const std::string own_tmp = StepPath(t.own_dir, gen.step) + ".tmp";
   const std::string own_data = own_tmp + "/" + DataFileName(gen.own_shard);
   t.Fail([&]() -> Status {
     RETURN_IF_ERROR(RemoveTree(own_tmp));
     RETURN_IF_ERROR(MakeDirs(own_tmp));
     Recycle(t.own_dir, own_data);
-    const bool arrives = std::any_of(state.groups.begin(), state.groups.end(), [&](const StateGroup& sg) {
-      return std::any_of(sg.buffers.begin(), sg.buffers.end(), [&](const StateBuffer& b) { return internal::Arrives(state, b); });
-    });
-    ASSIGN_OR_RETURN(gen.own, Mapping::Map(own_data, gen.bytes, true, !arrives));
-    RETURN_IF_ERROR(internal::Snapshot(state, gen.m, gen.plan, gen.own, &gen.own_sums));
-    auto arrival = std::make_shared<Arrival>(state, gen.m, gen.plan, gen.own, &gen.own_sums);
-    if (!arrival->expected()) return Status();
-    RETURN_IF_ERROR(state.defer(arrival), "memory tier: handing the offloaded state over");
-    gen.arrival = std::move(arrival);
-    gen.deliver = state.deliver;
+    // Mapped here when a step's state arrives into it (not populated: cheap), else by the copy.
+    if (arrives || !background) {
+      ASSIGN_OR_RETURN(gen.own, Mapping::Map(own_data, gen.bytes, true, !arrives));
+    }
     return Status();
   }());
-  t.stats.stall_seconds = Now() - gen.t0;
-  if (state.stalled) state.stalled(t.stats.stall_seconds);
-  // Whether any rank waits for its next step (then every rank does, and Poll or Commit goes on).
-  float waits = gen.arrival && gen.local.ok() ? 1.0f : 0.0f;
+  if (background) {  // launched whatever the outcome so far: with `wire`, every rank's thread takes part in the transfer
+    std::promise<void> done;
+    gen.copy_done = done.get_future().share();
+    gen.started = worker;
+    gen.copied = std::async(std::launch::async, [&t, &gen, view = state, own_data, map = !arrives, worker, local = gen.local,
+                                                 done = std::move(done)]() mutable -> Status {
+                   if (local.ok() && map) {
+                     auto m = Mapping::Map(own_data, gen.bytes, true);
+                     if (m.ok()) {
+                       gen.own = std::move(*m);
+                     } else {
+                       local = m.status();
+                     }
+                   }
+                   if (local.ok()) local = internal::Snapshot(view, gen.m, gen.plan, gen.own, &gen.own_sums);
+                   done.set_value();
+                   return worker ? t.Replicate(gen, std::move(local)) : local;
+                 }).share();
+    state.hold([done = gen.copy_done, held = t.held, stalled = state.stalled] {
+      const double t0 = Now();
+      done.wait();
+      const double waited = Now() - t0;
+      held->fetch_add(waited);
+      if (stalled) stalled(waited);
+    });
+  } else if (gen.local.ok()) {
+    t.Fail(internal::Snapshot(state, gen.m, gen.plan, gen.own, &gen.own_sums));
+  }
+  if (gen.local.ok() && arrives) {
+    t.Fail([&]() -> Status {
+      auto arrival = std::make_shared<Arrival>(state, gen.m, gen.plan, gen.own, &gen.own_sums);
+      if (!arrival->expected()) return Status();
+      RETURN_IF_ERROR(state.defer(arrival), "memory tier: handing the offloaded state over");
+      gen.arrival = std::move(arrival);
+      gen.deliver = state.deliver;
+      return Status();
+    }());
+  }
+  gen.stall = Now() - gen.t0;
+  if (state.stalled) state.stalled(gen.stall);
+  if (gen.started) return Status();  // the copy's thread does the rest (agreed: every rank's does)
+  // Whether any rank's copy goes on (then every rank waits, and Poll or Commit goes on).
+  float waits = (gen.arrival || gen.copied.valid()) && gen.local.ok() ? 1.0f : 0.0f;
   RETURN_IF_ERROR(t.comm->AllReduce(&waits, &waits, 1, DType::kF32, ReduceOp::kMax), "memory tier");
-  if (waits > 0) return Status();  // some rank's state arrives with the next step: Poll or Commit starts the rest
+  if (waits > 0) return Status();  // some rank's copy goes on: the first Poll that finds every rank's whole starts the rest
   t.StartTransfer();
   return Status();
 }
@@ -473,8 +580,8 @@ Status MemoryTier::Save(const StateView& state, const nlohmann::json& trainer_st
 Status MemoryTier::Poll() {
   Impl& t = *impl_;
   if (!t.gen) return Status();
-  if (!t.gen->started) {  // has every rank's state arrived (or failed)?
-    float arrived = !t.gen->arrival || t.gen->arrival->closed() ? 1.0f : 0.0f;
+  if (!t.gen->started) {  // is every rank's own copy whole (or failed)?
+    float arrived = t.gen->Whole() ? 1.0f : 0.0f;
     RETURN_IF_ERROR(t.comm->AllReduce(&arrived, &arrived, 1, DType::kF32, ReduceOp::kMin), "memory tier poll");
     if (arrived == 0) return Status();
     t.Arrived();

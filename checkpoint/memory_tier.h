@@ -49,7 +49,8 @@ struct MemoryTierOptions {
 
 struct MemoryTierStats {
   int64_t step = -1;             // the newest generation held (committed, or left by the previous run; -1: none)
-  double stall_seconds = 0;      // the last save's snapshot (what training waited for)
+  double stall_seconds = 0;      // what training waited for the last committed snapshot (Save, the owner's
+                                 // hold for a background copy, a commit that came before the copy ended)
   double write_seconds = 0;      // background: checksums, index, rename of the own copy
   double replica_seconds = 0;    // from the save to the replica being whole on its holder
   int64_t snapshot_bytes = 0;    // one generation of this rank's own copy
@@ -70,9 +71,13 @@ class MemoryTier {
   // Collective: snapshot `state` (its counters and trainer_state as a disk checkpoint would) as
   // generation `state.counters.step`. Waits for the previous generation first (never two in flight).
   // A step every rank already holds is not snapshotted again.
-  // Training waits for one pass over this rank's resident state (copied into the tier and checksummed
-  // chunk by chunk); the index and the replica's transfer run in the background until Poll/Wait
-  // commit it. State offloaded to NVMe (StateView::defer) is not read here: the owner's next step
+  // One pass copies this rank's resident state into the tier, checksumming it chunk by chunk: in the
+  // background when the state is host memory and its owner can hold its next change until the copy
+  // is done (StateView::hold: the engine's next Step waits there only for what is left of it), else
+  // while training waits (device memory, a view without hold). The replica's transfer starts at the
+  // first Poll that finds every rank's copy whole (call Poll between the backward pass and Step at
+  // K = 1: the transfer then overlaps the step); the index and the seals run in the background until
+  // Poll/Wait commit it. State offloaded to NVMe (StateView::defer) is not read here: the owner's next step
   // hands it over as it streams it (or Wait/the next Save has it delivered at once), and the
   // replica's transfer starts at the first Poll after that step.
   Status Save(const StateView& state, const nlohmann::json& trainer_state = nlohmann::json::object());

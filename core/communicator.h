@@ -89,6 +89,10 @@ class Communicator {
   Status ReduceScatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op);
   Status AllGather(const void* send, void* recv, size_t send_count, DType dtype);
 
+  // Whether a communicator Split from this one may be used from another thread while this one is
+  // (MPI_THREAD_MULTIPLE): the memory tier then moves its replicas on a thread of its own.
+  virtual bool concurrent_splits() const { return false; }
+
   // Collective over this group: ranks with the same color form a new group, ordered by (key, rank).
   // A negative color leaves the calling rank out (it receives a null pointer).
   virtual Result<std::unique_ptr<Communicator>> Split(int color, int key) = 0;

@@ -129,7 +129,9 @@ Result<std::unique_ptr<MpiSession>> MpiSession::Init(int* argc, char*** argv) {
   RETURN_IF_ERROR(MpiStatus(MPI_Initialized(&initialized), "MPI_Initialized"));
   int provided = 0;
   if (!initialized) {
-    RETURN_IF_ERROR(MpiStatus(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread"));
+    // MULTIPLE where MPI has it (the memory tier's replicas then move on a thread of their own);
+    // SERIALIZED is what zrt needs.
+    RETURN_IF_ERROR(MpiStatus(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread"));
     s->owns_ = true;
   } else {
     RETURN_IF_ERROR(MpiStatus(MPI_Query_thread(&provided), "MPI_Query_thread"));
@@ -327,6 +329,11 @@ Result<CommHandle> MpiCommunicator::ShiftAsync(const void* send, size_t send_byt
   RETURN_IF_ERROR(post(false, recv_bytes));
   RETURN_IF_ERROR(post(true, send_bytes));
   return CommHandle(std::make_unique<MpiRequestsHandle>(std::move(reqs), internal::StrCat("shift to rank ", to, " / from rank ", from)));
+}
+
+bool MpiCommunicator::concurrent_splits() const {
+  int provided = 0;
+  return MPI_Query_thread(&provided) == MPI_SUCCESS && provided == MPI_THREAD_MULTIPLE;
 }
 
 Result<std::unique_ptr<Communicator>> MpiCommunicator::Split(int color, int key) {

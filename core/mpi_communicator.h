@@ -21,8 +21,9 @@
 
 namespace zrt {
 
-// Owns MPI initialisation: calls MPI_Init_thread unless MPI is already initialised (then it only checks
-// the thread level and leaves finalisation to whoever initialised it). Also sets the log rank prefix.
+// Owns MPI initialisation: calls MPI_Init_thread (asking for MPI_THREAD_MULTIPLE, needing at least
+// SERIALIZED) unless MPI is already initialised (then it only checks the thread level and leaves
+// finalisation to whoever initialised it). Also sets the log rank prefix.
 class MpiSession {
  public:
   static Result<std::unique_ptr<MpiSession>> Init(int* argc, char*** argv);
@@ -58,6 +59,7 @@ class MpiCommunicator final : public Communicator {
   Result<CommHandle> AllGatherAsync(const void* send, void* recv, size_t send_count, DType dtype) override;
   Result<CommHandle> ShiftAsync(const void* send, size_t send_bytes, void* recv, size_t recv_bytes, int distance) override;
   Result<std::unique_ptr<Communicator>> Split(int color, int key) override;
+  bool concurrent_splits() const override;
 
   // Reusable f32 staging for bf16/f16 reductions (touching fresh pages costs more than the math).
   // Internal, public for the handles.

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "zrt/checkpoint/checkpointer.h"
 #include "zrt/checkpoint/format.h"
@@ -71,7 +72,8 @@ class TierTest : public ::testing::TestWithParam<Case> {
   int n() const { return comm_->size(); }
   int rank() const { return comm_->rank(); }
 
-  std::unique_ptr<ZeroEngine> Engine() {
+  // `big` > 0: a third tensor of that many elements in group "a" (a copy that takes a while).
+  std::unique_ptr<ZeroEngine> Engine(int64_t big = 0) {
     EngineConfig cfg;
     cfg.stage = GetParam().stage;
     cfg.adam.lr = 1e-2;
@@ -84,6 +86,10 @@ class TierTest : public ::testing::TestWithParam<Case> {
     EXPECT_TRUE(e.ok()) << e.status();
     EXPECT_TRUE((*e)->AddParam("w", {37, 29}, DType::kBF16, {.group = "a"}).ok());
     EXPECT_TRUE((*e)->AddParam("b", {1001}, DType::kBF16, {.group = "b"}).ok());
+    big_ = big;
+    if (big > 0) {
+      EXPECT_TRUE((*e)->AddParam("big", {big}, DType::kBF16, {.group = "a"}).ok());
+    }
     EXPECT_TRUE((*e)->Finalize([](int64_t p, int64_t off, int64_t k, float* out) {
       for (int64_t i = 0; i < k; ++i) out[i] = 0.01f * static_cast<float>((p * 7919 + off + i) % 101) - 0.5f;
     }).ok());
@@ -96,14 +102,16 @@ class TierTest : public ::testing::TestWithParam<Case> {
   }
   // Steps [from, to): gradients a function of (step, rank); a tier snapshot after every step, a disk
   // save every `disk_every` steps; Poll each step.
-  void Train(ZeroEngine& e, Checkpointer* ck, int from, int to, int disk_every = 0) {
+  // `dense`: every gradient element set (the step changes every rank's shard), not the first 500.
+  void Train(ZeroEngine& e, Checkpointer* ck, int from, int to, int disk_every = 0, bool dense = false) {
     for (int s = from; s < to; ++s) {
       for (int g = 0; g < 2; ++g) {
         ASSERT_TRUE(e.Gather(g).ok());
         auto gb = e.GradBuffer(g);
         ASSERT_TRUE(gb.ok());
         auto* p = static_cast<uint16_t*>(*gb);
-        for (int i = 0; i < 500; ++i) p[i] = FloatToBf16(0.001f * static_cast<float>(i % 13 + rank() + s));
+        const int64_t k = !dense ? 500 : g == 1 ? 1001 : 37 * 29 + big_;
+        for (int64_t i = 0; i < k; ++i) p[i] = FloatToBf16(0.001f * static_cast<float>(i % 13 + rank() + s));
         ASSERT_TRUE(e.Release(g).ok());
         ASSERT_TRUE(e.GradsReady(g).ok());
       }
@@ -212,6 +220,7 @@ class TierTest : public ::testing::TestWithParam<Case> {
   std::unique_ptr<MpiCommunicator> comm_;
   std::string base_, root_;
   MemoryTierOptions tier_;
+  int64_t big_ = 0;  // Engine's
   std::vector<std::vector<uint16_t>> reference_;
 };
 
@@ -460,6 +469,64 @@ TEST_P(TierTest, AFailedHandOverOnOneRankDropsTheSnapshotOnEveryRank) {
 // mapping of a full tmpfs would kill the process (SIGBUS); instead the snapshot fails on every rank,
 // naming the file, and the next one works once there is room. Needs a small tmpfs of its own: skipped
 // where this process may not mount one.
+// Resident state is copied in the background after SaveToMemory returns; the owner's next change
+// waits for the copy at StateView::hold. (a) The engine: a Step right after the save (its Adam
+// would otherwise change the state under the copy). (b) The tier's side of the contract, with an
+// owner that wrecks every buffer as soon as its hold returns. Both snapshots hold the saved state.
+TEST_P(TierTest, ResidentStateIsCopiedInTheBackgroundUntilTheOwnersNextChange) {
+  if (GetParam().nvme) GTEST_SKIP() << "the state arrives with the next step";
+  constexpr int64_t kBig = 3'000'000;  // 36 MB of fp32 state over the ranks: the copy outlasts what follows
+  std::vector<std::vector<float>> saved;
+  for (int part = 0; part < 2; ++part) {
+    SCOPED_TRACE(part);
+    {
+      auto e = Engine(kBig);
+      auto ck = Ck(tier_);
+      Train(*e, ck.get(), 0, 2);
+      ASSERT_TRUE(ck->Wait().ok());
+      Train(*e, nullptr, 2, 3);
+      saved = StateNow(*e);
+      StateView v = e->state_view();
+      std::vector<std::function<void()>> holds;
+      if (part == 1) {  // the test is the owner: it runs the holds itself, then changes everything
+        v.hold = [&](std::function<void()> w) { holds.push_back(std::move(w)); };
+        v.settle = [&] {
+          for (auto& w : holds) w();
+          holds.clear();
+        };
+      }
+      ASSERT_TRUE(ck->SaveToMemory(v).ok());
+      if (part == 0) {
+        Train(*e, nullptr, 3, 4, 0, true);
+        EXPECT_NE(StateNow(*e), saved);
+      } else {
+        ASSERT_EQ(holds.size(), 1u) << "the copy did not ask its owner to hold";
+        v.settle();
+        for (const StateGroup& g : v.groups) {
+          for (const StateBuffer& b : g.buffers) std::memset(b.data, 0x7f, static_cast<size_t>(b.count) * 4);
+        }
+      }
+      ASSERT_TRUE(ck->Poll().ok());
+      Status w = ck->Wait();
+      ASSERT_TRUE(w.ok()) << w;
+      EXPECT_EQ(ck->memory_stats()->step, 3);
+    }  // the tier keeps step 3 (no disk checkpoint)
+    ASSERT_TRUE(comm_->Barrier().ok());
+    auto e2 = Engine(kBig);
+    auto ck2 = Ck(tier_);
+    auto r = ck2->Resume(e2->state_view());
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->step, 3);
+    EXPECT_EQ(r->source, "memory");
+    EXPECT_TRUE(StateNow(*e2) == saved) << "rank " << rank() << ": the snapshot is not the state saved";
+    ASSERT_TRUE(ck2->SaveAsync(e2->state_view()).ok());  // supersedes the tier: the next part starts clean
+    ASSERT_TRUE(ck2->Wait().ok());
+    ck2.reset();
+    ASSERT_TRUE(comm_->Barrier().ok());
+    OnRank0([&] { fs::remove_all(root_); });
+  }
+}
+
 TEST_P(TierTest, AFullTierFilesystemFailsTheSnapshotNotTheProcess) {
   const std::string small = base_ + "/small";
   int mounted = 0;
