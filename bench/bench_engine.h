@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -41,8 +42,9 @@ inline std::unique_ptr<ZeroEngine> MakeEngine(Communicator* comm, Device* dev, i
   return e;
 }
 
-// One step: every 4096th gradient element set (its value varies with the step count), then Step.
-inline void Step(ZeroEngine& e, int64_t n_per_group) {
+// One step: every 4096th gradient element set (its value varies with the step count), then
+// `before_update` (if any: the rest of a backward pass, a checkpointer's Poll), then Step.
+inline void Step(ZeroEngine& e, int64_t n_per_group, const std::function<void()>& before_update = {}) {
   for (int g = e.num_groups() - 1; g >= 0; --g) {
     (void)e.Gather(g);
     auto* h = static_cast<uint16_t*>(*e.GradBuffer(g));
@@ -50,6 +52,7 @@ inline void Step(ZeroEngine& e, int64_t n_per_group) {
     (void)e.Release(g);
     (void)e.GradsReady(g);
   }
+  if (before_update) before_update();
   (void)e.Step();
 }
 

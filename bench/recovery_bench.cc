@@ -1,7 +1,10 @@
 // bench/recovery (under mpirun; ./scripts/bench runs it on 2 and 4 ranks): what a failure costs with
 // the memory tier and without, a bf16 + Adam model at stage 3.
 //   tier overhead per step   steps with a memory-tier snapshot every K = 1 and K = 10 steps vs none;
-//                            the snapshot's rate beside memcpy into touched memory (the tier's limit)
+//                            the snapshot's rate beside memcpy into touched memory (the tier's limit);
+//                            with --device-ms M also steps whose forward/backward runs M ms on an
+//                            emulated device (the host waits, as beside a GPU): what K = 1 costs
+//                            when the tier's background copy has idle host time to use
 //   restart to first step    after (a) a rank killed: its own copy in node-local memory, (b) its
 //                            node lost: the replica on the other node, (c) disk only (caches dropped
 //                            where allowed): Resume + one step, the restore rate beside memcpy (a, b)
@@ -9,7 +12,7 @@
 //   work lost per failure    steps since the newest state each tier held, and the expected value for a
 //                            kill at a random moment (K/2 + the commit's step; disk: its interval / 2)
 //
-//   mpirun -n 4 recovery_bench --dir DIR --shm DIR [--params P] [--disk-every D] [--fio-read-mbps R]
+//   mpirun -n 4 recovery_bench --dir DIR --shm DIR [--params P] [--disk-every D] [--fio-read-mbps R] [--device-ms M]
 #include <CLI/CLI.hpp>
 
 #include <mpi.h>
@@ -20,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include "bench/bench_engine.h"
 #include "bench/bench_util.h"
@@ -43,7 +47,7 @@ void DropCaches() {
 int main(int argc, char** argv) {
   int64_t params = 25'000'000;
   int groups = 8, disk_every = 10, ranks_per_node = 0, steps = 20;
-  double fio_r = -1, torch_load = -1;
+  double fio_r = -1, torch_load = -1, device_ms = 0;
   std::string dir, shm = "/dev/shm";
   CLI::App app{"recovery_bench: the memory tier's cost per step and the time from a restart to the first step, by tier"};
   app.add_option("--dir", dir, "disk checkpoint root (written only here, and removed)")->required();
@@ -53,6 +57,7 @@ int main(int argc, char** argv) {
   app.add_option("--disk-every", disk_every, "disk checkpoint interval of the failure case")->capture_default_str();
   app.add_option("--ranks-per-node", ranks_per_node, "emulated node size (0: half the ranks, at least 1)");
   app.add_option("--fio-read-mbps", fio_r, "fio's sequential read rate on the disk's filesystem");
+  app.add_option("--device-ms", device_ms, "also time steps whose forward/backward takes this long on an emulated device (the host sleeps)");
   app.add_option("--torch-load-mbps", torch_load, "torch.load's rate for the same bytes, caches dropped (the disk restart's peer)");
   CLI11_PARSE(app, argc, argv);
   auto session = MpiSession::Init(&argc, &argv).value();
@@ -83,14 +88,19 @@ int main(int argc, char** argv) {
   std::vector<char>().swap(sink);
   const double mem_mbps = static_cast<double>(bytes) / memcpy_s / 1e6;
 
-  // Overhead per step: no tier, K = 1, K = 10 (the same engine, a fresh checkpointer each).
-  double per_step[3] = {0, 0, 0}, stall = 0, replica_s = 0, alone = 0;
-  const int ks[3] = {0, 1, 10};
-  for (int c = 0; c < 3; ++c) {
+  // Overhead per step: no tier, K = 1, K = 10 (the same engine, a fresh checkpointer each); then,
+  // with --device-ms, no tier and K = 1 again with the emulated device's forward/backward in each step.
+  // Poll comes between the backward pass and Step (where a trainer calls it: a snapshot copied in the
+  // background and whose replica waits for Poll starts it there).
+  double per_step[5] = {0, 0, 0, 0, 0}, stall = 0, replica_s = 0, alone = 0, dev_stall = 0;
+  const int ks[5] = {0, 1, 10, 0, 1};
+  for (int c = 0; c < (device_ms > 0 ? 5 : 3); ++c) {
     const int k = ks[c];
+    const double sleep_ms = c >= 3 ? device_ms : 0;
     CheckpointOptions co{.root = dir + "/overhead"};
     if (k > 0) co.memory = tier;
     auto ck = Checkpointer::Create(comm.get(), &dev, co).value();
+    auto poll = [&] { (void)ck->Poll(); };
     Step(*e, params / groups);
     if (k > 0) (void)ck->SaveToMemory(e->state_view());  // warm-up: the tier's files exist once
     (void)ck->Wait();
@@ -98,13 +108,15 @@ int main(int argc, char** argv) {
     t = Now();
     const int timed = std::max(steps, 2 * k);
     for (int s = 0; s < timed; ++s) {
-      Step(*e, params / groups);
+      // The device's forward/backward (the host waits on it), then the host's part of the step.
+      if (sleep_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(sleep_ms));
+      Step(*e, params / groups, poll);
       if (k > 0 && e->steps() % k == 0) (void)ck->SaveToMemory(e->state_view());
-      (void)ck->Poll();
     }
     (void)ck->Wait();
     per_step[c] = bench::MaxOverRanks(Now() - t) / timed;
-    if (k == 1) {
+    if (c == 4) dev_stall = bench::MaxOverRanks(ck->memory_stats()->stall_seconds);
+    if (c == 1) {
       stall = bench::MaxOverRanks(ck->memory_stats()->stall_seconds);
       replica_s = bench::MaxOverRanks(ck->memory_stats()->replica_seconds);
       // The tier's work with nothing beside it (a snapshot, its replica, the commit): K = 1's floor
@@ -119,8 +131,10 @@ int main(int argc, char** argv) {
         alone += bench::MaxOverRanks(Now() - t0) / kAlone;
       }
     }
-    (void)ck->SaveAsync(e->state_view());  // supersedes the tier: it cleans up
-    (void)ck->Wait();
+    if (k > 0) {
+      (void)ck->SaveAsync(e->state_view());  // supersedes the tier: it cleans up
+      (void)ck->Wait();
+    }
   }
   e.reset();
   if (rank == 0) std::filesystem::remove_all(dir);
@@ -193,7 +207,11 @@ int main(int argc, char** argv) {
     std::printf("  step time           %8.1f ms no tier   %8.1f ms tier K=1 (+%.1f ms)   %8.1f ms tier K=10 (+%.1f ms)\n",
                 per_step[0] * 1e3, per_step[1] * 1e3, (per_step[1] - per_step[0]) * 1e3, per_step[2] * 1e3,
                 (per_step[2] - per_step[0]) * 1e3);
-    std::printf("  snapshot stall      %8.1f ms = %6.0f MB/s per rank   memcpy %6.0f MB/s   ratio %.2f; replica whole after %.1f ms\n",
+    if (device_ms > 0) {
+      std::printf("  step, device %4.0f ms %7.1f ms no tier   %8.1f ms tier K=1 (+%.1f ms); training waited %.1f ms for the snapshot\n", device_ms,
+                  per_step[3] * 1e3, per_step[4] * 1e3, (per_step[4] - per_step[3]) * 1e3, dev_stall * 1e3);
+    }
+    std::printf("  snapshot stall      %8.1f ms (training waited; state bytes / that = %6.0f MB/s per rank, memcpy %6.0f MB/s, ratio %.2f); replica whole after %.1f ms\n",
                 stall * 1e3, snap_mbps, mem_mbps, snap_mbps / mem_mbps, replica_s * 1e3);
     std::printf("  tier's work alone   %8.1f ms (snapshot + replica + commit, no step beside it): K=1 costs %.2fx that\n", alone * 1e3,
                 (per_step[1] - per_step[0]) / alone);
@@ -208,6 +226,9 @@ int main(int argc, char** argv) {
                 disk_every / 2.0 + 1);
     bench::PrintResult("recovery", "step, tier K=1", per_step[1] * 1e3, "ms", per_step[0] * 1e3, "step without tier ms");
     bench::PrintResult("recovery", "K=1 cost per step", (per_step[1] - per_step[0]) * 1e3, "ms", alone * 1e3, "tier work alone ms");
+    if (device_ms > 0) {
+      bench::PrintResult("recovery", "step beside a device, tier K=1", per_step[4] * 1e3, "ms", per_step[3] * 1e3, "step without tier ms");
+    }
     bench::PrintResult("recovery", "step, tier K=10", per_step[2] * 1e3, "ms", per_step[0] * 1e3, "step without tier ms");
     bench::PrintResult("recovery", "snapshot rate", snap_mbps, "MB/s", mem_mbps, "memcpy MB/s");
     bench::PrintResult("recovery", "resume, rank killed", local.mbps, "MB/s", all_mem, "memcpy MB/s");
