@@ -74,10 +74,12 @@ class MemoryTier {
   // One pass copies this rank's resident state into the tier, checksumming it chunk by chunk: in the
   // background when the state is host memory and its owner can hold its next change until the copy
   // is done (StateView::hold: the engine's next Step waits there only for what is left of it), else
-  // while training waits (device memory, a view without hold). The replica's transfer starts at the
+  // while training waits (device memory, a view without hold). Where MPI allows a second thread
+  // (MPI_THREAD_MULTIPLE, Communicator::concurrent_splits) that copy's thread then moves the replica
+  // over a communicator of its own and seals both copies; else the replica's transfer starts at the
   // first Poll that finds every rank's copy whole (call Poll between the backward pass and Step at
-  // K = 1: the transfer then overlaps the step); the index and the seals run in the background until
-  // Poll/Wait commit it. State offloaded to NVMe (StateView::defer) is not read here: the owner's next step
+  // K = 1: the transfer then overlaps the step) and the seals run in the background. Poll/Wait
+  // commit the generation. State offloaded to NVMe (StateView::defer) is not read here: the owner's next step
   // hands it over as it streams it (or Wait/the next Save has it delivered at once), and the
   // replica's transfer starts at the first Poll after that step.
   Status Save(const StateView& state, const nlohmann::json& trainer_state = nlohmann::json::object());
