@@ -2,8 +2,9 @@
 //   Save (collective)   rank 0's nonce; each rank copies its state into own/step-N.tmp/rank-S.data
 //                       (a mapping of a tmpfs file, pages recycled) chunk by chunk, checksumming each
 //                       chunk while it is in cache: one pass, on a thread of its own when the state is
-//                       host memory whose owner holds its next change until the copy ends
-//                       (StateView::hold), else while training waits. Its checksums go to its
+//                       host memory or device memory read on a stream of its own, and its owner holds
+//                       its next change until the copy ends (StateView::hold), else while training
+//                       waits. Its checksums go to its
 //                       replica's holder (a small shift), then the data (from that mapping straight
 //                       into the holder's mapped replica-q/step-N.tmp/rank-Sq.data):
 //                         with `wire` (MPI_THREAD_MULTIPLE): on the copy's thread, over a communicator
@@ -476,17 +477,19 @@ MemoryTier::~MemoryTier() {
 Status MemoryTier::Save(const StateView& state, const nlohmann::json& trainer_state) {
   Impl& t = *impl_;
   if (t.gen) RETURN_IF_ERROR(t.Commit(), "committing the previous snapshot");
-  // How the own copy is taken: one pass over the resident state, in the background when its owner
-  // can hold its next change until the copy is done (StateView::hold; then, with `wire`, that thread
-  // moves the replica too), else while training waits; state on NVMe arrives with the next step.
-  bool arrives = false, in_memory = true;  // in_memory: every buffer not arriving is host memory
+  // How the own copy is taken: one pass over the state not on NVMe, in the background when its owner
+  // can hold its next change until the copy is done (StateView::hold) and every such buffer is host
+  // memory or may be read from another thread (device memory: StateBuffer::concurrent_read; then,
+  // with `wire`, that thread moves the replica too), else while training waits; state on NVMe arrives
+  // with the next step.
+  bool arrives = false, copyable = true;  // copyable: every buffer not arriving may be copied on another thread
   for (const StateGroup& sg : state.groups) {
     for (const StateBuffer& b : sg.buffers) {
       arrives = arrives || internal::Arrives(state, b);
-      in_memory = in_memory && (b.data != nullptr || b.count == 0 || internal::Arrives(state, b));
+      copyable = copyable && (b.data != nullptr || b.count == 0 || internal::Arrives(state, b) || (b.read && b.concurrent_read));
     }
   }
-  const bool background = in_memory && state.hold && state.settle;
+  const bool background = copyable && state.hold && state.settle;
   // [held, worker], agreed, since what a previous run left (and in principle the views) may differ.
   // held: the step every rank already holds is kept as it is (replacing it would leave a moment with
   // no whole copy of it). worker: the copy's thread moves the replica too.

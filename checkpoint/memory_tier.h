@@ -71,10 +71,11 @@ class MemoryTier {
   // Collective: snapshot `state` (its counters and trainer_state as a disk checkpoint would) as
   // generation `state.counters.step`. Waits for the previous generation first (never two in flight).
   // A step every rank already holds is not snapshotted again.
-  // One pass copies this rank's resident state into the tier, checksumming it chunk by chunk: in the
-  // background when the state is host memory and its owner can hold its next change until the copy
-  // is done (StateView::hold: the engine's next Step waits there only for what is left of it), else
-  // while training waits (device memory, a view without hold). Where MPI allows a second thread
+  // One pass copies this rank's state into the tier, checksumming it chunk by chunk: in the
+  // background when the state is host memory or device memory that may be read from another thread
+  // (StateBuffer::concurrent_read: the engine's optimizer state on a GPU) and its owner can hold its
+  // next change until the copy is done (StateView::hold: the engine's next Step waits there only for
+  // what is left of it), else while training waits (frozen groups on a GPU, a view without hold). Where MPI allows a second thread
   // (MPI_THREAD_MULTIPLE, Communicator::concurrent_splits) that copy's thread then moves the replica
   // over a communicator of its own and seals both copies; else the replica's transfer starts at the
   // first Poll that finds every rank's copy whole (call Poll between the backward pass and Step at

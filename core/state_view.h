@@ -25,6 +25,9 @@ namespace zrt {
 // read is a fast copy, so a checkpoint copies it into host staging while training waits and writes in
 // the background) or NVMe swap files (snapshot = false: a checkpoint takes it as the owner's next
 // update streams it through host memory, StateView::defer, or else reads it at once).
+// concurrent_read: `read` may also run on another thread while the owner goes on, until the waits
+// registered with StateView::hold return (device memory copied on a stream of its own): the memory
+// tier then copies this buffer in the background as it does host memory.
 struct StateBuffer {
   std::string kind;  // "master" (fp32 weights), "exp_avg", "exp_avg_sq", "max_exp_avg_sq"
   DType dtype = DType::kF32;
@@ -33,6 +36,7 @@ struct StateBuffer {
   std::function<Status(int64_t offset, int64_t n, void* out)> read;
   std::function<Status(int64_t offset, int64_t n, const void* in)> write;
   bool snapshot = false;
+  bool concurrent_read = false;
   bool resident() const { return data != nullptr || count == 0; }
 };
 

@@ -152,6 +152,8 @@ class ResidentStore final : public OptimizerStore {
         continue;
       }
       // Device memory: copied to the host on the snapshot stream (a checkpoint) and back (a load).
+      // That stream waits only for the last step's update, and the engine's next update waits for
+      // the view's holds: any thread may read until then.
       auto* base = buf->as<float>();
       StateBuffer sb{kind, DType::kF32, nullptr, s.in.elements, {}, {}};
       sb.read = [c = compute_, base](int64_t off, int64_t cnt, void* dst) {
@@ -161,6 +163,7 @@ class ResidentStore final : public OptimizerStore {
         return d->Copy(base + off, src, static_cast<size_t>(cnt) * 4);
       };
       sb.snapshot = true;
+      sb.concurrent_read = true;
       out.push_back(std::move(sb));
     }
     return out;

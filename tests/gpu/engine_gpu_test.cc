@@ -2,7 +2,8 @@
 // MPI) on the same model and gradients: bit-identical parameters at one rank (the fused CUDA Adam and
 // casts are bit-exact with the CPU kernels; clipping is off because the two norms are summed in
 // different orders), close at several; with optimizer/parameter offload to host and NVMe; and
-// checkpoints of device state that resume on the CPU engine. Skipped without a GPU.
+// checkpoints of device state that resume on the CPU engine; the memory tier copying device state on
+// its own thread while the GPU trains on. Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,6 +16,7 @@
 #include "zrt/offload/host_memory.h"
 #include "zrt/runtime/engine.h"
 #include "tests/gpu/nccl_fixture.h"
+#include "tests/support/state_values.h"
 
 namespace zrt {
 namespace {
@@ -39,6 +41,8 @@ std::vector<char> Fetch(Device* d, const void* p, size_t bytes) {
   EXPECT_TRUE(d->Copy(h.data(), p, bytes).ok());
   return h;
 }
+
+std::vector<std::vector<float>> StateNow(ZeroEngine& e) { return testing::ReadState(e.state_view()); }
 
 class EngineGpuTest : public testing::NcclFixture {
  protected:
@@ -203,6 +207,43 @@ TEST_F(EngineGpuTest, CheckpointsOfDeviceStateResumeOnCpuAndGpu) {
     Train(**e, dev, 3, 4);
     ExpectSame(Params(**gpu, gpu_.get()), Params(**e, dev), DType::kBF16, on_gpu ? "resumed on the gpu" : "resumed on the cpu");
   }
+}
+
+// The memory tier copies device state on its own thread (the snapshot stream) while the GPU trains
+// on: the next Step waits at the view's hold before its Adam changes the state. The snapshot is the
+// state at the save, and a fresh GPU engine resumes it.
+TEST_F(EngineGpuTest, MemoryTierCopiesDeviceStateInTheBackground) {
+  auto gpu = Make(nccl_.get(), gpu_.get(), Config(2, OffloadTarget::kNone, OffloadTarget::kNone), DType::kBF16, InitFn());
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  Train(**gpu, gpu_.get(), 0, 3);
+  const auto saved = StateNow(**gpu);
+  auto pinned = HostMemory::Create(0, "checkpoint staging");
+  ckpt::MemoryTierOptions tier;
+  tier.dir = (dir_ / "shm").string();
+  tier.ranks_per_node = 1;
+  fs::create_directories(tier.dir);
+  const std::string root = (dir_ / "ckpt").string();
+  {
+    auto ck = ckpt::Checkpointer::Create(mpi_.get(), pinned.get(), {.root = root, .memory = tier});
+    ASSERT_TRUE(ck.ok()) << ck.status();
+    ASSERT_TRUE((*ck)->SaveToMemory((*gpu)->state_view()).ok());
+    Train(**gpu, gpu_.get(), 3, 4);
+    EXPECT_NE(StateNow(**gpu), saved);
+    Status w = (*ck)->Wait();
+    ASSERT_TRUE(w.ok()) << w;
+    EXPECT_EQ((*ck)->memory_stats()->step, 3);
+  }  // the tier keeps step 3 (no disk checkpoint)
+  ASSERT_TRUE(mpi_->Barrier().ok());
+  auto e = Make(nccl_.get(), gpu_.get(), Config(2, OffloadTarget::kNone, OffloadTarget::kNone), DType::kBF16,
+                [](int64_t, int64_t, int64_t n, float* out) { std::fill(out, out + n, 9.0f); });
+  ASSERT_TRUE(e.ok()) << e.status();
+  auto ck = ckpt::Checkpointer::Create(mpi_.get(), pinned.get(), {.root = root, .memory = tier});
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  auto r = (*ck)->Resume((*e)->state_view());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->step, 3);
+  EXPECT_EQ(r->source, "memory");
+  EXPECT_TRUE(StateNow(**e) == saved) << "rank " << rank() << ": the snapshot is not the state saved";
 }
 
 TEST_F(EngineGpuTest, MpiOnDeviceMemoryIsRefused) {

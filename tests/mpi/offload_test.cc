@@ -18,6 +18,7 @@
 #include "tests/mpi/engine_fixture.h"
 #include "tests/support/checkpointer_testing.h"
 #include "tests/support/io_hooks.h"
+#include "tests/support/state_values.h"
 
 namespace zrt {
 namespace {
@@ -69,21 +70,7 @@ class OffloadTest : public EngineTest {
   }
 
   // This rank's optimizer state, read through the view whether resident or not.
-  static std::vector<std::vector<float>> State(ZeroEngine& e) {
-    std::vector<std::vector<float>> out;
-    for (const StateGroup& g : e.state_view().groups) {
-      for (const StateBuffer& b : g.buffers) {
-        std::vector<float> v(static_cast<size_t>(b.count));
-        if (b.data != nullptr) {
-          std::memcpy(v.data(), b.data, v.size() * 4);
-        } else if (b.count > 0) {
-          EXPECT_TRUE(b.read(0, b.count, v.data()).ok());
-        }
-        out.push_back(std::move(v));
-      }
-    }
-    return out;
-  }
+  static std::vector<std::vector<float>> State(ZeroEngine& e) { return testing::ReadState(e.state_view()); }
 
   static void ExpectBitIdentical(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b,
                                  const std::string& what) {

@@ -17,6 +17,7 @@
 #include "zrt/checkpoint/format.h"
 #include "zrt/core/mpi_communicator.h"
 #include "zrt/runtime/engine.h"
+#include "tests/support/state_values.h"
 
 namespace zrt::ckpt {
 namespace {
@@ -26,23 +27,10 @@ namespace fs = std::filesystem;
 struct Case {
   int stage;
   bool nvme;
+  bool device_memory = false;  // the engine's state in "device" memory (CpuDevice(false): read through copies)
 };
 
-// Every buffer of the engine's state as it is now, read from wherever it lives.
-std::vector<std::vector<float>> StateNow(ZeroEngine& e) {
-  std::vector<std::vector<float>> out;
-  for (const StateGroup& g : e.state_view().groups) {
-    for (const StateBuffer& b : g.buffers) {
-      std::vector<float>& v = out.emplace_back(static_cast<size_t>(b.count));
-      if (b.data != nullptr) {
-        std::memcpy(v.data(), b.data, v.size() * 4);
-      } else {
-        EXPECT_TRUE(b.read(0, b.count, v.data()).ok());
-      }
-    }
-  }
-  return out;
-}
+std::vector<std::vector<float>> StateNow(ZeroEngine& e) { return testing::ReadState(e.state_view()); }
 
 class TierTest : public ::testing::TestWithParam<Case> {
  protected:
@@ -82,7 +70,7 @@ class TierTest : public ::testing::TestWithParam<Case> {
       cfg.offload.nvme_dir = base_ + "/swap";
       cfg.offload.sub_group_elements = 1024;
     }
-    auto e = ZeroEngine::Create(comm_.get(), &device_, cfg);
+    auto e = ZeroEngine::Create(comm_.get(), &engine_device_, cfg);
     EXPECT_TRUE(e.ok()) << e.status();
     EXPECT_TRUE((*e)->AddParam("w", {37, 29}, DType::kBF16, {.group = "a"}).ok());
     EXPECT_TRUE((*e)->AddParam("b", {1001}, DType::kBF16, {.group = "b"}).ok());
@@ -216,7 +204,8 @@ class TierTest : public ::testing::TestWithParam<Case> {
     return out;
   }
 
-  CpuDevice device_;
+  CpuDevice device_;  // the checkpoints' staging
+  CpuDevice engine_device_{!GetParam().device_memory};
   std::unique_ptr<MpiCommunicator> comm_;
   std::string base_, root_;
   MemoryTierOptions tier_;
@@ -473,6 +462,7 @@ TEST_P(TierTest, AFailedHandOverOnOneRankDropsTheSnapshotOnEveryRank) {
 // waits for the copy at StateView::hold. (a) The engine: a Step right after the save (its Adam
 // would otherwise change the state under the copy). (b) The tier's side of the contract, with an
 // owner that wrecks every buffer as soon as its hold returns. Both snapshots hold the saved state.
+// With the state in device memory too (read on another thread: StateBuffer::concurrent_read).
 TEST_P(TierTest, ResidentStateIsCopiedInTheBackgroundUntilTheOwnersNextChange) {
   if (GetParam().nvme) GTEST_SKIP() << "the state arrives with the next step";
   constexpr int64_t kBig = 3'000'000;  // 36 MB of fp32 state over the ranks: the copy outlasts what follows
@@ -503,7 +493,14 @@ TEST_P(TierTest, ResidentStateIsCopiedInTheBackgroundUntilTheOwnersNextChange) {
         ASSERT_EQ(holds.size(), 1u) << "the copy did not ask its owner to hold";
         v.settle();
         for (const StateGroup& g : v.groups) {
-          for (const StateBuffer& b : g.buffers) std::memset(b.data, 0x7f, static_cast<size_t>(b.count) * 4);
+          for (const StateBuffer& b : g.buffers) {
+            if (b.data != nullptr) {
+              std::memset(b.data, 0x7f, static_cast<size_t>(b.count) * 4);
+            } else {
+              const std::vector<float> junk(static_cast<size_t>(b.count), 1e30f);
+              ASSERT_TRUE(b.write(0, b.count, junk.data()).ok());
+            }
+          }
         }
       }
       ASSERT_TRUE(ck->Poll().ok());
@@ -576,8 +573,11 @@ TEST_P(TierTest, AFullTierFilesystemFailsTheSnapshotNotTheProcess) {
   ASSERT_TRUE(comm_->Barrier().ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(Stages, TierTest, ::testing::Values(Case{0, false}, Case{2, false}, Case{3, false}, Case{3, true}),
-                         [](const auto& p) { return "stage" + std::to_string(p.param.stage) + (p.param.nvme ? "_nvme" : ""); });
+INSTANTIATE_TEST_SUITE_P(Stages, TierTest,
+                         ::testing::Values(Case{0, false}, Case{2, false}, Case{3, false}, Case{3, true}, Case{2, false, true}),
+                         [](const auto& p) {
+                           return "stage" + std::to_string(p.param.stage) + (p.param.nvme ? "_nvme" : "") + (p.param.device_memory ? "_device" : "");
+                         });
 
 }  // namespace
 }  // namespace zrt::ckpt
