@@ -306,11 +306,12 @@ Status ZeroEngine::InitFrozen(Group& g, const InitFn& init) {
   return FrozenWrite(g, 0, g.layout.shard_size(), values.data());
 }
 
+bool ZeroEngine::FrozenOnHost() const { return device_->host_accessible() || (config_.stage == 3 && impl_->store->holds_params()); }
+
 Status ZeroEngine::FrozenWrite(Group& g, int64_t offset, int64_t n, const float* in) {
   impl_->Settle();
   char* dst = static_cast<char*>(OwnParams(g)) + static_cast<size_t>(offset) * g.esize();
-  const bool on_host = device_->host_accessible() || (config_.stage == 3 && impl_->store->holds_params());
-  if (on_host) return impl_->host_compute->Cast(in, DType::kF32, dst, g.dtype, n);
+  if (FrozenOnHost()) return impl_->host_compute->Cast(in, DType::kF32, dst, g.dtype, n);
   ASSIGN_OR_RETURN(DeviceBuffer tmp, impl_->staging.Acquire(static_cast<size_t>(n) * 4), "frozen group '", g.name, "'");
   Status s = device_->Copy(tmp.data(), in, static_cast<size_t>(n) * 4);
   if (s.ok()) s = impl_->compute->Cast(tmp.data(), DType::kF32, dst, g.dtype, n);
@@ -321,8 +322,7 @@ Status ZeroEngine::FrozenWrite(Group& g, int64_t offset, int64_t n, const float*
 
 Status ZeroEngine::FrozenRead(Group& g, int64_t offset, int64_t n, float* out) {
   const char* src = static_cast<const char*>(OwnParams(g)) + static_cast<size_t>(offset) * g.esize();
-  const bool on_host = device_->host_accessible() || (config_.stage == 3 && impl_->store->holds_params());
-  if (on_host) return impl_->host_compute->Cast(src, g.dtype, out, DType::kF32, n);
+  if (FrozenOnHost()) return impl_->host_compute->Cast(src, g.dtype, out, DType::kF32, n);
   ASSIGN_OR_RETURN(DeviceBuffer tmp, impl_->staging.Acquire(static_cast<size_t>(n) * 4), "frozen group '", g.name, "'");
   Status s = impl_->compute->Cast(src, g.dtype, tmp.data(), DType::kF32, n);
   if (s.ok()) s = impl_->compute->Synchronize();
@@ -657,6 +657,7 @@ StateView ZeroEngine::state_view() {
       StateBuffer b{"master", DType::kF32, nullptr, g.layout.shard_size(), {}, {}, true};
       b.read = [this, &g](int64_t off, int64_t n, void* out) { return FrozenRead(g, off, n, static_cast<float*>(out)); };
       b.write = [this, &g](int64_t off, int64_t n, const void* in) { return FrozenWrite(g, off, n, static_cast<const float*>(in)); };
+      b.concurrent_read = FrozenOnHost();  // its values change only through write, a load or Restore, which settle
       sg.buffers.push_back(std::move(b));
     } else {
       sg.buffers = impl_->store->StateBuffers(store_index++);
@@ -694,6 +695,7 @@ Status ZeroEngine::Restore(const StateCounters& saved) {
 
 Status ZeroEngine::RefreshParamsFromMaster() {
   if (!finalized_) return FailedPreconditionError("refresh: the engine is not finalized");
+  impl_->Settle();  // the gather rewrites frozen groups' parameters, which a background snapshot may be reading
   RETURN_IF_ERROR(impl_->store->RefreshParams(), "refresh");
   return GatherUpdatedParams(true);
 }

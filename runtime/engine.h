@@ -178,6 +178,8 @@ class ZeroEngine {
   Status GatherUpdatedParams(bool include_frozen);
   Status InitFrozen(Group& g, const InitFn& init);
   // A frozen group's shard elements [offset, offset + n) as f32 in host memory, either way.
+  // FrozenOnHost: its shard is host memory (read by a cast on the host, from any thread).
+  bool FrozenOnHost() const;
   Status FrozenRead(Group& g, int64_t offset, int64_t n, float* out);
   Status FrozenWrite(Group& g, int64_t offset, int64_t n, const float* in);
   Status ReduceGroup(int g);

@@ -60,7 +60,9 @@ class TierTest : public ::testing::TestWithParam<Case> {
   int n() const { return comm_->size(); }
   int rank() const { return comm_->rank(); }
 
-  // `big` > 0: a third tensor of that many elements in group "a" (a copy that takes a while).
+  // `big` > 0: a third tensor of that many elements in group "a" (a copy that takes a while) and,
+  // where the parameters are host memory, a frozen group "f" (its values read through casts; on a
+  // device those run on the compute stream and the snapshot copies at once).
   std::unique_ptr<ZeroEngine> Engine(int64_t big = 0) {
     EngineConfig cfg;
     cfg.stage = GetParam().stage;
@@ -77,6 +79,9 @@ class TierTest : public ::testing::TestWithParam<Case> {
     big_ = big;
     if (big > 0) {
       EXPECT_TRUE((*e)->AddParam("big", {big}, DType::kBF16, {.group = "a"}).ok());
+      if (!GetParam().device_memory) {
+        EXPECT_TRUE((*e)->AddParam("frozen", {3001}, DType::kBF16, {.group = "f", .frozen = true}).ok());
+      }
     }
     EXPECT_TRUE((*e)->Finalize([](int64_t p, int64_t off, int64_t k, float* out) {
       for (int64_t i = 0; i < k; ++i) out[i] = 0.01f * static_cast<float>((p * 7919 + off + i) % 101) - 0.5f;
@@ -462,7 +467,8 @@ TEST_P(TierTest, AFailedHandOverOnOneRankDropsTheSnapshotOnEveryRank) {
 // waits for the copy at StateView::hold. (a) The engine: a Step right after the save (its Adam
 // would otherwise change the state under the copy). (b) The tier's side of the contract, with an
 // owner that wrecks every buffer as soon as its hold returns. Both snapshots hold the saved state.
-// With the state in device memory too (read on another thread: StateBuffer::concurrent_read).
+// With the state in device memory too, and with a frozen group (both read on another thread:
+// StateBuffer::concurrent_read).
 TEST_P(TierTest, ResidentStateIsCopiedInTheBackgroundUntilTheOwnersNextChange) {
   if (GetParam().nvme) GTEST_SKIP() << "the state arrives with the next step";
   constexpr int64_t kBig = 3'000'000;  // 36 MB of fp32 state over the ranks: the copy outlasts what follows
