@@ -23,6 +23,7 @@
 #include <chrono>
 #include <filesystem>
 #include <ctime>
+#include <future>
 
 #include "zrt/checkpoint/commit.h"
 #include "zrt/checkpoint/format.h"
@@ -65,6 +66,16 @@ struct Checkpointer::Job {
   ShardState state;
   std::shared_ptr<ArrivingState> arriving;  // null: nothing deferred
   std::function<Status()> deliver;          // the owner's StateView::deliver
+  // The snapshot's copies into staging_ the writer makes before writing, when the owner holds its
+  // next change until then (StateView::hold); empty: SaveAsync made them. `copied` is what the hold
+  // waits for (if the job goes without setting it, the hold returns too).
+  struct Copy {
+    char* dst;
+    StateBuffer from;
+    std::string group;  // the error's context
+  };
+  std::vector<Copy> copies;
+  std::promise<void> copied;
 };
 
 Checkpointer::Checkpointer(Communicator* comm, Device* device, const CheckpointOptions& o)
@@ -126,7 +137,8 @@ void Checkpointer::WriterLoop() {
     if (!has_work_) return;
     lock.unlock();
     const double t0 = Now();
-    Status s = WriteFiles(*job_);
+    Status s = CopySnapshot(*job_);
+    if (s.ok()) s = WriteFiles(*job_);
     lock.lock();
     stats_.write_seconds = Now() - t0;
     work_status_ = std::move(s);
@@ -163,26 +175,30 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
   }
   RETURN_IF_ERROR(BeginSave(job->save));
 
-  // Snapshot this rank's shards (the only part of the save training waits for): host state by memcpy,
-  // device state by a device-to-host copy. State on NVMe (not resident, no snapshot) is not copied:
+  // Snapshot this rank's shards (the only part of the save training may wait for): host state by
+  // memcpy, device state by a device-to-host copy, on the writer thread before it writes when the
+  // owner holds its next change until then (StateView::hold) and every buffer may be copied there,
+  // else here. State on NVMe (not resident, no snapshot) is not copied:
   // when its owner can defer it, the owner's next step hands it to the writer sub-group by sub-group
   // before updating it (the step reads it into host memory anyway); otherwise it is streamed from
   // where it lives into the files now, before SaveAsync returns, through O(chunk) memory.
   const bool defer = state.defer && state.deliver;
   std::vector<std::vector<int64_t>> deferred;  // per group and buffer: elements that arrive
-  bool streamed = false, arrives = false;
+  bool streamed = false, arrives = false, copyable = true;  // copyable: on another thread
   if (job->shard_rank >= 0) {
     int64_t bytes = 0;
     for (const StateGroup& g : state.groups) {
       for (const StateBuffer& b : g.buffers) {
         if (b.resident() || b.snapshot) {
           bytes += AlignUp(b.count * static_cast<int64_t>(DTypeSize(b.dtype)));
+          copyable = copyable && (b.resident() || (b.read && b.concurrent_read));
         } else {
           streamed = !defer;
           arrives = defer;
         }
       }
     }
+    const bool background = copyable && !streamed && !arrives && state.hold && state.settle;
     if (staging_.size() < static_cast<size_t>(bytes)) {
       staging_.Reset();
       ASSIGN_OR_RETURN(staging_, device_->Allocate(static_cast<size_t>(bytes), MemCategory::kStaging, kIoAlignment),
@@ -205,7 +221,9 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
           continue;
         }
         char* dst = staging_.as<char>() + off;
-        if (nbytes != 0 && b.resident()) {
+        if (background) {
+          if (nbytes != 0) job->copies.push_back({dst, b, g.name});
+        } else if (nbytes != 0 && b.resident()) {
           std::memcpy(dst, b.data, nbytes);
         } else if (nbytes != 0) {
           RETURN_IF_ERROR(b.read(0, b.count, dst), "checkpoint: copying state '", b.kind, "' of group '", g.name, "'");
@@ -213,6 +231,15 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
         staged.push_back({b.kind, DType::kF32, dst, b.count});
         off += AlignUp(static_cast<int64_t>(nbytes));
       }
+    }
+    if (!job->copies.empty()) {
+      state.hold([done = job->copied.get_future().share(), held = held_, stalled = state.stalled] {
+        const double w0 = Now();
+        done.wait();
+        const double waited = Now() - w0;
+        held->fetch_add(waited);
+        if (stalled) stalled(waited);
+      });
     }
   }
   if (streamed) {
@@ -249,6 +276,23 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
   cv_.notify_all();
   pending_ = true;
   return Status();
+}
+
+// On the writer thread: the copies SaveAsync left to it (the owner waits for them at its hold).
+Status Checkpointer::CopySnapshot(Job& job) {
+  if (job.copies.empty()) return Status();
+  Status s;
+  for (const Job::Copy& c : job.copies) {
+    if (c.from.data != nullptr) {
+      std::memcpy(c.dst, c.from.data, static_cast<size_t>(c.from.count) * 4);
+    } else if (!(s = c.from.read(0, c.from.count, c.dst)).ok()) {
+      s = std::move(s).WithContext("checkpoint: copying state '" + c.from.kind + "' of group '" + c.group + "'");
+      break;
+    }
+  }
+  job.copies.clear();
+  job.copied.set_value();
+  return s;
 }
 
 Status Checkpointer::WriteFiles(Job& job) {
@@ -307,6 +351,7 @@ Status Checkpointer::Commit() {
     cv_.wait(lock, [this] { return work_done_; });
     local = work_status_;
   }
+  stats_.stall_seconds += held_->exchange(0.0);
   RETURN_IF_ERROR(ckpt::Commit(comm_, local, job_->save, Retention{o_.keep_last, o_.keep_every}, *io_));
   stats_.dir = job_->save.final;
   if (tier_) tier_->Supersede(job_->manifest.step);

@@ -8,7 +8,10 @@
 //   ck->Wait();  // collective; commits now: the checkpoint becomes complete, `latest` moves, retention runs
 //
 // `host` is where the snapshot is staged: host memory (a CpuDevice, or a HostMemory, pinned in CUDA
-// builds so device-to-host copies run at full speed). State on a GPU is copied into it by SaveAsync.
+// builds so device-to-host copies run at full speed). The state is copied into it by the writer
+// thread when its owner holds its next change until the copy is done (StateView::hold: the engine's
+// next Step waits there only for what is left of the copy) and every buffer is host memory or may be
+// read from another thread (StateBuffer::concurrent_read); otherwise by SaveAsync, while training waits.
 // State on NVMe is not copied: the owner's next step hands it to the writer before changing it
 // (StateView::defer; docs/resume.md "Saving NVMe-offloaded state"); a Wait() or SaveAsync before that
 // step has it streamed at once.
@@ -24,6 +27,7 @@
 // does no collective communication.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -74,7 +78,8 @@ struct CheckpointOptions {
 
 struct SaveStats {
   int64_t step = -1;
-  double stall_seconds = 0;       // SaveAsync's snapshot time (what training waited for)
+  double stall_seconds = 0;       // what training waited for: SaveAsync (its snapshot when copied there),
+                                  // and the owner's hold for a copy in the background, up to the commit
   double write_seconds = 0;       // background: encode + write + fsync of this rank's files (a save of
                                   // NVMe state: from SaveAsync, waiting for the step that hands it over)
   int64_t raw_bytes = 0;          // this rank's state bytes
@@ -118,6 +123,7 @@ class Checkpointer {
   Status Commit();
   Status PollDisk();
   void WriterLoop();
+  Status CopySnapshot(Job& job);
   Status WriteFiles(Job& job);
 
   Communicator* comm_;
@@ -130,6 +136,9 @@ class Checkpointer {
   std::unique_ptr<Job> job_;
   bool pending_ = false;  // a save awaits commit
   SaveStats stats_;
+  // What owners waited at StateView::hold for the writer's copies (shared: a hold may run after this
+  // checkpointer is gone).
+  std::shared_ptr<std::atomic<double>> held_ = std::make_shared<std::atomic<double>>(0.0);
 
   std::mutex mu_;
   std::condition_variable cv_;
