@@ -191,7 +191,7 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
       for (const StateBuffer& b : g.buffers) {
         if (b.resident() || b.snapshot) {
           bytes += AlignUp(b.count * static_cast<int64_t>(DTypeSize(b.dtype)));
-          copyable = copyable && (b.resident() || (b.read && b.concurrent_read));
+          copyable = copyable && b.copyable_anywhere();
         } else {
           streamed = !defer;
           arrives = defer;

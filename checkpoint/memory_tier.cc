@@ -486,7 +486,7 @@ Status MemoryTier::Save(const StateView& state, const nlohmann::json& trainer_st
   for (const StateGroup& sg : state.groups) {
     for (const StateBuffer& b : sg.buffers) {
       arrives = arrives || internal::Arrives(state, b);
-      copyable = copyable && (b.data != nullptr || b.count == 0 || internal::Arrives(state, b) || (b.read && b.concurrent_read));
+      copyable = copyable && (internal::Arrives(state, b) || b.copyable_anywhere());
     }
   }
   const bool background = copyable && state.hold && state.settle;

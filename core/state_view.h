@@ -38,6 +38,8 @@ struct StateBuffer {
   bool snapshot = false;
   bool concurrent_read = false;
   bool resident() const { return data != nullptr || count == 0; }
+  // Whether a thread other than the owner's may copy it (until the view's holds return).
+  bool copyable_anywhere() const { return resident() || (read && concurrent_read); }
 };
 
 struct StateGroup {
