@@ -1,8 +1,10 @@
-// The memory tier at 1..4 MPI ranks with the real engine (stages 0, 2, 3 and NVMe-offloaded state):
+// The memory tier at 1..4 MPI ranks with the real engine (stages 0, 2, 3, NVMe-offloaded state, and
+// state in emulated device memory):
 // a restart resumes the newest snapshot and continues bit for bit as the uninterrupted run; a rank
 // whose own copy is gone or corrupt is served by its peer's replica (and every rank agrees); the loss
 // of a whole (emulated) node is survived; a rank with no copy at all makes every rank fall back to
-// disk; budgets, superseding and end-of-run cleanup. Kills at random moments: tests/crash/tier_kill.sh.
+// disk; budgets, superseding and end-of-run cleanup; snapshots and disk saves copied in the background
+// while the owner goes on. Kills at random moments: tests/crash/tier_kill.sh.
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <sys/mount.h>
