@@ -78,8 +78,9 @@ struct CheckpointOptions {
 
 struct SaveStats {
   int64_t step = -1;
-  double stall_seconds = 0;       // what training waited for: SaveAsync (its snapshot when copied there),
-                                  // and the owner's hold for a copy in the background, up to the commit
+  double stall_seconds = 0;       // what training waited for: SaveAsync (its snapshot when copied there);
+                                  // the owner's hold for a copy in the background is added at the commit
+                                  // (the engine's step metric checkpoint_stall has both as they happen)
   double write_seconds = 0;       // background: encode + write + fsync of this rank's files (a save of
                                   // NVMe state: from SaveAsync, waiting for the step that hands it over)
   int64_t raw_bytes = 0;          // this rank's state bytes
