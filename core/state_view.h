@@ -27,7 +27,8 @@ namespace zrt {
 // update streams it through host memory, StateView::defer, or else reads it at once).
 // concurrent_read: `read` may also run on another thread while the owner goes on, until the waits
 // registered with StateView::hold return (device memory copied on a stream of its own): the memory
-// tier then copies this buffer in the background as it does host memory.
+// tier and the disk checkpointer's writer then copy this buffer in the background as they do host
+// memory.
 struct StateBuffer {
   std::string kind;  // "master" (fp32 weights), "exp_avg", "exp_avg_sq", "max_exp_avg_sq"
   DType dtype = DType::kF32;
