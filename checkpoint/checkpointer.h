@@ -78,9 +78,9 @@ struct CheckpointOptions {
 
 struct SaveStats {
   int64_t step = -1;
-  double stall_seconds = 0;       // what training waited for: SaveAsync (its snapshot when copied there);
-                                  // the owner's hold for a copy in the background is added at the commit
-                                  // (the engine's step metric checkpoint_stall has both as they happen)
+  double stall_seconds = 0;       // what training waited for: SaveAsync (its snapshot when copied there)
+                                  // and the owner's hold for a copy in the background, which happens at
+                                  // the next step (the engine's step metric checkpoint_stall has both)
   double write_seconds = 0;       // background: encode + write + fsync of this rank's files (a save of
                                   // NVMe state: from SaveAsync, waiting for the step that hands it over)
   int64_t raw_bytes = 0;          // this rank's state bytes
@@ -109,7 +109,13 @@ class Checkpointer {
   // Collective: waits for the pending save's writes (disk and memory tier) and commits them.
   Status Wait();
   bool in_flight() const { return pending_; }
-  const SaveStats& last_stats() const { return stats_; }
+  // The last save's figures; while it is pending, stall_seconds includes what the owner has waited at
+  // its hold so far (read it before the next SaveAsync, or after Wait, for the whole of it).
+  SaveStats last_stats() const {
+    SaveStats s = stats_;
+    if (pending_) s.stall_seconds += held_->load();
+    return s;
+  }
   // The memory tier's figures; null without one.
   const MemoryTierStats* memory_stats() const { return tier_ ? &tier_->stats() : nullptr; }
   const CheckpointOptions& options() const { return o_; }

@@ -228,8 +228,9 @@ int main(int argc, char** argv) {
   int saves = 0;
   auto save = [&](int64_t step) -> Status {
     nlohmann::json ts = {{"seed", seed}, {"examples_seen", step * batch * world}};
+    // The previous save's stall, the next step's wait for its copy included.
+    if (saves > 0) stall_total += ck->last_stats().stall_seconds;
     RETURN_IF_ERROR(ck->SaveAsync(engine.state_view(), ts));
-    stall_total += ck->last_stats().stall_seconds;
     ++saves;
     return Status();
   };
@@ -289,6 +290,7 @@ int main(int argc, char** argv) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (ck) {
     if (!(st = save(engine.steps())).ok() || !(st = ck->Wait()).ok()) return Fail(st);
+    stall_total += ck->last_stats().stall_seconds;
   }
 
   // Final parameters (gathered) for sampling and the optional dump.

@@ -252,8 +252,8 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
   int saves = 0;
   double stall = 0, val_loss = -1;
   auto save = [&]() -> Status {
+    if (saves > 0) stall += ck->last_stats().stall_seconds;  // the previous save's, the next step's wait included
     RETURN_IF_ERROR(ck->SaveAsync(engine->state_view(), {{"seed", o.seed}}));
-    stall += ck->last_stats().stall_seconds;
     ++saves;
     return Status();
   };
@@ -357,7 +357,10 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
       }
     }
   }
-  if (ck) RETURN_IF_ERROR(ck->Wait());
+  if (ck) {
+    RETURN_IF_ERROR(ck->Wait());
+    if (saves > 0) stall += ck->last_stats().stall_seconds;
+  }
   // Sample text (every rank runs the forwards: stage 3 gathers are collective).
   if (o.sample > 0) {
     gpt::Model one(c, 1);

@@ -495,6 +495,11 @@ TEST_P(TierTest, StateIsCopiedInTheBackgroundUntilTheOwnersNextChange) {
           holds.clear();
         };
       }
+      double charged = 0;  // what the save told the owner it waited (SaveAsync, then the hold)
+      v.stalled = [&charged, inner = v.stalled](double seconds) {
+        charged += seconds;
+        if (inner) inner(seconds);
+      };
       ASSERT_TRUE((disk ? ck->SaveAsync(v) : ck->SaveToMemory(v)).ok());
       if (!wreck) {
         Train(*e, nullptr, 3, 4, 0, true);
@@ -515,10 +520,17 @@ TEST_P(TierTest, StateIsCopiedInTheBackgroundUntilTheOwnersNextChange) {
           }
         }
       }
+      // A pending save's stall counts the owner's wait at the hold as soon as it happened.
+      if (disk) {
+        EXPECT_NEAR(ck->last_stats().stall_seconds, charged, 1e-9);
+      }
       ASSERT_TRUE(ck->Poll().ok());
       Status w = ck->Wait();
       ASSERT_TRUE(w.ok()) << w;
       EXPECT_EQ(disk ? ck->last_stats().step : ck->memory_stats()->step, 3);
+      if (disk) {
+        EXPECT_NEAR(ck->last_stats().stall_seconds, charged, 1e-9);
+      }
     }  // the tier keeps step 3 (no disk checkpoint) / the disk holds step 3
     ASSERT_TRUE(comm_->Barrier().ok());
     auto e2 = Engine(kBig);
