@@ -4,7 +4,8 @@
 // whose own copy is gone or corrupt is served by its peer's replica (and every rank agrees); the loss
 // of a whole (emulated) node is survived; a rank with no copy at all makes every rank fall back to
 // disk; budgets, superseding and end-of-run cleanup; snapshots and disk saves copied in the background
-// while the owner goes on. Kills at random moments: tests/crash/tier_kill.sh.
+// while the owner goes on, the owner's wait at the hold counted in the save's stall. Kills at random
+// moments: tests/crash/tier_kill.sh.
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <sys/mount.h>
