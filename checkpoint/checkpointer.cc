@@ -76,6 +76,10 @@ struct Checkpointer::Job {
   };
   std::vector<Copy> copies;
   std::promise<void> copied;
+  // The writer's figures (SaveStats), kept here until the commit hands them to stats_: the training
+  // thread may read stats_ (last_stats) while the writer works.
+  double write_seconds = 0;
+  int64_t stored_bytes = 0;
 };
 
 Checkpointer::Checkpointer(Communicator* comm, Device* device, const CheckpointOptions& o)
@@ -140,7 +144,7 @@ void Checkpointer::WriterLoop() {
     Status s = CopySnapshot(*job_);
     if (s.ok()) s = WriteFiles(*job_);
     lock.lock();
-    stats_.write_seconds = Now() - t0;
+    job_->write_seconds = Now() - t0;
     work_status_ = std::move(s);
     has_work_ = false;
     work_done_ = true;
@@ -245,7 +249,7 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
   if (streamed) {
     const double tw = Now();
     Status s = WriteFiles(*job);
-    stats_.write_seconds = Now() - tw;
+    job->write_seconds = Now() - tw;
     stats_.stall_seconds = Now() - t0;
     if (state.stalled) state.stalled(stats_.stall_seconds);
     {
@@ -301,7 +305,7 @@ Status Checkpointer::WriteFiles(Job& job) {
   if (job.shard_rank >= 0) {
     ShardWriteStats ws;
     RETURN_IF_ERROR(WriteShard(*io_, job.save.tmp, m, job.shard_rank, job.state, {o_.compression, encoders_.get(), job.arriving.get()}, &ws), ctx);
-    stats_.stored_bytes = ws.stored_bytes;
+    job.stored_bytes = ws.stored_bytes;
   }
   if (comm_->rank() == 0) RETURN_IF_ERROR(PublishFile(*io_, job.save.tmp, kManifestFile, EncodeManifest(m)), ctx);
   return FsyncDir(job.save.tmp).WithContext(ctx);
@@ -352,6 +356,8 @@ Status Checkpointer::Commit() {
     local = work_status_;
   }
   stats_.stall_seconds += held_->exchange(0.0);
+  stats_.write_seconds = job_->write_seconds;
+  stats_.stored_bytes = job_->stored_bytes;
   RETURN_IF_ERROR(ckpt::Commit(comm_, local, job_->save, Retention{o_.keep_last, o_.keep_every}, *io_));
   stats_.dir = job_->save.final;
   if (tier_) tier_->Supersede(job_->manifest.step);

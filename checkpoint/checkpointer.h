@@ -82,7 +82,8 @@ struct SaveStats {
                                   // and the owner's hold for a copy in the background, which happens at
                                   // the next step (the engine's step metric checkpoint_stall has both)
   double write_seconds = 0;       // background: encode + write + fsync of this rank's files (a save of
-                                  // NVMe state: from SaveAsync, waiting for the step that hands it over)
+                                  // NVMe state: from SaveAsync, waiting for the step that hands it over);
+                                  // known at the commit, as stored_bytes
   int64_t raw_bytes = 0;          // this rank's state bytes
   int64_t stored_bytes = 0;       // after compression
   std::string dir;                // the committed directory (empty if not committed)
