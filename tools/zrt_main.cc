@@ -1,16 +1,21 @@
 // zrt: command-line entry point. Each subcommand parses its arguments and calls a library function
 // (tools/lib) that writes to std::ostream and returns Status. Exit codes (docs/cli.md): 0 ok, 1 a
-// problem found (or any error), 2 usage — every option value is checked here, so a bad one is usage.
+// problem found (or any error), 2 usage — every option value is checked here, so a bad one is usage;
+// 141 when the reader of the output went away (tools/lib/output.h).
 #include <CLI/CLI.hpp>
 
 #include <cmath>
 #include <algorithm>
+#include <csignal>
 #include <iostream>
 #include <thread>
+
+#include <unistd.h>
 
 #include "zrt/core/logging.h"
 #include "zrt/core/version.h"
 #include "tools/lib/ckpt_commands.h"
+#include "tools/lib/output.h"
 #include "tools/lib/plan.h"
 
 namespace {
@@ -72,9 +77,7 @@ CLI::Validator ByteSize() {
       "SIZE");
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int Run(int argc, char** argv) {
   zrt::SetLogLevel(zrt::LogLevel::kWarn);
   CLI::App app{"zrt: inspect, verify, reshard, compare and convert ZeRO checkpoints; plan a model's memory and time"};
   app.require_subcommand(0, 1);
@@ -206,4 +209,17 @@ int main(int argc, char** argv) {
   }
   std::cout << app.help();
   return 2;  // no command: usage
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // A closed output pipe must not kill a command halfway (it may be writing a checkpoint): write
+  // errors are seen by FdOutput instead, and FinishOutput makes them the exit status.
+  std::signal(SIGPIPE, SIG_IGN);
+  zrt::tools::FdOutput stdout_buffer(STDOUT_FILENO);
+  std::streambuf* const previous = std::cout.rdbuf(&stdout_buffer);
+  const int status = zrt::tools::FinishOutput(stdout_buffer, Run(argc, argv));
+  std::cout.rdbuf(previous);
+  return status;
 }
