@@ -16,7 +16,7 @@
 #include "zrt/checkpoint/load.h"
 #include "zrt/checkpoint/options_json.h"
 #include "zrt/checkpoint/resume.h"
-#include "zrt/checkpoint/safetensors.h"
+#include "zrt/checkpoint/interchange/safetensors.h"
 #include "zrt/checkpoint/verify.h"
 #include "zrt/core/communicator.h"
 #include "zrt/core/device.h"

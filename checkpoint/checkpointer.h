@@ -38,7 +38,7 @@
 #include <nlohmann/json.hpp>
 
 #include "zrt/checkpoint/compression.h"
-#include "zrt/checkpoint/memory_tier.h"
+#include "zrt/checkpoint/tier/memory_tier.h"
 #include "zrt/checkpoint/resume.h"
 #include "zrt/core/communicator.h"
 #include "zrt/core/device.h"

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "zrt/checkpoint/load.h"
-#include "zrt/checkpoint/memory_tier.h"
+#include "zrt/checkpoint/tier/memory_tier.h"
 #include "zrt/core/communicator.h"
 #include "zrt/core/state_view.h"
 

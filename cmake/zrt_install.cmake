@@ -4,7 +4,7 @@
 include(CMakePackageConfigHelpers)
 include(GNUInstallDirs)
 
-set(ZRT_EXPORTED_TARGETS zrt zrt_core zrt_kernels zrt_offload zrt_runtime zrt_checkpoint)
+set(ZRT_EXPORTED_TARGETS zrt zrt_core zrt_kernels zrt_offload zrt_runtime zrt_checkpoint zrt_interchange)
 install(TARGETS ${ZRT_EXPORTED_TARGETS} EXPORT zrtTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}

@@ -9,7 +9,7 @@
 
 #include "tools/lib/ckpt_commands.h"
 #include "tools/lib/plan.h"
-#include "zrt/checkpoint/import_full.h"
+#include "zrt/checkpoint/interchange/import_full.h"
 #include "zrt/checkpoint/tensor_reader.h"
 #include "zrt/checkpoint/verify.h"
 

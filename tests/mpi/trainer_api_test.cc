@@ -15,7 +15,7 @@
 #include "zrt/checkpoint/checkpointer.h"
 #include "zrt/checkpoint/resume.h"
 #include "zrt/checkpoint/catalog.h"
-#include "zrt/checkpoint/safetensors.h"
+#include "zrt/checkpoint/interchange/safetensors.h"
 
 namespace zrt {
 namespace {

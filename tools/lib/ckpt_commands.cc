@@ -16,9 +16,9 @@
 
 #include "zrt/checkpoint/catalog.h"
 #include "zrt/checkpoint/files.h"
-#include "zrt/checkpoint/hdf5_io.h"
-#include "zrt/checkpoint/reshard.h"
-#include "zrt/checkpoint/safetensors.h"
+#include "zrt/checkpoint/interchange/hdf5_io.h"
+#include "zrt/checkpoint/interchange/reshard.h"
+#include "zrt/checkpoint/interchange/safetensors.h"
 #include "zrt/checkpoint/verify.h"
 #include "zrt/checkpoint/whole_group.h"
 #include "zrt/core/device.h"

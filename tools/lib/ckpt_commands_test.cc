@@ -12,7 +12,7 @@
 #include "zrt/checkpoint/fs_util.h"
 #include "zrt/checkpoint/catalog.h"
 #include "zrt/checkpoint/files.h"
-#include "zrt/checkpoint/reshard.h"
+#include "zrt/checkpoint/interchange/reshard.h"
 #include "zrt/checkpoint/verify.h"
 #include "zrt/checkpoint/whole_group.h"
 #include "zrt/checkpoint/shard_writer.h"

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "zrt/checkpoint/safetensors.h"
+#include "zrt/checkpoint/interchange/safetensors.h"
 #include "tests/fuzz/targets/fuzz_checks.h"
 #include "zrt/core/logging.h"
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "zrt/checkpoint/format.h"
-#include "zrt/checkpoint/interchange.h"
+#include "zrt/checkpoint/interchange/interchange.h"
 #include "zrt/checkpoint/progress.h"
 #include "zrt/core/shard_layout.h"
 #include "zrt/core/state_view.h"

@@ -1,5 +1,5 @@
 // safetensors reading, as untrusted input (the format and the checks: safetensors.h).
-#include "zrt/checkpoint/safetensors.h"
+#include "zrt/checkpoint/interchange/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

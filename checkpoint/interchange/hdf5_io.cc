@@ -1,4 +1,4 @@
-#include "zrt/checkpoint/hdf5_io.h"
+#include "zrt/checkpoint/interchange/hdf5_io.h"
 
 #include <hdf5.h>
 
@@ -10,7 +10,7 @@
 #include <map>
 
 #include "zrt/checkpoint/commit.h"
-#include "zrt/checkpoint/import_full.h"
+#include "zrt/checkpoint/interchange/import_full.h"
 #include "zrt/checkpoint/files.h"
 #include "zrt/checkpoint/fs_util.h"
 #include "zrt/checkpoint/shard_writer.h"

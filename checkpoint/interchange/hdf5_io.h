@@ -14,7 +14,7 @@
 
 #include <string>
 
-#include "zrt/checkpoint/import_full.h"
+#include "zrt/checkpoint/interchange/import_full.h"
 #include "zrt/checkpoint/progress.h"
 #include "zrt/core/dtype.h"
 #include "zrt/core/status.h"

@@ -1,5 +1,5 @@
 // safetensors export, import and in-place loading (the format: safetensors.h; reading: safetensors_reader.cc).
-#include "zrt/checkpoint/safetensors.h"
+#include "zrt/checkpoint/interchange/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -21,7 +21,7 @@
 
 #include "zrt/checkpoint/files.h"
 #include "zrt/checkpoint/fs_util.h"
-#include "zrt/checkpoint/import_full.h"
+#include "zrt/checkpoint/interchange/import_full.h"
 #include "zrt/checkpoint/state_fill.h"
 #include "zrt/checkpoint/tensor_reader.h"
 #include "zrt/checkpoint/verify.h"

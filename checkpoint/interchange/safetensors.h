@@ -21,7 +21,7 @@
 #include <utility>
 #include <vector>
 
-#include "zrt/checkpoint/interchange.h"
+#include "zrt/checkpoint/interchange/interchange.h"
 #include "zrt/checkpoint/load.h"
 #include "zrt/checkpoint/progress.h"
 #include "zrt/core/communicator.h"

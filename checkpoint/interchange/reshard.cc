@@ -1,4 +1,4 @@
-#include "zrt/checkpoint/reshard.h"
+#include "zrt/checkpoint/interchange/reshard.h"
 
 #include <algorithm>
 #include <mutex>
@@ -6,7 +6,7 @@
 #include <filesystem>
 
 #include "zrt/checkpoint/commit.h"
-#include "zrt/checkpoint/import_full.h"
+#include "zrt/checkpoint/interchange/import_full.h"
 #include "zrt/checkpoint/tensor_reader.h"
 #include "zrt/checkpoint/files.h"
 #include "zrt/checkpoint/load.h"

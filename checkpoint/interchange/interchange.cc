@@ -1,5 +1,5 @@
 // NameMap (interchange.h): renaming tensors between zrt's names and another program's.
-#include "zrt/checkpoint/interchange.h"
+#include "zrt/checkpoint/interchange/interchange.h"
 
 #include <algorithm>
 

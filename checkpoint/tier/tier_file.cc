@@ -1,5 +1,5 @@
 // One rank's snapshot file in the memory tier (tier_file.h).
-#include "zrt/checkpoint/tier_file.h"
+#include "zrt/checkpoint/tier/tier_file.h"
 
 #include <algorithm>
 #include <cstring>

@@ -18,7 +18,7 @@
 //                       but N is removed (older ones, and newer ones a resume from an older state left).
 // The files are an ordinary checkpoint directory holding one rank's files, so Load reads and checks
 // them like any checkpoint; how one is laid out, mapped, filled and sealed is tier_file.h.
-#include "zrt/checkpoint/memory_tier.h"
+#include "zrt/checkpoint/tier/memory_tier.h"
 
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -38,7 +38,7 @@
 #include "zrt/checkpoint/format.h"
 #include "zrt/checkpoint/fs_util.h"
 #include "zrt/checkpoint/shard_writer.h"
-#include "zrt/checkpoint/tier_file.h"
+#include "zrt/checkpoint/tier/tier_file.h"
 #include "zrt/core/logging.h"
 #include "zrt/offload/io_engine.h"
 

@@ -1,4 +1,4 @@
-#include "zrt/checkpoint/import_full.h"
+#include "zrt/checkpoint/interchange/import_full.h"
 
 #include <algorithm>
 #include <ctime>
