@@ -1,7 +1,9 @@
 // bench/checkpoint (under mpirun; ./scripts/bench runs it on 4 ranks with fio's figures): a bf16 + Adam
 // model at stage 3.
-//   stall per save        what training waited (SaveAsync + the next step's wait for the writer's
-//                         copy) vs a plain memcpy of the same bytes into already-touched memory
+//   stall per save        what training waited (SaveAsync + the next steps' waits for the capture)
+//                         vs a plain memcpy of the same bytes into already-touched memory; the same
+//                         copied at SaveAsync (a view without its owner: the peer design), and with a
+//                         staging budget (--staging-budget) beside the peak staging of each
 //   write throughput      all ranks' bytes / slowest rank's background write time, vs fio seq write
 //   step slowdown         training steps while a save is in flight vs without
 //   load, reshard-load    N -> N and N -> 2 ranks, bytes read / time (caches dropped, each from a save
@@ -62,6 +64,8 @@ int main(int argc, char** argv) {
   app.add_option("--fio-write-mbps", fio_w, "fio's sequential write rate on the same filesystem");
   app.add_option("--fio-read-mbps", fio_r, "fio's sequential read rate on the same filesystem");
   app.add_option("--torch-load-mbps", torch_load, "torch.load's rate for the same bytes, caches dropped (the loads' peer)");
+  int64_t budget = 0;
+  app.add_option("--staging-budget", budget, "CheckpointOptions::staging_budget_bytes of the budgeted save (0: a quarter of a rank's state)");
   int writer_nice = 0, writer_threads = 1;
   std::string codec_name = "raw";
   app.add_option("--writer-nice", writer_nice, "CheckpointOptions::writer_nice (the writer thread's priority)");
@@ -124,20 +128,39 @@ int main(int argc, char** argv) {
   for (int i = 0; i < k; ++i) Step(*e, per_group);
   const double busy = bench::MaxOverRanks(Now() - t) / k;
   Status w = ck->Wait();
-  // SaveAsync's own time and the next step's wait for the writer's copy (StateView::hold).
+  // SaveAsync's own time and the next steps' waits for the capture (the engine's copy thread).
   const double stall = bench::MaxOverRanks(ck->last_stats().stall_seconds);
-  // The same save with the view's hold cleared: SaveAsync copies while training waits (the peer
-  // design, and zrt's before the writer made the copy).
+  const double staged = bench::MaxOverRanks(static_cast<double>(ck->last_stats().staging_bytes));
+  // The same save of a view without its owner: SaveAsync copies while training waits (the peer
+  // design, and zrt's before the owner's thread made the copy).
   double stall_at_save = 0;
   {
     Step(*e, per_group);
     comm->Barrier().IgnoreError();
     StateView v = e->state_view();
-    v.hold = nullptr;
-    v.settle = nullptr;
+    v.owner = nullptr;  // every buffer is host memory here
     (void)ck->SaveAsync(v);
     stall_at_save = bench::MaxOverRanks(ck->last_stats().stall_seconds);
     (void)ck->Wait();
+  }
+  // With a staging budget: the chunk buffers stay within it, and the steps wait where the copy waits
+  // for the disk.
+  if (budget <= 0) budget = std::max<int64_t>(bytes / 4, int64_t{16} << 20);
+  double stall_budget = 0, staged_budget = 0, busy_budget = 0;
+  {
+    CheckpointOptions cb = co;
+    cb.staging_budget_bytes = budget;
+    auto ckb = Checkpointer::Create(comm.get(), &dev, cb).value();
+    Step(*e, per_group);
+    comm->Barrier().IgnoreError();
+    (void)ckb->SaveAsync(e->state_view());
+    t = Now();
+    for (int i = 0; i < k; ++i) Step(*e, per_group);
+    busy_budget = bench::MaxOverRanks(Now() - t) / k;
+    Status wb = ckb->Wait();
+    if (!wb.ok() && w.ok()) w = wb;
+    stall_budget = bench::MaxOverRanks(ckb->last_stats().stall_seconds);
+    staged_budget = bench::MaxOverRanks(static_cast<double>(ckb->last_stats().staging_bytes));
   }
   const double write_s = bench::MaxOverRanks(ck->last_stats().write_seconds);
   const double total_bytes = bench::SumOverRanks(static_cast<double>(ck->last_stats().stored_bytes));
@@ -189,7 +212,10 @@ int main(int argc, char** argv) {
     std::printf("bench/checkpoint: %.0fM bf16 parameters + Adam, stage 3, %d ranks, %s per rank of fp32 state, %s, %d writer "
                 "thread(s) per rank\n", params / 1e6, n, FormatBytes(bytes).c_str(), codec_name.c_str(), writer_threads);
     std::printf("  stall per save      %8.4f s   (copied at SaveAsync instead: %.4f s)   memcpy of the same bytes %8.3f s   "
-                "ratio %.2f (target <= 1.2)\n", stall, stall_at_save, memcpy_s, stall / memcpy_s);
+                "ratio %.2f (target <= 1.2); staging %s per rank\n", stall, stall_at_save, memcpy_s, stall / memcpy_s,
+                FormatBytes(static_cast<int64_t>(staged)).c_str());
+    std::printf("  with a budget of %s: stall per save %8.4f s, staging %s per rank, steps %.3f s with the save in flight\n",
+                FormatBytes(budget).c_str(), stall_budget, FormatBytes(static_cast<int64_t>(staged_budget)).c_str(), busy_budget);
     const double wmb = total_bytes / write_s / 1e6;
     std::printf("  background write    %8.0f MB/s (all ranks; %.0f MB/s of state before compression, %.3f s)   fio seq write %8.0f MB/s   "
                 "ratio %.2f (target >= 0.85)%s\n", wmb, state_bytes / write_s / 1e6, write_s, fio_w, fio_w > 0 ? wmb / fio_w : 0.0,
@@ -201,6 +227,10 @@ int main(int argc, char** argv) {
                 "(caches dropped)\n", n, n, lmb, n, rmb, fio_r, torch_load);
     bench::PrintResult("checkpoint", "stall per save", stall, "s", memcpy_s, "memcpy s");
     bench::PrintResult("checkpoint", "stall per save, copied at SaveAsync", stall_at_save, "s", memcpy_s, "memcpy s");
+    bench::PrintResult("checkpoint", "stall per save, staging budget " + FormatBytes(budget), stall_budget, "s", memcpy_s, "memcpy s");
+    bench::PrintResult("checkpoint", "peak staging per rank", staged / 1048576.0, "MiB", bytes / 1048576.0, "state per rank MiB");
+    bench::PrintResult("checkpoint", "peak staging per rank, budget " + FormatBytes(budget), staged_budget / 1048576.0, "MiB",
+                       bytes / 1048576.0, "state per rank MiB");
     bench::PrintResult("checkpoint", "background write", wmb, "MB/s", fio_w, "fio seq write MB/s");
     bench::PrintResult("checkpoint", "step with save in flight", busy, "s", plain, "step without save s");
     bench::PrintResult("checkpoint", "load N->N", lmb, "MB/s", fio_r, "fio seq read MB/s", torch_load, "torch.load MB/s");

@@ -2,10 +2,10 @@
 // checkpoints of state that lives on NVMe (ZeRO-Infinity: fp32 master, Adam moments and the bf16
 // parameter shards in swap files), stage 3, to disk (SaveAsync) and to the memory tier
 // (SaveToMemory, on --shm), two ways each, in interleaved rounds:
-//   handed over   the default: the save snapshots nothing, the next step hands every sub-group to
-//                 the writer (or the tier) before updating it (StateView::defer)
-//   read at once  the view's defer cleared: the save reads the state from the swap files before
-//                 returning (what a save of NVMe state cost before)
+//   handed over   the default: the save's capture takes nothing at once, the next step hands every
+//                 sub-group to the writer (or the tier) before updating it (the optimizer store's capture)
+//   read at once  the save's capture settled at once (StateView::Settle): the state is read from the
+//                 swap files before training goes on (what a save of NVMe state cost before)
 // Per way: the save's stall and the next step's time beside a step without a save (what training
 // waits for; for the disk beside the save's bytes at fio's sequential write rate: the disk time of an
 // extra write stream where the swap files and the checkpoints share the disk), and when the save is
@@ -77,10 +77,10 @@ int main(int argc, char** argv) {
     for (int i = 0; i < 4; ++i) {
       const int to = i / 2, w = i % 2;
       StateView v = e->state_view();
-      if (w == 1) v.defer = nullptr;
       comm->Barrier().IgnoreError();
       const double t0 = Now();
       Status s = to == 0 ? ck->SaveAsync(v) : ck->SaveToMemory(v);
+      if (s.ok() && w == 1) s = v.Settle();
       const double t1 = Now();
       bench::Step(*e, per_group);
       const double t2 = Now();

@@ -8,13 +8,13 @@
 //   ck->Wait();  // collective; commits now: the checkpoint becomes complete, `latest` moves, retention runs
 //
 // `host` is where the snapshot is staged: host memory (a CpuDevice, or a HostMemory, pinned in CUDA
-// builds so device-to-host copies run at full speed). The state is copied into it by the writer
-// thread when its owner holds its next change until the copy is done (StateView::hold: the engine's
-// next Step waits there only for what is left of the copy) and every buffer is host memory or may be
-// read from another thread (StateBuffer::concurrent_read); otherwise by SaveAsync, while training waits.
-// State on NVMe is not copied: the owner's next step hands it to the writer before changing it
-// (StateView::defer; docs/resume.md "Saving NVMe-offloaded state"); a Wait() or SaveAsync before that
-// step has it streamed at once.
+// builds so device-to-host copies run at full speed); it must outlive the checkpointer. A save is a
+// capture of the view (core/state_view.h): the owner streams its state into chunk buffers on a
+// thread of its own (state on NVMe: as its next step streams it through host memory), a writer thread
+// writes each chunk as it fills, and the owner's next change of a part waits only for that part to be
+// copied. CheckpointOptions::staging_budget_bytes bounds the chunk buffers (by default the whole state
+// may be staged, so the copy runs at memory speed); with a budget the owner's next change runs at the
+// writer's pace at worst. A Wait() or SaveAsync before that step has NVMe state streamed at once.
 //
 // Create repairs the root (commit.h RepairRoot: dead saves and deletions removed, `latest` and
 // retention brought up to date after a kill). Policy for a SaveAsync while a save is in flight: it first waits for and commits that save (never
@@ -27,13 +27,9 @@
 // does no collective communication.
 #pragma once
 
-#include <atomic>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -46,9 +42,7 @@
 #include "zrt/offload/io_options.h"
 
 namespace zrt {
-class IoEngine;
 class IoHooks;
-class ThreadPool;
 }  // namespace zrt
 
 namespace zrt::ckpt {
@@ -71,6 +65,10 @@ struct CheckpointOptions {
   // encoder threads beside it (the writer then only issues the I/O). More than 1 pays with
   // compression on (zstd runs at a few hundred MB/s per core); the files are the same either way.
   int writer_threads = 1;
+  // The most bytes of host memory a disk save stages this rank's state in (chunk buffers, reused from
+  // save to save; at least a few chunks). 0: no bound (the whole state when the writer lags: the
+  // owner's next step never waits for the disk). A budget trades memory for that wait.
+  int64_t staging_budget_bytes = 0;
   // The memory tier (memory_tier.h): when set, SaveToMemory snapshots into node-local memory with a
   // replica on a peer, and Resume looks there first.
   std::optional<MemoryTierOptions> memory;
@@ -86,6 +84,7 @@ struct SaveStats {
                                   // known at the commit, as stored_bytes
   int64_t raw_bytes = 0;          // this rank's state bytes
   int64_t stored_bytes = 0;       // after compression
+  int64_t staging_bytes = 0;      // the most host memory the save staged the state in at once (at the commit)
   std::string dir;                // the committed directory (empty if not committed)
 };
 
@@ -96,6 +95,9 @@ class Checkpointer {
   // directory, removed by the next Create).
   ~Checkpointer();
 
+  // Collective: a disk checkpoint of `state` (its counters and trainer_state); training waits only for
+  // the capture to start and, later, for parts still being copied (see above). Commits the previous
+  // save first.
   Status SaveAsync(const StateView& state, const nlohmann::json& trainer_state = nlohmann::json::object());
   // Collective: a memory-tier snapshot of `state` (CheckpointOptions::memory must be set), typically
   // every step or few; the disk saves keep their own cadence. Training waits for the copy into the
@@ -109,50 +111,22 @@ class Checkpointer {
   Status Poll();
   // Collective: waits for the pending save's writes (disk and memory tier) and commits them.
   Status Wait();
-  bool in_flight() const { return pending_; }
-  // The last save's figures; while it is pending, stall_seconds includes what the owner has waited at
-  // its hold so far (read it before the next SaveAsync, or after Wait, for the whole of it).
-  SaveStats last_stats() const {
-    SaveStats s = stats_;
-    if (pending_) s.stall_seconds += held_->load();
-    return s;
-  }
+  bool in_flight() const;
+  // The last save's figures; while it is pending, stall_seconds includes what the owner has waited for
+  // its capture so far (read it before the next SaveAsync, or after Wait, for the whole of it).
+  SaveStats last_stats() const;
   // The memory tier's figures; null without one.
-  const MemoryTierStats* memory_stats() const { return tier_ ? &tier_->stats() : nullptr; }
-  const CheckpointOptions& options() const { return o_; }
+  const MemoryTierStats* memory_stats() const;
+  const CheckpointOptions& options() const;
 
  private:
   friend struct internal::CheckpointerTesting;
-  struct Job;
-  Checkpointer(Communicator* comm, Device* device, const CheckpointOptions& o);
+  struct Impl;
+  explicit Checkpointer(std::unique_ptr<Impl> impl);
   // `hooks` (tests only) inject I/O and durability failures.
   static Result<std::unique_ptr<Checkpointer>> Create(Communicator* comm, Device* device, const CheckpointOptions& o,
                                                       IoHooks* hooks);
-  Status Commit();
-  Status PollDisk();
-  void WriterLoop();
-  Status CopySnapshot(Job& job);
-  Status WriteFiles(Job& job);
-
-  Communicator* comm_;
-  Device* device_;
-  CheckpointOptions o_;
-  std::unique_ptr<IoEngine> io_;
-  std::unique_ptr<ThreadPool> encoders_;  // writer_threads of them; null for 1
-  std::unique_ptr<MemoryTier> tier_;
-  DeviceBuffer staging_;  // reused: this rank's shards, snapshotted
-  std::unique_ptr<Job> job_;
-  bool pending_ = false;  // a save awaits commit
-  SaveStats stats_;
-  // What owners waited at StateView::hold for the writer's copies (shared: a hold may run after this
-  // checkpointer is gone).
-  std::shared_ptr<std::atomic<double>> held_ = std::make_shared<std::atomic<double>>(0.0);
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool has_work_ = false, work_done_ = false, stop_ = false;
-  Status work_status_;
-  std::thread writer_;
+  std::unique_ptr<Impl> impl_;
 };
 
 // Preemption: after InstallPreemptionHandler(), SIGTERM or SIGUSR1 sets a process-wide flag (the one

@@ -54,9 +54,7 @@ class CommitTest : public ::testing::TestWithParam<int> {
       ASSIGN_OR_RETURN(auto io, IoEngine::Create({}, comm.rank() == 0 ? leader_hooks : nullptr));
       const SaveDir save = SaveDirFor(root_.string(), step, nonce);
       Status local = BeginSave(save);
-      ShardState shard;
-      for (const StateGroup& g : state.view.groups) shard.push_back(g.buffers);
-      if (local.ok()) local = WriteShard(*io, save.tmp, m, comm.rank(), shard);
+      if (local.ok()) local = WriteShard(*io, save.tmp, m, comm.rank(), state.view);
       if (local.ok() && comm.rank() == 0) local = PublishFile(*io, save.tmp, kManifestFile, EncodeManifest(m));
       if (comm.rank() == fail_rank) local = IoError("injected failure on rank ", fail_rank);
       Status s = Commit(&comm, local, save, retention, *io);

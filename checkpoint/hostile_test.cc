@@ -11,6 +11,7 @@
 #include <random>
 
 #include "tests/support/reference.h"
+#include "tests/support/resident_owner.h"
 #include "tests/support/synthetic_state.h"
 #include "zrt/checkpoint/catalog.h"
 #include "zrt/checkpoint/checkpointer.h"
@@ -80,10 +81,11 @@ class HostileTest : public ::testing::Test {
     std::vector<int> restored(kRanks, 0);
     Status s = RunLoopbackRanks(kRanks, [&](Communicator& comm) -> Status {
       testing::SyntheticState target(testing::SmallModel(), kRanks, comm.rank(), 8, false);
-      target.view.restore = [&](const StateCounters& c) {
+      testing::ResidentOwner owner(&target.view, [&](const StateCounters& c) {
         restored[static_cast<size_t>(comm.rank())] = static_cast<int>(c.step);
         return Status();
-      };
+      });
+      target.view.owner = &owner;
       auto r = Resume(&comm, root_.string(), target.view);
       codes[static_cast<size_t>(comm.rank())] = r.status().code();
       if (!r.ok()) return Status();

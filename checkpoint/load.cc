@@ -357,7 +357,7 @@ Status TensorReader::Plan(const std::string& name, const std::string& kind, int6
 void TensorReader::StartReadAhead(int64_t window_bytes) { impl_->src->Start(window_bytes); }
 
 Result<LoadResult> Load(const std::string& dir, const StateView& target, const LoadOptions& options) {
-  if (target.settle) target.settle();  // a snapshot still copying from the buffers ends before they change
+  RETURN_IF_ERROR(target.Settle(), "loading checkpoint");  // a capture still reading the buffers ends before they change
   ASSIGN_OR_RETURN(CheckpointDir cd, CheckpointDir::Open(dir), "loading checkpoint");
   ASSIGN_OR_RETURN(Manifest m, ReadManifest(cd), "loading checkpoint");
   ASSIGN_OR_RETURN(std::vector<ShardLayout> saved, SavedLayouts(m), "loading checkpoint");
@@ -415,7 +415,9 @@ Result<LoadResult> Load(const std::string& dir, const StateView& target, const L
     const int rank = tg.layout.world_size() == 1 ? 0 : target.rank;
     for (const StateBuffer& b : tg.buffers) {
       if (b.dtype != DType::kF32) return InvalidArgumentError("load: state '", b.kind, "' must be f32");
-      if (!b.resident() && !b.write) return InvalidArgumentError("load: state '", b.kind, "' of group '", tg.name, "' is not resident and has no write");
+      if (!b.resident() && target.owner == nullptr) {
+        return InvalidArgumentError("load: state '", b.kind, "' of group '", tg.name, "' is not resident and the view has no owner");
+      }
       std::vector<Source>& list = sources[gi].emplace_back();
       if (options.params_only && b.kind != "master") continue;
       for (const ShardPiece& p : tg.layout.RankPieces(rank)) {
@@ -507,7 +509,7 @@ Result<LoadResult> Load(const std::string& dir, const StateView& target, const L
         }
         return Status();
       };
-      RETURN_IF_ERROR(FillStateBuffer(b, tg.name, fill));
+      RETURN_IF_ERROR(FillStateBuffer(target, static_cast<int>(gi), static_cast<int>(bi), fill));
     }
   }
   r.counters = {m.step, m.loss_scale, m.scaler_good_steps, m.scaler_hysteresis_left, m.engine_state.dump()};

@@ -14,6 +14,7 @@ Result<CheckpointOptions> CheckpointOptionsFromJson(const nlohmann::json& j, con
   RETURN_IF_ERROR(r.Read("keep_every", &o.keep_every));
   RETURN_IF_ERROR(r.Read("writer_nice", &o.writer_nice));
   RETURN_IF_ERROR(r.Read("writer_threads", &o.writer_threads));
+  RETURN_IF_ERROR(r.Read("staging_budget_bytes", &o.staging_budget_bytes));
   {
     ASSIGN_OR_RETURN(JsonReader c, r.Child("compression"));
     RETURN_IF_ERROR(c.Read<Codec>("codec", &o.compression.codec, ParseCodec));
@@ -43,6 +44,7 @@ Result<CheckpointOptions> CheckpointOptionsFromJson(const nlohmann::json& j, con
   }
   if (o.keep_last < 0) return InvalidArgumentError(r.Path("keep_last"), ": must be >= 0 (0 = keep all)");
   if (o.keep_every < 0) return InvalidArgumentError(r.Path("keep_every"), ": must be >= 0 (0 = none)");
+  if (o.staging_budget_bytes < 0) return InvalidArgumentError(r.Path("staging_budget_bytes"), ": must be >= 0 (0 = no bound)");
   return o;
 }
 

@@ -8,7 +8,7 @@ namespace zrt::ckpt {
 namespace {
 
 TEST(CheckpointOptionsJson, EveryFieldIsRead) {
-  auto j = ParseJson(R"({"root": "/ckpt", "chunk_elements": 4096, "keep_last": 2, "keep_every": 1000, "writer_nice": 10, "writer_threads": 3,
+  auto j = ParseJson(R"({"root": "/ckpt", "chunk_elements": 4096, "keep_last": 2, "keep_every": 1000, "writer_nice": 10, "writer_threads": 3, "staging_budget_bytes": 268435456,
                          "compression": {"codec": "bg+zstd", "level": 3},
                          "io": {"backend": "uring", "queue_depth": 16, "block_bytes": 262144, "threads": 3}})", "test");
   ASSERT_TRUE(j.ok());
@@ -20,6 +20,7 @@ TEST(CheckpointOptionsJson, EveryFieldIsRead) {
   EXPECT_EQ(o->keep_every, 1000);
   EXPECT_EQ(o->writer_nice, 10);
   EXPECT_EQ(o->writer_threads, 3);
+  EXPECT_EQ(o->staging_budget_bytes, int64_t{268435456});
   EXPECT_EQ(o->compression.codec, Codec::kByteGroupZstd);
   EXPECT_EQ(o->compression.level, 3);
   EXPECT_EQ(o->io.backend, IoOptions::Backend::kUring);

@@ -93,7 +93,7 @@ Result<ResumeResult> Resume(Communicator* comm, const std::string& root, const S
       }
       ZRT_LOG(kInfo) << "resume: from " << what;
     }
-    if (target.restore) RETURN_IF_ERROR(target.restore(r.loaded.counters), "resume from ", what);
+    RETURN_IF_ERROR(target.Restore(r.loaded.counters), "resume from ", what);
     return r;
   }
   std::string why;

@@ -1,13 +1,14 @@
+// The shard writer and the disk save's chunk queue (shard_writer.h).
 #include "zrt/checkpoint/shard_writer.h"
 
 #include <algorithm>
 #include <cstring>
 #include <ctime>
-#include <deque>
+#include <future>
 #include <tuple>
 
+#include "zrt/checkpoint/codec.h"
 #include "zrt/checkpoint/fs_util.h"
-#include "zrt/core/device.h"
 #include "zrt/core/version.h"
 
 namespace zrt::ckpt {
@@ -49,43 +50,247 @@ Result<Manifest> ManifestFor(const StateView& state, const nlohmann::json& train
   return m;
 }
 
-ArrivingState::ArrivingState(std::vector<std::vector<int64_t>> counts, int64_t chunk_elements) : chunk_(chunk_elements) {
+// ---- ShardWriter ---------------------------------------------------------------------------------
+
+// A chunk on its way: being encoded (and checksummed), then written. Compressed chunks keep their
+// encoded bytes until written.
+struct ShardWriter::InFlight {
+  ChunkEntry entry;
+  const char* raw = nullptr;
+  std::function<void()> release;
+  std::vector<char> buf;        // the encoded bytes (compressed chunks)
+  std::future<Status> encoded;  // with encoders
+  IoHandle handle;
+  ~InFlight() {
+    if (release) release();
+  }
+};
+
+ShardWriter::ShardWriter(IoEngine& io, const std::string& dir, const Manifest& m, int shard, const ShardWriteOptions& o)
+    : io_(io), dir_(dir), m_(m), o_(o), index_(IndexOf(m, shard)) {}
+
+ShardWriter::~ShardWriter() { Abandon(); }
+
+Result<std::unique_ptr<ShardWriter>> ShardWriter::Open(IoEngine& io, const std::string& dir, const Manifest& m, int shard,
+                                                       const ShardWriteOptions& o) {
+  if (shard < 0 || shard >= m.shards) return InvalidArgumentError("shard ", shard, " of a checkpoint of ", m.shards);
+  std::unique_ptr<ShardWriter> w(new ShardWriter(io, dir, m, shard, o));
+  ASSIGN_OR_RETURN(w->layouts_, SavedLayouts(m));
+  for (size_t g = 0; g < m.groups.size(); ++g) {
+    const int64_t chunks = (w->layouts_[g].shard_size() + m.chunk_elements - 1) / m.chunk_elements;
+    w->written_.emplace_back(m.groups[g].kinds.size(), std::vector<char>(static_cast<size_t>(chunks), 0));
+  }
+  w->tmp_ = dir + "/" + w->index_.data_file + ".tmp";
+  ASSIGN_OR_RETURN(w->file_, IoFile::Open(w->tmp_, IoFile::Mode::kCreate));
+  return w;
+}
+
+Status ShardWriter::Encode(InFlight& w, std::vector<char>* scratch) const {
+  const size_t raw_bytes = static_cast<size_t>(w.entry.elements) * 4;
+  ASSIGN_OR_RETURN(w.entry.codec, EncodeChunk(w.raw, raw_bytes, 4, o_.compression, scratch, &w.buf));
+  const char* stored = w.entry.codec == Codec::kRaw ? w.raw : w.buf.data();
+  w.entry.stored_bytes = static_cast<int64_t>(w.entry.codec == Codec::kRaw ? raw_bytes : w.buf.size());
+  w.entry.xxh3 = Checksum(stored, static_cast<size_t>(w.entry.stored_bytes));
+  return Status();
+}
+
+Status ShardWriter::Write(int group, int kind, int64_t offset, int64_t count, const float* data, std::function<void()> release) {
+  auto w = std::make_unique<InFlight>();
+  w->release = std::move(release);  // called whatever happens below
+  RETURN_IF_ERROR(failed_);
+  if (group < 0 || static_cast<size_t>(group) >= written_.size() || kind < 0 ||
+      static_cast<size_t>(kind) >= written_[static_cast<size_t>(group)].size()) {
+    return InvalidArgumentError("shard ", index_.rank, ": no kind ", kind, " in group ", group);
+  }
+  const int64_t shard = layouts_[static_cast<size_t>(group)].shard_size(), chunk = m_.chunk_elements;
+  std::vector<char>& seen = written_[static_cast<size_t>(group)][static_cast<size_t>(kind)];
+  if (offset < 0 || offset % chunk != 0 || offset >= shard || count != std::min(chunk, shard - offset) || seen[static_cast<size_t>(offset / chunk)]) {
+    return InvalidArgumentError("shard ", index_.rank, ", group '", m_.groups[static_cast<size_t>(group)].name, "' ",
+                                m_.groups[static_cast<size_t>(group)].kinds[static_cast<size_t>(kind)], ": elements [", offset, ", ",
+                                offset + count, ") are not a chunk of its ", shard, " still to write");
+  }
+  seen[static_cast<size_t>(offset / chunk)] = 1;
+  w->entry = ChunkEntry{group, kind, offset, count, 0, 0, Codec::kRaw, 0};
+  w->raw = reinterpret_cast<const char*>(data);
+  if (o_.encoders == nullptr) {
+    failed_ = Encode(*w, &scratch_);
+  } else {
+    w->encoded = o_.encoders->Submit([this, p = w.get()] {
+      thread_local std::vector<char> encoder_scratch;
+      return Encode(*p, &encoder_scratch);
+    });
+  }
+  encoding_.push_back(std::move(w));
+  const size_t depth = o_.encoders != nullptr ? 2 * static_cast<size_t>(o_.encoders->workers() + 1) : 0;
+  while (failed_.ok() && encoding_.size() > depth) failed_ = Issue(16);
+  if (!failed_.ok()) Abandon();
+  return failed_;
+}
+
+Status ShardWriter::Issue(size_t in_flight) {
+  std::unique_ptr<InFlight> w = std::move(encoding_.front());
+  encoding_.pop_front();
+  if (w->encoded.valid()) RETURN_IF_ERROR(w->encoded.get());
+  ChunkEntry& c = w->entry;
+  constexpr int64_t kAlign = static_cast<int64_t>(kIoAlignment);
+  if (c.codec == Codec::kRaw) file_offset_ = (file_offset_ + kAlign - 1) / kAlign * kAlign;  // raw chunks stay O_DIRECT-able
+  c.file_offset = file_offset_;
+  index_.chunks.push_back(c);
+  const char* stored = c.codec == Codec::kRaw ? w->raw : w->buf.data();
+  ASSIGN_OR_RETURN(w->handle, io_.Write(file_, stored, static_cast<size_t>(c.stored_bytes), file_offset_));
+  window_.push_back(std::move(w));
+  file_offset_ += c.stored_bytes;
+  stored_bytes_ += c.stored_bytes;
+  return Drain(in_flight);
+}
+
+Status ShardWriter::Drain(size_t keep) {
+  while (window_.size() > keep) {
+    Status s = window_.front()->handle.Wait();
+    window_.pop_front();  // gives the chunk back
+    RETURN_IF_ERROR(s);
+  }
+  return Status();
+}
+
+void ShardWriter::Abandon() {
+  for (auto& w : encoding_) {
+    if (w->encoded.valid()) w->encoded.wait();
+  }
+  encoding_.clear();
+  while (!window_.empty()) {  // nothing may be given back while the engine still uses it
+    (void)window_.front()->handle.Wait();
+    window_.pop_front();
+  }
+}
+
+Status ShardWriter::Flush() {
+  while (failed_.ok() && !encoding_.empty()) failed_ = Issue(16);
+  if (failed_.ok()) failed_ = Drain(0);
+  if (!failed_.ok()) Abandon();
+  return failed_;
+}
+
+Status ShardWriter::Finish(ShardWriteStats* stats) {
+  RETURN_IF_ERROR(Flush());
+  for (size_t g = 0; g < written_.size(); ++g) {
+    for (size_t k = 0; k < written_[g].size(); ++k) {
+      const auto& seen = written_[g][k];
+      if (const auto it = std::find(seen.begin(), seen.end(), 0); it != seen.end()) {
+        return failed_ = InternalError("shard ", index_.rank, ", group '", m_.groups[g].name, "' ", m_.groups[g].kinds[k], ": chunk at element ",
+                                       (it - seen.begin()) * m_.chunk_elements, " was never written");
+      }
+    }
+  }
+  std::sort(index_.chunks.begin(), index_.chunks.end(), [](const ChunkEntry& a, const ChunkEntry& b) {
+    return std::tie(a.group, a.kind, a.elem_offset) < std::tie(b.group, b.kind, b.elem_offset);
+  });
+  index_.data_bytes = file_offset_;
+  RETURN_IF_ERROR(io_.Sync(file_));
+  RETURN_IF_ERROR(std::move(file_).Close());
+  RETURN_IF_ERROR(io_.FileOp("rename", tmp_));
+  RETURN_IF_ERROR(RenamePath(tmp_, dir_ + "/" + index_.data_file));
+  if (stats != nullptr) stats->stored_bytes = stored_bytes_;
+  // The index last: its presence says this rank's data is durable.
+  return WriteFileDurably(io_, dir_, IndexFileName(index_.rank), EncodeIndex(index_));
+}
+
+Status WriteShard(IoEngine& io, const std::string& dir, const Manifest& m, int shard, const StateView& state,
+                  const ShardWriteOptions& options, ShardWriteStats* stats) {
+  if (state.groups.size() != m.groups.size()) {
+    return InvalidArgumentError("shard ", shard, ": ", state.groups.size(), " groups of state for a manifest of ", m.groups.size());
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<ShardWriter> w, ShardWriter::Open(io, dir, m, shard, options));
+  CpuDevice host;  // before its buffers: destroyed after them
+  std::vector<DeviceBuffer> spare;
+  for (size_t g = 0; g < state.groups.size(); ++g) {
+    const StateGroup& sg = state.groups[g];
+    if (sg.buffers.size() != m.groups[g].kinds.size()) {
+      return InvalidArgumentError("shard ", shard, ", group '", m.groups[g].name, "': ", sg.buffers.size(), " state buffers for ",
+                                  m.groups[g].kinds.size(), " kinds");
+    }
+    for (size_t k = 0; k < sg.buffers.size(); ++k) {
+      const StateBuffer& b = sg.buffers[k];
+      for (int64_t e = 0; e < b.count; e += m.chunk_elements) {
+        const int64_t n = std::min(m.chunk_elements, b.count - e);
+        if (b.data != nullptr) {
+          RETURN_IF_ERROR(w->Write(static_cast<int>(g), static_cast<int>(k), e, n, static_cast<const float*>(b.data) + e));
+          continue;
+        }
+        if (spare.empty()) RETURN_IF_ERROR(w->Flush());  // the writes in flight give their buffers back
+        if (spare.empty()) {
+          ASSIGN_OR_RETURN(DeviceBuffer buf, host.Allocate(static_cast<size_t>(m.chunk_elements) * 4, MemCategory::kStaging, kIoAlignment));
+          spare.push_back(std::move(buf));
+        }
+        auto buf = std::make_shared<DeviceBuffer>(std::move(spare.back()));
+        spare.pop_back();
+        RETURN_IF_ERROR(state.Read(static_cast<int>(g), static_cast<int>(k), e, n, buf->as<float>()), "reading ", b.kind, " of group '",
+                        sg.name, "' at element ", e);
+        RETURN_IF_ERROR(w->Write(static_cast<int>(g), static_cast<int>(k), e, n, buf->as<float>(), [&spare, buf] { spare.push_back(std::move(*buf)); }));
+      }
+    }
+  }
+  return w->Finish(stats);
+}
+
+// ---- ChunkQueue ----------------------------------------------------------------------------------
+
+ChunkQueue::ChunkQueue(std::vector<std::vector<int64_t>> counts, int64_t chunk_elements, int64_t budget_bytes, Device* device,
+                       std::vector<DeviceBuffer> spare)
+    : chunk_(chunk_elements), device_(device), spare_(std::move(spare)) {
   size_t kinds = 0;
   for (const std::vector<int64_t>& g : counts) {
     std::vector<Filling>& f = fill_.emplace_back(g.size());
     for (size_t k = 0; k < g.size(); ++k) f[k].count = g[k];
     kinds = std::max(kinds, g.size());
   }
-  pool_max_ = 2 * kinds + 8;  // the kinds being filled, those queued, and the writes in flight
+  // A capture fills at most one chunk per kind at once (the kinds of a window), and the writer holds
+  // what it writes: with fewer buffers than that the two could wait for each other.
+  const size_t least = kinds + 2;
+  max_buffers_ = budget_bytes <= 0 ? SIZE_MAX : std::max(least, static_cast<size_t>(budget_bytes / (chunk_ * 4)));
 }
 
-Result<DeviceBuffer> ArrivingState::Acquire(std::unique_lock<std::mutex>& lock) {
+std::vector<DeviceBuffer> ChunkQueue::TakeBuffers() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Chunk& c : ready_) spare_.push_back(std::move(c.buffer));
+  ready_.clear();
+  for (auto& g : fill_) {
+    for (Filling& f : g) {
+      if (!f.buf.empty()) spare_.push_back(std::move(f.buf));
+    }
+  }
+  held_ = 0;
+  return std::move(spare_);
+}
+
+Result<DeviceBuffer> ChunkQueue::Acquire(std::unique_lock<std::mutex>& lock) {
   for (;;) {
     if (stopped_) return status_;
-    if (!free_.empty()) {
-      DeviceBuffer b = std::move(free_.back());
-      free_.pop_back();
-      return b;
-    }
-    if (allocated_ < pool_max_) {
-      ++allocated_;
+    if (held_ < max_buffers_) {
+      ++held_;
+      peak_ = std::max(peak_, held_);
+      if (!spare_.empty()) {
+        DeviceBuffer b = std::move(spare_.back());
+        spare_.pop_back();
+        return b;
+      }
       lock.unlock();
-      auto b = host_.Allocate(static_cast<size_t>(chunk_) * 4, MemCategory::kStaging, kIoAlignment);
+      auto b = device_->Allocate(static_cast<size_t>(chunk_) * 4, MemCategory::kStaging, kIoAlignment);
       lock.lock();
-      if (!b.ok()) --allocated_;
+      if (!b.ok()) --held_;
       return b;
     }
     cv_.wait(lock);
   }
 }
 
-Status ArrivingState::Put(int group, int buffer, int64_t offset, int64_t n, const float* data) {
+Status ChunkQueue::Put(int group, int buffer, int64_t offset, int64_t n, const float* data) {
   std::unique_lock<std::mutex> lock(mu_);
   if (stopped_) return status_;
   if (closed_) return FailedPreconditionError("a save's state: a part arrived after the delivery ended");
   if (group < 0 || static_cast<size_t>(group) >= fill_.size() || buffer < 0 ||
       static_cast<size_t>(buffer) >= fill_[static_cast<size_t>(group)].size()) {
-    return InvalidArgumentError("a save's state: no deferred buffer ", buffer, " in group ", group);
+    return InvalidArgumentError("a save's state: no buffer ", buffer, " in group ", group);
   }
   Filling& f = fill_[static_cast<size_t>(group)][static_cast<size_t>(buffer)];
   if (offset != f.next || n < 0 || n > f.count - f.next) {
@@ -98,7 +303,7 @@ Status ArrivingState::Put(int group, int buffer, int64_t offset, int64_t n, cons
     }
     const int64_t start = f.next / chunk_ * chunk_;
     const int64_t take = std::min(n, chunk_ - (f.next - start));
-    lock.unlock();  // only this thread touches a buffer being filled
+    lock.unlock();  // only this producer touches a buffer being filled
     std::memcpy(f.buf.as<float>() + (f.next - start), data, static_cast<size_t>(take) * 4);
     lock.lock();
     if (stopped_) return status_;
@@ -114,7 +319,12 @@ Status ArrivingState::Put(int group, int buffer, int64_t offset, int64_t n, cons
   return Status();
 }
 
-void ArrivingState::Close(const Status& status) {
+void ChunkQueue::Waited(double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  waited_ += seconds;
+}
+
+void ChunkQueue::Close(const Status& status) {
   std::lock_guard<std::mutex> lock(mu_);
   if (closed_) return;
   closed_ = true;
@@ -128,23 +338,15 @@ void ArrivingState::Close(const Status& status) {
     }
   }
   if (status_.ok()) status_ = std::move(s);
-  for (auto& g : fill_) {
-    for (Filling& f : g) f.buf = DeviceBuffer();
-  }
   cv_.notify_all();
 }
 
-bool ArrivingState::wanted() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return !stopped_ && !closed_;
-}
-
-bool ArrivingState::closed() const {
+bool ChunkQueue::closed() const {
   std::lock_guard<std::mutex> lock(mu_);
   return closed_;
 }
 
-void ArrivingState::Stop(const Status& why) {
+void ChunkQueue::Stop(const Status& why) {
   std::lock_guard<std::mutex> lock(mu_);
   if (stopped_) return;
   stopped_ = true;
@@ -152,7 +354,7 @@ void ArrivingState::Stop(const Status& why) {
   cv_.notify_all();
 }
 
-Result<std::optional<ArrivingState::Chunk>> ArrivingState::Next(bool wait) {
+Result<std::optional<ChunkQueue::Chunk>> ChunkQueue::Next(bool wait) {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     if (stopped_ || (closed_ && !status_.ok())) return status_;
@@ -166,195 +368,43 @@ Result<std::optional<ArrivingState::Chunk>> ArrivingState::Next(bool wait) {
   }
 }
 
-void ArrivingState::Release(DeviceBuffer buffer) {
+void ChunkQueue::Release(DeviceBuffer buffer) {
   std::lock_guard<std::mutex> lock(mu_);
-  free_.push_back(std::move(buffer));
+  spare_.push_back(std::move(buffer));
+  --held_;
   cv_.notify_all();
 }
 
-namespace {
-
-Status WriteShardFiles(IoEngine& io, const std::string& dir, const Manifest& m, int rank, const ShardState& state,
-                       const ShardWriteOptions& o, ShardWriteStats* stats) {
-  constexpr int64_t kAlign = static_cast<int64_t>(kIoAlignment);
-  ArrivingState* arriving = o.arriving;
-  if (state.size() != m.groups.size()) {
-    return InvalidArgumentError("shard ", rank, ": ", state.size(), " groups of state for a manifest of ", m.groups.size());
-  }
-  for (size_t g = 0; g < state.size(); ++g) {
-    if (state[g].size() != m.groups[g].kinds.size()) {
-      return InvalidArgumentError("shard ", rank, ", group '", m.groups[g].name, "': ", state[g].size(), " state buffers for ",
-                                  m.groups[g].kinds.size(), " kinds");
-    }
-    for (const StateBuffer& b : state[g]) {
-      if (b.dtype != DType::kF32) return InvalidArgumentError("shard ", rank, ": state '", b.kind, "' must be f32");
-    }
-  }
-  RankIndex index = IndexOf(m, rank);
-  const std::string tmp = dir + "/" + index.data_file + ".tmp";
-  ASSIGN_OR_RETURN(IoFile f, IoFile::Open(tmp, IoFile::Mode::kCreate));
-  CpuDevice host;  // before every buffer it hands out: destroyed after them
-  // A chunk on its way: being encoded (and checksummed), then written. Compressed chunks need their own
-  // buffers until written: a bounded window stays in flight.
-  struct InFlight {
-    ChunkEntry entry;
-    const char* raw = nullptr;
-    DeviceBuffer buffer;   // a chunk read from non-resident state, or an arriving chunk's
-    bool arrived = false;  // buffer is an arriving chunk's
-    std::vector<char> buf;  // the encoded bytes (compressed chunks)
-    std::future<Status> encoded;  // with encoders
-    IoHandle handle;
-  };
-  std::deque<std::unique_ptr<InFlight>> encoding, window;
-  const size_t encode_depth = o.encoders != nullptr ? 2 * static_cast<size_t>(o.encoders->workers() + 1) : 0;
-  std::vector<char> scratch;
-  std::vector<DeviceBuffer> spare;  // chunk buffers for non-resident state, reused once written
-  int64_t file_off = 0;
-  auto recycle = [&](InFlight& w) {
-    if (w.arrived) {
-      arriving->Release(std::move(w.buffer));
-    } else if (!w.buffer.empty()) {
-      spare.push_back(std::move(w.buffer));
-    }
-  };
-  auto drain = [&](size_t keep) -> Status {
-    while (window.size() > keep) {
-      Status s = window.front()->handle.Wait();
-      recycle(*window.front());
-      window.pop_front();
-      if (!s.ok()) {
-        while (!window.empty()) {  // nothing may be freed while the engine still uses it
-          (void)window.front()->handle.Wait();
-          window.pop_front();
-        }
-        return s;
-      }
-    }
-    return Status();
-  };
-  auto encode = [&compression = o.compression](InFlight& w, std::vector<char>* scratch_buf) -> Status {
-    const size_t raw_bytes = static_cast<size_t>(w.entry.elements) * 4;
-    ASSIGN_OR_RETURN(w.entry.codec, EncodeChunk(w.raw, raw_bytes, 4, compression, scratch_buf, &w.buf));
-    const char* stored = w.entry.codec == Codec::kRaw ? w.raw : w.buf.data();
-    w.entry.stored_bytes = static_cast<int64_t>(w.entry.codec == Codec::kRaw ? raw_bytes : w.buf.size());
-    w.entry.xxh3 = Checksum(stored, static_cast<size_t>(w.entry.stored_bytes));
-    return Status();
-  };
-  // The oldest encoded chunk, written at the end of the file (raw ones 4 KiB-aligned).
-  auto issue = [&](size_t in_flight) -> Status {
-    std::unique_ptr<InFlight> w = std::move(encoding.front());
-    encoding.pop_front();
-    if (w->encoded.valid()) RETURN_IF_ERROR(w->encoded.get());
-    ChunkEntry& c = w->entry;
-    if (c.codec == Codec::kRaw) file_off = (file_off + kAlign - 1) / kAlign * kAlign;  // raw chunks stay O_DIRECT-able
-    c.file_offset = file_off;
-    index.chunks.push_back(c);
-    const char* stored = c.codec == Codec::kRaw ? w->raw : w->buf.data();
-    ASSIGN_OR_RETURN(w->handle, io.Write(f, stored, static_cast<size_t>(c.stored_bytes), file_off));
-    window.push_back(std::move(w));
-    RETURN_IF_ERROR(drain(in_flight));
-    file_off += c.stored_bytes;
-    if (stats) stats->stored_bytes += c.stored_bytes;
-    return Status();
-  };
-  // Every chunk still being encoded is waited for (an error leaves none using its buffers).
-  auto settle = [&]() {
-    for (auto& w : encoding) {
-      if (w->encoded.valid()) w->encoded.wait();
-    }
-    encoding.clear();
-  };
-  // One chunk: encoded here or on an encoder, then issued in order.
-  auto put = [&](int g, int k, int64_t e, int64_t n, const char* raw, std::unique_ptr<InFlight> w, size_t in_flight) -> Status {
-    w->entry = ChunkEntry{g, k, e, n, 0, 0, Codec::kRaw, 0};
-    w->raw = raw;
-    if (o.encoders == nullptr) {
-      RETURN_IF_ERROR(encode(*w, &scratch));
-    } else {
-      w->encoded = o.encoders->Submit([&encode, p = w.get()] {
-        thread_local std::vector<char> encoder_scratch;
-        return encode(*p, &encoder_scratch);
-      });
-    }
-    encoding.push_back(std::move(w));
-    while (encoding.size() > encode_depth) RETURN_IF_ERROR(issue(in_flight));
-    return Status();
-  };
-  auto issue_all = [&](size_t in_flight) -> Status {
-    while (!encoding.empty()) RETURN_IF_ERROR(issue(in_flight));
-    return Status();
-  };
-  auto write_all = [&]() -> Status {
-    for (size_t g = 0; g < state.size(); ++g) {
-      for (size_t k = 0; k < state[g].size(); ++k) {
-        const StateBuffer& p = state[g][k];
-        if (p.data == nullptr && !p.read && arriving != nullptr) continue;  // below, as it arrives
-        for (int64_t e = 0; e < p.count; e += m.chunk_elements) {
-          const int64_t n = std::min(m.chunk_elements, p.count - e);
-          auto w = std::make_unique<InFlight>();
-          const char* raw = p.data == nullptr ? nullptr : static_cast<const char*>(p.data) + static_cast<size_t>(e) * 4;
-          if (raw == nullptr) {
-            if (!p.read) return InvalidArgumentError("state '", p.kind, "' of group '", m.groups[g].name, "' has neither data nor a read function");
-            if (spare.empty()) {
-              ASSIGN_OR_RETURN(w->buffer, host.Allocate(static_cast<size_t>(m.chunk_elements) * 4, MemCategory::kStaging, kIoAlignment));
-            } else {
-              w->buffer = std::move(spare.back());
-              spare.pop_back();
-            }
-            RETURN_IF_ERROR(p.read(e, n, w->buffer.data()), "reading state '", p.kind, "' of group '", m.groups[g].name, "' at element ", e);
-            raw = w->buffer.as<char>();
-          }
-          RETURN_IF_ERROR(put(static_cast<int>(g), static_cast<int>(k), e, n, raw, std::move(w), 16));
-        }
-      }
-    }
-    // Arriving chunks in the order they fill; when none is ready, the chunks on their way finish first
-    // (their buffers go back to the pool the owner's thread may be waiting on).
-    while (arriving != nullptr) {
-      ASSIGN_OR_RETURN(std::optional<ArrivingState::Chunk> c, arriving->Next(false));
-      if (!c) {
-        RETURN_IF_ERROR(issue_all(8));
-        RETURN_IF_ERROR(drain(0));
-        ASSIGN_OR_RETURN(c, arriving->Next(true));
-        if (!c) break;
-      }
-      if (c->group < 0 || static_cast<size_t>(c->group) >= state.size() || c->kind < 0 ||
-          static_cast<size_t>(c->kind) >= state[static_cast<size_t>(c->group)].size()) {
-        return InternalError("an arriving chunk names group ", c->group, " buffer ", c->kind, " of a shard without it");
-      }
-      auto w = std::make_unique<InFlight>();
-      w->arrived = true;
-      w->buffer = std::move(c->buffer);
-      const char* raw = w->buffer.as<char>();
-      RETURN_IF_ERROR(put(c->group, c->kind, c->offset, c->count, raw, std::move(w), 8));
-    }
-    RETURN_IF_ERROR(issue_all(16));
-    RETURN_IF_ERROR(drain(0));
-    std::sort(index.chunks.begin(), index.chunks.end(), [](const ChunkEntry& a, const ChunkEntry& b) {
-      return std::tie(a.group, a.kind, a.elem_offset) < std::tie(b.group, b.kind, b.elem_offset);
-    });
-    return Status();
-  };
-  if (Status s = write_all(); !s.ok()) {
-    settle();
-    (void)drain(0);
-    return s;
-  }
-  index.data_bytes = file_off;
-  RETURN_IF_ERROR(io.Sync(f));
-  RETURN_IF_ERROR(std::move(f).Close());
-  RETURN_IF_ERROR(io.FileOp("rename", tmp));
-  RETURN_IF_ERROR(RenamePath(tmp, dir + "/" + index.data_file));
-  // The index last: its presence says this rank's data is durable.
-  return WriteFileDurably(io, dir, IndexFileName(rank), EncodeIndex(index));
+double ChunkQueue::waited() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return waited_;
 }
 
-}  // namespace
+int64_t ChunkQueue::peak_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int64_t>(peak_) * chunk_ * 4;
+}
 
-Status WriteShard(IoEngine& io, const std::string& dir, const Manifest& m, int rank, const ShardState& state,
-                  const ShardWriteOptions& options, ShardWriteStats* stats) {
-  Status s = WriteShardFiles(io, dir, m, rank, state, options, stats);
-  if (!s.ok() && options.arriving != nullptr) options.arriving->Stop(s);  // the owner's thread stops waiting to deliver
+// The chunks in the order they fill; when none is ready, the ones on their way finish first (their
+// buffers go back to the queue the owner may be waiting on).
+Status WriteQueuedShard(IoEngine& io, const std::string& dir, const Manifest& m, int shard, ChunkQueue& queue,
+                        const ShardWriteOptions& options, ShardWriteStats* stats) {
+  Status s = [&]() -> Status {
+    ASSIGN_OR_RETURN(std::unique_ptr<ShardWriter> w, ShardWriter::Open(io, dir, m, shard, options));
+    for (;;) {
+      ASSIGN_OR_RETURN(std::optional<ChunkQueue::Chunk> c, queue.Next(false));
+      if (!c) {
+        RETURN_IF_ERROR(w->Flush());
+        ASSIGN_OR_RETURN(c, queue.Next(true));
+        if (!c) break;
+      }
+      auto buffer = std::make_shared<DeviceBuffer>(std::move(c->buffer));
+      RETURN_IF_ERROR(w->Write(c->group, c->kind, c->offset, c->count, buffer->as<float>(),
+                               [&queue, buffer] { queue.Release(std::move(*buffer)); }));
+    }
+    return w->Finish(stats);
+  }();
+  if (!s.ok()) queue.Stop(s);
   return s;
 }
 

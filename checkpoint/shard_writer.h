@@ -1,10 +1,17 @@
 // Writes one shard's data file and index into a checkpoint directory (the per-rank half of a save).
-// Used by the Checkpointer's background thread and by the offline tools (reshard, import). No
-// communication.
+// Used by the Checkpointer's writer thread (fed by a ChunkQueue, the disk save's sink of a capture) and
+// by the offline tools (reshard, import: chunks pulled from their sources). No communication.
+//
+// File protocol: chunks are written to rank-r.data.tmp as they come (any order; raw chunks 4 KiB-
+// aligned so they stay O_DIRECT-able), then fsync, rename to rank-r.data, and the index written last,
+// durably: its presence says the rank's data is durable. Durability steps ask the IoEngine's hooks.
 #pragma once
 
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -19,12 +26,6 @@
 
 namespace zrt::ckpt {
 
-// This shard's state: state[g][k] holds the shard's elements of manifest group g, kind k (fp32). A
-// buffer's data must stay valid until WriteShard returns; 4 KiB-aligned data lets raw chunks go
-// O_DIRECT. State that is not resident (NVMe offload) has no data and a `read`, asked for one chunk at
-// a time (memory stays O(chunk)).
-using ShardState = std::vector<std::vector<StateBuffer>>;
-
 struct ShardWriteStats {
   int64_t stored_bytes = 0;
 };
@@ -34,24 +35,85 @@ struct ShardWriteStats {
 Result<Manifest> ManifestFor(const StateView& state, const nlohmann::json& trainer_state, int64_t chunk_elements,
                              const std::string& nonce);
 
-// The buffers a StateView defers (StateView::defer: NVMe state its owner hands over during its next
-// step, before changing it), arriving while their shard is written. The owner's thread Puts parts,
-// copied into chunk buffers from a bounded pool (2 x kinds + 8 chunks); Put waits while every buffer
-// is full and queued or being written, so the step runs at the writer's pace at worst. WriteShard
-// takes the chunks in the order they fill, one buffer's parts in order of offset.
-// Thread-safe: one putting thread, the writer, and the save's owner (Stop).
-class ArrivingState final : public StateSink {
+struct ShardWriteOptions {
+  CompressOptions compression;
+  // Encode (compress) and checksum chunks on these threads too, several chunks at a time (null: on the
+  // calling thread only). The file is the same either way.
+  ThreadPool* encoders = nullptr;
+};
+
+// One shard's files, written chunk by chunk. Not thread-safe (one caller, typically a writer thread).
+class ShardWriter {
  public:
-  // counts[g][k]: the elements of group g's buffer k that arrive (0: none arrive, it is not deferred).
-  ArrivingState(std::vector<std::vector<int64_t>> counts, int64_t chunk_elements);
+  // Creates dir/rank-r.data.tmp for shard `shard` of the checkpoint `m` describes.
+  static Result<std::unique_ptr<ShardWriter>> Open(IoEngine& io, const std::string& dir, const Manifest& m, int shard,
+                                                   const ShardWriteOptions& options = {});
+  // Waits for every write in flight (giving each chunk back); an unfinished file keeps its temp name.
+  ~ShardWriter();
+  ShardWriter(const ShardWriter&) = delete;
+  ShardWriter& operator=(const ShardWriter&) = delete;
+
+  // Chunk elements [offset, offset + count) of (group, kind): offset a multiple of the manifest's
+  // chunk_elements, count the chunk's full size (the last one of a shard may be short). `data` (fp32,
+  // 4 KiB-aligned for raw writes to go O_DIRECT) must stay valid until `release` is called, on this
+  // thread, once the chunk is written or the writer gives up on it. Each chunk once, in any order.
+  Status Write(int group, int kind, int64_t offset, int64_t count, const float* data, std::function<void()> release = {});
+  // Every chunk given so far is written and released.
+  Status Flush();
+  // Every chunk of the shard was written: fsync, rename, then the index. `stats` gets the stored bytes.
+  Status Finish(ShardWriteStats* stats = nullptr);
+
+ private:
+  struct InFlight;
+  ShardWriter(IoEngine& io, const std::string& dir, const Manifest& m, int shard, const ShardWriteOptions& o);
+  Status Encode(InFlight& w, std::vector<char>* scratch) const;
+  Status Issue(size_t in_flight);  // the oldest encoded chunk, written at the end of the file
+  Status Drain(size_t keep);       // waits for writes until `keep` are in flight
+  void Abandon();                  // every chunk on its way waited for and released (after an error)
+
+  IoEngine& io_;
+  std::string dir_;
+  const Manifest& m_;
+  ShardWriteOptions o_;
+  std::vector<ShardLayout> layouts_;
+  RankIndex index_;
+  std::string tmp_;
+  IoFile file_;
+  std::deque<std::unique_ptr<InFlight>> encoding_, window_;
+  std::vector<char> scratch_;
+  std::vector<std::vector<std::vector<char>>> written_;  // [group][kind][chunk]: given once
+  int64_t file_offset_ = 0;
+  int64_t stored_bytes_ = 0;
+  Status failed_;
+};
+
+// Writes shard `shard` of `state` (its resident buffers where they are, others through the view's
+// Read, a chunk at a time: memory stays O(chunk)), synchronously on this thread: tools and tests.
+Status WriteShard(IoEngine& io, const std::string& dir, const Manifest& m, int shard, const StateView& state,
+                  const ShardWriteOptions& options = {}, ShardWriteStats* stats = nullptr);
+
+// The disk save's sink of a capture (core/state_view.h): each part is copied into chunk buffers
+// (chunk-aligned within its buffer) that the writer thread takes as they fill (Next), writes, and
+// gives back (Release). The buffers come from `spare` (the Checkpointer takes them back after the save,
+// TakeBuffers, and hands them to the next: memory is touched once) or are allocated from `device`
+// (which must outlive the queue), at most `budget_bytes` of them at once
+// (0: no bound, the whole state if the writer lags; never fewer than the kinds + 2 chunks a capture
+// can fill at once): Put waits for a buffer, so with a budget the owner's next change runs at the
+// writer's pace at worst. Thread-safe: the capture's producers, the writer thread, and the save's
+// owner (Stop).
+class ChunkQueue final : public StateSink {
+ public:
+  // counts[g][k]: the shard elements of group g's kind k.
+  ChunkQueue(std::vector<std::vector<int64_t>> counts, int64_t chunk_elements, int64_t budget_bytes, Device* device,
+             std::vector<DeviceBuffer> spare);
+
   Status Put(int group, int buffer, int64_t offset, int64_t n, const float* data) override;
+  void Waited(double seconds) override;
   void Close(const Status& status) override;
-  bool wanted() const override;
   // The save gives up (its writer failed, or its Checkpointer is going away): Put fails at once from
   // now on and Next returns `why`.
   void Stop(const Status& why);
-  // The delivery ended (Close), well or not.
-  bool closed() const;
+  bool closed() const;  // the delivery ended (Close), well or not
 
   struct Chunk {
     int group = 0, kind = 0;
@@ -59,44 +121,39 @@ class ArrivingState final : public StateSink {
     DeviceBuffer buffer;  // chunk_elements x 4 bytes, 4 KiB-aligned; give it back with Release
   };
   // A filled chunk, or nullopt when none is filled yet (`wait` = false) or, waiting, once every part
-  // arrived and was taken; an error if the delivery stopped or the save was stopped.
+  // arrived and was taken; an error if the delivery or the save stopped.
   Result<std::optional<Chunk>> Next(bool wait);
   void Release(DeviceBuffer buffer);
+  double waited() const;       // what the owner waited for this capture (Waited)
+  int64_t peak_bytes() const;  // the most chunk buffers' bytes held at once
+  // Every buffer the queue holds, for the next save (once the writer gave its chunks back).
+  std::vector<DeviceBuffer> TakeBuffers();
 
  private:
   struct Filling {
-    int64_t count = 0;  // elements that arrive
+    int64_t count = 0;  // the buffer's elements
     int64_t next = 0;   // the next offset expected
-    DeviceBuffer buf;   // the chunk being filled (from chunk_start = next rounded down)
+    DeviceBuffer buf;   // the chunk being filled (from next rounded down to a chunk)
   };
   Result<DeviceBuffer> Acquire(std::unique_lock<std::mutex>& lock);
 
-  CpuDevice host_;  // before every buffer: destroyed after them
   const int64_t chunk_;
-  size_t pool_max_ = 0, allocated_ = 0;
+  Device* device_;
+  std::vector<DeviceBuffer> spare_;
+  size_t max_buffers_ = 0, held_ = 0, peak_ = 0;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::vector<Filling>> fill_;
-  std::vector<DeviceBuffer> free_;
   std::deque<Chunk> ready_;
-  bool closed_ = false;
+  bool closed_ = false, stopped_ = false;
   Status status_;  // the delivery's (Close), or Stop's
-  bool stopped_ = false;
+  double waited_ = 0;
 };
 
-struct ShardWriteOptions {
-  CompressOptions compression;
-  // Encode (compress) and checksum chunks on these threads too, several chunks at a time (null: on the
-  // calling thread only). The file is the same either way.
-  ThreadPool* encoders = nullptr;
-  // Supplies the buffers of `state` that have neither data nor a read (their chunks are written as
-  // they fill, after the others); a failed write stops it.
-  ArrivingState* arriving = nullptr;
-};
-
-// dir/rank-r.data (temp name, fsync, rename) then dir/rank-r.index.json (written last, durably: its
-// presence says the rank's data is durable). Durability steps ask io's hooks.
-Status WriteShard(IoEngine& io, const std::string& dir, const Manifest& m, int rank, const ShardState& state,
-                  const ShardWriteOptions& options = {}, ShardWriteStats* stats = nullptr);
+// The disk save's writer: shard `shard` written from `queue` chunk by chunk as they fill, until the
+// delivery ends; then the files are finished. A failure stops the queue (the owner stops putting and
+// never waits for buffers again). `m` must outlive the call.
+Status WriteQueuedShard(IoEngine& io, const std::string& dir, const Manifest& m, int shard, ChunkQueue& queue,
+                        const ShardWriteOptions& options = {}, ShardWriteStats* stats = nullptr);
 
 }  // namespace zrt::ckpt

@@ -1,8 +1,11 @@
-// WriteShard: every chunk of resident, streamed (read-function) and arriving (ArrivingState) state
-// reads back through files.h with its checksum, raw and compressed; raw chunks stay 4 KiB-aligned;
-// encoder threads write the same file; the index is written last, so a failed fsync or rename (or a
-// delivery that stops) leaves no index and no final data file; a delivery waiting for buffers stops
-// when the save does.
+// The shard writer: every chunk of resident and owner-read state reads back through files.h with its
+// checksum, raw and compressed; raw chunks stay 4 KiB-aligned; encoder threads write the same file;
+// the index is written last, so a failed fsync or rename (or a delivery that stops) leaves no index and
+// no final data file; each chunk is taken once and a missing one fails the shard. The disk save's
+// chunk queue: state put from another thread in parts that straddle chunks is written as it fills
+// (WriteQueuedShard, the save's writer), out-of-order parts are refused, a delivery that ends early
+// fails the write, a budget bounds the buffers, and a delivery waiting for buffers stops when the save
+// does.
 #include "zrt/checkpoint/shard_writer.h"
 
 #include <gtest/gtest.h>
@@ -23,6 +26,24 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// exp_avg reached through the owner (as device memory or NVMe state is): element e is -e; reads counted.
+class Streamed final : public StateOwner {
+ public:
+  explicit Streamed(int* reads) : reads_(reads) {}
+  Status Read(int, int, int64_t off, int64_t n, float* out) override {
+    for (int64_t i = 0; i < n; ++i) out[i] = -static_cast<float>(off + i);
+    ++*reads_;
+    return Status();
+  }
+  Status Capture(std::shared_ptr<StateSink>) override { return FailedPreconditionError("not captured here"); }
+  Status Settle() override { return Status(); }
+  Status Write(int, int, int64_t, int64_t, const float*) override { return FailedPreconditionError("read only"); }
+  Status Restore(const StateCounters&) override { return Status(); }
+
+ private:
+  int* reads_;
+};
+
 class ShardWriterTest : public ::testing::TestWithParam<Codec> {
  protected:
   void SetUp() override {
@@ -38,15 +59,13 @@ class ShardWriterTest : public ::testing::TestWithParam<Codec> {
     for (size_t i = 0; i < master_.size(); ++i) master_[i] = static_cast<float>(i % 97) * 0.25f;  // compressible
   }
   void TearDown() override { fs::remove_all(dir_); }
-  ShardState State() {
-    StateBuffer streamed{"exp_avg", DType::kF32, nullptr, layout_.shard_size(), {}, {}};
-    streamed.read = [this](int64_t off, int64_t n, void* out) {
-      float* f = static_cast<float*>(out);
-      for (int64_t i = 0; i < n; ++i) f[i] = -static_cast<float>(off + i);
-      ++reads_;
-      return Status();
-    };
-    return {{{"master", DType::kF32, master_.data(), layout_.shard_size()}, std::move(streamed)}};
+  // master resident, exp_avg through the owner.
+  StateView State() {
+    StateView v;
+    v.owner = &streamed_;
+    v.groups.push_back({"g", {}, layout_, {{"master", DType::kF32, master_.data(), layout_.shard_size()},
+                                           {"exp_avg", DType::kF32, nullptr, layout_.shard_size()}}});
+    return v;
   }
   // Reads every chunk of shard 0 back through files.h (checksums checked): fn(chunk, its elements).
   // Returns the stored bytes read (-1 on a failure, reported).
@@ -82,6 +101,7 @@ class ShardWriterTest : public ::testing::TestWithParam<Codec> {
   ShardLayout layout_;
   std::vector<float> master_;
   int reads_ = 0;
+  Streamed streamed_{&reads_};
 };
 
 TEST_P(ShardWriterTest, EveryChunkReadsBackWithItsChecksum) {
@@ -89,7 +109,7 @@ TEST_P(ShardWriterTest, EveryChunkReadsBackWithItsChecksum) {
   ASSERT_TRUE(io.ok());
   ShardWriteStats stats;
   ASSERT_TRUE(WriteShard(**io, dir_.string(), m_, 0, State(), {.compression = {GetParam(), 1}}, &stats).ok());
-  EXPECT_EQ(reads_, 3);  // the streamed buffer, one chunk at a time
+  EXPECT_EQ(reads_, 3);  // the buffer behind the owner, one chunk at a time
   size_t chunks = 0;
   const int64_t bytes = ReadBack([&](const ChunkEntry& c, const std::vector<float>& out) {
     if (c.codec == Codec::kRaw) {
@@ -113,18 +133,44 @@ TEST_P(ShardWriterTest, AFailedFsyncOrRenameLeavesNoIndex) {
     hooks.file_op = [op](std::string_view o, const std::string& path) { return o == op && path.ends_with(".data.tmp") ? EIO : 0; };
     auto io = IoEngine::Create({}, &hooks);
     ASSERT_TRUE(io.ok());
-    Status s = WriteShard(**io, dir_.string(), m_, 1, State(), {.compression = {GetParam(), 1}});
+    Status s = WriteShard(**io, dir_.string(), m_, 0, State(), {.compression = {GetParam(), 1}});
     EXPECT_EQ(s.code(), StatusCode::kIo) << op;
-    EXPECT_FALSE(fs::exists(dir_ / IndexFileName(1))) << op;
-    EXPECT_FALSE(fs::exists(dir_ / DataFileName(1))) << op;
+    EXPECT_FALSE(fs::exists(dir_ / IndexFileName(0))) << op;
+    EXPECT_FALSE(fs::exists(dir_ / DataFileName(0))) << op;
   }
 }
 
 TEST_P(ShardWriterTest, StateThatDoesNotMatchTheManifestIsRefused) {
   auto io = IoEngine::Create();
-  ShardState state = State();
-  state[0].pop_back();
+  StateView state = State();
+  state.groups[0].buffers.pop_back();
   EXPECT_EQ(WriteShard(**io, dir_.string(), m_, 0, state).code(), StatusCode::kInvalidArgument);
+}
+
+// Each chunk once, where chunks are; a shard missing one is refused at Finish, naming it.
+TEST_P(ShardWriterTest, ChunksAreTakenOnceAndEveryOneIsNeeded) {
+  auto io = IoEngine::Create();
+  ASSERT_TRUE(io.ok());
+  auto w = ShardWriter::Open(**io, dir_.string(), m_, 0, {.compression = {GetParam(), 1}});
+  ASSERT_TRUE(w.ok()) << w.status();
+  const float* data = master_.data();
+  EXPECT_EQ((*w)->Write(0, 0, 512, 1024, data).code(), StatusCode::kInvalidArgument) << "not at a chunk";
+  EXPECT_EQ((*w)->Write(0, 2, 0, 1024, data).code(), StatusCode::kInvalidArgument) << "no such kind";
+  auto w2 = ShardWriter::Open(**io, dir_.string(), m_, 0, {.compression = {GetParam(), 1}});
+  ASSERT_TRUE(w2.ok());
+  ASSERT_TRUE((*w2)->Write(0, 0, 0, 1024, data).ok());
+  EXPECT_EQ((*w2)->Write(0, 0, 0, 1024, data).code(), StatusCode::kInvalidArgument) << "twice";
+  auto w3 = ShardWriter::Open(**io, dir_.string(), m_, 0, {.compression = {GetParam(), 1}});
+  ASSERT_TRUE(w3.ok());
+  int released = 0;
+  for (int k = 0; k < 2; ++k) {
+    for (int64_t e = 0; e < 2048; e += 1024) ASSERT_TRUE((*w3)->Write(0, k, e, 1024, data + e, [&] { ++released; }).ok());
+  }
+  Status s = (*w3)->Finish();
+  EXPECT_EQ(s.code(), StatusCode::kInternal) << s;
+  EXPECT_NE(s.message().find("chunk at element 2048 was never written"), std::string::npos) << s;
+  EXPECT_EQ(released, 4) << "every chunk given back";
+  EXPECT_FALSE(fs::exists(dir_ / IndexFileName(0)));
 }
 
 std::string Slurp(const fs::path& p) {
@@ -135,52 +181,47 @@ std::string Slurp(const fs::path& p) {
 TEST_P(ShardWriterTest, EncoderThreadsWriteTheSameFile) {
   auto io = IoEngine::Create();
   ASSERT_TRUE(io.ok());
-  ASSERT_TRUE(WriteShard(**io, dir_.string(), m_, 0, State(), {.compression = {GetParam(), 1}}).ok());
+  const fs::path a = dir_ / "a", b = dir_ / "b";
+  fs::create_directories(a);
+  fs::create_directories(b);
+  ASSERT_TRUE(WriteShard(**io, a.string(), m_, 0, State(), {.compression = {GetParam(), 1}}).ok());
   ThreadPool encoders(3, "test-enc");
-  ASSERT_TRUE(WriteShard(**io, dir_.string(), m_, 1, State(), {.compression = {GetParam(), 1}, .encoders = &encoders}).ok());
-  EXPECT_EQ(Slurp(dir_ / DataFileName(0)), Slurp(dir_ / DataFileName(1)));
-  auto cd = CheckpointDir::Open(dir_.string());
-  ASSERT_TRUE(cd.ok()) << cd.status();
-  const std::vector<ShardLayout> layouts = {layout_};
-  // Rank 1's index read as rank 0's shard: the same chunks (the names differ, nothing else).
-  auto a = ReadIndex(*cd, m_, layouts, 0);
-  auto b = ReadIndex(*cd, m_, layouts, 1);
-  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
-  ASSERT_EQ(a->chunks.size(), b->chunks.size());
-  for (size_t k = 0; k < a->chunks.size(); ++k) {
-    EXPECT_EQ(a->chunks[k].file_offset, b->chunks[k].file_offset) << k;
-    EXPECT_EQ(a->chunks[k].xxh3, b->chunks[k].xxh3) << k;
-  }
+  ASSERT_TRUE(WriteShard(**io, b.string(), m_, 0, State(), {.compression = {GetParam(), 1}, .encoders = &encoders}).ok());
+  EXPECT_EQ(Slurp(a / DataFileName(0)), Slurp(b / DataFileName(0)));
+  EXPECT_EQ(Slurp(a / IndexFileName(0)), Slurp(b / IndexFileName(0)));
 }
 
-// exp_avg arrives from another thread in parts of 700 elements (straddling chunks of 1024) while the
-// shard is written, with and without encoders; out-of-order parts are refused; a delivery that ends
-// early fails the write and leaves no index.
-TEST_P(ShardWriterTest, ArrivingStateIsWrittenAsItFills) {
+// The state arrives from another thread in parts of 700 elements (straddling chunks of 1024), the
+// save's writer taking each chunk as it fills, with and without encoders and a budget of the fewest
+// buffers; out-of-order parts are refused; a delivery that ends early fails the write and leaves no
+// index.
+TEST_P(ShardWriterTest, QueuedStateIsWrittenAsItFills) {
   auto io = IoEngine::Create();
   ASSERT_TRUE(io.ok());
   const int64_t n = layout_.shard_size();
   std::vector<float> avg(static_cast<size_t>(n));
   for (size_t i = 0; i < avg.size(); ++i) avg[i] = 0.5f - static_cast<float>(i % 13);
   ThreadPool encoders(2, "test-enc");
+  CpuDevice host;
   for (ThreadPool* enc : {static_cast<ThreadPool*>(nullptr), &encoders}) {
     for (bool complete : {true, false}) {
       fs::remove_all(dir_);
       fs::create_directories(dir_);
-      ShardState state = {{{"master", DType::kF32, master_.data(), n}, {"exp_avg", DType::kF32, nullptr, n, {}, {}}}};
-      ArrivingState arriving({{0, n}}, m_.chunk_elements);
+      ChunkQueue queue({{n, n}}, m_.chunk_elements, 1, &host, {});
       std::thread owner([&] {
+        for (int64_t off = 0; off < n; off += 1000) ASSERT_TRUE(queue.Put(0, 0, off, std::min<int64_t>(1000, n - off), master_.data() + off).ok());
         const int64_t upto = complete ? n : n - 5;
         for (int64_t off = 0; off < upto; off += 700) {
-          EXPECT_TRUE(arriving.Put(0, 1, off, std::min<int64_t>(700, upto - off), avg.data() + off).ok());
+          EXPECT_TRUE(queue.Put(0, 1, off, std::min<int64_t>(700, upto - off), avg.data() + off).ok());
         }
-        EXPECT_EQ(arriving.Put(0, 1, 3, 1, avg.data()).code(), StatusCode::kInvalidArgument);  // out of order
-        arriving.Close(Status());
+        EXPECT_EQ(queue.Put(0, 1, 3, 1, avg.data()).code(), StatusCode::kInvalidArgument);  // out of order
+        queue.Close(Status());
         // After the end: refused (FailedPrecondition, or the writer's error if it already stopped the delivery).
-        EXPECT_FALSE(arriving.Put(0, 1, upto, 1, avg.data()).ok());
+        EXPECT_FALSE(queue.Put(0, 1, upto, 1, avg.data()).ok());
       });
-      Status s = WriteShard(**io, dir_.string(), m_, 0, state, {.compression = {GetParam(), 1}, .encoders = enc, .arriving = &arriving});
+      Status s = WriteQueuedShard(**io, dir_.string(), m_, 0, queue, {.compression = {GetParam(), 1}, .encoders = enc});
       owner.join();
+      EXPECT_LE(queue.peak_bytes(), 4 * m_.chunk_elements * 4) << "the budget's least: the kinds + 2 chunks";
       if (!complete) {
         EXPECT_FALSE(s.ok());
         EXPECT_NE(s.message().find("ended at element"), std::string::npos) << s;
@@ -192,23 +233,25 @@ TEST_P(ShardWriterTest, ArrivingStateIsWrittenAsItFills) {
         const std::vector<float>& want = c.kind == 0 ? master_ : avg;
         ASSERT_EQ(0, std::memcmp(out.data(), want.data() + c.elem_offset, static_cast<size_t>(c.elements) * 4)) << c.elem_offset;
       }), 0);
+      EXPECT_EQ(queue.TakeBuffers().size(), 4u) << "every buffer is kept for the next save";
     }
   }
 }
 
 TEST_P(ShardWriterTest, ADeliveryWaitingForBuffersStopsWithTheSave) {
-  const int64_t n = 200 * m_.chunk_elements;  // far more than the pool's chunks
+  const int64_t n = 200 * m_.chunk_elements;  // far more than the budget's chunks
   std::vector<float> big(static_cast<size_t>(n), 1.0f);
-  ArrivingState arriving({{n}}, m_.chunk_elements);
+  CpuDevice host;
+  ChunkQueue queue({{n}}, m_.chunk_elements, 16 * m_.chunk_elements * 4, &host, {});
   Status put;
-  std::thread owner([&] { put = arriving.Put(0, 0, 0, n, big.data()); });  // no writer takes chunks
+  std::thread owner([&] { put = queue.Put(0, 0, 0, n, big.data()); });  // no writer takes chunks
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  EXPECT_TRUE(arriving.wanted());
-  arriving.Stop(IoError("disk full"));
+  EXPECT_FALSE(queue.closed());
+  EXPECT_EQ(queue.peak_bytes(), 16 * m_.chunk_elements * 4) << "the budget, and no more";
+  queue.Stop(IoError("disk full"));
   owner.join();
   EXPECT_EQ(put.code(), StatusCode::kIo) << put;
-  EXPECT_FALSE(arriving.wanted());
-  EXPECT_EQ(arriving.Next(true).status().code(), StatusCode::kIo);
+  EXPECT_EQ(queue.Next(true).status().code(), StatusCode::kIo);
 }
 
 INSTANTIATE_TEST_SUITE_P(Codecs, ShardWriterTest, ::testing::Values(Codec::kRaw, Codec::kZstd, Codec::kByteGroupZstd),

@@ -1,13 +1,18 @@
-// StateView: the engine's model and optimizer state as named flat shard buffers plus the layouts that
-// say what each element is. The checkpoint module works on this view only, so it never includes the
-// engine (../shared/DESIGN.md layers).
+// StateView: a rank's model and optimizer state as the checkpoint module sees it: named flat shard
+// buffers, the layouts that say what each element is, and one way to take a snapshot of them
+// (Capture). The checkpoint module works on this view only, so it never includes the engine
+// (../shared/DESIGN.md layers).
 //
-// Lifetime: the pointers are the engine's; a view is valid until the engine's next mutating call
-// (which first runs the waits registered with StateView::hold).
+// A snapshot is a stream: Capture hands the state, as it is at the call, to a StateSink part by part
+// and closes it. Where the state lives decides how it is streamed, and that is the owner's business
+// (the engine's optimizer store: runtime/optimizer_store.h), not the receivers': the disk writer and
+// the memory tier are two sinks of the same stream.
+//
+// Lifetime: the pointers are the owner's; a view is valid until the owner's next structural change
+// (the engine: for its life).
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,33 +25,21 @@
 namespace zrt {
 
 // This rank's shard of one group's flat buffer: `count` = layout.shard_size() elements of `dtype`.
-// Resident state (host memory) has `data`; state that lives elsewhere has data == nullptr and is
-// reached through read/write of `n` elements at element `offset`: device memory (snapshot = true:
-// read is a fast copy, so a checkpoint copies it into host staging while training waits and writes in
-// the background) or NVMe swap files (snapshot = false: a checkpoint takes it as the owner's next
-// update streams it through host memory, StateView::defer, or else reads it at once).
-// concurrent_read: `read` may also run on another thread while the owner goes on, until the waits
-// registered with StateView::hold return (device memory copied on a stream of its own): the memory
-// tier and the disk checkpointer's writer then copy this buffer in the background as they do host
-// memory.
+// `data`: host memory that loads write and captures read directly (resident); null: the state lives
+// elsewhere (device memory, NVMe swap files, a cast of the parameters) and is reached through the
+// view's owner.
 struct StateBuffer {
   std::string kind;  // "master" (fp32 weights), "exp_avg", "exp_avg_sq", "max_exp_avg_sq"
   DType dtype = DType::kF32;
   void* data = nullptr;
   int64_t count = 0;
-  std::function<Status(int64_t offset, int64_t n, void* out)> read;
-  std::function<Status(int64_t offset, int64_t n, const void* in)> write;
-  bool snapshot = false;
-  bool concurrent_read = false;
   bool resident() const { return data != nullptr || count == 0; }
-  // Whether a thread other than the owner's may copy it (until the view's holds return).
-  bool copyable_anywhere() const { return resident() || (read && concurrent_read); }
 };
 
 struct StateGroup {
   std::string name;
   std::vector<TensorSpec> tensors;  // in layout order
-  ShardLayout layout;               // over `tensors`, for the engine's world size
+  ShardLayout layout;               // over `tensors`, for the owner's world size
   std::vector<StateBuffer> buffers;
   double lr = 0;
   double weight_decay = 0;
@@ -63,19 +56,45 @@ struct StateCounters {
   std::string engine_state = "{}";
 };
 
-// Receives the deferred buffers (every one with data == nullptr and snapshot == false) of a StateView
-// during its owner's next update (StateView::defer). Called on the owner's thread.
+// Receives one capture: the state as it was when Capture was called.
+// Threading: Put and Close come from one thread at a time, but not always the same one (the owner's
+// capture thread, or its training thread as a step streams NVMe state); Waited from any thread.
 class StateSink {
  public:
   virtual ~StateSink() = default;
-  // `n` elements of StateView::groups[group].buffers[buffer] from element `offset`, as they were when
-  // the view was taken; each buffer's parts come in order of offset. `data` is valid during the call
-  // only. An error ends the delivery (the update itself goes on).
+  // `n` elements of groups[group].buffers[buffer] from element `offset`; each buffer's parts come
+  // once, in order of offset (parts of different buffers interleave). `data` is valid during the call
+  // only. An error ends the delivery to this sink: no more Put, and Close gets the error.
   virtual Status Put(int group, int buffer, int64_t offset, int64_t n, const float* data) = 0;
-  // The delivery is over: every part was put (ok) or it stopped (why). Called once.
+  // The owner's thread waited `seconds` for this capture before changing its state (what the capture
+  // cost training beyond the Capture call itself).
+  virtual void Waited(double /*seconds*/) {}
+  // The delivery is over: every part was put (ok), or why not. Called once, last.
   virtual void Close(const Status& status) = 0;
-  // False once the receiver gave up: the owner drops the sink without delivering or closing it.
-  virtual bool wanted() const = 0;
+};
+
+// The owner of a view's state (the engine). Called on the owner's thread, never during its step.
+class StateOwner {
+ public:
+  virtual ~StateOwner() = default;
+  // Starts streaming this rank's state as it is now into `sink` and returns: host memory is copied
+  // on a thread of the owner's, device memory on a copy stream, and NVMe state is handed over as the
+  // owner's next step streams it through host memory; the owner's next change of any part waits only
+  // for that part to be put. A slow sink (Put blocks) slows that change down, nothing else. The sink
+  // is closed when every part was put, or with the first error.
+  virtual Status Capture(std::shared_ptr<StateSink> sink) = 0;
+  // Every capture is finished now (state waiting for the next step is streamed at once); their sinks
+  // are closed when this returns. A writer of the state other than the owner calls it first (Load).
+  virtual Status Settle() = 0;
+  // Random access for loads and queries, synchronous; Write settles first.
+  virtual Status Read(int group, int buffer, int64_t offset, int64_t n, float* out) = 0;
+  virtual Status Write(int group, int buffer, int64_t offset, int64_t n, const float* in) = 0;
+  // After a load wrote the buffers: takes the saved counters and re-derives what depends on the state
+  // (the parameters, from master). Collective.
+  virtual Status Restore(const StateCounters& saved) = 0;
+  // A saver made the owner's thread wait `seconds` besides Capture (its agreement and set-up): the
+  // owner's step metrics count it.
+  virtual void Stalled(double /*seconds*/) {}
 };
 
 struct StateView {
@@ -84,28 +103,17 @@ struct StateView {
   int stage = 0;
   StateCounters counters;
   std::vector<StateGroup> groups;
-  // Set by the state's owner (the engine): after a load wrote the buffers, takes the saved counters
-  // and re-derives what depends on the state (the parameters, from master). Collective; called by
-  // ckpt::Resume on every rank once every rank's load succeeded. Empty: nothing to re-derive.
-  std::function<Status(const StateCounters& saved)> restore;
-  // Set by the owner: told how long a checkpoint's snapshot made training wait (its step metrics).
-  std::function<void(double seconds)> stalled;
-  // Set by an owner whose non-resident state passes through host memory at every update (NVMe
-  // offload: every sub-group is read, updated and written back): `defer(sink)` registers `sink` to
-  // receive the deferred buffers as they are now, part by part, during the owner's next update, each
-  // part before it changes (or before anything else changes them: a load); `deliver()` streams them
-  // to the registered sinks at once (a save that cannot wait for the next step; not collective).
-  // Several sinks may wait at once (a disk save and a memory-tier snapshot of the same step).
-  std::function<Status(std::shared_ptr<StateSink> sink)> defer;
-  std::function<Status()> deliver;
-  // Set by the owner: `hold(wait)` registers `wait`, which the owner calls on its thread before it
-  // next changes a resident buffer or frees the view's memory (its next update, a load, its
-  // destruction): a checkpoint copying the resident buffers in the background (the memory tier)
-  // finishes its copy there, so training waits only for what the copy has not done by then.
-  // `settle()` runs the registered waits now (a writer of the buffers other than the owner calls it
-  // first: Load). Both empty: the owner cannot hold, and a snapshot copies while training waits.
-  std::function<void(std::function<void()> wait)> hold;
-  std::function<void()> settle;
+  // Null: every buffer is resident and nothing else changes it while a capture runs (tools, tests).
+  StateOwner* owner = nullptr;
+
+  // The owner's Capture; without an owner, the resident buffers are put now, on this thread.
+  Status Capture(std::shared_ptr<StateSink> sink) const;
+  // The owner's Settle, Read, Write and Restore; without an owner, resident buffers are read and
+  // written directly, Settle and Restore do nothing, and a buffer that is not resident is an error.
+  Status Settle() const;
+  Status Read(int group, int buffer, int64_t offset, int64_t n, float* out) const;
+  Status Write(int group, int buffer, int64_t offset, int64_t n, const float* in) const;
+  Status Restore(const StateCounters& saved) const;
 };
 
 }  // namespace zrt

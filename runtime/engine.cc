@@ -75,9 +75,38 @@ std::string_view OffloadTargetName(OffloadTarget t) {
 ZeroEngine::ZeroEngine(Communicator* comm, Device* device, const EngineConfig& config)
     : comm_(comm), device_(device), config_(config), lr_(config.adam.lr), schedule_(config.lr_schedule) {}
 ZeroEngine::~ZeroEngine() {
-  if (impl_) impl_->Settle();  // a snapshot still copying from the state finishes first
+  if (impl_) impl_->store.reset();  // its capture thread reads the groups' parameters: it goes first
   groups_.clear();  // their buffers may come from impl_'s host memory, which goes with impl_
 }
+
+// Waits for every capture of the state (NVMe state still owed is streamed now); the wait is a
+// checkpoint stall.
+Status ZeroEngine::Settle() {
+  Status s = impl_->store->Settle();
+  impl_->clock.Charge(&StepTimes::checkpoint_stall, impl_->store->TakeCaptureWait());
+  return s;
+}
+
+// The engine as its views' owner (core/state_view.h): the state is the optimizer store's, the
+// counters and what derives from the state (Restore) the engine's.
+class EngineStateOwner final : public StateOwner {
+ public:
+  explicit EngineStateOwner(ZeroEngine* e) : e_(e) {}
+  Status Capture(std::shared_ptr<StateSink> sink) override { return e_->impl_->store->Capture(std::move(sink)); }
+  Status Settle() override { return e_->Settle(); }
+  Status Read(int group, int buffer, int64_t offset, int64_t n, float* out) override {
+    return e_->impl_->store->Read(group, buffer, offset, n, out);
+  }
+  Status Write(int group, int buffer, int64_t offset, int64_t n, const float* in) override {
+    RETURN_IF_ERROR(e_->Settle());
+    return e_->impl_->store->Write(group, buffer, offset, n, in);
+  }
+  Status Restore(const StateCounters& saved) override { return e_->Restore(saved); }
+  void Stalled(double seconds) override { e_->impl_->clock.Charge(&StepTimes::checkpoint_stall, seconds); }
+
+ private:
+  ZeroEngine* e_;
+};
 
 Result<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Communicator* comm, Device* device, const EngineConfig& c) {
   if (comm == nullptr || device == nullptr) return InvalidArgumentError("engine: null communicator or device");
@@ -116,6 +145,7 @@ Result<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Communicator* comm, Devic
   ASSIGN_OR_RETURN(e->scaler_, LossScaler::Create(c.loss_scale), "engine");
   const int threads = c.optimizer_threads > 0 ? c.optimizer_threads : ThreadPool::HardwareThreads();
   e->impl_ = std::make_unique<Impl>(device, threads);
+  e->impl_->owner = std::make_unique<EngineStateOwner>(e.get());
   if (!mc.jsonl_path.empty()) {
     ASSIGN_OR_RETURN(e->impl_->sink, internal::JsonlSink::Open(mc.jsonl_path, comm->rank()), "engine");
   }
@@ -243,18 +273,12 @@ Status ZeroEngine::Allocate(const InitFn& init) {
     if (config_.stage <= 2) {
       ASSIGN_OR_RETURN(g.full_param, device_->Allocate(P * g.esize(), MemCategory::kParameters), ctx);
       RETURN_IF_ERROR(device_->Fill(g.full_param.data(), 0, P * g.esize()));
-    } else if (g.frozen && store.holds_params()) {  // with the held shards: host memory (uploaded the same way)
-      ASSIGN_OR_RETURN(g.param_shard, impl_->host->Allocate(S * g.esize(), MemCategory::kParameters), ctx);
-    } else if (g.frozen || !store.holds_params()) {
+    } else if (!store.holds_params()) {  // else the store's (a frozen group's in host memory, uploaded the same way)
       ASSIGN_OR_RETURN(g.param_shard, device_->Allocate(S * g.esize(), MemCategory::kParameters), ctx);
     }
-    if (g.frozen) {
-      RETURN_IF_ERROR(InitFrozen(g, init), ctx);
-      continue;
-    }
-    if (config_.stage <= 1) {
+    if (!g.frozen && config_.stage <= 1) {
       ASSIGN_OR_RETURN(g.full_grad, device_->Allocate(P * g.gsize(), MemCategory::kGradients), ctx);
-    } else {
+    } else if (!g.frozen) {
       ASSIGN_OR_RETURN(g.grad_shard, device_->Allocate(S * g.gsize(), MemCategory::kGradients), ctx);
     }
     OptimizerStore::Group sg;
@@ -262,7 +286,8 @@ Status ZeroEngine::Allocate(const InitFn& init) {
     sg.dtype = g.dtype;
     sg.grad_dtype = g.grad_dtype;
     sg.elements = g.layout.shard_size();
-    sg.grads = GradShard(g);
+    sg.frozen = g.frozen;
+    sg.grads = g.frozen ? nullptr : GradShard(g);
     sg.params = OwnParams(g);
     // Initial values of shard elements [lo, lo + count): this rank's pieces only (padding stays zero).
     sg.init = [&g, &init, rank](int64_t lo, int64_t count, float* out) {
@@ -271,22 +296,14 @@ Status ZeroEngine::Allocate(const InitFn& init) {
         if (a < b) init(g.params[static_cast<size_t>(p.tensor)], p.tensor_offset + (a - p.shard_offset), b - a, out + (a - lo));
       }
     };
-    store_to_group_.push_back(static_cast<int>(&gp - groups_.data()));
     store_groups.push_back(std::move(sg));
   }
   RETURN_IF_ERROR(store.Init(std::move(store_groups)), "finalize");
-  std::vector<int> group_to_store(groups_.size(), -1);
-  for (size_t si = 0; si < store_to_group_.size(); ++si) group_to_store[static_cast<size_t>(store_to_group_[si])] = static_cast<int>(si);
   if (config_.stage == 3) {
     std::vector<ParamGatherer::GroupRef> refs;
     for (size_t gi = 0; gi < groups_.size(); ++gi) {
       Group& g = *groups_[gi];
-      OptimizerStore::ParamSource src;
-      if (g.frozen) {
-        src.shard = g.param_shard.data();
-      } else {
-        src = store.Params(group_to_store[gi]);
-      }
+      OptimizerStore::ParamSource src = store.Params(static_cast<int>(gi));
       refs.push_back({src.shard, g.dtype, &g.layout, g.name, std::move(src.load), src.load_bytes});
     }
     Compute* upload = store.params_need_upload() ? impl_->compute.get() : nullptr;
@@ -295,40 +312,6 @@ Status ZeroEngine::Allocate(const InitFn& init) {
     impl_->gatherer->SetGroups(std::move(refs));
   }
   return GatherUpdatedParams(true);
-}
-
-Status ZeroEngine::InitFrozen(Group& g, const InitFn& init) {
-  const int rank = config_.stage == 0 ? 0 : comm_->rank();
-  std::vector<float> values(static_cast<size_t>(g.layout.shard_size()), 0.0f);  // padding: zero
-  for (const ShardPiece& p : g.layout.RankPieces(rank)) {
-    init(g.params[static_cast<size_t>(p.tensor)], p.tensor_offset, p.count, values.data() + p.shard_offset);
-  }
-  return FrozenWrite(g, 0, g.layout.shard_size(), values.data());
-}
-
-bool ZeroEngine::FrozenOnHost() const { return device_->host_accessible() || (config_.stage == 3 && impl_->store->holds_params()); }
-
-Status ZeroEngine::FrozenWrite(Group& g, int64_t offset, int64_t n, const float* in) {
-  impl_->Settle();
-  char* dst = static_cast<char*>(OwnParams(g)) + static_cast<size_t>(offset) * g.esize();
-  if (FrozenOnHost()) return impl_->host_compute->Cast(in, DType::kF32, dst, g.dtype, n);
-  ASSIGN_OR_RETURN(DeviceBuffer tmp, impl_->staging.Acquire(static_cast<size_t>(n) * 4), "frozen group '", g.name, "'");
-  Status s = device_->Copy(tmp.data(), in, static_cast<size_t>(n) * 4);
-  if (s.ok()) s = impl_->compute->Cast(tmp.data(), DType::kF32, dst, g.dtype, n);
-  if (s.ok()) s = impl_->compute->Synchronize();
-  impl_->staging.Release(std::move(tmp));
-  return s;
-}
-
-Status ZeroEngine::FrozenRead(Group& g, int64_t offset, int64_t n, float* out) {
-  const char* src = static_cast<const char*>(OwnParams(g)) + static_cast<size_t>(offset) * g.esize();
-  if (FrozenOnHost()) return impl_->host_compute->Cast(src, g.dtype, out, DType::kF32, n);
-  ASSIGN_OR_RETURN(DeviceBuffer tmp, impl_->staging.Acquire(static_cast<size_t>(n) * 4), "frozen group '", g.name, "'");
-  Status s = impl_->compute->Cast(src, g.dtype, tmp.data(), DType::kF32, n);
-  if (s.ok()) s = impl_->compute->Synchronize();
-  if (s.ok()) s = device_->Copy(out, tmp.data(), static_cast<size_t>(n) * 4);
-  impl_->staging.Release(std::move(tmp));
-  return s;
 }
 
 void* ZeroEngine::OwnParams(Group& g) const {
@@ -578,7 +561,7 @@ Result<StepResult> ZeroEngine::StepImpl() {
   // in the same pass.
   std::vector<kernels::AdamTensorArgs> args;
   auto adam = [&](const OptimizerStore::Window& w) -> Status {
-    const size_t gi = static_cast<size_t>(store_to_group_[static_cast<size_t>(w.group)]);
+    const auto gi = static_cast<size_t>(w.group);
     const Group& g = *groups_[gi];
     const bool f32 = g.dtype == DType::kF32;
     const int64_t w0 = w.offset, w1 = w.offset + w.count;
@@ -601,13 +584,14 @@ Result<StepResult> ZeroEngine::StepImpl() {
   };
   {
     const auto t0 = std::chrono::steady_clock::now();
-    impl_->Settle();  // a snapshot copying the state in the background (StateView::hold) ends first
-    RETURN_IF_ERROR(impl_->store->Update(adam), "step");
-    RETURN_IF_ERROR(impl_->compute->MarkUpdated(), "step");  // what a checkpoint snapshot waits for
+    RETURN_IF_ERROR(impl_->store->Update(adam), "step");  // each window waits for the captures still reading it
+    RETURN_IF_ERROR(impl_->compute->MarkUpdated(), "step");  // what a capture of device memory waits for
     const double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double io = std::min(spent, impl_->store->swap_stats().wait_seconds);
+    const double captured = std::min(spent, impl_->store->TakeCaptureWait());
+    const double io = std::min(spent - captured, impl_->store->swap_stats().wait_seconds);
+    impl_->clock.Charge(&StepTimes::checkpoint_stall, captured);
     impl_->clock.Charge(&StepTimes::offload_io, io);
-    impl_->clock.Charge(&StepTimes::optimizer, spent - io);
+    impl_->clock.Charge(&StepTimes::optimizer, spent - captured - io);
   }
   {
     internal::StepClock::Scope t(&impl_->clock, &StepTimes::comm_wait);
@@ -618,69 +602,22 @@ Result<StepResult> ZeroEngine::StepImpl() {
   return r;
 }
 
-namespace {
-// A view's sink as the store sees it: the store numbers only its own groups.
-class StoreGroupSink final : public StateSink {
- public:
-  StoreGroupSink(std::shared_ptr<StateSink> sink, std::vector<int> view_group) : sink_(std::move(sink)), view_group_(std::move(view_group)) {}
-  Status Put(int group, int buffer, int64_t offset, int64_t n, const float* data) override {
-    return sink_->Put(view_group_.at(static_cast<size_t>(group)), buffer, offset, n, data);
-  }
-  void Close(const Status& status) override { sink_->Close(status); }
-  bool wanted() const override { return sink_->wanted(); }
-
- private:
-  std::shared_ptr<StateSink> sink_;
-  std::vector<int> view_group_;
-};
-}  // namespace
-
 StateView ZeroEngine::state_view() {
   StateView v;
   v.rank = comm_->rank();
   v.world_size = comm_->size();
   v.stage = config_.stage;
   v.counters = {steps_, scaler_.scale(), scaler_.state().good_steps, scaler_.state().hysteresis_left, EngineState()};
-  v.restore = [this](const StateCounters& saved) { return Restore(saved); };
-  v.stalled = [this](double seconds) { impl_->clock.Charge(&StepTimes::checkpoint_stall, seconds); };
-  int store_index = 0;
-  std::vector<int> store_groups;  // the store's group -> the view's (frozen groups are not the store's)
-  for (auto& gp : groups_) {
-    Group& g = *gp;
-    StateGroup sg;
-    sg.name = g.name;
-    sg.tensors = g.tensors;
-    sg.layout = g.layout;
-    sg.lr = lr();
-    sg.weight_decay = config_.adam.weight_decay;
-    if (g.frozen) {  // its values, as master: read and written through casts of the parameters
-      StateBuffer b{"master", DType::kF32, nullptr, g.layout.shard_size(), {}, {}, true};
-      b.read = [this, &g](int64_t off, int64_t n, void* out) { return FrozenRead(g, off, n, static_cast<float*>(out)); };
-      b.write = [this, &g](int64_t off, int64_t n, const void* in) { return FrozenWrite(g, off, n, static_cast<const float*>(in)); };
-      b.concurrent_read = FrozenOnHost();  // its values change only through write, a load or Restore, which settle
-      sg.buffers.push_back(std::move(b));
-    } else {
-      sg.buffers = impl_->store->StateBuffers(store_index++);
-      store_groups.push_back(static_cast<int>(v.groups.size()));
-    }
-    v.groups.push_back(std::move(sg));
+  v.owner = impl_->owner.get();
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    const Group& g = *groups_[gi];
+    v.groups.push_back({g.name, g.tensors, g.layout, impl_->store->StateBuffers(static_cast<int>(gi)), lr(), config_.adam.weight_decay});
   }
-  if (impl_->store->can_defer()) {
-    v.defer = [store = impl_->store.get(), map = std::move(store_groups)](std::shared_ptr<StateSink> sink) {
-      return store->Defer(std::make_shared<StoreGroupSink>(std::move(sink), map));
-    };
-    v.deliver = [store = impl_->store.get()] { return store->Deliver(); };
-  }
-  v.hold = [impl = impl_.get()](std::function<void()> wait) {
-    std::lock_guard<std::mutex> l(impl->holds_mu);
-    impl->holds.push_back(std::move(wait));
-  };
-  v.settle = [impl = impl_.get()] { impl->Settle(); };
   return v;
 }
 
 Status ZeroEngine::Restore(const StateCounters& saved) {
-  impl_->Settle();
+  RETURN_IF_ERROR(Settle(), "restore");
   if (saved.step < 0) return InvalidArgumentError("restore: negative step ", saved.step);
   if (!(saved.loss_scale > 0) || !std::isfinite(saved.loss_scale)) {
     return InvalidArgumentError("restore: loss scale must be finite and > 0, got ", saved.loss_scale);
@@ -695,7 +632,7 @@ Status ZeroEngine::Restore(const StateCounters& saved) {
 
 Status ZeroEngine::RefreshParamsFromMaster() {
   if (!finalized_) return FailedPreconditionError("refresh: the engine is not finalized");
-  impl_->Settle();  // the gather rewrites frozen groups' parameters, which a background snapshot may be reading
+  RETURN_IF_ERROR(Settle(), "refresh");  // the gather rewrites frozen groups' parameters, which a capture may be reading
   RETURN_IF_ERROR(impl_->store->RefreshParams(), "refresh");
   return GatherUpdatedParams(true);
 }

@@ -176,12 +176,8 @@ class ZeroEngine {
   Status ApplyEngineState(const std::string& json);
   Result<TensorView> View(ParamHandle p, bool grad);
   Status GatherUpdatedParams(bool include_frozen);
-  Status InitFrozen(Group& g, const InitFn& init);
-  // A frozen group's shard elements [offset, offset + n) as f32 in host memory, either way.
-  // FrozenOnHost: its shard is host memory (read by a cast on the host, from any thread).
-  bool FrozenOnHost() const;
-  Status FrozenRead(Group& g, int64_t offset, int64_t n, float* out);
-  Status FrozenWrite(Group& g, int64_t offset, int64_t n, const float* in);
+  Status Settle();  // every capture of the state finished (its wait charged as a checkpoint stall)
+  friend class EngineStateOwner;
   Status ReduceGroup(int g);
   Result<StepResult> StepImpl();
   Status Report(StepResult& r);
@@ -207,7 +203,6 @@ class ZeroEngine {
   std::vector<int> param_group_index_;
   std::vector<int64_t> param_pos_;  // within its group
   std::vector<char> param_frozen_;
-  std::vector<int> store_to_group_;  // the optimizer store's groups are the trainable ones
   std::vector<std::unique_ptr<Group>> groups_;
   struct Impl;
   std::unique_ptr<Impl> impl_;

@@ -4,7 +4,6 @@
 
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -36,7 +35,7 @@ struct ZeroEngine::Group {
   };
   std::vector<Run> runs;
   std::vector<Settings> classes;
-  bool frozen = false;  // no gradients, no optimizer state (not in the store)
+  bool frozen = false;  // no gradients, no optimizer state (a store slot holding master only: its parameters)
   DeviceBuffer full_param, param_shard, full_grad, grad_shard;
   bool gathered = false;      // stages 0-2 bookkeeping for Release
   bool grad_live = false;     // full gradient exists (and is zeroed) for this step
@@ -63,17 +62,7 @@ struct ZeroEngine::Impl {
   internal::StepClock clock;
   std::unique_ptr<internal::JsonlSink> sink;
   nlohmann::json recorded = nlohmann::json::object();
-  // StateView::hold's waits: run (Settle) before anything changes the state the views point at.
-  std::mutex holds_mu;
-  std::vector<std::function<void()>> holds;
-  void Settle() {
-    std::vector<std::function<void()>> run;
-    {
-      std::lock_guard<std::mutex> l(holds_mu);
-      run.swap(holds);
-    }
-    for (auto& w : run) w();
-  }
+  std::unique_ptr<StateOwner> owner;  // the views' (engine.cc EngineStateOwner)
   kernels::CpuKernelOptions kernel_options() {
     kernels::CpuKernelOptions ko;
     ko.pool = &pool;

@@ -10,20 +10,6 @@
 
 namespace zrt {
 
-namespace {
-
-Status ReadPiece(const StateBuffer& b, int64_t offset, int64_t n, float* out) {
-  if (n == 0) return Status();
-  if (b.data != nullptr) {
-    std::memcpy(out, static_cast<const float*>(b.data) + offset, static_cast<size_t>(n) * 4);
-    return Status();
-  }
-  if (!b.read) return FailedPreconditionError("state '", b.kind, "' is neither resident nor readable");
-  return b.read(offset, n, out);
-}
-
-}  // namespace
-
 Status ForEachFullTensor(Communicator* comm, const StateView& state, const FullStateOptions& o, const FullStateFn& fn) {
   if (o.root < -1 || o.root >= comm->size()) return InvalidArgumentError("full state: root ", o.root, " is not a rank (or -1)");
   if (comm->size() != state.world_size) {
@@ -47,21 +33,22 @@ Status ForEachFullTensor(Communicator* comm, const StateView& state, const FullS
       if (!wanted.empty() && wanted.count(t.name) == 0) continue;
       const int64_t numel = t.numel();
       for (const std::string& kind : o.kinds) {
-        const StateBuffer* b = nullptr;
-        for (const StateBuffer& x : g.buffers) b = x.kind == kind ? &x : b;
-        if (b == nullptr) continue;  // the group keeps no such state (a frozen tensor's moments)
+        int b = -1;
+        for (size_t k = 0; k < g.buffers.size(); ++k) b = g.buffers[k].kind == kind ? static_cast<int>(k) : b;
+        if (b < 0) continue;  // the group keeps no such state (a frozen tensor's moments)
+        const int gi = static_cast<int>(&g - state.groups.data());
         const std::vector<ShardPiece> pieces = g.layout.Locate(static_cast<int64_t>(ti), 0, numel);
         if (receive) full.assign(static_cast<size_t>(numel), 0.0f);
         Status local;
         if (local_only) {
           for (const ShardPiece& p : pieces) {
-            if (local.ok() && receive) local = ReadPiece(*b, p.shard_offset, p.count, full.data() + p.tensor_offset);
+            if (local.ok() && receive) local = state.Read(gi, b, p.shard_offset, p.count, full.data() + p.tensor_offset);
           }
         } else {
           for (const ShardPiece& p : pieces) {
             if (p.rank != me || !local.ok()) continue;
             mine.resize(static_cast<size_t>(p.count));
-            local = ReadPiece(*b, p.shard_offset, p.count, mine.data());
+            local = state.Read(gi, b, p.shard_offset, p.count, mine.data());
           }
         }
         RETURN_IF_ERROR(AgreeOnStatus(comm, local), "full state of '", t.name, "' (", kind, ")");

@@ -1,5 +1,6 @@
-// OptimizerStore: the resident store (device or host memory) and the swapped store (NVMe), see
-// optimizer_store.h.
+// OptimizerStore (optimizer_store.h): first the part every placement shares (the mirrors of device
+// memory, frozen slots: their state is their parameters, through casts; the state as a checkpoint
+// sees it: buffers, random access, the capture of runtime/capture.h), then the two placements.
 //
 // Buffers per group (S = shard elements, E = bytes per element of the group's dtype):
 //   resident: master, exp_avg, exp_avg_sq[, max_exp_avg_sq]: S x 4 each, in device memory (offload
@@ -9,6 +10,9 @@
 //   mirrors:  host_grad S x E and host_params S x E in host memory, when the optimizer is offloaded and
 //             the device's memory is not host memory (a GPU); params held in host memory are their own
 //             mirror
+//   frozen:   no state of its own; held parameters (stage 3 with offload.params) S x E in host memory
+//   capture:  where state is device memory or a frozen cast: a bounce buffer of up to kCapturePart x 4
+//             in host memory per capture in flight, kept from the first capture on
 #include "zrt/runtime/optimizer_store.h"
 
 #include <cstring>
@@ -16,11 +20,19 @@
 #include <utility>
 
 #include "zrt/core/thread_pool.h"
+#include "zrt/kernels/cast.h"
 #include "zrt/offload/swapper.h"
+#include "zrt/runtime/capture.h"
 
 namespace zrt {
 
-// ---- common --------------------------------------------------------------------------------------
+namespace {
+// Elements of every kind the capture thread streams before its progress moves on, and the size of the
+// windows an Update then works in: large enough that per-window costs vanish, small enough that the
+// step waits only for what it is about to change.
+constexpr int64_t kCapturePart = int64_t{1} << 20;
+}  // namespace
+
 OptimizerStore::OptimizerStore(Communicator* comm, Device* device, Compute* compute, HostMemory* host,
                                Compute* host_compute, const Options& o)
     : comm_(comm), device_(device), compute_(compute), host_(host), host_compute_(host_compute), o_(o) {
@@ -28,11 +40,7 @@ OptimizerStore::OptimizerStore(Communicator* comm, Device* device, Compute* comp
   if (mirror_) copier_ = std::make_unique<ThreadPool>(1, "zrt-copy");
 }
 
-OptimizerStore::~OptimizerStore() = default;
-
-Status OptimizerStore::Defer(std::shared_ptr<StateSink>) {
-  return FailedPreconditionError("optimizer store: its state is resident; nothing to defer");
-}
+OptimizerStore::~OptimizerStore() { captures_.reset(); }  // its thread reads the slots
 
 const void* OptimizerStore::HostGrads(const Slot& s) const { return s.host_grad.empty() ? s.in.grads : s.host_grad.data(); }
 
@@ -94,21 +102,145 @@ Status OptimizerStore::Init(std::vector<Group> groups) {
       s.in = std::move(g);
       const auto bytes = static_cast<size_t>(s.in.elements) * esize(s);
       const std::string ctx = "allocating the optimizer state of group '" + s.in.name + "'";
-      if (holds_params() && o_.offload.params == OffloadTarget::kHost) {
+      // Held parameters in host memory; a frozen slot's whenever the store holds parameters (the
+      // stream of parameters on NVMe is the step's, and a frozen slot takes no step).
+      if (holds_params() && (o_.offload.params == OffloadTarget::kHost || s.in.frozen)) {
         ASSIGN_OR_RETURN(s.param_shard, host_->Allocate(bytes, MemCategory::kParameters), ctx);
       }
-      if (mirror_) {
+      if (mirror_ && !s.in.frozen) {
         ASSIGN_OR_RETURN(s.host_grad, host_->Allocate(static_cast<size_t>(s.in.elements) * DTypeSize(s.in.grad_dtype), MemCategory::kGradients), ctx);
         if (!holds_params()) {
           ASSIGN_OR_RETURN(s.host_params, host_->Allocate(bytes, MemCategory::kParameters), ctx);
         }
       }
     }
+    for (Slot& s : slots_) {
+      if (s.in.frozen) RETURN_IF_ERROR(InitFrozen(s), "initialising frozen group '", s.in.name, "'");
+    }
     return Allocate();
   };
   // A problem on one rank (no space on its disk, a budget too small) must not leave the others waiting
   // in the engine's next collective.
   return AgreeOnStatus(comm_, local());
+}
+
+// ---- frozen slots: the parameters are the state ---------------------------------------------------
+
+Status OptimizerStore::InitFrozen(Slot& s) {
+  std::vector<float> values(static_cast<size_t>(s.in.elements), 0.0f);  // padding: zero
+  s.in.init(0, s.in.elements, values.data());
+  return FrozenWrite(s, 0, s.in.elements, values.data());
+}
+
+// f32 values of the frozen parameters [offset, offset + n) in `out` (host memory); the pointer to them.
+Result<const float*> OptimizerStore::FrozenRead(Slot& s, int64_t offset, int64_t n, float* out) {
+  const char* src = static_cast<const char*>(FrozenParams(s)) + static_cast<size_t>(offset) * esize(s);
+  if (!s.param_shard.empty() || device_->host_accessible()) {
+    if (s.in.dtype == DType::kF32) return reinterpret_cast<const float*>(src);
+    RETURN_IF_ERROR(kernels::CastCpu(src, s.in.dtype, out, DType::kF32, n));  // this thread alone: the capture's may call it
+    return out;
+  }
+  ASSIGN_OR_RETURN(DeviceBuffer tmp, device_->Allocate(static_cast<size_t>(n) * 4, MemCategory::kStaging), "frozen group '", s.in.name, "'");
+  RETURN_IF_ERROR(compute_->Cast(src, s.in.dtype, tmp.data(), DType::kF32, n));
+  RETURN_IF_ERROR(compute_->Synchronize());
+  RETURN_IF_ERROR(device_->Copy(out, tmp.data(), static_cast<size_t>(n) * 4));
+  return out;
+}
+
+Status OptimizerStore::FrozenWrite(Slot& s, int64_t offset, int64_t n, const float* in) {
+  char* dst = static_cast<char*>(FrozenParams(s)) + static_cast<size_t>(offset) * esize(s);
+  if (!s.param_shard.empty() || device_->host_accessible()) return host_compute_->Cast(in, DType::kF32, dst, s.in.dtype, n);
+  ASSIGN_OR_RETURN(DeviceBuffer tmp, device_->Allocate(static_cast<size_t>(n) * 4, MemCategory::kStaging), "frozen group '", s.in.name, "'");
+  RETURN_IF_ERROR(device_->Copy(tmp.data(), in, static_cast<size_t>(n) * 4));
+  RETURN_IF_ERROR(compute_->Cast(tmp.data(), DType::kF32, dst, s.in.dtype, n));
+  return compute_->Synchronize();
+}
+
+// ---- the state as a checkpoint sees it ------------------------------------------------------------
+
+std::vector<StateBuffer> OptimizerStore::StateBuffers(int group) {
+  static constexpr const char* kKinds[] = {"master", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+  Slot& s = slots_[static_cast<size_t>(group)];
+  std::vector<StateBuffer> out;
+  for (int k = 0; k < kinds(s); ++k) {
+    out.push_back({kKinds[k], DType::kF32, s.in.frozen ? nullptr : HostState(s, k), s.in.elements});
+  }
+  return out;
+}
+
+Status OptimizerStore::Capture(std::shared_ptr<StateSink> sink) {
+  if (!captures_) {
+    captures_ = std::make_unique<internal::Captures>(kCapturePart, [host = host_](size_t bytes) {
+      return host->Allocate(bytes, MemCategory::kStaging, kIoAlignment);
+    });
+  }
+  // What the step changes goes first (trainable slots in order), then the frozen ones. A frozen slot
+  // the host cannot read (device memory: its cast runs on the compute stream) is copied now.
+  std::vector<internal::Captures::Slot> memory;
+  bool deferred = false;
+  for (int g = 0; g < static_cast<int>(slots_.size()); ++g) {
+    Slot& s = slots_[static_cast<size_t>(g)];
+    if (s.in.frozen) continue;
+    auto read = CaptureRead(s);
+    if (!read) {
+      deferred = true;
+      continue;
+    }
+    memory.push_back({g, s.in.elements, kinds(s), HostState(s, 0) == nullptr, std::move(read)});
+  }
+  for (int g = 0; g < static_cast<int>(slots_.size()); ++g) {
+    Slot& s = slots_[static_cast<size_t>(g)];
+    if (!s.in.frozen) continue;
+    if (!s.param_shard.empty() || device_->host_accessible()) {
+      memory.push_back({g, s.in.elements, 1, s.in.dtype != DType::kF32,
+                        [this, &s](int, int64_t off, int64_t n, float* bounce) { return FrozenRead(s, off, n, bounce); }});
+      continue;
+    }
+    auto copy = std::make_shared<std::vector<float>>(static_cast<size_t>(s.in.elements));
+    if (s.in.elements > 0) RETURN_IF_ERROR(FrozenRead(s, 0, s.in.elements, copy->data()).status(), "capturing frozen group '", s.in.name, "'");
+    memory.push_back({g, s.in.elements, 1, false, [copy](int, int64_t off, int64_t, float*) -> Result<const float*> { return copy->data() + off; }});
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<internal::CaptureJob> job, captures_->Start(std::move(sink), std::move(memory), deferred ? 1 : 0));
+  if (deferred) Defer(std::move(job));
+  return Status();
+}
+
+Status OptimizerStore::Settle() {
+  Status s = Deliver();
+  if (captures_) capture_wait_ += captures_->WaitAll();
+  return s;
+}
+
+void OptimizerStore::WaitForCaptures(int g, int64_t end) {
+  if (captures_) capture_wait_ += captures_->WaitPast(g, end);
+}
+
+bool OptimizerStore::capturing() const { return captures_ && captures_->active(); }
+int64_t OptimizerStore::capture_part() const { return kCapturePart; }
+double OptimizerStore::TakeCaptureWait() { return std::exchange(capture_wait_, 0.0); }
+
+Status OptimizerStore::Read(int group, int kind, int64_t offset, int64_t n, float* out) {
+  if (group < 0 || static_cast<size_t>(group) >= slots_.size()) return InvalidArgumentError("optimizer store: no group ", group);
+  Slot& s = slots_[static_cast<size_t>(group)];
+  if (kind < 0 || kind >= kinds(s) || offset < 0 || n < 0 || offset > s.in.elements - n) {
+    return InvalidArgumentError("optimizer store: kind ", kind, " elements [", offset, ", ", offset + n, ") of group '", s.in.name, "'");
+  }
+  if (n == 0) return Status();
+  if (!s.in.frozen) return ReadState(group, kind, offset, n, out);
+  ASSIGN_OR_RETURN(const float* p, FrozenRead(s, offset, n, out));
+  if (p != out) std::memcpy(out, p, static_cast<size_t>(n) * 4);
+  return Status();
+}
+
+Status OptimizerStore::Write(int group, int kind, int64_t offset, int64_t n, const float* in) {
+  if (group < 0 || static_cast<size_t>(group) >= slots_.size()) return InvalidArgumentError("optimizer store: no group ", group);
+  Slot& s = slots_[static_cast<size_t>(group)];
+  if (kind < 0 || kind >= kinds(s) || offset < 0 || n < 0 || offset > s.in.elements - n) {
+    return InvalidArgumentError("optimizer store: kind ", kind, " elements [", offset, ", ", offset + n, ") of group '", s.in.name, "'");
+  }
+  RETURN_IF_ERROR(Settle());  // a capture still reading (or owed) the state gets it as it was
+  if (n == 0) return Status();
+  return s.in.frozen ? FrozenWrite(s, offset, n, in) : WriteState(group, kind, offset, n, in);
 }
 
 // ---- resident: device or host memory ---------------------------------------------------------------
@@ -124,49 +256,31 @@ class ResidentStore final : public OptimizerStore {
     state_compute_ = offloaded_ ? host_compute : compute;
   }
 
+  // Whole shards, or windows of the capture's part while a capture still reads the state.
   Status Update(const UpdateFn& fn) override {
     Copies copies(*this);
     Status st;
+    const bool windows = capturing();
     for (size_t g = 0; g < slots_.size() && st.ok(); ++g) {
+      Slot& s = slots_[g];
+      if (s.in.frozen) continue;
       st = copies.Begin(g);
-      if (st.ok()) st = fn(WholeWindow(static_cast<int>(g)));
+      const int64_t step = windows ? capture_part() : std::max<int64_t>(s.in.elements, 1);
+      for (int64_t off = 0; off < s.in.elements && st.ok(); off += step) {
+        const int64_t n = std::min(step, s.in.elements - off);
+        WaitForCaptures(static_cast<int>(g), off + n);
+        st = fn(WindowAt(static_cast<int>(g), off, n));
+      }
     }
     return copies.Finish(std::move(st));
   }
 
   Status RefreshParams() override {
     Status st;
-    for (size_t g = 0; g < slots_.size() && st.ok(); ++g) st = RefreshParams(slots_[g]);
-    return AgreeOnStatus(comm_, st).WithContext("refreshing the parameters from the master weights");
-  }
-
-  std::vector<StateBuffer> StateBuffers(int group) override {
-    Slot& s = slots_[static_cast<size_t>(group)];
-    std::vector<StateBuffer> out;
-    std::vector<std::pair<const char*, DeviceBuffer*>> bufs = {
-        {"master", &s.master}, {"exp_avg", &s.exp_avg}, {"exp_avg_sq", &s.exp_avg_sq}};
-    if (o_.amsgrad) bufs.emplace_back("max_exp_avg_sq", &s.max_exp_avg_sq);
-    for (auto [kind, buf] : bufs) {
-      if (state_dev_->host_accessible()) {
-        out.push_back({kind, DType::kF32, buf->data(), s.in.elements, {}, {}});
-        continue;
-      }
-      // Device memory: copied to the host on the snapshot stream (a checkpoint) and back (a load).
-      // That stream waits only for the last step's update, and the engine's next update waits for
-      // the view's holds: any thread may read until then.
-      auto* base = buf->as<float>();
-      StateBuffer sb{kind, DType::kF32, nullptr, s.in.elements, {}, {}};
-      sb.read = [c = compute_, base](int64_t off, int64_t cnt, void* dst) {
-        return c->CopyToHost(dst, base + off, static_cast<size_t>(cnt) * 4);
-      };
-      sb.write = [d = state_dev_, base](int64_t off, int64_t cnt, const void* src) {
-        return d->Copy(base + off, src, static_cast<size_t>(cnt) * 4);
-      };
-      sb.snapshot = true;
-      sb.concurrent_read = true;
-      out.push_back(std::move(sb));
+    for (size_t g = 0; g < slots_.size() && st.ok(); ++g) {
+      if (!slots_[g].in.frozen) st = RefreshParams(slots_[g]);
     }
-    return out;
+    return AgreeOnStatus(comm_, st).WithContext("refreshing the parameters from the master weights");
   }
 
   ParamSource Params(int group) const override {
@@ -175,15 +289,41 @@ class ResidentStore final : public OptimizerStore {
   }
 
  private:
+  DeviceBuffer& Buffer(Slot& s, int kind) {
+    DeviceBuffer* b[] = {&s.master, &s.exp_avg, &s.exp_avg_sq, &s.max_exp_avg_sq};
+    return *b[kind];
+  }
+  float* HostState(Slot& s, int kind) override { return state_dev_->host_accessible() ? Buffer(s, kind).as<float>() : nullptr; }
+
+  // Host memory is read where it is. Device memory is copied to the host on the snapshot stream, which
+  // waits only for the last step's update; the next update waits for the capture (WaitForCaptures).
+  std::function<Result<const float*>(int, int64_t, int64_t, float*)> CaptureRead(Slot& s) override {
+    if (state_dev_->host_accessible()) {
+      return [this, &s](int k, int64_t off, int64_t, float*) -> Result<const float*> { return Buffer(s, k).as<float>() + off; };
+    }
+    return [this, &s](int k, int64_t off, int64_t n, float* bounce) -> Result<const float*> {
+      RETURN_IF_ERROR(compute_->CopyToHost(bounce, Buffer(s, k).as<float>() + off, static_cast<size_t>(n) * 4),
+                      "capturing group '", s.in.name, "'");
+      return bounce;
+    };
+  }
+
+  Status ReadState(int g, int kind, int64_t offset, int64_t n, float* out) override {
+    return state_dev_->Copy(out, Buffer(slots_[static_cast<size_t>(g)], kind).as<float>() + offset, static_cast<size_t>(n) * 4);
+  }
+  Status WriteState(int g, int kind, int64_t offset, int64_t n, const float* in) override {
+    return state_dev_->Copy(Buffer(slots_[static_cast<size_t>(g)], kind).as<float>() + offset, in, static_cast<size_t>(n) * 4);
+  }
+
   Status Allocate() override {
     for (Slot& s : slots_) {
+      if (s.in.frozen) continue;
       const auto S = static_cast<size_t>(s.in.elements);
       const std::string ctx = "allocating the optimizer state of group '" + s.in.name + "'";
-      std::vector<DeviceBuffer*> state = {&s.master, &s.exp_avg, &s.exp_avg_sq};
-      if (o_.amsgrad) state.push_back(&s.max_exp_avg_sq);
-      for (DeviceBuffer* b : state) {
-        ASSIGN_OR_RETURN(*b, state_dev_->Allocate(S * 4, MemCategory::kOptimizerState), ctx);
-        RETURN_IF_ERROR(state_dev_->Fill(b->data(), 0, S * 4), ctx);
+      for (int k = 0; k < kinds(s); ++k) {
+        DeviceBuffer& b = Buffer(s, k);
+        ASSIGN_OR_RETURN(b, state_dev_->Allocate(S * 4, MemCategory::kOptimizerState), ctx);
+        RETURN_IF_ERROR(state_dev_->Fill(b.data(), 0, S * 4), ctx);
       }
       // Initial values, through host memory if need be (padding stays zero).
       std::vector<float> staged;
@@ -199,10 +339,12 @@ class ResidentStore final : public OptimizerStore {
     return Status();
   }
 
-  Window WholeWindow(int g) {
+  Window WindowAt(int g, int64_t off, int64_t n) {
     Slot& s = slots_[static_cast<size_t>(g)];
-    return Window{g, 0, s.in.elements, s.master.as<float>(), s.exp_avg.as<float>(), s.exp_avg_sq.as<float>(),
-                  s.max_exp_avg_sq.as<float>(), HostGrads(s), HostParams(s), state_compute_};
+    auto at = [off](DeviceBuffer& b) { return b.empty() ? nullptr : b.as<float>() + off; };
+    return Window{g, off, n, at(s.master), at(s.exp_avg), at(s.exp_avg_sq), at(s.max_exp_avg_sq),
+                  static_cast<const char*>(HostGrads(s)) + static_cast<size_t>(off) * DTypeSize(s.in.grad_dtype),
+                  static_cast<char*>(HostParams(s)) + static_cast<size_t>(off) * esize(s), state_compute_};
   }
 
   Status RefreshParams(Slot& s) {
@@ -222,7 +364,7 @@ class SwappedStore final : public OptimizerStore {
                const Options& o, std::unique_ptr<IoEngine> io)
       : OptimizerStore(comm, device, compute, host, host_compute, o), io_(std::move(io)) {}
   ~SwappedStore() override {
-    for (const auto& sink : TakeSinks()) sink->Close(FailedPreconditionError("the offloaded optimizer state was destroyed before a save received it"));
+    for (auto& job : std::exchange(deferred_, {})) job->Done(FailedPreconditionError("the offloaded optimizer state was destroyed before a save received it"));
   }
 
   Status Update(const UpdateFn& fn) override {
@@ -230,14 +372,15 @@ class SwappedStore final : public OptimizerStore {
     if (params_ >= 0) access[static_cast<size_t>(params_)] = SwapAccess::kWrite;
     // Every rank learns of a problem on any rank: first before anything changes, then after streaming.
     RETURN_IF_ERROR(AgreeOnStatus(comm_, swapper_->CheckFiles()), "step (nothing was updated)");
-    Delivery delivery(TakeSinks(), kinds_);
+    Delivery delivery(std::exchange(deferred_, {}), *this);
     Copies copies(*this);
     Status st = swapper_->Stream(access, [&](const StateSwapper::Window& w) -> Status {
-      if (w.offset == 0) RETURN_IF_ERROR(copies.Begin(static_cast<size_t>(w.region)));
-      (void)delivery.Put(w);  // the state as it was, before Adam changes it (a failed save: the step goes on)
-      Slot& s = slots_[static_cast<size_t>(w.region)];
+      const int g = region_slot_[static_cast<size_t>(w.region)];
+      if (w.offset == 0) RETURN_IF_ERROR(copies.Begin(static_cast<size_t>(g)));
+      delivery.Put(w);  // the state as it was, before Adam changes it (a failed save: the step goes on)
+      Slot& s = slots_[static_cast<size_t>(g)];
       const void* grads = static_cast<const char*>(HostGrads(s)) + static_cast<size_t>(w.offset) * DTypeSize(s.in.grad_dtype);
-      return fn(Window{w.region, w.offset, w.count, Data(w, master_), Data(w, exp_avg_), Data(w, exp_avg_sq_),
+      return fn(Window{g, w.offset, w.count, Data(w, master_), Data(w, exp_avg_), Data(w, exp_avg_sq_),
                        Data(w, max_exp_avg_sq_), grads, ParamsAt(w), host_compute_});
     }, &stats_);
     st = copies.Finish(std::move(st));
@@ -245,67 +388,59 @@ class SwappedStore final : public OptimizerStore {
     return AgreeOnStatus(comm_, st).WithContext("step: the offloaded optimizer state may be partly updated; restore from a checkpoint");
   }
 
-  bool can_defer() const override { return true; }
-  Status Defer(std::shared_ptr<StateSink> sink) override {
-    if (sink == nullptr) return InvalidArgumentError("optimizer store: null sink");
-    std::erase_if(sinks_, [](const std::shared_ptr<StateSink>& s) { return !s->wanted(); });
-    sinks_.push_back(std::move(sink));
-    return Status();
-  }
-  // A read-only stream of the state kinds into the registered sinks.
-  Status Deliver() override {
-    Delivery delivery(TakeSinks(), kinds_);
-    if (!delivery.active()) return Status();
-    std::vector<SwapAccess> access(streams_.size(), SwapAccess::kNone);
-    for (const auto& [kind, k] : kinds_) access[static_cast<size_t>(k)] = SwapAccess::kRead;
-    Status st = swapper_->Stream(access, [&](const StateSwapper::Window& w) { return delivery.Put(w); }, &stats_);
-    delivery.Close(st);
-    return st.WithContext("handing the offloaded optimizer state to a save");
-  }
-
   Status RefreshParams() override {
     std::vector<SwapAccess> access(streams_.size(), SwapAccess::kNone);
     access[static_cast<size_t>(master_)] = SwapAccess::kRead;
     if (params_ >= 0) access[static_cast<size_t>(params_)] = SwapAccess::kWrite;
     Status st = swapper_->Stream(access, [&](const StateSwapper::Window& w) {
-      return host_compute_->Cast(Data(w, master_), DType::kF32, ParamsAt(w), slots_[static_cast<size_t>(w.region)].in.dtype, w.count);
+      const Slot& s = slots_[static_cast<size_t>(region_slot_[static_cast<size_t>(w.region)])];
+      return host_compute_->Cast(Data(w, master_), DType::kF32, ParamsAt(w), s.in.dtype, w.count);
     }, &stats_);
     if (st.ok()) st = PushParams();
     return AgreeOnStatus(comm_, st).WithContext("refreshing the parameters from the offloaded master weights");
   }
 
-  std::vector<StateBuffer> StateBuffers(int group) override {
-    std::vector<StateBuffer> out;
-    for (const auto& [kind, stream] : kinds_) {  // not resident: reached through the swap files
-      StateBuffer b{kind, DType::kF32, nullptr, slots_[static_cast<size_t>(group)].in.elements, {}, {}};
-      StateSwapper* sw = swapper_.get();
-      b.read = [sw, group, k = stream](int64_t off, int64_t cnt, void* dst) { return sw->Read(group, k, off, cnt, dst); };
-      b.write = [this, sw, group, k = stream](int64_t off, int64_t cnt, const void* src) {
-        (void)Deliver();  // a save waiting for the state gets it as it was (its errors close the save's sink)
-        return sw->Write(group, k, off, cnt, src);
-      };
-      out.push_back(std::move(b));
-    }
-    return out;
-  }
-
   ParamSource Params(int group) const override {
     const Slot& s = slots_[static_cast<size_t>(group)];
-    if (params_ < 0) return {s.param_shard.empty() ? s.in.params : s.param_shard.data(), {}, 0};
+    if (params_ < 0 || s.in.frozen) return {s.param_shard.empty() ? s.in.params : s.param_shard.data(), {}, 0};
     ParamSource p;
-    p.load = [sw = swapper_.get(), group, k = params_](void* dst) { return sw->ReadRegionAsync(group, k, dst); };
-    p.load_bytes = swapper_->RegionBytes(group, params_);
+    p.load = [sw = swapper_.get(), r = slot_region_[static_cast<size_t>(group)], k = params_](void* dst) { return sw->ReadRegionAsync(r, k, dst); };
+    p.load_bytes = swapper_->RegionBytes(slot_region_[static_cast<size_t>(group)], params_);
     return p;
   }
 
   SwapStats swap_stats() const override { return stats_; }
 
  private:
+  float* HostState(Slot&, int) override { return nullptr; }
+  std::function<Result<const float*>(int, int64_t, int64_t, float*)> CaptureRead(Slot&) override { return {}; }
+  // Captures wait for the next Update (or Deliver), which streams the state through host memory anyway.
+  void Defer(std::shared_ptr<internal::CaptureJob> job) override { deferred_.push_back(std::move(job)); }
+  // A read-only stream of the state kinds into the captures waiting for it.
+  Status Deliver() override {
+    if (deferred_.empty()) return Status();
+    Delivery delivery(std::exchange(deferred_, {}), *this);
+    std::vector<SwapAccess> access(streams_.size(), SwapAccess::kNone);
+    for (int k : kinds_) access[static_cast<size_t>(k)] = SwapAccess::kRead;
+    Status st = swapper_->Stream(access, [&](const StateSwapper::Window& w) {
+      delivery.Put(w);
+      return Status();
+    }, &stats_);
+    delivery.Close(st);
+    return st.WithContext("handing the offloaded optimizer state to a save");
+  }
+  Status ReadState(int g, int kind, int64_t offset, int64_t n, float* out) override {
+    return swapper_->Read(slot_region_[static_cast<size_t>(g)], kinds_[static_cast<size_t>(kind)], offset, n, out);
+  }
+  Status WriteState(int g, int kind, int64_t offset, int64_t n, const float* in) override {
+    return swapper_->Write(slot_region_[static_cast<size_t>(g)], kinds_[static_cast<size_t>(kind)], offset, n, in);
+  }
+
   // The streams, each named where it is pushed (the state kinds a checkpoint sees, in order).
   int AddStream(std::vector<SwapStream>& streams, const char* name, bool state) {
     const int k = static_cast<int>(streams.size());
     streams.push_back({name, 4});
-    if (state) kinds_.emplace_back(name, k);
+    if (state) kinds_.push_back(k);
     return k;
   }
 
@@ -318,12 +453,17 @@ class SwappedStore final : public OptimizerStore {
     if (o_.offload.params == OffloadTarget::kNvme) params_ = AddStream(streams, "params", false);
     streams_ = streams;
     std::vector<SwapRegion> regions;
-    for (const Slot& s : slots_) {
+    slot_region_.assign(slots_.size(), -1);
+    for (size_t g = 0; g < slots_.size(); ++g) {  // frozen slots take no step: no swap files
+      const Slot& s = slots_[g];
+      if (s.in.frozen) continue;
       SwapRegion r{"group '" + s.in.name + "'", s.in.elements, {}};
       if (params_ >= 0) {
         r.element_bytes.assign(streams.size(), 4);
         r.element_bytes[static_cast<size_t>(params_)] = esize(s);
       }
+      slot_region_[g] = static_cast<int>(regions.size());
+      region_slot_.push_back(static_cast<int>(g));
       regions.push_back(std::move(r));
     }
     SwapperOptions so;
@@ -335,8 +475,8 @@ class SwappedStore final : public OptimizerStore {
     // Initial state, streamed: master from init, zero moments, and the parameters cast from master.
     std::vector<SwapAccess> access(streams_.size(), SwapAccess::kWrite);
     RETURN_IF_ERROR(swapper_->Stream(access, [&](const StateSwapper::Window& w) -> Status {
-      const Slot& s = slots_[static_cast<size_t>(w.region)];
-      for (const auto& [kind, k] : kinds_) std::memset(w.data[static_cast<size_t>(k)], 0, static_cast<size_t>(w.count) * 4);
+      const Slot& s = slots_[static_cast<size_t>(region_slot_[static_cast<size_t>(w.region)])];
+      for (int k : kinds_) std::memset(w.data[static_cast<size_t>(k)], 0, static_cast<size_t>(w.count) * 4);
       float* master = Data(w, master_);
       s.in.init(w.offset, w.count, master);
       return host_compute_->Cast(master, DType::kF32, ParamsAt(w), s.in.dtype, w.count);
@@ -351,57 +491,48 @@ class SwappedStore final : public OptimizerStore {
   // Where a window's updated parameters go: the params stream, or the host-side parameters.
   void* ParamsAt(const StateSwapper::Window& w) {
     if (params_ >= 0) return w.data[static_cast<size_t>(params_)];
-    Slot& s = slots_[static_cast<size_t>(w.region)];
+    Slot& s = slots_[static_cast<size_t>(region_slot_[static_cast<size_t>(w.region)])];
     return static_cast<char*>(HostParams(s)) + static_cast<size_t>(w.offset) * esize(s);
   }
 
   Status PushParams() {
-    for (Slot& s : slots_) RETURN_IF_ERROR(ParamsUp(s));
+    for (Slot& s : slots_) {
+      if (!s.in.frozen) RETURN_IF_ERROR(ParamsUp(s));
+    }
     return Status();
   }
 
-  // One delivery of the state kinds to the sinks, window by window; a sink's first failed Put ends
-  // its delivery (the others go on). Put fails once every sink failed.
+  // One delivery of the state kinds to the captures waiting for it, window by window; a capture's
+  // first failed Put ends its part (the others go on).
   class Delivery {
    public:
-    Delivery(std::vector<std::shared_ptr<StateSink>> sinks, const std::vector<std::pair<std::string, int>>& kinds) : kinds_(kinds) {
-      for (auto& s : sinks) sinks_.push_back({std::move(s), Status()});
-    }
+    Delivery(std::vector<std::shared_ptr<internal::CaptureJob>> jobs, const SwappedStore& store) : jobs_(std::move(jobs)), store_(store) {}
     ~Delivery() { Close(InternalError("optimizer store: the delivery to a save ended early")); }
-    bool active() const { return !sinks_.empty(); }
-    Status Put(const StateSwapper::Window& w) {
-      bool any = false;
-      for (auto& [sink, status] : sinks_) {
-        for (size_t b = 0; b < kinds_.size() && status.ok(); ++b) {
-          status = sink->Put(w.region, static_cast<int>(b), w.offset, w.count, Data(w, kinds_[b].second));
+    void Put(const StateSwapper::Window& w) {
+      const int g = store_.region_slot_[static_cast<size_t>(w.region)];
+      for (auto& job : jobs_) {
+        for (size_t k = 0; k < store_.kinds_.size() && !job->failed(); ++k) {
+          (void)job->Put(g, static_cast<int>(k), w.offset, w.count, Data(w, store_.kinds_[k]));
         }
-        any = any || status.ok();
       }
-      return any || sinks_.empty() ? Status() : sinks_.front().second;
     }
     void Close(const Status& st) {
-      for (auto& [sink, status] : sinks_) sink->Close(status.ok() ? st : status);
-      sinks_.clear();
+      for (auto& job : jobs_) job->Done(st);
+      jobs_.clear();
     }
 
    private:
-    std::vector<std::pair<std::shared_ptr<StateSink>, Status>> sinks_;
-    const std::vector<std::pair<std::string, int>>& kinds_;
+    std::vector<std::shared_ptr<internal::CaptureJob>> jobs_;
+    const SwappedStore& store_;
   };
-  std::vector<std::shared_ptr<StateSink>> TakeSinks() {
-    std::vector<std::shared_ptr<StateSink>> out;
-    for (auto& s : sinks_) {
-      if (s->wanted()) out.push_back(std::move(s));
-    }
-    sinks_.clear();
-    return out;
-  }
 
   std::unique_ptr<IoEngine> io_;
   std::unique_ptr<StateSwapper> swapper_;  // after io_: destroyed before the engine it uses
-  std::vector<std::shared_ptr<StateSink>> sinks_;  // saves' (disk, memory tier), waiting for the next Update
+  std::vector<std::shared_ptr<internal::CaptureJob>> deferred_;  // captures waiting for the next Update
   std::vector<SwapStream> streams_;
-  std::vector<std::pair<std::string, int>> kinds_;  // state kind -> stream
+  std::vector<int> kinds_;        // state kind -> stream
+  std::vector<int> slot_region_;  // -1 for frozen slots
+  std::vector<int> region_slot_;
   int master_ = -1, exp_avg_ = -1, exp_avg_sq_ = -1, max_exp_avg_sq_ = -1, params_ = -1;
   SwapStats stats_;
 };

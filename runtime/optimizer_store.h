@@ -3,14 +3,18 @@
 // max moments in device memory, in host memory (ZeRO-Offload) or in swap files on NVMe streamed
 // through host memory (ZeRO-Infinity); host mirrors of device memory the host cannot address (the
 // gradient shard going down, the updated parameters going up, overlapped with the CPU Adam on a copy
-// thread); and, at stage 3 with offload.params, this rank's parameter shards themselves.
+// thread); and, at stage 3 with offload.params, this rank's parameter shards themselves. Frozen groups
+// are slots too: their state is their parameters (kind "master", read and written through casts).
+//
+// The store is also the one place that streams a snapshot of the state to whoever asks (Capture: the
+// engine's StateOwner side; runtime/capture.h): once per placement, whatever the receiver.
 //
 // Two implementations behind this interface: resident (device or host memory) and swapped (NVMe).
 // The engine hands over, per group, pointers to its own gradient shard and parameter block at Init;
 // the store owns every buffer it allocates and never reaches back into the engine. A step is
 //   engine: flush -> norm -> scalars -> store.Update(window -> Adam) -> gather.
 //
-// Thread-safety: one thread at a time (the engine's); the copy thread is internal.
+// Thread-safety: one thread at a time (the engine's); the copy and capture threads are internal.
 #pragma once
 
 #include <functional>
@@ -29,17 +33,24 @@
 
 namespace zrt {
 
+namespace internal {
+class Captures;
+class CaptureJob;
+}  // namespace internal
+
 class OptimizerStore {
  public:
-  // One parameter group as the engine hands it over at Init.
+  // One parameter group as the engine hands it over at Init (the store's slot g is the engine's group g).
   struct Group {
     std::string name;   // for errors
     DType dtype = DType::kF32;       // of the parameters
     DType grad_dtype = DType::kF32;  // of the gradient shard (dtype, or f32 with fp32 main gradients)
     int64_t elements = 0;       // this rank's shard
-    const void* grads = nullptr;  // this rank's reduced gradient shard (the engine's device memory)
+    // No gradients and no moments: the slot's state is its parameters (master = their f32 values).
+    bool frozen = false;
+    const void* grads = nullptr;  // this rank's reduced gradient shard (the engine's device memory); null if frozen
     // This rank's block of the model parameters (the engine's device memory); null when the store
-    // holds the parameter shard (holds_params()).
+    // holds the parameter shard (holds_params(); a frozen slot's then in host memory).
     void* params = nullptr;
     // Writes the fp32 initial values of shard elements [offset, offset + count) into out (padding
     // elements are left as they are: zero). Used only during Init.
@@ -56,18 +67,20 @@ class OptimizerStore {
   // `compute` runs on `device`'s memory, `host_compute` on host memory; all must outlive the store.
   static Result<std::unique_ptr<OptimizerStore>> Create(Communicator* comm, Device* device, Compute* compute,
                                                         HostMemory* host, Compute* host_compute, const Options& options);
+  // Abandons a capture still waiting for NVMe state (its sink is closed with an error); finishes the
+  // others first.
   virtual ~OptimizerStore();
 
-  // Stage 3 with offload.params: the store holds the parameter shards (host memory or NVMe), and
-  // Group::params is null.
+  // Stage 3 with offload.params: the store holds the parameter shards (host memory or NVMe; a frozen
+  // slot's in host memory), and Group::params is null.
   bool holds_params() const { return o_.offload.params != OffloadTarget::kNone; }
 
   // Allocates and initialises the state (master from Group::init, zero moments) and this rank's
-  // parameters (cast from master). Collective: a failure on one rank (no space on its disk) is every
-  // rank's error.
+  // parameters (cast from master; a frozen slot's from its init). Collective: a failure on one rank
+  // (no space on its disk) is every rank's error.
   Status Init(std::vector<Group> groups);
 
-  // A contiguous part of one group's shard during Update: the state, the gradients and where the
+  // A contiguous part of one slot's shard during Update: the state, the gradients and where the
   // updated parameters go, all at element `offset` of the shard and addressable by `compute`.
   struct Window {
     int group;
@@ -82,25 +95,30 @@ class OptimizerStore {
     Compute* compute;
   };
   using UpdateFn = std::function<Status(const Window&)>;
-  // Calls fn once for every part of every group, in group order (whole shards when resident, sub-groups
-  // when streamed), and brings the updated parameters to the engine's buffers. Collective for the
+  // Calls fn once for every part of every trainable slot, in slot order (whole shards when resident
+  // and nothing is being captured, windows otherwise), and brings the updated parameters to the
+  // engine's buffers. Each window first waits for the captures still reading it. Collective for the
   // swapped store (agreement before anything changes and after streaming).
   virtual Status Update(const UpdateFn& fn) = 0;
 
   // Casts master into the parameters (after a checkpoint load wrote master). Collective.
   virtual Status RefreshParams() = 0;
 
-  // Group g's state as a checkpoint sees it: master, exp_avg, exp_avg_sq[, max_exp_avg_sq].
-  virtual std::vector<StateBuffer> StateBuffers(int group) = 0;
-
-  // StateView::defer and deliver for the buffers StateBuffers gives without data or snapshot (the
-  // swapped store's): Defer registers `sink` (beside any others), which receives every such buffer of
-  // every group (indices: the store's groups, the kinds' order) during the next Update, each
-  // sub-group before Adam changes it, or at once from Deliver, or before a StateBuffer::write changes
-  // the state. A sink registered when the store is destroyed is closed with an error.
-  virtual bool can_defer() const { return false; }
-  virtual Status Defer(std::shared_ptr<StateSink> sink);
-  virtual Status Deliver() { return Status(); }
+  // ---- the state as a checkpoint sees it (the engine's StateOwner; core/state_view.h) ----
+  // Slot g's buffers: master, exp_avg, exp_avg_sq[, max_exp_avg_sq] (a frozen slot: master), with
+  // `data` where they are host memory.
+  std::vector<StateBuffer> StateBuffers(int group);
+  // Streams the state as it is now into `sink` (runtime/capture.h): memory on the capture thread
+  // (the next Update waits window by window for what it is about to change), NVMe state as the next
+  // Update streams it (or Settle).
+  Status Capture(std::shared_ptr<StateSink> sink);
+  // Every capture finished now (NVMe state still owed is streamed at once): sinks closed on return.
+  Status Settle();
+  // Elements [offset, offset + n) of slot g's buffer `kind` (StateBuffers' order). Write settles first.
+  Status Read(int group, int kind, int64_t offset, int64_t n, float* out);
+  Status Write(int group, int kind, int64_t offset, int64_t n, const float* in);
+  // Seconds Update and Settle waited for captures since the last call (the engine's checkpoint stall).
+  double TakeCaptureWait();
 
   // Where the stage-3 gatherer finds group g's parameter shard: resident (`shard`) or read from
   // NVMe (`load` into a 4 KiB-aligned buffer of load_bytes).
@@ -126,8 +144,9 @@ class OptimizerStore {
   };
   OptimizerStore(Communicator* comm, Device* device, Compute* compute, HostMemory* host, Compute* host_compute,
                  const Options& o);
-  virtual Status Allocate() = 0;  // after the mirrors and held parameters exist
+  virtual Status Allocate() = 0;  // the trainable slots' state, after the mirrors and held parameters exist
   size_t esize(const Slot& s) const { return DTypeSize(s.in.dtype); }
+  int kinds(const Slot& s) const { return s.in.frozen ? 1 : (o_.amsgrad ? 4 : 3); }
   // The gradient shard and the parameters where the CPU (offloaded optimizer) reads and writes them.
   const void* HostGrads(const Slot& s) const;
   void* HostParams(Slot& s);
@@ -136,6 +155,22 @@ class OptimizerStore {
   // The copies of one Update around the per-group work: every gradient shard goes down first (queued
   // on the copy thread), each group's parameters go up as soon as the next group starts.
   class Copies;
+
+  // ---- placement hooks of the state (trainable slots; frozen ones are the base's) ----
+  // Host memory of a state kind, or null (device memory, NVMe).
+  virtual float* HostState(Slot& s, int kind) = 0;
+  // How the capture thread reads a trainable slot's kind (host memory, or device memory into the
+  // bounce buffer); an empty function: the slot is on NVMe and comes with the next Update (Defer).
+  virtual std::function<Result<const float*>(int kind, int64_t offset, int64_t n, float* bounce)> CaptureRead(Slot& s) = 0;
+  // The NVMe part of a capture: delivered during the next Update, or now by Deliver.
+  virtual void Defer(std::shared_ptr<internal::CaptureJob> /*job*/) {}
+  virtual Status Deliver() { return Status(); }
+  virtual Status ReadState(int g, int kind, int64_t offset, int64_t n, float* out) = 0;
+  virtual Status WriteState(int g, int kind, int64_t offset, int64_t n, const float* in) = 0;
+  // Waits for the captures reading slot g's elements [0, end) (the next change of them).
+  void WaitForCaptures(int g, int64_t end);
+  bool capturing() const;
+  int64_t capture_part() const;
 
   Communicator* comm_;
   Device* device_;
@@ -146,6 +181,15 @@ class OptimizerStore {
   bool mirror_ = false;  // an offloaded optimizer with device memory the host cannot address
   std::unique_ptr<ThreadPool> copier_;
   std::vector<Slot> slots_;
+
+ private:
+  Status InitFrozen(Slot& s);
+  Result<const float*> FrozenRead(Slot& s, int64_t offset, int64_t n, float* out);
+  Status FrozenWrite(Slot& s, int64_t offset, int64_t n, const float* in);
+  void* FrozenParams(Slot& s) { return s.param_shard.empty() ? s.in.params : s.param_shard.data(); }
+
+  double capture_wait_ = 0;
+  std::unique_ptr<internal::Captures> captures_;  // after slots_: its thread reads them, and goes first
 };
 
 }  // namespace zrt

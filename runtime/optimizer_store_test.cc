@@ -61,7 +61,7 @@ Result<Outcome> RunStore(Communicator& comm, const Placement& p, const fs::path&
     const auto n = static_cast<size_t>(kShards[g]);
     ASSIGN_OR_RETURN(DeviceBuffer gb, device.Allocate(n * 2, MemCategory::kGradients));  // bf16, as the group
     grads.push_back(std::move(gb));
-    OptimizerStore::Group sg{"g" + std::to_string(g), DType::kBF16, DType::kBF16, kShards[g], grads.back().data(), nullptr, {}};
+    OptimizerStore::Group sg{"g" + std::to_string(g), DType::kBF16, DType::kBF16, kShards[g], false, grads.back().data(), nullptr, {}};
     if (!store->holds_params()) {
       ASSIGN_OR_RETURN(DeviceBuffer pb, device.Allocate(n * 2, MemCategory::kParameters));
       params.push_back(std::move(pb));
@@ -111,12 +111,13 @@ Result<Outcome> RunStore(Communicator& comm, const Placement& p, const fs::path&
       RETURN_IF_ERROR(device.Copy(pv.data(), params[g].data(), pv.size() * 2));
     }
     auto& sv = out.state.emplace_back();
-    for (const StateBuffer& b : store->StateBuffers(static_cast<int>(g))) {
-      auto& v = sv.emplace_back(static_cast<size_t>(b.count));
-      if (b.resident()) {
-        std::memcpy(v.data(), b.data, v.size() * 4);
+    const std::vector<StateBuffer> buffers = store->StateBuffers(static_cast<int>(g));
+    for (size_t k = 0; k < buffers.size(); ++k) {
+      auto& v = sv.emplace_back(static_cast<size_t>(buffers[k].count));
+      if (buffers[k].resident()) {
+        std::memcpy(v.data(), buffers[k].data, v.size() * 4);
       } else {
-        RETURN_IF_ERROR(b.read(0, b.count, v.data()));
+        RETURN_IF_ERROR(store->Read(static_cast<int>(g), static_cast<int>(k), 0, buffers[k].count, v.data()));
       }
     }
     EXPECT_EQ(sv.size(), 4u);
@@ -129,7 +130,7 @@ Result<Outcome> RunStore(Communicator& comm, const Placement& p, const fs::path&
     if (master.resident()) {
       std::memcpy(master.data, v.data(), v.size() * 4);
     } else {
-      RETURN_IF_ERROR(master.write(0, master.count, v.data()));
+      RETURN_IF_ERROR(store->Write(static_cast<int>(g), 0, 0, master.count, v.data()));
     }
   }
   RETURN_IF_ERROR(store->RefreshParams());

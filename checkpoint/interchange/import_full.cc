@@ -10,23 +10,47 @@
 
 namespace zrt::ckpt {
 
-StateBuffer PullBuffer(const std::string& kind, const ShardLayout& layout, int rank,
-                       std::function<Status(int64_t tensor, int64_t offset, int64_t count, float* out)> read) {
-  StateBuffer b;
-  b.kind = kind;
-  b.dtype = DType::kF32;
-  b.count = layout.shard_size();
-  b.read = [&layout, rank, read = std::move(read)](int64_t offset, int64_t n, void* out) -> Status {
-    float* dst = static_cast<float*>(out);
-    std::fill_n(dst, n, 0.0f);  // padding between tensors reads as zero
-    for (const ShardPiece& p : layout.RankPieces(rank)) {
+namespace {
+
+// A shard whose buffers are pulled from elsewhere piece by piece: WriteShard reads it a chunk at a
+// time through the view. Nothing else of an owner is asked of it.
+class PulledShard final : public StateOwner {
+ public:
+  PulledShard(const std::vector<ShardLayout>& layouts, int shard, const PieceRead& read) : layouts_(layouts), shard_(shard), read_(read) {}
+  Status Read(int group, int buffer, int64_t offset, int64_t n, float* out) override {
+    std::fill_n(out, n, 0.0f);  // padding between tensors reads as zero
+    for (const ShardPiece& p : layouts_[static_cast<size_t>(group)].RankPieces(shard_)) {
       const int64_t lo = std::max(offset, p.shard_offset), hi = std::min(offset + n, p.shard_offset + p.count);
       if (lo >= hi) continue;
-      RETURN_IF_ERROR(read(p.tensor, p.tensor_offset + (lo - p.shard_offset), hi - lo, dst + (lo - offset)));
+      RETURN_IF_ERROR(read_(static_cast<size_t>(group), static_cast<size_t>(buffer), p.tensor, p.tensor_offset + (lo - p.shard_offset), hi - lo,
+                            out + (lo - offset)));
     }
     return Status();
-  };
-  return b;
+  }
+  Status Capture(std::shared_ptr<StateSink>) override { return FailedPreconditionError("a pulled shard is read, not captured"); }
+  Status Settle() override { return Status(); }
+  Status Write(int, int, int64_t, int64_t, const float*) override { return FailedPreconditionError("a pulled shard is read only"); }
+  Status Restore(const StateCounters&) override { return Status(); }
+
+ private:
+  const std::vector<ShardLayout>& layouts_;
+  const int shard_;
+  const PieceRead& read_;
+};
+
+}  // namespace
+
+Status WritePulledShard(IoEngine& io, const std::string& dir, const Manifest& m, const std::vector<ShardLayout>& layouts, int shard,
+                        const PieceRead& read) {
+  PulledShard owner(layouts, shard, read);
+  StateView view;
+  view.owner = &owner;
+  for (size_t g = 0; g < m.groups.size(); ++g) {
+    StateGroup& sg = view.groups.emplace_back();
+    sg.name = m.groups[g].name;
+    for (const std::string& kind : m.groups[g].kinds) sg.buffers.push_back({kind, DType::kF32, nullptr, layouts[g].shard_size()});
+  }
+  return WriteShard(io, dir, m, shard, view);
 }
 
 Status WriteCheckpointFromFull(const std::string& out_root, const std::vector<FullTensor>& tensors,
@@ -73,19 +97,12 @@ Status WriteCheckpointFromFull(const std::string& out_root, const std::vector<Fu
   ASSIGN_OR_RETURN(auto io, IoEngine::Create(IoOptions{}), "import");
   int64_t done = 0;
   auto write_shards = [&]() -> Status {
-    for (int r = 0; r < m.shards; ++r) {
-      ShardState state(m.groups.size());
-      for (size_t g = 0; g < m.groups.size(); ++g) {
-        for (const std::string& kind : m.groups[g].kinds) {
-          state[g].push_back(PullBuffer(kind, layouts[g], r, [&, g, kind](int64_t t, int64_t offset, int64_t count, float* out) -> Status {
-            RETURN_IF_ERROR(read(members[g][static_cast<size_t>(t)], kind, offset, count, out));
-            if (progress) progress(done += count * 4, total);
-            return Status();
-          }));
-        }
-      }
-      RETURN_IF_ERROR(WriteShard(*io, save.tmp, m, r, state));
-    }
+    const PieceRead pull = [&](size_t g, size_t k, int64_t t, int64_t offset, int64_t count, float* out) -> Status {
+      RETURN_IF_ERROR(read(members[g][static_cast<size_t>(t)], m.groups[g].kinds[k], offset, count, out));
+      if (progress) progress(done += count * 4, total);
+      return Status();
+    };
+    for (int r = 0; r < m.shards; ++r) RETURN_IF_ERROR(WritePulledShard(*io, save.tmp, m, layouts, r, pull));
     return PublishFile(*io, save.tmp, kManifestFile, EncodeManifest(m));
   };
   return Commit(nullptr, write_shards(), save, Retention{}, *io).WithContext("import");

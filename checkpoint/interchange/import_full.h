@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "zrt/checkpoint/format.h"
+#include "zrt/offload/io_engine.h"
 #include "zrt/checkpoint/interchange/interchange.h"
 #include "zrt/checkpoint/progress.h"
 #include "zrt/core/shard_layout.h"
@@ -29,12 +30,13 @@ struct FullTensor {
 // fp32 into `out`.
 using FullTensorRead = std::function<Status(size_t t, const std::string& kind, int64_t offset, int64_t count, float* out)>;
 
-// Rank `rank`'s shard of a group laid out by `layout` as a non-resident StateBuffer: WriteShard asks
-// it for one chunk at a time and each piece is pulled from `read(tensor, offset, count, out)` (tensor:
-// the index in the group), so writing a shard takes O(chunk) memory. `layout` must outlive it.
-StateBuffer PullBuffer(const std::string& kind, const ShardLayout& layout, int rank,
-                       std::function<Status(int64_t tensor, int64_t offset, int64_t count, float* out)> read);
-
+// Reads elements [offset, offset + count) of tensor `tensor` (its index in group `group`), state kind
+// `kind` (its index in the group's kinds), as fp32 into `out`.
+using PieceRead = std::function<Status(size_t group, size_t kind, int64_t tensor, int64_t offset, int64_t count, float* out)>;
+// Writes shard `shard` of the checkpoint `m` describes (laid out by `layouts`) into `dir`, each chunk
+// pulled piece by piece through `read` (padding between tensors is zero): O(chunk) memory.
+Status WritePulledShard(IoEngine& io, const std::string& dir, const Manifest& m, const std::vector<ShardLayout>& layouts, int shard,
+                        const PieceRead& read);
 // Writes a complete checkpoint under `out_root` (its step directory named by base.step) laid out for
 // options.world_size ranks; each group holds the state kinds `kinds` gives it (master first; a group
 // it does not name holds master only). `base` carries the counters

@@ -68,30 +68,22 @@ Result<std::string> Reshard(const std::string& dir, const std::string& out_root,
   }
   // Progress in bytes written, from every thread (one caller at a time).
   int64_t total = 0, done = 0;
-  for (size_t g = 0; g < m.groups.size(); ++g) total += layouts[g].padded_size() * 4 * static_cast<int64_t>(m.groups[g].kinds.size());
+  for (const GroupEntry& ge : m.groups) {
+    for (const TensorEntry& te : ge.tensors) total += te.numel * 4 * static_cast<int64_t>(ge.kinds.size());
+  }
   std::mutex progress_mu;
   auto one_shard = [&](int r) -> Status {
     ASSIGN_OR_RETURN(std::unique_ptr<TensorReader> reader, TensorReader::Open(dir));
-    ShardState state;
-    for (size_t g = 0; g < m.groups.size(); ++g) {
+    const PieceRead pull = [&](size_t g, size_t k, int64_t t, int64_t offset, int64_t count, float* out) -> Status {
       const GroupEntry& ge = m.groups[g];
-      state.emplace_back();
-      for (const std::string& kind : ge.kinds) {
-        StateBuffer b = PullBuffer(kind, layouts[g], r, [&, kind](int64_t t, int64_t offset, int64_t count, float* out) {
-          return reader->Read(ge.tensors[static_cast<size_t>(t)].name, kind, offset, count, out);
-        });
-        if (o.progress) {  // count whole chunks as WriteShard asks for them (padding included, as in the total)
-          b.read = [inner = std::move(b.read), &progress_mu, &done, &total, &o](int64_t offset, int64_t n, void* out) -> Status {
-            RETURN_IF_ERROR(inner(offset, n, out));
-            std::lock_guard lock(progress_mu);
-            o.progress(done += n * 4, total);
-            return Status();
-          };
-        }
-        state.back().push_back(std::move(b));
+      RETURN_IF_ERROR(reader->Read(ge.tensors[static_cast<size_t>(t)].name, ge.kinds[k], offset, count, out));
+      if (o.progress) {  // padding is not pulled: the total counts real elements only
+        std::lock_guard lock(progress_mu);
+        o.progress(done += count * 4, total);
       }
-    }
-    return WriteShard(*io, save.tmp, nm, r, state);
+      return Status();
+    };
+    return WritePulledShard(*io, save.tmp, nm, layouts, r, pull);
   };
   std::vector<Status> results(static_cast<size_t>(nm.shards));
   {

@@ -495,7 +495,7 @@ Status ImportSafetensors(const std::string& in_path, const std::string& out_root
 namespace {
 
 Result<LoadResult> LoadLocal(const std::string& path, const StateView& target, const SafetensorsLoadOptions& o) {
-  if (target.settle) target.settle();  // a snapshot still copying from the buffers ends before they change
+  RETURN_IF_ERROR(target.Settle(), "initialising from ", path);  // a capture still reading the buffers ends before they change
   ASSIGN_OR_RETURN(SafetensorsReader r, SafetensorsReader::Open(path));
   ASSIGN_OR_RETURN(FileState s, Describe(r, o.names));
   std::map<std::string, size_t> where;
@@ -550,7 +550,7 @@ Result<LoadResult> LoadLocal(const std::string& path, const StateView& target, c
         }
         return Status();
       };
-      RETURN_IF_ERROR(FillStateBuffer(b, g.name, fill));
+      RETURN_IF_ERROR(FillStateBuffer(target, static_cast<int>(&g - target.groups.data()), static_cast<int>(&b - g.buffers.data()), fill));
       res.bytes_read += b.count * 4;
     }
   }
@@ -570,7 +570,7 @@ Result<LoadResult> LoadSafetensors(Communicator* comm, const std::string& path, 
   Result<LoadResult> local = LoadLocal(path, target, o);
   Status agreed = AgreeOnStatus(comm, local.status());
   if (!agreed.ok()) return agreed.WithContext("initialising from " + path);
-  if (target.restore) RETURN_IF_ERROR(target.restore(local->counters), "initialising from ", path);
+  RETURN_IF_ERROR(target.Restore(local->counters), "initialising from ", path);
   return local;
 }
 

@@ -38,6 +38,7 @@
 #include "zrt/checkpoint/format.h"
 #include "zrt/checkpoint/fs_util.h"
 #include "zrt/checkpoint/shard_writer.h"
+#include "zrt/checkpoint/snapshot.h"
 #include "zrt/checkpoint/tier/tier_file.h"
 #include "zrt/core/logging.h"
 #include "zrt/offload/io_engine.h"
@@ -46,13 +47,12 @@ namespace zrt::ckpt {
 
 namespace fs = std::filesystem;
 using internal::AlignUp;
-using internal::Arrival;
+using internal::TierSink;
 using internal::Mapping;
+using internal::Now;
 using internal::Piece;
 
 namespace {
-
-double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 int RanksPerNode(const MemoryTierOptions& o) {
   if (o.ranks_per_node > 0) return o.ranks_per_node;
@@ -183,9 +183,6 @@ struct MemoryTier::Impl {
   std::unique_ptr<Communicator> wire;
   MemoryTierStats stats;
   int64_t superseded = -1;  // the newest complete disk checkpoint seen
-  // What the owner waited at StateView::hold for background copies (shared: a hold may run after
-  // its generation, or this tier, is gone).
-  std::shared_ptr<std::atomic<double>> held = std::make_shared<std::atomic<double>>(0.0);
   bool budget_checked = false;
 
   struct Gen {
@@ -194,32 +191,63 @@ struct MemoryTier::Impl {
     std::vector<Piece> plan;
     int64_t bytes = 0;
     int own_shard = 0, replica_shard = 0;
-    Mapping own, replica;
-    std::vector<uint64_t> own_sums, replica_sums;  // the chunks' checksums, as the snapshot's rank took them
-    std::shared_future<Status> copied;             // the background copy (with `wire`: and the replica and seals)
-    std::shared_future<void> copy_done;            // what the owner's hold waits for (StateView::hold)
-    std::shared_ptr<Arrival> arrival;              // state the owner's next step hands over (null: none)
-    std::function<Status()> deliver;               // the owner's StateView::deliver, for a commit that cannot wait
+    std::shared_ptr<TierSink> sink;                // the own copy: the capture's sink (null when this rank failed before it)
+    StateOwner* owner = nullptr;                   // asked to settle a capture still owed at the commit (alive while the sink is open)
+    Mapping replica;
+    std::vector<uint64_t> replica_sums;            // the chunks' checksums, as the snapshot's rank took them
+    std::shared_future<Status> copied;             // with `wire`: the own copy's end, the replica and the seals
     bool started = false;                          // the own copy is whole: its seal and the replica's transfer began
     CommHandle shift;
     bool shift_done = true;
     std::future<Status> own_sealed, replica_sealed;
-    double t0 = 0, replica_done_at = 0, write_seconds = 0, stall = 0;  // stall: training's wait (Save, the hold, Commit)
+    double t0 = 0, replica_done_at = 0, write_seconds = 0, stall = 0;  // stall: training's wait (Save, Commit)
     Status local;  // this rank's first failure
     ~Gen() {
-      if (arrival) arrival->Abandon();
-      if (copied.valid()) copied.wait();  // it writes into `own`
+      if (copied.valid() && sink && !sink->closed()) sink->Abandon();  // nothing more comes in: the thread moves on
+      if (copied.valid()) copied.wait();  // it reads the sink's mapping
+      if (sink) sink->Abandon();
     }
-    // Whether the own copy is whole (or failed) without waiting: the background copy and the state
-    // that arrives with the owner's step.
-    bool Whole() const {
-      return (!copied.valid() || copied.wait_for(std::chrono::seconds(0)) == std::future_status::ready) && (!arrival || arrival->closed());
-    }
+    // Whether the own copy is whole (or failed) without waiting.
+    bool Whole() const { return !sink || sink->closed(); }
+    const Mapping& own() const { return sink->mapping(); }
+    const std::vector<uint64_t>& own_sums() const { return sink->sums(); }
   };
   std::unique_ptr<Gen> gen;
 
   void Fail(const Status& s) {
     if (gen->local.ok() && !s.ok()) gen->local = s;
+  }
+  // Collective: generation `m.step` begins: its file plan, the budget (checked at the first one, on
+  // every rank alike), its directory and the sink its own copy is captured into.
+  Status Begin(Manifest m, double t0) {
+    auto g = std::make_unique<Gen>();
+    g->t0 = t0;
+    g->step = m.step;
+    g->m = std::move(m);
+    ASSIGN_OR_RETURN(g->plan, internal::PlanFile(g->m, &g->bytes), "memory tier");
+    g->own_shard = g->m.shards == 1 ? 0 : comm->rank();
+    g->replica_shard = g->m.shards == 1 ? 0 : source;
+    if (!budget_checked) {  // two generations of the own copy and the replica must fit
+      const int64_t need = 2 * g->bytes * (Replicated(n, o) ? 2 : 1);
+      Status fits = need <= stats.budget_bytes ? Status()
+                    : OutOfMemoryError("memory tier: rank ", comm->rank(), " needs ", need, " bytes (two generations of its ", g->bytes,
+                                       "-byte snapshot", Replicated(n, o) ? " and of its peer's replica" : "", ") in ", rank_dir,
+                                       ", over its budget of ", stats.budget_bytes, " bytes");
+      RETURN_IF_ERROR(AgreeOnStatus(comm, fits));
+      budget_checked = true;
+    }
+    stats.snapshot_bytes = g->bytes;
+    gen = std::move(g);
+    const std::string own_tmp = StepPath(own_dir, gen->step) + ".tmp";
+    const std::string own_data = own_tmp + "/" + DataFileName(gen->own_shard);
+    Fail([&]() -> Status {
+      RETURN_IF_ERROR(RemoveTree(own_tmp));
+      RETURN_IF_ERROR(MakeDirs(own_tmp));
+      Recycle(own_dir, own_data);  // a removed generation's file: its pages are there already
+      gen->sink = std::make_shared<TierSink>(gen->m, gen->plan, own_data, gen->bytes);
+      return Status();
+    }());
+    return Status();
   }
   // The replica's transfer on `c` from this rank's copy into its holder's: the holder's mapping, the
   // checksums (the holder indexes the replica with them: it does not hash the bytes again, and a
@@ -239,10 +267,10 @@ struct MemoryTier::Impl {
       }();
     }
     const bool ok = local->ok();
-    const size_t sums_bytes = ok ? g.own_sums.size() * 8 : 0;
-    if (ok) g.replica_sums.resize(g.own_sums.size());
-    RETURN_IF_ERROR(c->Shift(g.own_sums.data(), sums_bytes, g.replica_sums.data(), sums_bytes, d));
-    return c->ShiftAsync(ok ? g.own.data() : nullptr, ok ? static_cast<size_t>(g.bytes) : 0, ok ? g.replica.data() : nullptr,
+    const size_t sums_bytes = ok ? g.own_sums().size() * 8 : 0;
+    if (ok) g.replica_sums.resize(g.own_sums().size());
+    RETURN_IF_ERROR(c->Shift(ok ? g.own_sums().data() : nullptr, sums_bytes, g.replica_sums.data(), sums_bytes, d));
+    return c->ShiftAsync(ok ? g.own().data() : nullptr, ok ? static_cast<size_t>(g.bytes) : 0, ok ? g.replica.data() : nullptr,
                          ok ? static_cast<size_t>(g.bytes) : 0, d);
   }
   Status SealReplica(Gen& g) {
@@ -263,7 +291,7 @@ struct MemoryTier::Impl {
     g.replica_done_at = Now();
     if (!local.ok()) return local;
     const double t0 = Now();
-    keep(internal::Seal(*io, StepPath(own_dir, g.step) + ".tmp", StepPath(own_dir, g.step), g.m, g.plan, g.own_shard, g.own_sums, g.bytes));
+    keep(internal::Seal(*io, StepPath(own_dir, g.step) + ".tmp", StepPath(own_dir, g.step), g.m, g.plan, g.own_shard, g.own_sums(), g.bytes));
     g.write_seconds = Now() - t0;
     if (local.ok() && Replicated(n, o)) keep(SealReplica(g));
     return local;
@@ -277,7 +305,7 @@ struct MemoryTier::Impl {
     if (g.local.ok()) {
       g.own_sealed = std::async(std::launch::async, [this, p = &g, own_tmp] {
         const double t0 = Now();
-        Status s = internal::Seal(*io, own_tmp, StepPath(own_dir, p->step), p->m, p->plan, p->own_shard, p->own_sums, p->bytes);
+        Status s = internal::Seal(*io, own_tmp, StepPath(own_dir, p->step), p->m, p->plan, p->own_shard, p->own_sums(), p->bytes);
         p->write_seconds = Now() - t0;  // read by Commit after get()
         return s;
       });
@@ -289,17 +317,10 @@ struct MemoryTier::Impl {
     g.shift = std::move(*h);
     g.shift_done = false;
   }
-  // The own copy is whole: the background copy's and the arrival's (delivered, failed or refused)
-  // outcomes are this rank's.
+  // The own copy is whole (delivered, failed or refused): its outcome is this rank's.
   void Arrived() {
     Gen& g = *gen;
-    if (g.copied.valid()) {
-      Fail(g.copied.get());
-      g.copied = {};
-    }
-    if (!g.arrival) return;
-    Fail(g.arrival->closed() ? g.arrival->status() : InternalError("memory tier: the state never arrived"));
-    g.arrival.reset();
+    if (g.sink) Fail(g.sink->closed() ? g.sink->WaitClosed() : InternalError("memory tier: the state never arrived"));
   }
   void StartReplicaSeal() {
     Gen* g = gen.get();
@@ -326,13 +347,12 @@ struct MemoryTier::Impl {
   }
   Status Commit() {
     Gen* g = gen.get();
-    if (!g->started) {  // the copy ends and the state still to arrive is delivered now (not collective), then the rest
-      if (g->copied.valid()) {  // the arrival's checksums go where the copy sized them
-        const double w0 = Now();
-        g->copied.wait();
-        g->stall += Now() - w0;
-      }
-      if (g->arrival && !g->arrival->closed()) Fail(g->deliver().WithContext("memory tier: taking the offloaded state"));
+    // A capture still owed (NVMe state waiting for the next step) is streamed now, then its end waited for.
+    if (g->sink && !g->sink->closed() && g->owner != nullptr) Fail(g->owner->Settle());
+    if (!g->started) {
+      const double w0 = Now();
+      if (g->sink) (void)g->sink->WaitClosed();
+      g->stall += Now() - w0;
       Arrived();
       StartTransfer();
     }
@@ -343,14 +363,13 @@ struct MemoryTier::Impl {
     }
     if (g->own_sealed.valid()) Fail(g->own_sealed.get());
     if (g->replica_sealed.valid()) Fail(g->replica_sealed.get());
-    if (g->copied.valid()) Fail(g->copied.get());  // the copy's thread, which moved the replica too
-    g->own.Reset();
+    if (g->copied.valid()) Fail(g->copied.get());  // the thread that moved the replica and sealed both
     g->replica.Reset();
     const int64_t step = g->step;
     Status agreed = AgreeOnStatus(comm, g->local);
     const double replica_seconds = g->replica_done_at > 0 ? g->replica_done_at - g->t0 : 0;
     stats.write_seconds = g->write_seconds;
-    stats.stall_seconds = g->stall + held->exchange(0.0);
+    stats.stall_seconds = g->stall + (g->sink ? g->sink->waited() : 0.0);
     gen.reset();
     if (!agreed.ok()) {  // the generation is not used: the previous one stays
       (void)RemoveTree(StepPath(own_dir, step) + ".tmp");
@@ -477,105 +496,34 @@ MemoryTier::~MemoryTier() {
 Status MemoryTier::Save(const StateView& state, const nlohmann::json& trainer_state) {
   Impl& t = *impl_;
   if (t.gen) RETURN_IF_ERROR(t.Commit(), "committing the previous snapshot");
-  // How the own copy is taken: one pass over the state not on NVMe, in the background when its owner
-  // can hold its next change until the copy is done (StateView::hold) and every such buffer is host
-  // memory or may be read from another thread (device memory: StateBuffer::concurrent_read; then,
-  // with `wire`, that thread moves the replica too), else while training waits; state on NVMe arrives
-  // with the next step.
-  bool arrives = false, copyable = true;  // copyable: every buffer not arriving may be copied on another thread
-  for (const StateGroup& sg : state.groups) {
-    for (const StateBuffer& b : sg.buffers) {
-      arrives = arrives || internal::Arrives(state, b);
-      copyable = copyable && (internal::Arrives(state, b) || b.copyable_anywhere());
-    }
-  }
-  const bool background = copyable && state.hold && state.settle;
-  // [held, worker], agreed, since what a previous run left (and in principle the views) may differ.
-  // held: the step every rank already holds is kept as it is (replacing it would leave a moment with
-  // no whole copy of it). worker: the copy's thread moves the replica too.
-  float agree[2] = {t.stats.step == state.counters.step ? 1.0f : 0.0f, background && !arrives && t.wire ? 1.0f : 0.0f};
-  RETURN_IF_ERROR(t.comm->AllReduce(agree, agree, 2, DType::kF32, ReduceOp::kMin), "memory tier");
-  if (agree[0] > 0) return Status();
-  const bool worker = agree[1] > 0;
-  char nonce[17] = {};
-  if (t.comm->rank() == 0) std::snprintf(nonce, sizeof(nonce), "%s", NewNonce().c_str());
-  RETURN_IF_ERROR(t.comm->Broadcast(nonce, sizeof(nonce), DType::kBytes, 0), "memory tier nonce");
-  auto g = std::make_unique<Impl::Gen>();
-  g->t0 = Now();
-  g->step = state.counters.step;
-  ASSIGN_OR_RETURN(g->m, ManifestFor(state, trainer_state, 1 << 20, nonce), "memory tier");
-  ASSIGN_OR_RETURN(g->plan, internal::PlanFile(g->m, &g->bytes), "memory tier");
-  g->own_shard = g->m.shards == 1 ? 0 : t.comm->rank();
-  g->replica_shard = g->m.shards == 1 ? 0 : t.source;
-  if (!t.budget_checked) {  // two generations of the own copy and the replica must fit
-    const int64_t need = 2 * g->bytes * (Replicated(t.n, t.o) ? 2 : 1);
-    Status fits = need <= t.stats.budget_bytes ? Status()
-                  : OutOfMemoryError("memory tier: rank ", t.comm->rank(), " needs ", need, " bytes (two generations of its ", g->bytes,
-                                     "-byte snapshot", Replicated(t.n, t.o) ? " and of its peer's replica" : "", ") in ", t.rank_dir,
-                                     ", over its budget of ", t.stats.budget_bytes, " bytes");
-    RETURN_IF_ERROR(AgreeOnStatus(t.comm, fits));
-    t.budget_checked = true;
-  }
-  t.stats.snapshot_bytes = g->bytes;
-  t.gen = std::move(g);
+  const double t0 = Now();
+  // The step every rank already holds is kept as it is (replacing it would leave a moment with no
+  // whole copy of it).
+  ASSIGN_OR_RETURN(internal::SnapshotStart start, internal::StartSnapshot(t.comm, state, trainer_state, 1 << 20, t.stats.step == state.counters.step),
+                   "memory tier");
+  if (start.skip) return Status();
+  RETURN_IF_ERROR(t.Begin(std::move(start.manifest), t0));
   Impl::Gen& gen = *t.gen;
-  const std::string own_tmp = StepPath(t.own_dir, gen.step) + ".tmp";
-  const std::string own_data = own_tmp + "/" + DataFileName(gen.own_shard);
-  t.Fail([&]() -> Status {
-    RETURN_IF_ERROR(RemoveTree(own_tmp));
-    RETURN_IF_ERROR(MakeDirs(own_tmp));
-    Recycle(t.own_dir, own_data);
-    // Mapped here when a step's state arrives into it (not populated: cheap), else by the copy.
-    if (arrives || !background) {
-      ASSIGN_OR_RETURN(gen.own, Mapping::Map(own_data, gen.bytes, true, !arrives));
-    }
-    return Status();
-  }());
-  if (background) {  // launched whatever the outcome so far: with `wire`, every rank's thread takes part in the transfer
-    std::promise<void> done;
-    gen.copy_done = done.get_future().share();
-    gen.started = worker;
-    gen.copied = std::async(std::launch::async, [&t, &gen, view = state, own_data, map = !arrives, worker, local = gen.local,
-                                                 done = std::move(done)]() mutable -> Status {
-                   if (local.ok() && map) {
-                     auto m = Mapping::Map(own_data, gen.bytes, true);
-                     if (m.ok()) {
-                       gen.own = std::move(*m);
-                     } else {
-                       local = m.status();
-                     }
-                   }
-                   if (local.ok()) local = internal::Snapshot(view, gen.m, gen.plan, gen.own, &gen.own_sums);
-                   done.set_value();
-                   return worker ? t.Replicate(gen, std::move(local)) : local;
-                 }).share();
-    state.hold([done = gen.copy_done, held = t.held, stalled = state.stalled] {
-      const double t0 = Now();
-      done.wait();
-      const double waited = Now() - t0;
-      held->fetch_add(waited);
-      if (stalled) stalled(waited);
-    });
-  } else if (gen.local.ok()) {
-    t.Fail(internal::Snapshot(state, gen.m, gen.plan, gen.own, &gen.own_sums));
+  gen.owner = state.owner;
+  if (gen.local.ok()) {
+    Result<double> stall = internal::HandOver(state, gen.sink, t0);
+    if (!stall.ok()) gen.sink->Close(stall.status());  // the owner never took it
   }
-  if (gen.local.ok() && arrives) {
-    t.Fail([&]() -> Status {
-      auto arrival = std::make_shared<Arrival>(state, gen.m, gen.plan, gen.own, &gen.own_sums);
-      if (!arrival->expected()) return Status();
-      RETURN_IF_ERROR(state.defer(arrival), "memory tier: handing the offloaded state over");
-      gen.arrival = std::move(arrival);
-      gen.deliver = state.deliver;
-      return Status();
-    }());
+  if (t.wire) {  // every rank's thread takes part in the transfer, whatever its copy's outcome
+    gen.started = true;
+    gen.copied = std::async(std::launch::async, [&t, &gen, local = gen.local]() mutable -> Status {
+                   if (local.ok()) local = gen.sink->WaitClosed();
+                   return t.Replicate(gen, std::move(local));
+                 }).share();
   }
   gen.stall = Now() - gen.t0;
-  if (state.stalled) state.stalled(gen.stall);
-  if (gen.started) return Status();  // the copy's thread does the rest (agreed: every rank's does)
-  // Whether any rank's copy goes on (then every rank waits, and Poll or Commit goes on).
-  float waits = (gen.arrival || gen.copied.valid()) && gen.local.ok() ? 1.0f : 0.0f;
-  RETURN_IF_ERROR(t.comm->AllReduce(&waits, &waits, 1, DType::kF32, ReduceOp::kMax), "memory tier");
-  if (waits > 0) return Status();  // some rank's copy goes on: the first Poll that finds every rank's whole starts the rest
+  if (gen.started) return Status();
+  // A copy that ended at once everywhere (a view without an owner) moves on now; else the first Poll
+  // that finds every rank's copy whole starts the rest.
+  float whole = gen.Whole() ? 1.0f : 0.0f;
+  RETURN_IF_ERROR(t.comm->AllReduce(&whole, &whole, 1, DType::kF32, ReduceOp::kMin), "memory tier");
+  if (whole == 0) return Status();
+  t.Arrived();
   t.StartTransfer();
   return Status();
 }

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "zrt/checkpoint/codec.h"
 #include "zrt/checkpoint/files.h"
@@ -77,75 +78,99 @@ Status Seal(const IoEngine& io, const std::string& tmp, const std::string& final
   return RenamePath(tmp, final);
 }
 
-// This rank's state copied into `into` (a mapping of the new data file) chunk by chunk, each chunk
-// checksummed while it is still in cache: the one pass over the state training waits for. Buffers
-// that arrive later (Arrives) are left to the Arrival; their checksums too.
-Status Snapshot(const StateView& state, const Manifest& m, const std::vector<Piece>& plan, const Mapping& into,
-                std::vector<uint64_t>* sums) {
-  const std::vector<size_t> first = FirstChunks(m, plan);
-  sums->assign(first.back(), 0);
-  size_t i = 0;
-  for (const StateGroup& g : state.groups) {
-    for (const StateBuffer& b : g.buffers) {
-      const Piece& p = plan[i];
-      size_t sum = first[i++];
-      if (b.count != p.count) return InternalError("memory tier: group '", g.name, "' ", b.kind, " has ", b.count, " elements, planned ", p.count);
-      if (Arrives(state, b)) continue;
-      if (!b.resident() && !b.read) {
-        return InvalidArgumentError("memory tier: state '", b.kind, "' of group '", g.name, "' is not resident and has no read");
-      }
-      RETURN_IF_ERROR(into.Reserve(p.offset, p.count * 4));  // beside state that arrives later, the file is not reserved whole
-      for (int64_t e = 0; e < p.count; e += m.chunk_elements) {
-        const int64_t n = std::min(m.chunk_elements, p.count - e);
-        char* to = into.data() + p.offset + e * 4;
-        const size_t bytes = static_cast<size_t>(n) * 4;
-        if (b.data != nullptr) {
-          (*sums)[sum++] = CopyAndChecksum(to, static_cast<const float*>(b.data) + e, bytes);
-        } else {
-          RETURN_IF_ERROR(b.read(e, n, to), "memory tier: reading state '", b.kind, "' of group '", g.name, "'");
-          (*sums)[sum++] = Checksum(to, bytes);
-        }
-      }
-    }
-  }
-  return Status();
-}
-
-Arrival::Arrival(const StateView& state, const Manifest& m, const std::vector<Piece>& plan, const Mapping& into, std::vector<uint64_t>* sums)
-    : plan_(plan), first_(FirstChunks(m, plan)), chunk_(m.chunk_elements), into_(into), base_(into.data()), sums_(sums) {
-  size_t i = 0;
-  for (const StateGroup& g : state.groups) {
-    std::vector<Part>& parts = parts_.emplace_back();
-    for (const StateBuffer& b : g.buffers) {
-      parts.push_back({i++, Arrives(state, b)});
-      if (parts.back().arrives) left_ += b.count;
-    }
+TierSink::TierSink(const Manifest& m, std::vector<Piece> plan, std::string path, int64_t bytes)
+    : plan_(std::move(plan)), first_(FirstChunks(m, plan_)), chunk_(m.chunk_elements), path_(std::move(path)), bytes_(bytes) {
+  sums_.assign(first_.back(), 0);
+  parts_.resize(plan_.size());
+  for (size_t i = 0; i < plan_.size(); ++i) {
+    const auto g = static_cast<size_t>(plan_[i].group);
+    if (piece_of_group_.size() <= g) piece_of_group_.resize(g + 1, i);
+    left_ += plan_[i].count;
   }
 }
 
-Status Arrival::Put(int group, int buffer, int64_t offset, int64_t n, const float* data) {
-  if (abandoned_) return FailedPreconditionError("memory tier: the snapshot no longer takes state");
-  if (group < 0 || static_cast<size_t>(group) >= parts_.size() || buffer < 0 ||
-      static_cast<size_t>(buffer) >= parts_[static_cast<size_t>(group)].size()) {
-    return InternalError("memory tier: state arrived for group ", group, " buffer ", buffer, ", which the snapshot does not have");
+// Whole chunks from a chunk boundary are copied and hashed in one pass; the rest is copied, and each
+// chunk hashed once its last part is there.
+Status TierSink::Copy(const Piece& p, Part& part, int64_t offset, int64_t n, const float* data) {
+  char* base = into_.data() + p.offset;
+  const size_t first = first_[static_cast<size_t>(&p - plan_.data())];
+  int64_t done = 0;
+  if (part.hashed == offset && offset % chunk_ == 0) {
+    for (int64_t c; done < n && (c = std::min(chunk_, p.count - (offset + done))) <= n - done; done += c) {
+      sums_[first + static_cast<size_t>((offset + done) / chunk_)] =
+          CopyAndChecksum(base + (offset + done) * 4, data + done, static_cast<size_t>(c) * 4);
+    }
+    part.hashed = offset + done;
   }
-  Part& part = parts_[static_cast<size_t>(group)][static_cast<size_t>(buffer)];
-  const Piece& p = plan_[part.piece];
-  if (!part.arrives || offset != part.filled || n <= 0 || n > p.count - offset) {
-    return InternalError("memory tier: state of group ", group, " buffer ", buffer, " arrived at elements [", offset, ", ",
-                         offset + n, "); expected from ", part.filled, " of ", part.arrives ? p.count : 0);
-  }
-  RETURN_IF_ERROR(into_.Reserve(p.offset + offset * 4, n * 4));
-  std::memcpy(base_ + p.offset + offset * 4, data, static_cast<size_t>(n) * 4);
-  part.filled += n;
-  left_ -= n;
+  if (done < n) std::memcpy(base + (offset + done) * 4, data + done, static_cast<size_t>(n - done) * 4);
+  part.filled = offset + n;
   while (part.hashed < part.filled && (part.filled - part.hashed >= chunk_ || part.filled == p.count)) {
     const int64_t c = std::min(chunk_, p.count - part.hashed);
-    (*sums_)[first_[part.piece] + static_cast<size_t>(part.hashed / chunk_)] =
-        Checksum(base_ + p.offset + part.hashed * 4, static_cast<size_t>(c) * 4);
+    sums_[first + static_cast<size_t>(part.hashed / chunk_)] = Checksum(base + part.hashed * 4, static_cast<size_t>(c) * 4);
     part.hashed += c;
   }
   return Status();
+}
+
+Status TierSink::Put(int group, int buffer, int64_t offset, int64_t n, const float* data) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (abandoned_) return FailedPreconditionError("memory tier: the snapshot no longer takes state");
+  if (closed_) return FailedPreconditionError("memory tier: a part came after the snapshot's delivery ended");
+  const size_t piece = group >= 0 && static_cast<size_t>(group) < piece_of_group_.size() ? piece_of_group_[static_cast<size_t>(group)] + static_cast<size_t>(buffer) : plan_.size();
+  if (buffer < 0 || piece >= plan_.size() || plan_[piece].group != group) {
+    return InternalError("memory tier: state arrived for group ", group, " buffer ", buffer, ", which the snapshot does not have");
+  }
+  const Piece& p = plan_[piece];
+  Part& part = parts_[piece];
+  if (offset != part.filled || n <= 0 || n > p.count - offset) {
+    return InternalError("memory tier: state of group ", group, " buffer ", buffer, " arrived at elements [", offset, ", ", offset + n,
+                         "); expected from ", part.filled, " of ", p.count);
+  }
+  if (into_.data() == nullptr && bytes_ > 0) {
+    ASSIGN_OR_RETURN(into_, Mapping::Map(path_, bytes_, true));
+  }
+  RETURN_IF_ERROR(Copy(p, part, offset, n, data));
+  left_ -= n;
+  return Status();
+}
+
+void TierSink::Waited(double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  waited_ += seconds;
+}
+
+void TierSink::Close(const Status& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) return;
+  closed_ = true;
+  status_ = status.ok() && left_ != 0 ? InternalError("memory tier: the state's owner ended its delivery with ", left_, " elements missing")
+                                      : status;
+  if (status_.ok() && into_.data() == nullptr && bytes_ > 0) status_ = InternalError("memory tier: nothing of the state arrived");
+  cv_.notify_all();
+}
+
+void TierSink::Abandon() {
+  std::lock_guard<std::mutex> lock(mu_);
+  abandoned_ = true;
+  into_.Reset();
+  if (status_.ok()) status_ = FailedPreconditionError("memory tier: the snapshot was dropped");
+  cv_.notify_all();
+}
+
+Status TierSink::WaitClosed() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return closed_ || abandoned_; });
+  return status_;
+}
+
+bool TierSink::closed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return closed_ || abandoned_;
+}
+
+double TierSink::waited() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return waited_;
 }
 
 }  // namespace zrt::ckpt::internal

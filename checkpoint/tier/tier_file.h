@@ -1,8 +1,8 @@
 // One rank's snapshot file in the memory tier (memory_tier.cc is the protocol around it): the file's
 // layout (raw chunks, each buffer 4 KiB-aligned: what WriteShard gives uncompressed state), its shared
-// mapping with reserved blocks, the one pass that copies and checksums resident state into it, the
-// sink that takes state arriving with the owner's next step, and the index and manifest that make it
-// an ordinary checkpoint directory. Internal to zrt_checkpoint.
+// mapping with reserved blocks, the sink a capture streams the state into (one pass: each chunk copied
+// and checksummed while it is in cache), and the index and manifest that make it an ordinary
+// checkpoint directory. Internal to zrt_checkpoint.
 #pragma once
 
 #include <fcntl.h>
@@ -10,8 +10,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -114,55 +116,53 @@ Result<std::vector<Piece>> PlanFile(const Manifest& m, int64_t* total);
 // The chunks' positions in ForEachChunk's order: first[i] is piece i's first chunk; the total last.
 std::vector<size_t> FirstChunks(const Manifest& m, const std::vector<Piece>& plan);
 
-// Whether the state's owner hands buffer `b` over with its next step instead (NVMe: StateView::defer).
-inline bool Arrives(const StateView& state, const StateBuffer& b) { return state.defer && state.deliver && !b.resident() && !b.snapshot; }
-
 // Index and manifest beside a whole data file in `tmp`, then tmp renamed to `final` (replacing it).
 Status Seal(const IoEngine& io, const std::string& tmp, const std::string& final, const Manifest& m,
             const std::vector<Piece>& plan, int shard, const std::vector<uint64_t>& sums, int64_t total);
 
-// This rank's state copied into `into` (a mapping of the new data file) chunk by chunk, each chunk
-// checksummed while it is still in cache: the one pass over the state training waits for. Buffers
-// that arrive later (Arrives) are left to the Arrival; their checksums too.
-Status Snapshot(const StateView& state, const Manifest& m, const std::vector<Piece>& plan, const Mapping& into,
-                std::vector<uint64_t>* sums);
-
-// The buffers that arrive with the owner's next step (Arrives; state offloaded to NVMe): each part
-// is copied into the snapshot's mapping as the step streams it, and each chunk checksummed once its
-// last part came. Called on the owner's thread, like the tier itself; the generation abandons it
-// before its mapping goes.
-class Arrival final : public StateSink {
+// The memory tier's sink of a capture (core/state_view.h): each part is copied into the snapshot's
+// data file, a shared mapping of `path` (created, its blocks reserved and its pages populated at the
+// first part, on that producer's thread: the owner's capture thread for memory), each chunk
+// checksummed while it is still in cache when a part brings it whole from a chunk boundary, else once
+// its last part came. The generation waits for Close (WaitClosed) before it reads the mapping and the
+// checksums; Abandon (the generation is dropped) unmaps at once and refuses what comes after.
+// Thread-safety: every method from any thread (a mutex; Put holds it while it copies).
+class TierSink final : public StateSink {
  public:
-  Arrival(const StateView& state, const Manifest& m, const std::vector<Piece>& plan, const Mapping& into, std::vector<uint64_t>* sums);
-  bool expected() const { return left_ > 0; }
+  TierSink(const Manifest& m, std::vector<Piece> plan, std::string path, int64_t bytes);
 
   Status Put(int group, int buffer, int64_t offset, int64_t n, const float* data) override;
-  void Close(const Status& status) override {
-    closed_ = true;
-    status_ = status.ok() && left_ != 0 ? InternalError("memory tier: the state's owner ended its delivery with ", left_, " elements missing")
-                                        : status;
-  }
-  bool wanted() const override { return !closed_ && !abandoned_; }
-  void Abandon() { abandoned_ = true; }
-  bool closed() const { return closed_; }
-  const Status& status() const { return status_; }
+  void Waited(double seconds) override;
+  void Close(const Status& status) override;
+  void Abandon();
+  // Blocks until closed (or abandoned); the delivery's outcome.
+  Status WaitClosed();
+  bool closed() const;
+  double waited() const;
+  // After WaitClosed returned OK: the data file's mapping and the chunks' checksums (FirstChunks' order).
+  const Mapping& mapping() const { return into_; }
+  const std::vector<uint64_t>& sums() const { return sums_; }
 
  private:
   struct Part {
-    size_t piece;
-    bool arrives;
     int64_t filled = 0, hashed = 0;
   };
-  const std::vector<Piece>& plan_;
-  std::vector<size_t> first_;
-  int64_t chunk_;
-  const Mapping& into_;
-  char* base_;
-  std::vector<uint64_t>* sums_;
-  std::vector<std::vector<Part>> parts_;  // per group and buffer
-  int64_t left_ = 0;                      // elements still to arrive
+  Status Copy(const Piece& p, Part& part, int64_t offset, int64_t n, const float* data);
+  const std::vector<Piece> plan_;
+  const std::vector<size_t> first_;  // per piece: its first chunk's checksum
+  std::vector<size_t> piece_of_group_;  // group g's buffer b is piece piece_of_group_[g] + b
+  const int64_t chunk_;
+  const std::string path_;
+  const int64_t bytes_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  Mapping into_;
+  std::vector<uint64_t> sums_;
+  std::vector<Part> parts_;
+  int64_t left_ = 0;  // elements still to come
   bool closed_ = false, abandoned_ = false;
   Status status_;
+  double waited_ = 0;
 };
 
 }  // namespace zrt::ckpt::internal

@@ -5,8 +5,9 @@
 #   2. the same run, SIGKILLed (one rank, at random moments, saves every few steps so kills land
 #      mid-save too) KILLS times and restarted each time: the final parameters must be bit-identical;
 #   3. preemption: SIGUSR1 to one rank makes every rank save at the next step boundary and exit 0;
-#   4. NVMe offload (state and parameter shards in swap files): killed mid-run, restarted (the dead
-#      run's swap files are scratch: cleared), final parameters identical to the in-memory baseline;
+#   4. each placement of the optimizer state (engine memory, host memory, NVMe: state and parameter
+#      shards in swap files, the dead run's are scratch: cleared) with a save every step: killed in the
+#      middle of a capture, restarted, final parameters identical to the in-memory baseline;
 #   5. a 4-rank run killed, then resumed on 2 ranks (resharded) runs to the end;
 #   6. SIGTERM to the launcher (scripts/zrt-mpirun, the documented recipe): every rank saves, the job
 #      exits 0, and the resumed run is bit-identical to the baseline.
@@ -77,30 +78,35 @@ else
   echo "   (the run finished before the signal arrived)"
 fi
 
-echo "== NVMe offload: killed twice, restarted, identical to the in-memory baseline"
-# A save every step: each step hands the previous step's state to the writer (the deferred save of
-# NVMe state), so every kill lands in the middle of one.
+# Each placement of the optimizer state (engine memory, host memory, NVMe swap files), a save every
+# step: each step's capture streams while the next step runs (NVMe state: the next step hands it over),
+# so every kill lands in the middle of one. Killed twice, restarted, identical to the baseline.
 mkdir -p "$work/swap"
 nargs=(--steps $steps --stage 3 --batch 32 --every 1 --keep-last 2 --print-every 100000)
-off=(--offload nvme --nvme-dir "$work/swap")
-nkilled=0
-for attempt in 1 2 3 4; do
-  [ $nkilled -ge 2 ] && break
-  before=$(cat "$work/nvme/latest" 2>/dev/null || true)
-  mpi 4 "$bin" "${nargs[@]}" "${off[@]}" --ckpt "$work/nvme" > "$work/nvme.$attempt.log" 2>&1 &
-  job=$!
-  wait_for_checkpoint "$work/nvme" $job "$before"  # one of this run's own
-  sleep "0.$((RANDOM % 6))"
-  kill_random_rank "charlm.*$work/nvme" "$work/nvme" && nkilled=$((nkilled + 1))
-  wait $job || true
+for placement in none host nvme; do
+  echo "== optimizer state in $placement memory: killed mid-capture twice, restarted, identical to the baseline"
+  off=(--offload "$placement")
+  [ "$placement" = nvme ] && off+=(--nvme-dir "$work/swap")
+  root="$work/at-$placement"
+  pkilled=0
+  for attempt in 1 2 3 4; do
+    [ $pkilled -ge 2 ] && break
+    before=$(cat "$root/latest" 2>/dev/null || true)
+    mpi 4 "$bin" "${nargs[@]}" "${off[@]}" --ckpt "$root" > "$root.$attempt.log" 2>&1 &
+    job=$!
+    wait_for_checkpoint "$root" $job "$before"  # one of this run's own
+    sleep "0.$((RANDOM % 6))"
+    kill_random_rank "charlm.*$root" "$root" && pkilled=$((pkilled + 1))
+    wait $job || true
+  done
+  [ $pkilled -ge 1 ] || { echo "FAIL: never managed to kill a rank ($placement)"; exit 1; }
+  mpi 4 "$bin" "${nargs[@]}" "${off[@]}" --ckpt "$root" --dump "$root.bin" > "$root.final.log"
+  grep -q "resumed_from=$root/step-" "$root.final.log" || { echo "FAIL: the $placement run did not resume"; exit 1; }
+  tail -1 "$root.final.log"
+  cmp "$work/base.bin" "$root.bin" || { echo "FAIL: the resumed run ($placement) differs from the baseline"; exit 1; }
+  echo "   final parameters identical to the uninterrupted run"
 done
-[ $nkilled -ge 1 ] || { echo "FAIL: never managed to kill an NVMe rank"; exit 1; }
-mpi 4 "$bin" "${nargs[@]}" "${off[@]}" --ckpt "$work/nvme" --dump "$work/nvme.bin" > "$work/nvme.final.log"
-grep -q "resumed_from=$work/nvme/step-" "$work/nvme.final.log" || { echo "FAIL: the NVMe run did not resume"; exit 1; }
-tail -1 "$work/nvme.final.log"
-cmp "$work/base.bin" "$work/nvme.bin" || { echo "FAIL: the NVMe-offloaded resumed run differs from the baseline"; exit 1; }
 [ -z "$(ls -A "$work/swap")" ] || { echo "FAIL: swap files left behind: $(ls -R "$work/swap")"; exit 1; }
-echo "   final parameters identical to the uninterrupted in-memory run; swap files removed"
 
 echo "== killed on 4 ranks, resumed on 2"
 mpi 4 "$bin" "${args[@]}" --ckpt "$work/reshard" > "$work/reshard.log" 2>&1 &

@@ -3,9 +3,9 @@
 // a restart resumes the newest snapshot and continues bit for bit as the uninterrupted run; a rank
 // whose own copy is gone or corrupt is served by its peer's replica (and every rank agrees); the loss
 // of a whole (emulated) node is survived; a rank with no copy at all makes every rank fall back to
-// disk; budgets, superseding and end-of-run cleanup; snapshots and disk saves copied in the background
-// while the owner goes on, the owner's wait at the hold counted in the save's stall. Kills at random
-// moments: tests/crash/tier_kill.sh.
+// disk; budgets, superseding and end-of-run cleanup; snapshots and disk saves captured in the background
+// while the owner goes on, the owner's waits counted in the save's stall. Kills at random moments:
+// tests/crash/tier_kill.sh.
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <sys/mount.h>
@@ -16,6 +16,7 @@
 #include <fstream>
 #include <functional>
 
+#include "zrt/checkpoint/catalog.h"
 #include "zrt/checkpoint/checkpointer.h"
 #include "zrt/checkpoint/format.h"
 #include "zrt/core/mpi_communicator.h"
@@ -86,9 +87,10 @@ class TierTest : public ::testing::TestWithParam<Case> {
         EXPECT_TRUE((*e)->AddParam("frozen", {3001}, DType::kBF16, {.group = "f", .frozen = true}).ok());
       }
     }
-    EXPECT_TRUE((*e)->Finalize([](int64_t p, int64_t off, int64_t k, float* out) {
+    const Status finalized = (*e)->Finalize([](int64_t p, int64_t off, int64_t k, float* out) {
       for (int64_t i = 0; i < k; ++i) out[i] = 0.01f * static_cast<float>((p * 7919 + off + i) % 101) - 0.5f;
-    }).ok());
+    });
+    EXPECT_TRUE(finalized.ok()) << finalized;
     return std::move(*e);
   }
   std::unique_ptr<Checkpointer> Ck(MemoryTierOptions t) {
@@ -340,28 +342,60 @@ TEST_P(TierTest, BudgetsSupersedingAndCleanup) {
   }
 }
 
-// A sink between the engine and the tier that counts the parts, or fails on one rank the way an
-// owner's delivery can: a Put that fails, or parts that never come though the owner says it is done.
+// A sink between the engine and a saver that counts the parts, or fails on one rank the way an
+// owner's delivery can: a Put that fails, or parts that never come though the owner says it is done;
+// or that wrecks each part's source memory as soon as the saver returned from its Put (a saver must
+// have copied it by then). It adds up what the owner said this capture made it wait.
 class Relay final : public StateSink {
  public:
-  enum Mode { kPass, kPutFails, kPartsLost };
-  Relay(std::shared_ptr<StateSink> inner, Mode mode, int* puts) : inner_(std::move(inner)), mode_(mode), puts_(puts) {}
+  enum Mode { kPass, kPutFails, kPartsLost, kWreck };
+  Relay(std::shared_ptr<StateSink> inner, Mode mode, int* puts, double* charged)
+      : inner_(std::move(inner)), mode_(mode), puts_(puts), charged_(charged) {}
   Status Put(int group, int buffer, int64_t offset, int64_t n, const float* data) override {
-    if (++*puts_ < 3 || mode_ == kPass) return inner_->Put(group, buffer, offset, n, data);
-    if (mode_ == kPutFails) return DataLossError("sabotaged put");
-    return Status();  // dropped
+    if (++*puts_ >= 3 && mode_ == kPutFails) return DataLossError("sabotaged put");
+    if (*puts_ >= 3 && mode_ == kPartsLost) return Status();  // dropped
+    Status s = inner_->Put(group, buffer, offset, n, data);
+    if (mode_ == kWreck) std::fill_n(const_cast<float*>(data), n, 1e30f);
+    return s;
+  }
+  void Waited(double seconds) override {
+    *charged_ += seconds;
+    inner_->Waited(seconds);
   }
   void Close(const Status& status) override { inner_->Close(status); }
-  bool wanted() const override { return inner_->wanted(); }
 
  private:
   std::shared_ptr<StateSink> inner_;
   Mode mode_;
   int* puts_;
+  double* charged_;
 };
-// `v` with its sinks wrapped in a Relay.
-StateView Relayed(StateView v, Relay::Mode mode, int* puts) {
-  v.defer = [inner = v.defer, mode, puts](std::shared_ptr<StateSink> sink) { return inner(std::make_shared<Relay>(std::move(sink), mode, puts)); };
+// The engine as its views' owner, with every capture's sink wrapped in a Relay; what the savers told
+// it they made it wait (Stalled) added up too.
+class RelayOwner final : public StateOwner {
+ public:
+  RelayOwner(StateOwner* inner, Relay::Mode mode) : inner_(inner), mode_(mode) {}
+  Status Capture(std::shared_ptr<StateSink> sink) override {
+    return inner_->Capture(std::make_shared<Relay>(std::move(sink), mode_, &puts, &charged));
+  }
+  Status Settle() override { return inner_->Settle(); }
+  Status Read(int g, int b, int64_t off, int64_t n, float* out) override { return inner_->Read(g, b, off, n, out); }
+  Status Write(int g, int b, int64_t off, int64_t n, const float* in) override { return inner_->Write(g, b, off, n, in); }
+  Status Restore(const StateCounters& saved) override { return inner_->Restore(saved); }
+  void Stalled(double seconds) override {
+    charged += seconds;
+    inner_->Stalled(seconds);
+  }
+  int puts = 0;
+  double charged = 0;
+
+ private:
+  StateOwner* inner_;
+  Relay::Mode mode_;
+};
+// `v` owned through `relay`.
+StateView Relayed(StateView v, RelayOwner* relay) {
+  v.owner = relay;
   return v;
 }
 
@@ -377,15 +411,15 @@ TEST_P(TierTest, NvmeStateIsTakenByTheNextStepBesideADiskSave) {
   Train(*e, nullptr, 2, 3);
   const auto saved = StateNow(*e);
   ASSERT_TRUE(ck->SaveAsync(e->state_view()).ok());
-  int puts = 0;
-  ASSERT_TRUE(ck->SaveToMemory(Relayed(e->state_view(), Relay::kPass, &puts)).ok());
+  RelayOwner relay(e->state_view().owner, Relay::kPass);
+  ASSERT_TRUE(ck->SaveToMemory(Relayed(e->state_view(), &relay)).ok());
   ASSERT_TRUE(ck->Poll().ok());
   // Nothing of step 3 was read or sealed before the step that hands it over, here or on any rank.
-  EXPECT_EQ(puts, 0);
+  EXPECT_EQ(relay.puts, 0);
   EXPECT_EQ(ck->memory_stats()->step, 2);
   EXPECT_FALSE(fs::exists(MemoryTier::RankDir(root_, tier_, rank()) + "/own/" + StepDirName(3)));
   Train(*e, nullptr, 3, 4);  // hands step 3's state to both saves before changing it
-  EXPECT_GT(puts, 0);
+  EXPECT_GT(relay.puts, 0);
   ASSERT_TRUE(ck->Poll().ok());
   ASSERT_TRUE(ck->Wait().ok());
   EXPECT_EQ(ck->memory_stats()->step, 3);
@@ -411,32 +445,33 @@ TEST_P(TierTest, NvmeStateIsTakenByTheNextStepBesideADiskSave) {
   ExpectDiskHolds(3, saved);  // the disk save of step 3 that waited beside the tier's snapshot
 }
 
-// One rank's hand-over fails (or its engine goes before the step): the snapshot is dropped on every
-// rank, the previous generation stays the newest, nothing half-written stays, and the next works; a
-// disk save waiting for the same step beside it is unharmed.
+// One rank's hand-over fails (or, NVMe state, its engine goes before the step that owes it): the
+// snapshot is dropped on every rank, the previous generation stays the newest, nothing half-written
+// stays, and the next works; a disk save of the same step beside it is unharmed.
 TEST_P(TierTest, AFailedHandOverOnOneRankDropsTheSnapshotOnEveryRank) {
-  if (!GetParam().nvme) GTEST_SKIP() << "resident state is copied at once";
   for (int mode : {0, 1, 2}) {  // Put fails, parts lost, the engine destroyed before the step
+    if (mode == 2 && !GetParam().nvme) continue;  // memory is captured whole before the engine goes
     SCOPED_TRACE(mode);
     auto e = Engine();
     auto ck = Ck(tier_);
     Train(*e, ck.get(), 0, 2);
     ASSERT_TRUE(ck->Wait().ok());
     Train(*e, nullptr, 2, 3);
-    int puts = 0;
     const Relay::Mode how = mode < 2 && rank() == n() - 1 ? static_cast<Relay::Mode>(mode + 1) : Relay::kPass;
+    RelayOwner relay(e->state_view().owner, how);
     const auto saved = StateNow(*e);
     if (mode < 2) {
       ASSERT_TRUE(ck->SaveAsync(e->state_view()).ok());
     }
-    ASSERT_TRUE(ck->SaveToMemory(Relayed(e->state_view(), how, &puts)).ok());
+    ASSERT_TRUE(ck->SaveToMemory(Relayed(e->state_view(), &relay)).ok());
     if (mode == 2) {
       e.reset();
     } else {
       Train(*e, nullptr, 3, 4);
     }
-    ASSERT_TRUE(ck->Poll().ok());
-    Status s = ck->Wait();
+    const Status polled = ck->Poll();  // the failure comes at the commit: this Poll's or the Wait's
+    const Status waited = ck->Wait();  // which also commits the disk save beside it
+    const Status s = polled.ok() ? waited : polled;
     EXPECT_FALSE(s.ok()) << "rank " << rank() << " committed a snapshot another rank lacks";
     // The previous generation is the newest, unless the disk save of step 3 superseded it.
     EXPECT_EQ(ck->memory_stats()->step, mode < 2 ? -1 : 2);
@@ -462,17 +497,90 @@ TEST_P(TierTest, AFailedHandOverOnOneRankDropsTheSnapshotOnEveryRank) {
   }
 }
 
-// The tier's filesystem has no room left (another process took it after start-up): writing into a
-// mapping of a full tmpfs would kill the process (SIGBUS); instead the snapshot fails on every rank,
-// naming the file, and the next one works once there is room. Needs a small tmpfs of its own: skipped
-// where this process may not mount one.
-// The state is copied in the background after SaveToMemory (the tier's thread) or SaveAsync (the
-// disk writer's thread) returns; the owner's next change waits for the copy at StateView::hold.
+// The disk save's side: one rank's capture fails (a Put refused, or parts that never come) at any
+// placement: the save fails at its commit on every rank with that rank's reason, no part of it stays,
+// the previous checkpoint is still the newest complete one, and the next save works.
+TEST_P(TierTest, AFailedCaptureOnOneRankFailsTheDiskSaveOnEveryRank) {
+  const int culprit = GetParam().stage == 0 ? 0 : n() - 1;  // at stage 0 only rank 0 writes
+  for (int mode : {0, 1}) {
+    SCOPED_TRACE(mode);
+    auto e = Engine();
+    auto ck = Ck(tier_);
+    Train(*e, ck.get(), 0, 2, 2);
+    ASSERT_TRUE(ck->Wait().ok());
+    Train(*e, nullptr, 2, 3);
+    RelayOwner relay(e->state_view().owner, rank() == culprit ? static_cast<Relay::Mode>(mode + 1) : Relay::kPass);
+    ASSERT_TRUE(ck->SaveAsync(Relayed(e->state_view(), &relay)).ok());
+    Train(*e, nullptr, 3, 4);  // NVMe state is handed over here
+    const Status polled = ck->Poll();
+    const Status waited = ck->Wait();
+    const Status s = polled.ok() ? waited : polled;
+    EXPECT_FALSE(s.ok()) << "rank " << rank() << " committed a save whose capture failed on rank " << culprit;
+    if (rank() != culprit) {
+      EXPECT_NE(s.message().find("failed on rank " + std::to_string(culprit)), std::string_view::npos) << s;
+    }
+    ASSERT_TRUE(comm_->Barrier().ok());  // rank 0 removes the failed save once every rank agreed
+    std::vector<std::string> left;
+    for (const auto& entry : fs::directory_iterator(root_)) left.push_back(entry.path().filename().string());
+    EXPECT_TRUE(std::none_of(left.begin(), left.end(), [](const std::string& x) { return x.rfind(StepDirName(3), 0) == 0; }))
+        << "part of the failed save stayed";
+    auto newest = FindLatestComplete(root_);
+    ASSERT_TRUE(newest.ok()) << newest.status();
+    EXPECT_EQ(fs::path(*newest).filename().string(), StepDirName(2));
+    const auto saved = StateNow(*e);
+    ASSERT_TRUE(ck->SaveAsync(e->state_view()).ok());  // the next works
+    Train(*e, nullptr, 4, 5);
+    ASSERT_TRUE(ck->Wait().ok());
+    ck.reset();
+    e.reset();
+    ASSERT_TRUE(comm_->Barrier().ok());
+    ExpectDiskHolds(4, saved);
+    OnRank0([&] {
+      fs::remove_all(MemoryTier::JobDir(root_, tier_));
+      fs::remove_all(root_);
+    });
+  }
+}
+
+// A disk save under a staging budget: its chunk buffers never exceed it though the capture is far
+// larger and a step follows at once (the step waits for the writer where it must), and the checkpoint
+// holds the state saved.
+TEST_P(TierTest, AStagingBudgetBoundsTheDiskSave) {
+  constexpr int64_t kBudget = 64 << 10;  // 16 chunks of 1024 elements
+  auto e = Engine(300'000);
+  std::vector<std::vector<float>> saved;
+  {
+    auto ck = Checkpointer::Create(comm_.get(), &device_, {.root = root_, .chunk_elements = 1024, .staging_budget_bytes = kBudget});
+    ASSERT_TRUE(ck.ok()) << ck.status();
+    Train(*e, nullptr, 0, 2);
+    saved = StateNow(*e);
+    ASSERT_TRUE((*ck)->SaveAsync(e->state_view()).ok());
+    Train(*e, nullptr, 2, 3, 0, true);
+    ASSERT_TRUE((*ck)->Wait().ok());
+    const SaveStats st = (*ck)->last_stats();
+    EXPECT_LE(st.staging_bytes, kBudget);
+    if (GetParam().stage != 0 || rank() == 0) {
+      EXPECT_GT(st.staging_bytes, 0);
+    }
+  }
+  e.reset();  // its swap directory is the next engine's
+  ASSERT_TRUE(comm_->Barrier().ok());
+  auto e2 = Engine(300'000);
+  auto ck2 = Checkpointer::Create(comm_.get(), &device_, {.root = root_, .chunk_elements = 1024});
+  ASSERT_TRUE(ck2.ok());
+  auto r = (*ck2)->Resume(e2->state_view());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->step, 2);
+  EXPECT_TRUE(StateNow(*e2) == saved) << "rank " << rank();
+}
+
+// The state is captured in the background after SaveToMemory or SaveAsync returns (the engine's
+// capture thread); the owner's next change waits only for what it is about to change.
 // (a) The engine: a Step right after the save (its Adam would otherwise change the state under the
-// copy). (b) The saver's side of the contract, with an owner that wrecks every buffer as soon as its
-// hold returns. Every snapshot holds the saved state.
-// With the state in device memory too, and with a frozen group (both read on another thread:
-// StateBuffer::concurrent_read).
+// copy). (b) The saver's side of the contract: each part's source memory is wrecked as soon as the
+// saver's Put returned, and every buffer right after the capture ended. Every snapshot holds the
+// saved state, and a disk save's stall is what the owner was charged (SaveAsync and its waits).
+// With the state in device memory too, and with a frozen group (its parameters cast on the thread).
 TEST_P(TierTest, StateIsCopiedInTheBackgroundUntilTheOwnersNextChange) {
   if (GetParam().nvme) GTEST_SKIP() << "the state arrives with the next step";
   constexpr int64_t kBig = 3'000'000;  // 36 MB of fp32 state over the ranks: the copy outlasts what follows
@@ -487,50 +595,31 @@ TEST_P(TierTest, StateIsCopiedInTheBackgroundUntilTheOwnersNextChange) {
       ASSERT_TRUE(ck->Wait().ok());
       Train(*e, nullptr, 2, 3);
       saved = StateNow(*e);
-      StateView v = e->state_view();
-      std::vector<std::function<void()>> holds;
-      if (wreck) {  // the test is the owner: it runs the holds itself, then changes everything
-        v.hold = [&](std::function<void()> w) { holds.push_back(std::move(w)); };
-        v.settle = [&] {
-          for (auto& w : holds) w();
-          holds.clear();
-        };
-      }
-      double charged = 0;  // what the save told the owner it waited (SaveAsync, then the hold)
-      v.stalled = [&charged, inner = v.stalled](double seconds) {
-        charged += seconds;
-        if (inner) inner(seconds);
-      };
+      RelayOwner relay(e->state_view().owner, wreck ? Relay::kWreck : Relay::kPass);
+      const StateView v = Relayed(e->state_view(), &relay);
       ASSERT_TRUE((disk ? ck->SaveAsync(v) : ck->SaveToMemory(v)).ok());
       if (!wreck) {
         Train(*e, nullptr, 3, 4, 0, true);
         EXPECT_NE(StateNow(*e), saved);
       } else {
-        // At stage 0 only rank 0 writes the disk checkpoint's one shard.
-        const size_t want = disk && GetParam().stage == 0 && rank() > 0 ? 0 : 1;
-        ASSERT_EQ(holds.size(), want) << "the copy did not ask its owner to hold";
-        v.settle();
-        for (const StateGroup& g : v.groups) {
-          for (const StateBuffer& b : g.buffers) {
-            if (b.data != nullptr) {
-              std::memset(b.data, 0x7f, static_cast<size_t>(b.count) * 4);
-            } else {
-              const std::vector<float> junk(static_cast<size_t>(b.count), 1e30f);
-              ASSERT_TRUE(b.write(0, b.count, junk.data()).ok());
-            }
+        ASSERT_TRUE(v.Settle().ok());  // the capture ends; then the owner changes everything
+        for (size_t g = 0; g < v.groups.size(); ++g) {
+          for (size_t b = 0; b < v.groups[g].buffers.size(); ++b) {
+            const std::vector<float> junk(static_cast<size_t>(v.groups[g].buffers[b].count), -1e30f);
+            ASSERT_TRUE(v.Write(static_cast<int>(g), static_cast<int>(b), 0, v.groups[g].buffers[b].count, junk.data()).ok());
           }
         }
       }
-      // A pending save's stall counts the owner's wait at the hold as soon as it happened.
+      // A pending save's stall counts the owner's waits as soon as they happened.
       if (disk) {
-        EXPECT_NEAR(ck->last_stats().stall_seconds, charged, 1e-9);
+        EXPECT_NEAR(ck->last_stats().stall_seconds, relay.charged, 1e-9);
       }
       ASSERT_TRUE(ck->Poll().ok());
       Status w = ck->Wait();
       ASSERT_TRUE(w.ok()) << w;
       EXPECT_EQ(disk ? ck->last_stats().step : ck->memory_stats()->step, 3);
       if (disk) {
-        EXPECT_NEAR(ck->last_stats().stall_seconds, charged, 1e-9);
+        EXPECT_NEAR(ck->last_stats().stall_seconds, relay.charged, 1e-9);
       }
     }  // the tier keeps step 3 (no disk checkpoint) / the disk holds step 3
     ASSERT_TRUE(comm_->Barrier().ok());
@@ -549,6 +638,10 @@ TEST_P(TierTest, StateIsCopiedInTheBackgroundUntilTheOwnersNextChange) {
   }
 }
 
+// The tier's filesystem has no room left (another process took it after start-up): writing into a
+// mapping of a full tmpfs would kill the process (SIGBUS); instead the snapshot fails on every rank,
+// naming the file, and the next one works once there is room. Needs a small tmpfs of its own: skipped
+// where this process may not mount one.
 TEST_P(TierTest, AFullTierFilesystemFailsTheSnapshotNotTheProcess) {
   const std::string small = base_ + "/small";
   int mounted = 0;

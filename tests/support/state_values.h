@@ -1,8 +1,7 @@
 // Every buffer of a StateView as it is now, read from wherever it lives (host memory directly; device
-// memory and NVMe swap files through the buffer's read). For tests that compare states.
+// memory, NVMe swap files and frozen parameters through the view's owner). For tests that compare states.
 #pragma once
 
-#include <cstring>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -13,14 +12,12 @@ namespace zrt::testing {
 
 inline std::vector<std::vector<float>> ReadState(const StateView& view) {
   std::vector<std::vector<float>> out;
-  for (const StateGroup& g : view.groups) {
-    for (const StateBuffer& b : g.buffers) {
-      std::vector<float>& v = out.emplace_back(static_cast<size_t>(b.count));
-      if (b.data != nullptr) {
-        std::memcpy(v.data(), b.data, v.size() * 4);
-      } else if (b.count > 0) {
-        EXPECT_TRUE(b.read(0, b.count, v.data()).ok()) << "reading " << g.name << " " << b.kind;
-      }
+  for (size_t g = 0; g < view.groups.size(); ++g) {
+    for (size_t b = 0; b < view.groups[g].buffers.size(); ++b) {
+      const StateBuffer& buf = view.groups[g].buffers[b];
+      std::vector<float>& v = out.emplace_back(static_cast<size_t>(buf.count));
+      Status s = view.Read(static_cast<int>(g), static_cast<int>(b), 0, buf.count, v.data());
+      EXPECT_TRUE(s.ok()) << "reading " << view.groups[g].name << " " << buf.kind << ": " << s;
     }
   }
   return out;

@@ -56,8 +56,9 @@ class CkptCommands : public ::testing::Test {
           data[1][static_cast<size_t>(p.shard_offset + i)] = -v;
         }
       }
-      const ShardState state = {{{"master", DType::kF32, data[0].data(), layout->shard_size()},
-                                 {"exp_avg", DType::kF32, data[1].data(), layout->shard_size()}}};
+      StateView state;
+      state.groups.push_back({"g", {}, *layout, {{"master", DType::kF32, data[0].data(), layout->shard_size()},
+                                                 {"exp_avg", DType::kF32, data[1].data(), layout->shard_size()}}});
       EXPECT_TRUE(WriteShard(**io, dir, m, r, state).ok());
     }
     EXPECT_TRUE(WriteFileDurably(**io, dir, "manifest.json", EncodeManifest(m)).ok());

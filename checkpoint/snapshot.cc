@@ -1,0 +1,35 @@
+// The start of every snapshot (snapshot.h).
+#include "zrt/checkpoint/snapshot.h"
+
+#include <chrono>
+#include <cstdio>
+
+#include "zrt/checkpoint/commit.h"
+#include "zrt/checkpoint/shard_writer.h"
+
+namespace zrt::ckpt::internal {
+
+double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+Result<SnapshotStart> StartSnapshot(Communicator* comm, const StateView& state, const nlohmann::json& trainer_state,
+                                    int64_t chunk_elements, bool skip_vote) {
+  float skip = skip_vote ? 1.0f : 0.0f;
+  RETURN_IF_ERROR(comm->AllReduce(&skip, &skip, 1, DType::kF32, ReduceOp::kMin), "snapshot");
+  SnapshotStart s;
+  s.skip = skip > 0;
+  if (s.skip) return s;
+  char nonce[17] = {};
+  if (comm->rank() == 0) std::snprintf(nonce, sizeof(nonce), "%s", NewNonce().c_str());
+  RETURN_IF_ERROR(comm->Broadcast(nonce, sizeof(nonce), DType::kBytes, 0), "snapshot nonce");
+  ASSIGN_OR_RETURN(s.manifest, ManifestFor(state, trainer_state, chunk_elements, nonce));
+  return s;
+}
+
+Result<double> HandOver(const StateView& state, std::shared_ptr<StateSink> sink, double t0) {
+  RETURN_IF_ERROR(state.Capture(std::move(sink)));
+  const double stall = Now() - t0;
+  if (state.owner != nullptr) state.owner->Stalled(stall);
+  return stall;
+}
+
+}  // namespace zrt::ckpt::internal

@@ -1,0 +1,35 @@
+// What every snapshot of a StateView shares, whoever receives it (a disk save: checkpointer.cc; a
+// memory-tier generation: tier/memory_tier.cc), written once:
+//   1. StartSnapshot (collective): rank 0's nonce (it ties the manifest and every index together) and
+//      whether the snapshot is skipped (every rank voted so: the state is already held), in one
+//      broadcast and one all-reduce; the manifest;
+//   2. HandOver: the view's Capture into the receiver's sink (the owner streams its state from then
+//      on: core/state_view.h), and the owner charged for what the snapshot made it wait so far.
+// What training waits for later (the owner's next change waiting for a part still being captured) the
+// owner measures and tells the sink (StateSink::Waited). Internal to zrt_checkpoint.
+#pragma once
+
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "zrt/checkpoint/format.h"
+#include "zrt/core/communicator.h"
+#include "zrt/core/state_view.h"
+
+namespace zrt::ckpt::internal {
+
+double Now();  // steady clock, seconds
+
+struct SnapshotStart {
+  Manifest manifest;  // with the agreed nonce
+  bool skip = false;  // every rank voted to skip: nothing to snapshot
+};
+Result<SnapshotStart> StartSnapshot(Communicator* comm, const StateView& state, const nlohmann::json& trainer_state,
+                                    int64_t chunk_elements, bool skip_vote);
+
+// Hands `state` to `sink` and returns the seconds since `t0` (the caller's start), which the owner is
+// charged as a checkpoint stall. A capture that cannot start closes nothing: the caller stops its sink.
+Result<double> HandOver(const StateView& state, std::shared_ptr<StateSink> sink, double t0);
+
+}  // namespace zrt::ckpt::internal
