@@ -1,0 +1,213 @@
+// The chunk pipeline (chunk_source.h).
+#include "zrt/checkpoint/chunk_source.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace zrt::ckpt::internal {
+
+Status ShardSource::Plan(int rank, int group, int kind, int64_t begin, int64_t count) {
+  ASSIGN_OR_RETURN(Rank * r, Open(rank));
+  const auto& list = r->by_kind[{group, kind}];
+  auto it = std::upper_bound(list.begin(), list.end(), begin, [&](int64_t v, size_t k) { return v < r->index.chunks[k].elem_offset; });
+  if (it != list.begin()) --it;
+  for (; it != list.end() && r->index.chunks[*it].elem_offset < begin + count; ++it) {
+    if (!plan_.empty() && plan_.back().first == rank && plan_.back().second == *it) continue;
+    plan_.emplace_back(rank, *it);
+  }
+  return Status();
+}
+
+void ShardSource::Start(int64_t window) {
+  window_ = window;
+  Pump();
+}
+
+Status ShardSource::ReadWhole(const std::vector<Whole>& targets) {
+  struct InFlight {
+    size_t t, k;
+    Rank* r;
+    IoHandle h;
+  };
+  std::deque<InFlight> q;
+  auto finish = [&]() -> Status {
+    InFlight f = std::move(q.front());
+    q.pop_front();
+    const Whole& w = targets[f.t];
+    const ShardLayout& l = layouts_[static_cast<size_t>(w.group)];
+    Status st = f.h.Wait().WithContext(ChunkName(m_, l, f.r->index, f.k));
+    const ChunkEntry& c = f.r->index.chunks[f.k];
+    if (st.ok()) {
+      char* at = reinterpret_cast<char*>(w.dst + c.elem_offset);
+      st = FinishChunkRead(f.r->file, m_, l, f.r->index, f.k, at, w.dst + c.elem_offset, &scratch_);
+    }
+    if (st.ok()) bytes_read_ += c.stored_bytes;
+    return st.WithContext(w.what);
+  };
+  Status s;
+  for (size_t t = 0; t < targets.size() && s.ok(); ++t) {
+    const Whole& w = targets[t];
+    auto opened = Open(w.rank);
+    if (!opened.ok()) {
+      s = opened.status().WithContext(w.what);
+      break;
+    }
+    Rank* r = *opened;
+    const ShardLayout& l = layouts_[static_cast<size_t>(w.group)];
+    for (size_t k : r->by_kind[{w.group, w.kind}]) {
+      const ChunkEntry& c = r->index.chunks[k];
+      if (c.elem_offset < 0 || c.elem_offset + c.elements > w.count) {
+        s = DataLossError(r->index.data_file, ": ", ChunkName(m_, l, r->index, k), " outside the shard of ", w.count, " elements").WithContext(w.what);
+        break;
+      }
+      if (c.codec != Codec::kRaw) {
+        while (!q.empty() && s.ok()) s = finish();
+        if (s.ok()) s = ReadChunkInto(io_, r->file, m_, l, r->index, k, w.dst + c.elem_offset, &scratch_, &bytes_read_).WithContext(w.what);
+        if (!s.ok()) break;
+        continue;
+      }
+      if (!(s = CheckRawChunkSize(r->file, m_, l, r->index, k).WithContext(w.what)).ok()) break;
+      auto h = io_.Read(r->file, w.dst + c.elem_offset, static_cast<size_t>(c.stored_bytes), c.file_offset);
+      if (!h.ok()) {
+        s = h.status().WithContext(ChunkName(m_, l, r->index, k)).WithContext(w.what);
+        break;
+      }
+      q.push_back({t, k, r, std::move(*h)});
+      if (q.size() >= 16 && !(s = finish()).ok()) break;
+    }
+  }
+  while (!q.empty()) {  // every read finishes before any target may be touched again
+    Status f = finish();
+    if (s.ok()) s = f;
+  }
+  return s;
+}
+
+Status ShardSource::Read(int rank, int group, int kind, int64_t begin, int64_t count, float* dst) {
+  ASSIGN_OR_RETURN(Rank * r, Open(rank));
+  const auto& list = r->by_kind[{group, kind}];  // chunk indices sorted by elem_offset
+  auto it = std::upper_bound(list.begin(), list.end(), begin,
+                             [&](int64_t v, size_t k) { return v < r->index.chunks[k].elem_offset; });
+  if (it == list.begin()) return DataLossError(r->index.data_file, ": no chunk holds element ", begin);
+  --it;
+  for (int64_t at = begin; at < begin + count; ++it) {
+    if (it == list.end()) return DataLossError(r->index.data_file, ": no chunk holds element ", at);
+    const size_t k = *it;
+    const ChunkEntry& c = r->index.chunks[k];
+    ASSIGN_OR_RETURN(const float* data, Decoded(*r, k));
+    const int64_t lo = std::max(at, c.elem_offset), hi = std::min(begin + count, c.elem_offset + c.elements);
+    if (lo != at) return DataLossError(r->index.data_file, ": chunks leave a gap at element ", at);
+    std::memcpy(dst + (lo - begin), data + (lo - c.elem_offset), static_cast<size_t>(hi - lo) * 4);
+    at = hi;
+  }
+  return Status();
+}
+
+Result<ShardSource::Rank*> ShardSource::Open(int rank) {
+  auto it = ranks_.find(rank);
+  if (it != ranks_.end()) return it->second.get();
+  auto r = std::make_unique<Rank>();
+  ASSIGN_OR_RETURN(r->index, ReadIndex(dir_, m_, layouts_, rank));
+  ASSIGN_OR_RETURN(r->file, dir_.OpenData(r->index.data_file, r->index.data_bytes));
+  for (size_t k = 0; k < r->index.chunks.size(); ++k) r->by_kind[{r->index.chunks[k].group, r->index.chunks[k].kind}].push_back(k);
+  for (auto& [key, v] : r->by_kind) {
+    std::sort(v.begin(), v.end(), [&](size_t a, size_t b) { return r->index.chunks[a].elem_offset < r->index.chunks[b].elem_offset; });
+  }
+  return (ranks_[rank] = std::move(r)).get();
+}
+
+size_t ShardSource::Need(const ChunkEntry& ce) {
+  return (static_cast<size_t>(std::max(ce.elements * 4, ce.stored_bytes)) + kIoAlignment - 1) / kIoAlignment * kIoAlignment;
+}
+
+Result<std::unique_ptr<float, FreeFloatsFwd>> ShardSource::Buffer(size_t need, size_t* capacity, const std::string& file) {
+  for (auto it = spare_.begin(); it != spare_.end(); ++it) {
+    if (it->second >= need) {
+      *capacity = it->second;
+      auto p = std::move(it->first);
+      spare_.erase(it);
+      return p;
+    }
+  }
+  std::unique_ptr<float, FreeFloatsFwd> p(static_cast<float*>(std::aligned_alloc(kIoAlignment, need)));
+  if (!p) return OutOfMemoryError(file, ": no memory for a chunk of ", need, " bytes");
+  *capacity = need;
+  return p;
+}
+
+void ShardSource::Spare(std::unique_ptr<float, FreeFloatsFwd> p, size_t capacity) {
+  spare_.emplace_back(std::move(p), capacity);
+  if (spare_.size() > 1) {
+    auto smallest = std::min_element(spare_.begin(), spare_.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+    spare_.erase(smallest);
+  }
+}
+
+void ShardSource::Pump() {
+  while (next_ < plan_.size() && ahead_bytes_ < window_) {
+    const auto [rank, k] = plan_[next_++];
+    Rank& r = *ranks_.at(rank);
+    const ChunkEntry& ce = r.index.chunks[k];
+    bool cached = false;
+    for (const Cached& c : cache_) cached = cached || (c.rank == rank && c.chunk == k);
+    if (cached || !CheckRawChunkSize(r.file, m_, layouts_[static_cast<size_t>(ce.group)], r.index, k).ok()) continue;  // read (and refused) in order
+    Ahead a{rank, k, nullptr, 0, nullptr, 0, IoHandle()};
+    auto data = Buffer(Need(ce), &a.capacity, r.index.data_file);
+    if (!data.ok()) return;
+    a.data = std::move(*data);
+    char* into = reinterpret_cast<char*>(a.data.get());
+    if (ce.codec != Codec::kRaw) {
+      auto stored = Buffer(static_cast<size_t>(ce.stored_bytes), &a.stored_capacity, r.index.data_file);
+      if (!stored.ok()) return;
+      a.stored = std::move(*stored);
+      into = reinterpret_cast<char*>(a.stored.get());
+    }
+    auto h = io_.Read(r.file, into, static_cast<size_t>(ce.stored_bytes), ce.file_offset);
+    if (!h.ok()) {  // Read finds it not ahead and reads it itself, reporting the error
+      Spare(std::move(a.data), a.capacity);
+      return;
+    }
+    a.handle = std::move(*h);
+    ahead_bytes_ += static_cast<int64_t>(a.capacity + a.stored_capacity);
+    ahead_.push_back(std::move(a));
+  }
+}
+
+Result<const float*> ShardSource::Decoded(Rank& r, size_t k) {
+  for (auto it = cache_.begin(); it != cache_.end(); ++it) {
+    if (it->rank == r.index.rank && it->chunk == k) {
+      cache_.splice(cache_.begin(), cache_, it);
+      return cache_.front().data.get();
+    }
+  }
+  const ChunkEntry& ce = r.index.chunks[k];
+  const int g = ce.group;  // in range: the index was validated
+  Cached c{r.index.rank, k, nullptr, 0};
+  if (cache_.size() >= 4) {  // the oldest entry's memory is reused
+    Spare(std::move(cache_.back().data), cache_.back().capacity);
+    cache_.pop_back();
+  }
+  auto ahead = std::find_if(ahead_.begin(), ahead_.end(), [&](const Ahead& a) { return a.rank == r.index.rank && a.chunk == k; });
+  if (ahead != ahead_.end()) {
+    Ahead a = std::move(*ahead);
+    ahead_.erase(ahead);
+    ahead_bytes_ -= static_cast<int64_t>(a.capacity + a.stored_capacity);
+    Status s = a.handle.Wait().WithContext(ChunkName(m_, layouts_[static_cast<size_t>(g)], r.index, k));
+    const char* stored = a.stored ? reinterpret_cast<const char*>(a.stored.get()) : reinterpret_cast<const char*>(a.data.get());
+    if (s.ok()) s = FinishChunkRead(r.file, m_, layouts_[static_cast<size_t>(g)], r.index, k, stored, a.data.get(), &scratch_);
+    if (a.stored) Spare(std::move(a.stored), a.stored_capacity);
+    Pump();
+    if (!s.ok()) return s;
+    bytes_read_ += ce.stored_bytes;
+    c.data = std::move(a.data);
+    c.capacity = a.capacity;
+  } else {
+    ASSIGN_OR_RETURN(c.data, Buffer(Need(ce), &c.capacity, r.index.data_file));
+    RETURN_IF_ERROR(ReadChunkInto(io_, r.file, m_, layouts_[static_cast<size_t>(g)], r.index, k, c.data.get(), &scratch_, &bytes_read_));
+    Pump();
+  }
+  cache_.push_front(std::move(c));
+  return cache_.front().data.get();
+}
+
+}  // namespace zrt::ckpt::internal

@@ -1,0 +1,111 @@
+// The chunk pipeline of a checkpoint's reads (load.cc plans what to read; this reads it): the saved
+// shards opened on demand, each index read and checked against the manifest (its chunks tile every
+// (group, kind) exactly once) before any of its chunks is read; whole buffers read in place through
+// one pipeline of reads; ranges read through a small cache of decoded chunks, with a read-ahead of
+// the chunks planned in the order they will be asked for. Every chunk is checked (checksum, decode)
+// before a byte of it is used. Internal to zrt_checkpoint; not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <deque>
+#include <list>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zrt/checkpoint/files.h"
+
+namespace zrt::ckpt::internal {
+
+struct FreeFloatsFwd {
+  void operator()(void* p) const { std::free(p); }
+};
+
+// The saved shards, opened on demand: each index is read and checked against the manifest (its chunks
+// tile every (group, kind) exactly once) before any of its chunks is read.
+class ShardSource {
+ public:
+  ShardSource(const CheckpointDir& dir, const Manifest& m, std::vector<ShardLayout> layouts, IoEngine& io)
+      : dir_(dir), m_(m), io_(io), layouts_(std::move(layouts)) {}
+  ~ShardSource() {
+    for (Ahead& a : ahead_) (void)a.handle.Wait();  // nothing is freed while the engine still writes it
+  }
+  const ShardLayout& layout(int g) const { return layouts_[static_cast<size_t>(g)]; }
+  int64_t bytes_read() const { return bytes_read_; }
+
+  // Read-ahead: the chunks Read will be asked for, in order (Load plans every read before the first).
+  // They are read asynchronously through the IoEngine, Start's `window` bytes at most in flight or waiting,
+  // and each is checked when Read reaches it while the next ones are on their way.
+  Status Plan(int rank, int group, int kind, int64_t begin, int64_t count);
+  // Starts the read-ahead of what was planned, `window` bytes at most.
+  void Start(int64_t window);
+
+  // The whole of saved rank `rank`'s (group, kind) straight into `dst` (`count` elements: a target
+  // buffer laid out exactly as the saved shard), for every target in one pipeline: raw chunks are read
+  // in place, 16 in flight across the targets (a buffer of a few chunks leaves no bubble), and checked
+  // there; no copy. Compressed chunks are decoded into place.
+  struct Whole {
+    int rank, group, kind;
+    float* dst;
+    int64_t count;
+    std::string what;  // the error's context
+  };
+  Status ReadWhole(const std::vector<Whole>& targets);
+
+  // Copies elements [begin, begin+count) of saved rank `rank`'s shard of (group, kind) into dst.
+  Status Read(int rank, int group, int kind, int64_t begin, int64_t count, float* dst);
+
+ private:
+  struct Rank {
+    RankIndex index;
+    IoFile file;
+    std::map<std::pair<int, int>, std::vector<size_t>> by_kind;
+  };
+  Result<Rank*> Open(int rank);
+  static size_t Need(const ChunkEntry& ce);
+  // An aligned buffer of at least `need` bytes: a spare one (the cache's oldest entry's, or one
+  // returned by the read-ahead) when large enough, else a new one.
+  Result<std::unique_ptr<float, FreeFloatsFwd>> Buffer(size_t need, size_t* capacity, const std::string& file);
+  // One spare buffer at most, the larger kept (memory stays bounded: the cache, the
+  // read-ahead window and these).
+  void Spare(std::unique_ptr<float, FreeFloatsFwd> p, size_t capacity);
+  // Issues reads for planned chunks while the window has room.
+  void Pump();
+  Result<const float*> Decoded(Rank& r, size_t k);
+  using FreeFloats = FreeFloatsFwd;
+  // A few decoded chunks stay cached: consecutive pieces usually fall in the same chunk.
+  struct Cached {
+    int rank;
+    size_t chunk;
+    std::unique_ptr<float, FreeFloats> data;  // kIoAlignment-aligned: raw chunks are read into it directly
+    size_t capacity;
+  };
+  const CheckpointDir& dir_;
+  const Manifest& m_;
+  IoEngine& io_;
+  std::vector<ShardLayout> layouts_;
+  std::map<int, std::unique_ptr<Rank>> ranks_;
+  std::list<Cached> cache_;
+  // Read-ahead (Plan): chunks read or being read ahead of Read, in plan order.
+  struct Ahead {
+    int rank;
+    size_t chunk;
+    std::unique_ptr<float, FreeFloats> data;  // the decoded chunk's buffer (a raw chunk is read into it)
+    size_t capacity;
+    std::unique_ptr<float, FreeFloats> stored;  // a compressed chunk's stored bytes
+    size_t stored_capacity;
+    IoHandle handle;
+  };
+  std::vector<std::pair<int, size_t>> plan_;
+  size_t next_ = 0;
+  std::deque<Ahead> ahead_;
+  int64_t ahead_bytes_ = 0, window_ = 0;
+  std::vector<std::pair<std::unique_ptr<float, FreeFloats>, size_t>> spare_;
+  std::vector<char> scratch_;
+  int64_t bytes_read_ = 0;
+};
+
+
+}  // namespace zrt::ckpt::internal
