@@ -1,175 +1,50 @@
-// The memory tier (memory_tier.h). One generation's protocol:
-//   Save (collective)   rank 0's nonce; each rank copies its state into own/step-N.tmp/rank-S.data
-//                       (a mapping of a tmpfs file, pages recycled) chunk by chunk, checksumming each
-//                       chunk while it is in cache: one pass, on a thread of its own when the state is
-//                       host memory or device memory read on a stream of its own, and its owner holds
-//                       its next change until the copy ends (StateView::hold), else while training
-//                       waits. Its checksums go to its
-//                       replica's holder (a small shift), then the data (from that mapping straight
-//                       into the holder's mapped replica-q/step-N.tmp/rank-Sq.data):
-//                         with `wire` (MPI_THREAD_MULTIPLE): on the copy's thread, over a communicator
-//                         of its own, then both seals there; training never waits for it;
-//                         else: posted on the Checkpointer's communicator at Save, or at the first Poll
-//                         that finds every rank's copy whole, and moved while the owner is in MPI.
+// The memory tier (memory_tier.h): its generations. One generation's protocol:
+//   Save (collective)   snapshot.h StartSnapshot (the agreed skip, nonce and manifest); the budget
+//                       checked at the first; the view's capture handed a TierSink (tier_file.h), which
+//                       copies the state into own/step-N.tmp/rank-S.data (a mapping of a tmpfs file,
+//                       pages recycled) chunk by chunk, checksumming each chunk while it is in cache,
+//                       on the owner's capture thread (NVMe state: as the owner's next step streams it).
+//                       Once the copy is whole, its checksums go to its replica's holder (a small
+//                       shift), then the data (from that mapping straight into the holder's mapped
+//                       replica-q/step-N.tmp/rank-Sq.data):
+//                         with `wire` (MPI_THREAD_MULTIPLE): on a thread of the tier's, over a
+//                         communicator of its own, then both seals there; training never waits for it;
+//                         else: posted on the Checkpointer's communicator at the first Poll that finds
+//                         every rank's copy whole (or at Save, when every copy was whole at once).
 //   seals               own: index (from the checksums), manifest, rename to step-N. Replica (once
 //                       the transfer completed): the same on its holder, indexed with the sender's
 //                       checksums (never re-hashed there).
 //   Poll/Wait           one all-reduce: whole on every rank? Then AgreeOnStatus and every generation
 //                       but N is removed (older ones, and newer ones a resume from an older state left).
 // The files are an ordinary checkpoint directory holding one rank's files, so Load reads and checks
-// them like any checkpoint; how one is laid out, mapped, filled and sealed is tier_file.h.
+// them like any checkpoint; how one is laid out, mapped, filled and sealed is tier_file.h; the
+// directories and their housekeeping are tier_dir.h; the restore side is tier_restore.cc.
 #include "zrt/checkpoint/tier/memory_tier.h"
 
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <cstdlib>
-#include <cstring>
-#include <filesystem>
 #include <future>
-#include <set>
 
-#include "zrt/checkpoint/codec.h"
 #include "zrt/checkpoint/commit.h"
-#include "zrt/checkpoint/files.h"
 #include "zrt/checkpoint/format.h"
 #include "zrt/checkpoint/fs_util.h"
-#include "zrt/checkpoint/shard_writer.h"
 #include "zrt/checkpoint/snapshot.h"
+#include "zrt/checkpoint/tier/tier_dir.h"
 #include "zrt/checkpoint/tier/tier_file.h"
 #include "zrt/core/logging.h"
 #include "zrt/offload/io_engine.h"
 
 namespace zrt::ckpt {
 
-namespace fs = std::filesystem;
 using internal::AlignUp;
 using internal::TierSink;
 using internal::Mapping;
 using internal::Now;
 using internal::Piece;
 
-namespace {
-
-int RanksPerNode(const MemoryTierOptions& o) {
-  if (o.ranks_per_node > 0) return o.ranks_per_node;
-  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}) {
-    if (const char* v = std::getenv(var)) {
-      const int n = std::atoi(v);
-      if (n > 0) return n;
-    }
-  }
-  return 1;
-}
-
-// Rank q's replica is held by rank (q + d) mod n.
-int Distance(int n, const MemoryTierOptions& o) {
-  const int rpn = RanksPerNode(o);
-  return n > rpn ? rpn : 1;
-}
-bool Replicated(int n, const MemoryTierOptions& o) { return o.replicate && n > 1; }
-
-std::string StepPath(const std::string& parent, int64_t step) { return parent + "/" + StepDirName(step); }
-std::string ReplicaDir(const std::string& rank_dir, int q) {
-  char name[32];
-  std::snprintf(name, sizeof(name), "replica-%05d", q);
-  return rank_dir + "/" + name;
-}
-
-// The whole generations under `parent` (own/ or replica-q/), newest first.
-std::vector<int64_t> Steps(const std::string& parent) {
-  std::vector<int64_t> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(parent, ec)) {
-    auto step = ParseStepDirName(e.path().filename().string());
-    if (step.ok() && e.is_directory(ec) && !e.is_symlink(ec)) out.push_back(*step);
-  }
-  std::sort(out.rbegin(), out.rend());
-  return out;
-}
-
-// A data file of a removed generation, kept to be written over by the next one: tmpfs then has the
-// pages already (no page faults and zeroing while training waits for the snapshot).
-constexpr const char* kSpare = "spare.data";
-
-// Moves the data file of a generation under `parent` other than `keep` to parent/spare.data.
-void KeepSpare(const std::string& parent, int64_t keep) {
-  std::error_code ec;
-  if (fs::exists(parent + "/" + kSpare, ec)) return;
-  for (const auto& e : fs::directory_iterator(parent, ec)) {
-    auto step = ParseStepDirName(e.path().filename().string());
-    if (!step.ok() || *step == keep) continue;
-    for (const auto& f : fs::directory_iterator(e.path(), ec)) {
-      if (f.path().extension() == ".data" && f.is_regular_file(ec) && !f.is_symlink(ec)) {
-        fs::rename(f.path(), parent + "/" + kSpare, ec);
-        return;
-      }
-    }
-  }
-}
-
-// `path` (a new data file) takes the place of parent/spare.data when that is a plain file (anything
-// else found there, a link say, is removed and never written through).
-void Recycle(const std::string& parent, const std::string& path) {
-  std::error_code ec;
-  const std::string spare = parent + "/" + kSpare;
-  const fs::file_status st = fs::symlink_status(spare, ec);
-  if (ec || !fs::exists(st)) return;  // none: the file is created
-  if (fs::is_regular_file(st)) {
-    fs::rename(spare, path, ec);
-  } else {
-    fs::remove_all(spare, ec);
-  }
-}
-
-// Removes everything under `parent` but generation `keep` (whole or being written; -1: nothing kept).
-void RemoveAllBut(const std::string& parent, int64_t keep) {
-  std::error_code ec;
-  std::vector<fs::path> doomed;
-  for (const auto& e : fs::directory_iterator(parent, ec)) {
-    const std::string name = e.path().filename().string();
-    if (keep >= 0 && (name == StepDirName(keep) || name == StepDirName(keep) + ".tmp" || name == kSpare)) continue;
-    doomed.push_back(e.path());
-  }
-  for (const fs::path& p : doomed) {
-    Status s = RemoveTree(p.string());
-    if (!s.ok()) ZRT_LOG(kWarn) << "memory tier: " << s;
-  }
-}
-
-int64_t TreeBytes(const std::string& dir) {
-  int64_t n = 0;
-  std::error_code ec;
-  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-    if (it->is_regular_file(ec)) n += static_cast<int64_t>(it->file_size(ec));
-  }
-  return n;
-}
-
-bool Exists(const std::string& p) {
-  std::error_code ec;
-  return fs::exists(p, ec);
-}
-
-}  // namespace
-
-std::string MemoryTier::JobDir(const std::string& root, const MemoryTierOptions& o) {
-  std::error_code ec;
-  fs::path abs = fs::weakly_canonical(fs::absolute(root, ec), ec);
-  const std::string key = abs.empty() ? root : abs.string();
-  char name[40];
-  std::snprintf(name, sizeof(name), "zrt-tier-%016llx", static_cast<unsigned long long>(Checksum(key.data(), key.size())));
-  return o.dir + "/" + name;
-}
-
-std::string MemoryTier::RankDir(const std::string& root, const MemoryTierOptions& o, int rank) {
-  char name[32];
-  std::snprintf(name, sizeof(name), "rank-%05d", rank);
-  return JobDir(root, o) + "/" + name;
-}
+using namespace internal;  // the tier's directories (tier_dir.h) and file (tier_file.h)
 
 struct MemoryTier::Impl {
   Communicator* comm;
@@ -416,48 +291,16 @@ Result<std::unique_ptr<MemoryTier>> MemoryTier::Create(Communicator* comm, const
   impl->comm = comm;
   impl->o = o;
   impl->root = root;
-  impl->n = comm->size();
-  impl->d = Distance(impl->n, o);
-  impl->rank_dir = RankDir(root, o, comm->rank());
-  impl->own_dir = impl->rank_dir + "/own";
-  if (Replicated(impl->n, o)) {
-    impl->source = ((comm->rank() - impl->d) % impl->n + impl->n) % impl->n;
-    impl->replica_dir = ReplicaDir(impl->rank_dir, impl->source);
-  }
+  const TierPlace p = PlaceOf(root, o, comm->size(), comm->rank());
+  impl->n = p.n;
+  impl->d = p.d;
+  impl->source = p.source;
+  impl->rank_dir = p.rank_dir;
+  impl->own_dir = p.own_dir;
+  impl->replica_dir = p.replica_dir;
   Status s = [&]() -> Status {
     ASSIGN_OR_RETURN(impl->io, IoEngine::Create(IoOptions{}));
-    RETURN_IF_ERROR(MakeDirs(impl->own_dir));
-    if (!impl->replica_dir.empty()) RETURN_IF_ERROR(MakeDirs(impl->replica_dir));
-    // What a killed run left: half-written generations, replicas this rank no longer holds, ranks the
-    // job no longer has (every rank of a node may try; a loser of that race finds nothing).
-    std::error_code ec;
-    for (const std::string& parent : {impl->own_dir, impl->replica_dir}) {
-      if (parent.empty()) continue;
-      std::vector<fs::path> doomed;
-      for (const auto& e : fs::directory_iterator(parent, ec)) {
-        if (!ParseStepDirName(e.path().filename().string()).ok()) doomed.push_back(e.path());
-      }
-      for (const fs::path& p : doomed) (void)RemoveTree(p.string());
-    }
-    std::vector<fs::path> doomed;
-    for (const auto& e : fs::directory_iterator(impl->rank_dir, ec)) {
-      if (e.path().filename() != "own" && e.path().string() != impl->replica_dir) doomed.push_back(e.path());
-    }
-    for (const auto& e : fs::directory_iterator(JobDir(root, o), ec)) {
-      const std::string name = e.path().filename().string();
-      if (name.rfind("rank-", 0) == 0 && std::atoi(name.c_str() + 5) >= impl->n) doomed.push_back(e.path());
-    }
-    for (const fs::path& p : doomed) (void)RemoveTree(p.string());
-    struct statvfs vfs {};
-    if (::statvfs(impl->rank_dir.c_str(), &vfs) != 0) return ErrnoStatus(errno, "memory tier: " + impl->rank_dir);
-    impl->stats.budget_bytes = o.budget_bytes > 0 ? o.budget_bytes : static_cast<int64_t>(vfs.f_bavail) * static_cast<int64_t>(vfs.f_frsize);
-    impl->stats.bytes_held = TreeBytes(impl->rank_dir);
-    // What a previous run left is this run's until it is superseded: never removed at a normal exit
-    // before a disk checkpoint holds something as new (a run that resumed from it and stopped early).
-    const std::vector<int64_t> held = Steps(impl->own_dir);
-    impl->stats.step = held.empty() ? -1 : held.front();
-    if (o.budget_bytes == 0) impl->stats.budget_bytes += impl->stats.bytes_held;
-    return Status();
+    return PrepareRankDir(root, o, p, &impl->stats);
   }();
   RETURN_IF_ERROR(AgreeOnStatus(comm, s), "memory tier in ", JobDir(root, o));
   if (Replicated(impl->n, o)) {  // the replicas' own communicator, where MPI lets a thread use it beside comm
@@ -547,133 +390,6 @@ Status MemoryTier::Poll() {
 Status MemoryTier::Wait() {
   Impl& t = *impl_;
   return t.gen ? t.Commit() : Status();
-}
-
-// ---- Resume's side -----------------------------------------------------------------------------------
-
-Result<std::vector<int64_t>> TierCandidates(Communicator* comm, const std::string& root, const MemoryTierOptions& o) {
-  const int n = comm->size(), r = comm->rank(), d = Distance(n, o);
-  constexpr int kMax = 8;
-  const std::string rank_dir = MemoryTier::RankDir(root, o, r);
-  std::vector<int64_t> mine(2 * kMax, -1);
-  std::vector<int64_t> own = Steps(rank_dir + "/own"), rep;
-  if (Replicated(n, o)) rep = Steps(ReplicaDir(rank_dir, ((r - d) % n + n) % n));
-  for (size_t i = 0; i < own.size() && i < kMax; ++i) mine[i] = own[i];
-  for (size_t i = 0; i < rep.size() && i < kMax; ++i) mine[kMax + i] = rep[i];
-  std::vector<int64_t> all(static_cast<size_t>(n) * 2 * kMax);
-  RETURN_IF_ERROR(comm->AllGather(mine.data(), all.data(), mine.size() * 8, DType::kBytes), "memory tier: listing");
-  auto holds = [&](int rank, int part, int64_t step) {
-    const int64_t* v = all.data() + static_cast<size_t>(rank) * 2 * kMax + static_cast<size_t>(part) * kMax;
-    return std::find(v, v + kMax, step) != v + kMax;
-  };
-  std::set<int64_t, std::greater<>> steps;
-  for (int64_t s : all) {
-    if (s >= 0) steps.insert(s);
-  }
-  std::vector<int64_t> out;
-  for (int64_t s : steps) {
-    bool everyone = true;
-    for (int q = 0; q < n && everyone; ++q) everyone = holds(q, 0, s) || (Replicated(n, o) && holds((q + d) % n, 1, s));
-    if (everyone) out.push_back(s);
-  }
-  return out;
-}
-
-Result<LoadResult> LoadFromTier(Communicator* comm, const std::string& root, const MemoryTierOptions& o, int64_t step,
-                                const StateView& target, const LoadOptions& load, std::string* dir, bool* from_peer) {
-  const int n = comm->size(), r = comm->rank(), d = Distance(n, o);
-  const std::string rank_dir = MemoryTier::RankDir(root, o, r);
-  const std::string own = StepPath(rank_dir + "/own", step);
-  *dir = own;
-  *from_peer = false;
-  Result<LoadResult> res = Exists(own) ? Load(own, target, load) : Result<LoadResult>(NotFoundError("no copy in ", own));
-  int64_t need = res.ok() ? 0 : 1;
-  std::vector<int64_t> needs(static_cast<size_t>(n));
-  RETURN_IF_ERROR(comm->AllGather(&need, needs.data(), 8, DType::kBytes), "memory tier: restoring step ", step);
-  if (std::none_of(needs.begin(), needs.end(), [](int64_t x) { return x != 0; }) || !Replicated(n, o)) return res;
-  // Some rank's own copy is gone or bad: its holder sends the replica (manifest, index, data file), which
-  // becomes that rank's own copy again and is loaded (and checked) like any.
-  const int source = ((r - d) % n + n) % n, holder = (r + d) % n;
-  const std::string rep = StepPath(ReplicaDir(rank_dir, source), step);
-  std::string files[2];
-  Mapping data;
-  int64_t sizes[3] = {0, 0, 0};
-  if (needs[static_cast<size_t>(source)] != 0 && Exists(rep)) {
-    Status s = [&]() -> Status {
-      ASSIGN_OR_RETURN(CheckpointDir cd, CheckpointDir::Open(rep));
-      ASSIGN_OR_RETURN(files[0], cd.ReadFile(kManifestFile));
-      ASSIGN_OR_RETURN(Manifest m, DecodeManifest(files[0], cd.PathOf(kManifestFile)));
-      const int shard = m.shards == 1 ? 0 : source;
-      ASSIGN_OR_RETURN(files[1], cd.ReadFile(IndexFileName(shard)));
-      ASSIGN_OR_RETURN(data, Mapping::Map(cd.PathOf(DataFileName(shard)), -1, false));
-      return Status();
-    }();
-    if (s.ok()) {
-      sizes[0] = static_cast<int64_t>(files[0].size());
-      sizes[1] = static_cast<int64_t>(files[1].size());
-      sizes[2] = static_cast<int64_t>(data.size());
-    } else {
-      ZRT_LOG(kWarn) << "memory tier: cannot send rank " << source << " its replica of step " << step << ": " << s;
-      data.Reset();
-    }
-  }
-  int64_t in[3] = {0, 0, 0};
-  RETURN_IF_ERROR(comm->Shift(sizes, sizeof(sizes), in, sizeof(in), -d), "memory tier: restoring step ", step);
-  // What this rank's data file must be (PlanFile's layout of its shard): nothing else is taken, so a
-  // bad file on the holder cannot make this rank allocate what it likes.
-  int64_t expected = 0;
-  for (const StateGroup& g : target.groups) {
-    for (const StateBuffer& b : g.buffers) expected = AlignUp(expected) + b.count * 4;
-  }
-  const bool receiving = needs[static_cast<size_t>(r)] != 0 && in[2] == expected && expected > 0 && in[0] > 0 &&
-                         in[0] <= kMaxJsonBytes && in[1] > 0 && in[1] <= kMaxJsonBytes;
-  const std::string tmp = own + ".tmp";
-  std::string got[2];
-  Mapping into;
-  Status prepared;
-  if (receiving) {
-    got[0].resize(static_cast<size_t>(in[0]));
-    got[1].resize(static_cast<size_t>(in[1]));
-    prepared = [&]() -> Status {
-      RETURN_IF_ERROR(RemoveTree(tmp));
-      RETURN_IF_ERROR(MakeDirs(tmp));
-      const int shard = target.groups.empty() || target.groups[0].layout.world_size() == 1 ? 0 : r;
-      ASSIGN_OR_RETURN(into, Mapping::Map(tmp + "/" + DataFileName(shard), in[2], true));
-      return Status();
-    }();
-  }
-  const bool take = receiving && prepared.ok();
-  // Three shifts toward the rank each holder serves. A rank that cannot take what its holder offers
-  // posts nothing: the sizes disagree, the shift fails on every rank and so does this candidate.
-  for (int i = 0; i < 2; ++i) {
-    RETURN_IF_ERROR(comm->Shift(files[i].data(), static_cast<size_t>(sizes[i]), take ? got[i].data() : nullptr,
-                                take ? got[i].size() : 0, -d),
-                    "memory tier: restoring step ", step);
-  }
-  RETURN_IF_ERROR(comm->Shift(data.data(), static_cast<size_t>(sizes[2]), take ? into.data() : nullptr, take ? into.size() : 0, -d),
-                  "memory tier: restoring step ", step);
-  if (needs[static_cast<size_t>(r)] == 0) return res;
-  const std::string why = std::string(res.status().message());
-  if (!take) {
-    return DataLossError("memory tier: rank ", r, "'s copy of step ", step, " is unusable (", why, ") and its replica on rank ", holder,
-                         receiving ? " could not be received: " + std::string(prepared.message()) : std::string(" is not there"));
-  }
-  Status placed = [&]() -> Status {
-    ASSIGN_OR_RETURN(std::unique_ptr<IoEngine> io, IoEngine::Create(IoOptions{}));
-    RETURN_IF_ERROR(WriteFileDurably(*io, tmp, std::string(kManifestFile), got[0]));
-    ASSIGN_OR_RETURN(Manifest m, DecodeManifest(got[0], tmp + "/" + std::string(kManifestFile)));
-    RETURN_IF_ERROR(WriteFileDurably(*io, tmp, IndexFileName(m.shards == 1 ? 0 : r), got[1]));
-    into.Reset();
-    RETURN_IF_ERROR(RemoveTree(own));
-    return RenamePath(tmp, own);
-  }();
-  if (!placed.ok()) return placed.WithContext("memory tier: rank " + std::to_string(r) + " placing its replica of step " + std::to_string(step));
-  ZRT_LOG(kInfo) << "memory tier: rank " << r << "'s copy of step " << step << " unusable (" << why << "); restoring from its replica on rank "
-                 << holder;
-  *from_peer = true;
-  auto again = Load(own, target, load);
-  if (!again.ok()) return again.status().WithContext("memory tier: the replica of rank " + std::to_string(r) + " from rank " + std::to_string(holder));
-  return again;
 }
 
 }  // namespace zrt::ckpt
