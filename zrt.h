@@ -12,9 +12,8 @@
 
 #include "zrt/checkpoint/catalog.h"
 #include "zrt/checkpoint/checkpointer.h"
-#include "zrt/checkpoint/compression.h"
+#include "zrt/checkpoint/options.h"
 #include "zrt/checkpoint/load.h"
-#include "zrt/checkpoint/options_json.h"
 #include "zrt/checkpoint/resume.h"
 #include "zrt/checkpoint/interchange/safetensors.h"
 #include "zrt/checkpoint/verify.h"

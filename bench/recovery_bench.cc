@@ -28,6 +28,7 @@
 #include "bench/bench_engine.h"
 #include "bench/bench_util.h"
 #include "zrt/checkpoint/checkpointer.h"
+#include "zrt/checkpoint/tier/memory_tier.h"
 #include "zrt/core/mpi_communicator.h"
 #include "zrt/runtime/engine.h"
 

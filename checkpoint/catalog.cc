@@ -10,26 +10,40 @@ namespace zrt::ckpt {
 
 namespace fs = std::filesystem;
 
-Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, VerifyLevel level) {
+Result<std::vector<StepDir>> ListStepDirs(const std::string& root) {
   std::error_code ec;
   if (!fs::is_directory(root, ec)) return NotFoundError(root, ": no such checkpoint root directory");
-  std::vector<CheckpointInfo> out;
+  std::vector<StepDir> out;
   fs::directory_iterator it(root, ec);
   if (ec) return ErrnoStatus(ec.value(), "listing " + root);
   // Entries may vanish while we look (a job's commit renames, retention deletes): skipped, not errors.
-  // Symbolic links are never checkpoints (nothing is read through one).
   for (; it != fs::directory_iterator(); it.increment(ec)) {
     if (ec) break;
     std::error_code entry_ec;
     if (it->symlink_status(entry_ec).type() != fs::file_type::directory) continue;
     const std::string name = it->path().filename().string();
-    const size_t tmp = name.find(".tmp-");
+    const size_t tmp = name.find(".tmp");
     auto step = ParseStepDirName(tmp == std::string::npos ? name : name.substr(0, tmp));
-    if (!step.ok()) continue;
+    if (step.ok() && (tmp == std::string::npos || name.compare(tmp, std::string::npos, ".tmp") == 0 || name.compare(tmp, 5, ".tmp-") == 0)) {
+      out.push_back({*step, it->path().string(), tmp != std::string::npos});
+    }
+  }
+  if (ec && ec != std::errc::no_such_file_or_directory) return ErrnoStatus(ec.value(), "listing " + root);
+  std::sort(out.begin(), out.end(), [](const StepDir& a, const StepDir& b) {
+    return a.step != b.step ? a.step > b.step : a.in_progress < b.in_progress;
+  });
+  return out;
+}
+
+Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, VerifyLevel level) {
+  ASSIGN_OR_RETURN(const std::vector<StepDir> dirs, ListStepDirs(root));
+  std::vector<CheckpointInfo> out;
+  for (const StepDir& sd : dirs) {
     CheckpointInfo info;
-    info.dir = it->path().string();
-    info.step = *step;
-    for (fs::directory_iterator f(it->path(), entry_ec); !entry_ec && f != fs::directory_iterator(); f.increment(entry_ec)) {
+    info.dir = sd.dir;
+    info.step = sd.step;
+    std::error_code ec;
+    for (fs::directory_iterator f(sd.dir, ec); !ec && f != fs::directory_iterator(); f.increment(ec)) {
       std::error_code size_ec;
       if (f->symlink_status(size_ec).type() != fs::file_type::regular) continue;
       const auto size = f->file_size(size_ec);
@@ -40,7 +54,7 @@ Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, Ver
       info.stage = m->stage;
       info.created_unix = m->created_unix;
     }
-    if (tmp != std::string::npos) {
+    if (sd.in_progress) {
       info.in_progress = true;
       info.problem = "being written, or a save that died (removed at the next start)";
     } else {
@@ -53,8 +67,7 @@ Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, Ver
     }
     out.push_back(std::move(info));
   }
-  if (ec && ec != std::errc::no_such_file_or_directory) return ErrnoStatus(ec.value(), "listing " + root);
-  std::sort(out.begin(), out.end(), [](const CheckpointInfo& a, const CheckpointInfo& b) {
+  std::stable_sort(out.begin(), out.end(), [](const CheckpointInfo& a, const CheckpointInfo& b) {
     return a.step != b.step ? a.step > b.step : a.complete > b.complete;
   });
   return out;

@@ -31,6 +31,7 @@
 #include "zrt/checkpoint/fs_util.h"
 #include "zrt/checkpoint/shard_writer.h"
 #include "zrt/checkpoint/snapshot.h"
+#include "zrt/checkpoint/tier/memory_tier.h"
 #include "zrt/core/logging.h"
 #include "zrt/core/thread_pool.h"
 #include "zrt/offload/io_engine.h"
@@ -235,9 +236,8 @@ Status Checkpointer::SaveToMemory(const StateView& state, const nlohmann::json& 
   return impl_->tier->Save(state, trainer_state);
 }
 
-Result<ResumeResult> Checkpointer::Resume(const StateView& target, ResumeOptions options) {
-  options.memory = impl_->o.memory;
-  return ckpt::Resume(impl_->comm, impl_->o.root, target, options);
+Result<ResumeResult> Checkpointer::Resume(const StateView& target, const ResumeOptions& options) {
+  return ckpt::Resume(impl_->comm, impl_->o, target, options);
 }
 
 // A failed memory-tier snapshot (agreed on every rank) never keeps a disk save from being committed.

@@ -33,17 +33,19 @@
 
 #include <nlohmann/json.hpp>
 
-#include "zrt/checkpoint/compression.h"
-#include "zrt/checkpoint/tier/memory_tier.h"
+#include "zrt/checkpoint/options.h"
 #include "zrt/checkpoint/resume.h"
 #include "zrt/core/communicator.h"
 #include "zrt/core/device.h"
 #include "zrt/core/state_view.h"
-#include "zrt/offload/io_options.h"
 
 namespace zrt {
 class IoHooks;
 }  // namespace zrt
+
+namespace zrt::ckpt {
+class MemoryTier;
+}  // namespace zrt::ckpt
 
 namespace zrt::ckpt {
 
@@ -51,28 +53,6 @@ namespace internal {
 struct CheckpointerTesting;  // tests/support/checkpointer_testing.h: fault injection through IoHooks
 }  // namespace internal
 
-struct CheckpointOptions {
-  std::string root;
-  CompressOptions compression;
-  int64_t chunk_elements = 1 << 20;  // elements per chunk (the unit of checksums and partial reads)
-  int keep_last = 0;                 // retention: keep the newest K complete checkpoints (0: keep all)
-  int64_t keep_every = 0;            // ... and also every step that is a multiple of this (0: none)
-  IoOptions io;
-  // Added to the nice value of the background writer thread (Linux per-thread priority): 10 lets
-  // training's threads run first when cores are short, at the cost of a longer write. 0: unchanged.
-  int writer_nice = 0;
-  // Threads per rank that encode (compress) and checksum chunks: 1, the writer thread itself; N > 1, N
-  // encoder threads beside it (the writer then only issues the I/O). More than 1 pays with
-  // compression on (zstd runs at a few hundred MB/s per core); the files are the same either way.
-  int writer_threads = 1;
-  // The most bytes of host memory a disk save stages this rank's state in (chunk buffers, reused from
-  // save to save; at least a few chunks). 0: no bound (the whole state when the writer lags: the
-  // owner's next step never waits for the disk). A budget trades memory for that wait.
-  int64_t staging_budget_bytes = 0;
-  // The memory tier (memory_tier.h): when set, SaveToMemory snapshots into node-local memory with a
-  // replica on a peer, and Resume looks there first.
-  std::optional<MemoryTierOptions> memory;
-};
 
 struct SaveStats {
   int64_t step = -1;
@@ -103,8 +83,8 @@ class Checkpointer {
   // every step or few; the disk saves keep their own cadence. Training waits for the copy into the
   // tier; Poll commits it.
   Status SaveToMemory(const StateView& state, const nlohmann::json& trainer_state = nlohmann::json::object());
-  // Collective: ckpt::Resume over this root and, when configured, the memory tier first.
-  Result<ResumeResult> Resume(const StateView& target, ResumeOptions options = {});
+  // Collective: ckpt::Resume with this checkpointer's options (its root and, when set, its memory tier).
+  Result<ResumeResult> Resume(const StateView& target, const ResumeOptions& options = {});
   // Collective. While a save is pending: one small all-reduce, and the commit once every rank's write
   // finished (so a job killed after that loses nothing); otherwise nothing. The same for a memory-tier
   // snapshot. Call it once per step.

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "zrt/checkpoint/compression.h"
+#include "zrt/checkpoint/options.h"
 #include "zrt/core/status.h"
 
 namespace zrt::ckpt {

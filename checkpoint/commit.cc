@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "zrt/checkpoint/catalog.h"
 #include "zrt/checkpoint/format.h"
 #include "zrt/checkpoint/fs_util.h"
 #include "zrt/checkpoint/verify.h"
@@ -98,57 +99,48 @@ Status Commit(Communicator* comm, const Status& local, const SaveDir& save, cons
   return s;
 }
 
+// Newest first: the first keep_last complete checkpoints are kept (each checked), and so is every
+// multiple of keep_every (not even read); any other is checked only because it would be deleted.
 Status ApplyRetention(const std::string& root, const Retention& retention) {
   if (retention.keep_last <= 0) return Status();
-  std::vector<std::pair<int64_t, std::string>> steps;
-  std::error_code ec;
-  for (fs::directory_iterator it(root, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
-    std::error_code type_ec;
-    if (it->symlink_status(type_ec).type() != fs::file_type::directory) continue;
-    auto step = ParseStepDirName(it->path().filename().string());
-    if (step.ok()) steps.emplace_back(*step, it->path().string());
-  }
-  if (ec) return ErrnoStatus(ec.value(), "listing " + root);
-  std::sort(steps.rbegin(), steps.rend());
+  ASSIGN_OR_RETURN(const std::vector<StepDir> dirs, ListStepDirs(root));
   int kept_complete = 0;
-  for (const auto& [step, dir] : steps) {
+  for (const StepDir& sd : dirs) {
+    if (sd.in_progress) continue;
+    const bool every = retention.keep_every > 0 && sd.step % retention.keep_every == 0;
+    if (every && kept_complete >= retention.keep_last) continue;
     std::vector<std::string> problems;
-    const bool complete = CheckComplete(dir, VerifyLevel::kMetadata, &problems).ok() && problems.empty();
+    const bool complete = CheckComplete(sd.dir, VerifyLevel::kMetadata, &problems).ok() && problems.empty();
     if (!complete) continue;  // never delete what we cannot vouch for (or one being repaired by hand)
-    const bool keep = kept_complete < retention.keep_last || (retention.keep_every > 0 && step % retention.keep_every == 0);
-    if (kept_complete < retention.keep_last) ++kept_complete;
-    if (keep) continue;
+    if (kept_complete < retention.keep_last) {
+      ++kept_complete;
+      continue;
+    }
+    if (every) continue;
     // Dead first (atomic and durable), then removed: a kill in between leaves only a dead name.
-    ZRT_LOG(kInfo) << "checkpoint retention: removing " << dir;
-    const std::string dead = dir + std::string(kDeadMark) + NewNonce();
-    RETURN_IF_ERROR(RenamePath(dir, dead));
+    ZRT_LOG(kInfo) << "checkpoint retention: removing " << sd.dir;
+    const std::string dead = sd.dir + std::string(kDeadMark) + NewNonce();
+    RETURN_IF_ERROR(RenamePath(sd.dir, dead));
     RETURN_IF_ERROR(FsyncDir(root));
     RETURN_IF_ERROR(RemoveTree(dead));
   }
   return Status();
 }
 
+// Newest first: `latest` is pointed at the first complete checkpoint found (the rest is not read).
 Status RepairRoot(const std::string& root, const Retention& retention, const IoEngine& io) {
   RETURN_IF_ERROR(MakeDirs(root));
   RemoveLeftovers(root, "");
   std::error_code ec;
   fs::remove(fs::path(root) / (std::string(kLatestFile) + ".tmp"), ec);
-  // `latest` names the newest complete checkpoint (a kill after a commit's rename leaves it behind).
-  std::vector<std::pair<int64_t, std::string>> steps;
-  for (fs::directory_iterator it(root, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
-    std::error_code type_ec;
-    if (it->symlink_status(type_ec).type() != fs::file_type::directory) continue;
-    if (auto step = ParseStepDirName(it->path().filename().string()); step.ok()) steps.emplace_back(*step, it->path().string());
-  }
-  if (ec) return ErrnoStatus(ec.value(), "listing " + root);
-  std::sort(steps.rbegin(), steps.rend());
-  for (const auto& [step, dir] : steps) {
+  ASSIGN_OR_RETURN(const std::vector<StepDir> dirs, ListStepDirs(root));
+  for (const StepDir& sd : dirs) {
     std::vector<std::string> problems;
-    if (!CheckComplete(dir, VerifyLevel::kMetadata, &problems).ok() || !problems.empty()) continue;
-    const std::string want = StepDirName(step) + "\n";
+    if (sd.in_progress || !CheckComplete(sd.dir, VerifyLevel::kMetadata, &problems).ok() || !problems.empty()) continue;
+    const std::string want = StepDirName(sd.step) + "\n";
     auto have = ReadWholeFile(root + "/" + std::string(kLatestFile));
     if (!have.ok() || *have != want) {
-      ZRT_LOG(kInfo) << "checkpoint: pointing " << root << "/latest at " << StepDirName(step);
+      ZRT_LOG(kInfo) << "checkpoint: pointing " << root << "/latest at " << StepDirName(sd.step);
       RETURN_IF_ERROR(WriteFileDurably(io, root, std::string(kLatestFile), want));
       RETURN_IF_ERROR(FsyncDir(root));
     }

@@ -86,7 +86,7 @@ class HostileTest : public ::testing::Test {
         return Status();
       });
       target.view.owner = &owner;
-      auto r = Resume(&comm, root_.string(), target.view);
+      auto r = Resume(&comm, {.root = root_.string()}, target.view);
       codes[static_cast<size_t>(comm.rank())] = r.status().code();
       if (!r.ok()) return Status();
       dirs[static_cast<size_t>(comm.rank())] = r->dir;

@@ -1,13 +1,14 @@
 // Load: plan every read once, then read it (chunk_source.h) and fill from the same plan.
-//   1. check every target tensor against the manifest (names, shapes, dtypes; strictness) before a
-//      byte of data is read;
+//   1. PreparedLoad::Prepare (load_plan.h): check every target tensor against the manifest (names,
+//      shapes, dtypes; strictness) before a byte of data is read;
 //   2. plan each target buffer: read whole in place (the target group is laid out exactly as a saved
 //      one: a restart at the same size), or a list of copies, each one contiguous range of one saved
 //      shard, in the order the fill makes them;
-//   3. the copies' chunks are read ahead in that order, the whole buffers in one pipeline of reads,
+//   3. PreparedLoad::Fill (Resume agrees on every rank's preparation first): the copies' chunks are read ahead in that order, the whole buffers in one pipeline of reads,
 //      then every buffer is filled from its copies (through the owner, window by window, for state
 //      that is not host memory).
 #include "zrt/checkpoint/load.h"
+#include "zrt/checkpoint/load_plan.h"
 
 #include <algorithm>
 #include <map>
@@ -128,7 +129,7 @@ Result<BufferPlan> PlanBuffer(const std::string& dir, const Manifest& m, const s
 
 // Fills buffer (gi, bi) of `target` from its copies (sorted by dst), window by window where it is not
 // host memory.
-Status Fill(const std::string& dir, const StateView& target, int gi, int bi, const std::vector<Copy>& copies, ShardSource& src) {
+Status FillBuffer(const std::string& dir, const StateView& target, int gi, int bi, const std::vector<Copy>& copies, ShardSource& src) {
   const StateGroup& tg = target.groups[static_cast<size_t>(gi)];
   size_t first = 0;
   return FillStateBuffer(target, gi, bi, [&](int64_t w0, int64_t w1, float* base) -> Status {
@@ -145,60 +146,100 @@ Status Fill(const std::string& dir, const StateView& target, int gi, int bi, con
 
 }  // namespace
 
-Result<LoadResult> Load(const std::string& dir, const StateView& target, const LoadOptions& options) {
-  RETURN_IF_ERROR(target.Settle(), "loading checkpoint");  // a capture still reading the buffers ends before they change
-  ASSIGN_OR_RETURN(CheckpointDir cd, CheckpointDir::Open(dir), "loading checkpoint");
-  ASSIGN_OR_RETURN(Manifest m, ReadManifest(cd), "loading checkpoint");
-  ASSIGN_OR_RETURN(std::vector<ShardLayout> saved, SavedLayouts(m), "loading checkpoint");
-  ASSIGN_OR_RETURN(auto io, IoEngine::Create(options.io), "loading checkpoint");
+namespace internal {
+
+struct PreparedLoad::Impl {
+  std::string dir;
+  const StateView* target;
+  LoadOptions options;
+  CheckpointDir cd;
+  Manifest m;
+  std::vector<ShardLayout> saved;
+  std::unique_ptr<IoEngine> io;
+  std::vector<std::vector<BufferPlan>> plan;
+  LoadResult result;
+};
+
+PreparedLoad::PreparedLoad(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+PreparedLoad::~PreparedLoad() = default;
+
+Result<std::unique_ptr<PreparedLoad>> PreparedLoad::Prepare(const std::string& dir, const StateView& target, const LoadOptions& options,
+                                                           bool* mismatch) {
+  if (mismatch != nullptr) *mismatch = false;
+  auto p = std::make_unique<Impl>();
+  p->dir = dir;
+  p->target = &target;
+  p->options = options;
+  ASSIGN_OR_RETURN(p->cd, CheckpointDir::Open(dir), "loading checkpoint");
+  ASSIGN_OR_RETURN(p->m, ReadManifest(p->cd), "loading checkpoint");
+  ASSIGN_OR_RETURN(p->saved, SavedLayouts(p->m), "loading checkpoint");
+  ASSIGN_OR_RETURN(p->io, IoEngine::Create(options.io), "loading checkpoint");
   Where where;  // names are unique
-  for (int g = 0; g < static_cast<int>(m.groups.size()); ++g) {
-    for (int t = 0; t < static_cast<int>(m.groups[static_cast<size_t>(g)].tensors.size()); ++t) {
-      where[m.groups[static_cast<size_t>(g)].tensors[static_cast<size_t>(t)].name] = {g, t};
+  for (int g = 0; g < static_cast<int>(p->m.groups.size()); ++g) {
+    for (int t = 0; t < static_cast<int>(p->m.groups[static_cast<size_t>(g)].tensors.size()); ++t) {
+      where[p->m.groups[static_cast<size_t>(g)].tensors[static_cast<size_t>(t)].name] = {g, t};
     }
   }
-  LoadResult r;
-  RETURN_IF_ERROR(CheckTensors(dir, m, where, target, options, &r));
-  std::vector<std::vector<BufferPlan>> plan(target.groups.size());
+  if (Status s = CheckTensors(dir, p->m, where, target, options, &p->result); !s.ok()) {
+    if (mismatch != nullptr) *mismatch = true;
+    return s;
+  }
+  p->plan.resize(target.groups.size());
   for (size_t gi = 0; gi < target.groups.size(); ++gi) {
     const StateGroup& tg = target.groups[gi];
-    const int same = SameLayout(m, saved, where, tg), rank = tg.layout.world_size() == 1 ? 0 : target.rank;
+    const int same = SameLayout(p->m, p->saved, where, tg), rank = tg.layout.world_size() == 1 ? 0 : target.rank;
     for (const StateBuffer& b : tg.buffers) {
       if (b.dtype != DType::kF32) return InvalidArgumentError("load: state '", b.kind, "' must be f32");
       if (!b.resident() && target.owner == nullptr) {
         return InvalidArgumentError("load: state '", b.kind, "' of group '", tg.name, "' is not resident and the view has no owner");
       }
-      ASSIGN_OR_RETURN(BufferPlan bp, PlanBuffer(dir, m, saved, where, tg, b, rank, same, options, &r));
-      plan[gi].push_back(std::move(bp));
+      ASSIGN_OR_RETURN(BufferPlan bp, PlanBuffer(dir, p->m, p->saved, where, tg, b, rank, same, options, &p->result));
+      p->plan[gi].push_back(std::move(bp));
     }
   }
-  ShardSource src(cd, m, saved, *io);
+  return std::unique_ptr<PreparedLoad>(new PreparedLoad(std::move(p)));
+}
+
+Result<LoadResult> PreparedLoad::Fill() {
+  Impl& p = *impl_;
+  const StateView& target = *p.target;
+  RETURN_IF_ERROR(target.Settle(), "loading checkpoint");  // a capture still reading the buffers ends before they change
+  ShardSource src(p.cd, p.m, p.saved, *p.io);
   std::vector<ShardSource::Whole> wholes;  // the buffers read in place, all in one pipeline
-  for (size_t gi = 0; gi < plan.size(); ++gi) {
+  for (size_t gi = 0; gi < p.plan.size(); ++gi) {
     const StateGroup& tg = target.groups[gi];
-    for (size_t bi = 0; bi < plan[gi].size(); ++bi) {
-      const BufferPlan& bp = plan[gi][bi];
+    for (size_t bi = 0; bi < p.plan[gi].size(); ++bi) {
+      const BufferPlan& bp = p.plan[gi][bi];
       const StateBuffer& b = tg.buffers[bi];
       if (bp.whole_group >= 0) {
         wholes.push_back({tg.layout.world_size() == 1 ? 0 : target.rank, bp.whole_group, bp.whole_kind, static_cast<float*>(b.data), b.count,
-                          "loading group '" + tg.name + "' (" + b.kind + ") from " + dir});
+                          "loading group '" + tg.name + "' (" + b.kind + ") from " + p.dir});
       }
-      for (const Copy& c : bp.copies) RETURN_IF_ERROR(src.Plan(c.rank, c.group, c.kind, c.src, c.count), "loading from ", dir);
+      for (const Copy& c : bp.copies) RETURN_IF_ERROR(src.Plan(c.rank, c.group, c.kind, c.src, c.count), "loading from ", p.dir);
     }
   }
-  src.Start(options.read_ahead_bytes);
+  src.Start(p.options.read_ahead_bytes);
   RETURN_IF_ERROR(src.ReadWhole(wholes));
-  for (size_t gi = 0; gi < plan.size(); ++gi) {
-    for (size_t bi = 0; bi < plan[gi].size(); ++bi) {
-      if (plan[gi][bi].whole_group < 0) RETURN_IF_ERROR(Fill(dir, target, static_cast<int>(gi), static_cast<int>(bi), plan[gi][bi].copies, src));
+  for (size_t gi = 0; gi < p.plan.size(); ++gi) {
+    for (size_t bi = 0; bi < p.plan[gi].size(); ++bi) {
+      if (p.plan[gi][bi].whole_group < 0) RETURN_IF_ERROR(FillBuffer(p.dir, target, static_cast<int>(gi), static_cast<int>(bi), p.plan[gi][bi].copies, src));
     }
   }
+  LoadResult& r = p.result;
+  const Manifest& m = p.m;
   r.counters = {m.step, m.loss_scale, m.scaler_good_steps, m.scaler_hysteresis_left, m.engine_state.dump()};
   r.trainer_state = m.trainer_state;
   r.saved_world_size = m.world_size;
   r.saved_stage = m.stage;
   r.bytes_read = src.bytes_read();
   return r;
+}
+
+}  // namespace internal
+
+Result<LoadResult> Load(const std::string& dir, const StateView& target, const LoadOptions& options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<internal::PreparedLoad> prepared, internal::PreparedLoad::Prepare(dir, target, options));
+  return prepared->Fill();
 }
 
 }  // namespace zrt::ckpt

@@ -1,4 +1,4 @@
-#include "zrt/checkpoint/options_json.h"
+#include "zrt/checkpoint/options.h"
 
 #include <gtest/gtest.h>
 

@@ -1,35 +1,51 @@
-// Resume: the agreed candidate list, then load -> agree -> (fall back | restore), as resume.h says.
+// Resume (resume.h), one candidate at a time, newest first:
+//   candidates  the memory tier's generations every rank can restore (agreed), and the step
+//               directories under the root by name (rank 0's list, broadcast): nothing is read yet;
+//   check       a disk candidate: rank 0 checks it complete (metadata), and every rank hears the verdict;
+//   prepare     every rank opens it and plans its reads against the model (nothing written), and the
+//               ranks agree: a model mismatch on any rank ends the walk with that error on every rank
+//               (a configuration mistake: no older checkpoint of the run fits either); another
+//               failure moves every rank to the next candidate;
+//   fill        every rank reads its shards, and the ranks agree; a failure falls back as above (the
+//               state may be partly overwritten by then, and is overwritten again by the next);
+//   restore     the owner takes the counters (target.Restore) on every rank.
+// A memory-tier candidate is loaded by LoadFromTier (own copy, or the peer's replica) in one step.
 #include "zrt/checkpoint/resume.h"
 
-#include <filesystem>
+#include <algorithm>
 
 #include <nlohmann/json.hpp>
 
 #include "zrt/checkpoint/catalog.h"
 #include "zrt/checkpoint/format.h"
+#include "zrt/checkpoint/load_plan.h"
+#include "zrt/checkpoint/tier/memory_tier.h"
+#include "zrt/checkpoint/verify.h"
 #include "zrt/core/logging.h"
 
 namespace zrt::ckpt {
 
 namespace {
 
-// Rank 0's list of complete checkpoints, newest first, on every rank (one size, one byte broadcast).
-Result<std::vector<std::string>> AgreedCandidates(Communicator* comm, const std::string& root) {
+struct Candidate {
+  int64_t step;
+  bool memory;
+  std::string dir;
+};
+
+// Rank 0's list of the step directories under `root` (names only), newest first, on every rank.
+Result<std::vector<Candidate>> DiskCandidates(Communicator* comm, const std::string& root) {
   std::string text;
   Status listed;
   if (comm->rank() == 0) {
-    auto list = ListCheckpoints(root, VerifyLevel::kMetadata);
+    auto dirs = ListStepDirs(root);
     nlohmann::json j = nlohmann::json::array();
-    if (list.ok()) {
-      for (const CheckpointInfo& c : *list) {
-        if (c.complete) {
-          j.push_back(c.dir);
-        } else if (!c.in_progress) {
-          ZRT_LOG(kWarn) << "resume: skipping " << c.dir << ": " << c.problem;
-        }
+    if (dirs.ok()) {
+      for (const StepDir& d : *dirs) {
+        if (!d.in_progress) j.push_back({d.step, d.dir});
       }
-    } else if (list.status().code() != StatusCode::kNotFound) {
-      listed = list.status();
+    } else if (dirs.status().code() != StatusCode::kNotFound) {
+      listed = dirs.status();
     }
     text = j.dump();
   }
@@ -38,45 +54,73 @@ Result<std::vector<std::string>> AgreedCandidates(Communicator* comm, const std:
   RETURN_IF_ERROR(comm->Broadcast(&size, sizeof(size), DType::kBytes, 0), "resume");
   text.resize(static_cast<size_t>(size));
   RETURN_IF_ERROR(comm->Broadcast(text.data(), text.size(), DType::kBytes, 0), "resume");
-  std::vector<std::string> out;
-  for (const auto& d : nlohmann::json::parse(text)) out.push_back(d.get<std::string>());
+  std::vector<Candidate> out;
+  for (const auto& d : nlohmann::json::parse(text)) out.push_back({d[0].get<int64_t>(), false, d[1].get<std::string>()});
   return out;
+}
+
+// One list, newest first; a memory generation before a disk checkpoint of the same step (faster).
+Result<std::vector<Candidate>> Candidates(Communicator* comm, const CheckpointOptions& where) {
+  ASSIGN_OR_RETURN(std::vector<Candidate> all, DiskCandidates(comm, where.root));
+  if (where.memory) {
+    ASSIGN_OR_RETURN(const std::vector<int64_t> tier, TierCandidates(comm, where.root, *where.memory));
+    for (int64_t s : tier) all.push_back({s, true, ""});
+  }
+  std::stable_sort(all.begin(), all.end(), [](const Candidate& a, const Candidate& b) {
+    return a.step != b.step ? a.step > b.step : a.memory > b.memory;
+  });
+  return all;
+}
+
+// A disk candidate: rank 0's completeness check (every rank gets its verdict), then every rank's
+// preparation, agreed; `mismatch` says the agreed failure is the model's on some rank.
+Result<std::unique_ptr<internal::PreparedLoad>> Prepare(Communicator* comm, const std::string& dir, const StateView& target,
+                                                        const ResumeOptions& o, bool* mismatch) {
+  *mismatch = false;
+  Status complete;
+  if (comm->rank() == 0) {
+    std::vector<std::string> problems;
+    complete = CheckComplete(dir, VerifyLevel::kMetadata, &problems);
+    if (complete.ok() && !problems.empty()) complete = DataLossError(dir, " is not complete: ", problems.front());
+  }
+  RETURN_IF_ERROR(BroadcastStatus(comm, complete, 0));
+  bool mine = false;
+  auto prepared = internal::PreparedLoad::Prepare(dir, target, o.load, &mine);
+  Status agreed = AgreeOnStatus(comm, prepared.status());
+  if (!agreed.ok()) {
+    float any = mine ? 1.0f : 0.0f;
+    RETURN_IF_ERROR(comm->AllReduce(&any, &any, 1, DType::kF32, ReduceOp::kMax), "resume");
+    *mismatch = any > 0;
+    return agreed;
+  }
+  return prepared;
 }
 
 }  // namespace
 
-Result<ResumeResult> Resume(Communicator* comm, const std::string& root, const StateView& target, const ResumeOptions& o) {
+Result<ResumeResult> Resume(Communicator* comm, const CheckpointOptions& where, const StateView& target, const ResumeOptions& o) {
   if (comm == nullptr) return InvalidArgumentError("resume: null communicator");
-  ASSIGN_OR_RETURN(const std::vector<std::string> disk, AgreedCandidates(comm, root));
-  std::vector<int64_t> tier;
-  if (o.memory) {
-    ASSIGN_OR_RETURN(tier, TierCandidates(comm, root, *o.memory));
-  }
-  // One list, newest first; a memory generation before a disk checkpoint of the same step (faster).
-  struct Candidate {
-    int64_t step;
-    bool memory;
-    std::string dir;
-  };
-  std::vector<Candidate> candidates;
-  for (int64_t s : tier) candidates.push_back({s, true, ""});
-  for (const std::string& d : disk) {
-    auto step = ParseStepDirName(std::filesystem::path(d).filename().string());
-    candidates.push_back({step.ok() ? *step : -1, false, d});
-  }
-  std::stable_sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
-    return a.step != b.step ? a.step > b.step : a.memory > b.memory;
-  });
-  if (candidates.empty()) return NotFoundError("resume: no complete checkpoint under ", root);
+  ASSIGN_OR_RETURN(const std::vector<Candidate> candidates, Candidates(comm, where));
+  if (candidates.empty()) return NotFoundError("resume: no checkpoint under ", where.root, where.memory ? " or in its memory tier" : "");
   ResumeResult r;
   for (const Candidate& c : candidates) {
+    const std::string what = c.memory ? "memory tier step " + std::to_string(c.step) : c.dir;
     std::string dir = c.dir;
     bool from_peer = false;
-    Result<LoadResult> loaded =
-        c.memory ? LoadFromTier(comm, root, *o.memory, c.step, target, o.load, &dir, &from_peer) : Load(dir, target, o.load);
+    Result<LoadResult> loaded = InternalError("resume: not loaded");
+    if (c.memory) {
+      loaded = LoadFromTier(comm, where.root, *where.memory, c.step, target, o.load, &dir, &from_peer);
+    } else {
+      bool mismatch = false;
+      auto prepared = Prepare(comm, dir, target, o, &mismatch);
+      if (!prepared.ok() && mismatch) {
+        return InvalidArgumentError("resume: ", what, " does not fit the model (a configuration mistake; nothing was loaded): ",
+                                    prepared.status().message());
+      }
+      loaded = prepared.ok() ? (*prepared)->Fill() : Result<LoadResult>(prepared.status());
+    }
     // Every rank goes on, or every rank falls back: never a rank alone in the next collective.
     Status agreed = AgreeOnStatus(comm, loaded.status());
-    const std::string what = c.memory ? "memory tier step " + std::to_string(c.step) : dir;
     if (!agreed.ok()) {
       const std::string why = what + ": " + std::string(agreed.message());
       if (comm->rank() == 0) ZRT_LOG(kWarn) << "resume: cannot load " << why << "; trying an older checkpoint";
@@ -98,8 +142,8 @@ Result<ResumeResult> Resume(Communicator* comm, const std::string& root, const S
   }
   std::string why;
   for (const std::string& s : r.skipped) why += "\n  " + s;
-  return DataLossError("resume: none of the ", candidates.size(), " checkpoints", o.memory ? " (memory tier and disk)" : "", " under ", root,
-                       " could be loaded on every rank; the state may be partly overwritten:", why);
+  return DataLossError("resume: none of the ", candidates.size(), " checkpoints", where.memory ? " (memory tier and disk)" : "", " under ",
+                       where.root, " could be loaded on every rank; the state may be partly overwritten:", why);
 }
 
 }  // namespace zrt::ckpt

@@ -1,7 +1,9 @@
-// Resuming a job in one collective call: the newest checkpoint under a root that every rank can
-// load, with fallback to older ones (../shared/DESIGN.md "Checkpoints" 8).
+// Resuming a job in one collective call, the one way in: the newest state any tier holds (the memory
+// tier, when CheckpointOptions::memory is set, then the disk checkpoints under the root) that every
+// rank can load, with fallback to older ones (../shared/DESIGN.md "Checkpoints" 8).
+// Checkpointer::Resume is this call with the checkpointer's options.
 //
-//   auto r = ckpt::Resume(comm, root, engine->state_view());
+//   auto r = ckpt::Resume(comm, checkpoint_options, engine->state_view());
 //   if (r.ok()) { ... r->loaded.trainer_state ... }           // the engine is restored
 //   else if (r.status().code() == StatusCode::kNotFound) ... // nothing to resume: a fresh start
 //   else return r.status();                                  // every rank gets the same error
@@ -12,7 +14,7 @@
 #include <vector>
 
 #include "zrt/checkpoint/load.h"
-#include "zrt/checkpoint/tier/memory_tier.h"
+#include "zrt/checkpoint/options.h"
 #include "zrt/core/communicator.h"
 #include "zrt/core/state_view.h"
 
@@ -20,9 +22,6 @@ namespace zrt::ckpt {
 
 struct ResumeOptions {
   LoadOptions load;  // strictness, params_only, the I/O engine
-  // The memory tier to look in too (the Checkpointer's CheckpointOptions::memory; Checkpointer::Resume
-  // passes it). Its generations come before disk checkpoints of the same or an older step.
-  std::optional<MemoryTierOptions> memory;
 };
 
 struct ResumeResult {
@@ -35,17 +34,20 @@ struct ResumeResult {
   std::vector<std::string> skipped;  // newer checkpoints that could not be loaded, each "<dir>: <why>"
 };
 
-// Collective over `comm` (the job's ranks; the same root on every rank). With options.memory, the
-// memory tier's generations every rank can restore (own copy or peer's replica) are tried first,
-// newest first, ahead of disk checkpoints of the same or an older step (memory_tier.h). Rank 0 lists the complete
-// checkpoints under `root` (metadata level) and every rank gets that list; then, newest first, every
-// rank loads its shards into `target` (each chunk it reads checked) and the ranks agree on the
-// outcome: on a failure on any rank (a corrupt chunk, a shape that differs, a file gone) every rank
-// moves on to the next older checkpoint, and the reason is logged and listed in `skipped`. After a
-// load every rank agrees on, target.restore(saved counters) runs (the engine's Restore).
-// Returns, on every rank alike: the loaded checkpoint; NotFound when the root holds no complete
-// checkpoint (the target is untouched: a fresh start); DataLoss when none could be loaded (the
-// target's buffers may be partly overwritten: do not train from them).
-Result<ResumeResult> Resume(Communicator* comm, const std::string& root, const StateView& target, const ResumeOptions& options = {});
+// Collective over `comm` (the job's ranks; the same options on every rank). The candidates, newest
+// first: the memory tier's generations every rank can restore (own copy or a peer's replica;
+// where.memory set), each ahead of a disk checkpoint of the same step; then the step directories under
+// where.root, listed by name (rank 0's list, broadcast). Each candidate is checked only when it is
+// reached (a disk one: complete, by rank 0, at metadata level; its chunks as they are read), then
+// every rank loads its shards into `target` and the ranks agree on the outcome: on a failure on any
+// rank (a corrupt chunk, a file gone) every rank moves on to the next older one, the reason logged
+// and listed in `skipped`; the walk stops at the first one every rank loaded, and target.Restore
+// (the engine's) runs with its counters. A configuration mistake (a tensor or shape the model does not
+// have: InvalidArgument, NotFound) ends the walk at once on every rank with that error: no older
+// checkpoint of the same run would fit either.
+// Returns, on every rank alike: the loaded checkpoint; NotFound when there is nothing to resume (the
+// target is untouched: a fresh start); DataLoss when none could be loaded (the target's buffers may be
+// partly overwritten: do not train from them).
+Result<ResumeResult> Resume(Communicator* comm, const CheckpointOptions& where, const StateView& target, const ResumeOptions& options = {});
 
 }  // namespace zrt::ckpt

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "zrt/checkpoint/compression.h"
+#include "zrt/checkpoint/options.h"
 #include "zrt/checkpoint/format.h"
 #include "zrt/core/device.h"
 #include "zrt/core/state_view.h"

@@ -15,7 +15,7 @@ zrt::Status Train(zrt::Communicator& comm, const std::string& root) {
   RETURN_IF_ERROR(engine->Finalize([](int64_t, int64_t, int64_t count, float* out) { std::fill(out, out + count, 0.0f); }));
 
   ASSIGN_OR_RETURN(auto ck, zrt::ckpt::Checkpointer::Create(&comm, &device, {.root = root}));
-  auto resumed = zrt::ckpt::Resume(&comm, root, engine->state_view());  // newest loadable checkpoint
+  auto resumed = zrt::ckpt::Resume(&comm, {.root = root}, engine->state_view());  // newest loadable checkpoint
   if (!resumed.ok() && resumed.status().code() != zrt::StatusCode::kNotFound) return resumed.status();
   while (engine->steps() < 200) {
     // Each rank's sample: x = e_k (k = step + rank), target y = k, so w converges to w_k = k.

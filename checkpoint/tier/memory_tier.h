@@ -26,39 +26,14 @@
 #include <nlohmann/json.hpp>
 
 #include "zrt/checkpoint/load.h"
+#include "zrt/checkpoint/options.h"
 #include "zrt/core/communicator.h"
 #include "zrt/core/state_view.h"
 
 namespace zrt::ckpt {
 
-struct MemoryTierOptions {
-  // Node-local storage that outlives the process (tmpfs). The tier's files go under
-  // <dir>/zrt-tier-<hash of the checkpoint root>/.
-  std::string dir = "/dev/shm";
-  // A replica of each rank's snapshot on its peer (above); false: own copies only (survive a process
-  // kill, not the loss of the node's memory).
-  bool replicate = true;
-  // Ranks per node, for placement. 0: the launcher's (OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS,
-  // SLURM_NTASKS_PER_NODE), else 1. On one machine a smaller value emulates nodes.
-  int ranks_per_node = 0;
-  // The most bytes this rank's tier files may hold: two generations (the committed one while the next
-  // is written) of its own snapshot and of the replica it keeps. 0: the free space of `dir` at start-up.
-  // Checked at the first save: ResourceExhausted on every rank, naming the sizes.
-  int64_t budget_bytes = 0;
-};
 
-struct MemoryTierStats {
-  int64_t step = -1;             // the newest generation held (committed, or left by the previous run; -1: none)
-  double stall_seconds = 0;      // what training waited for the last committed snapshot (Save, the owner's
-                                 // hold for a background copy, a commit that came before the copy ended)
-  double write_seconds = 0;      // background: checksums, index, rename of the own copy
-  double replica_seconds = 0;    // from the save to the replica being whole on its holder
-  int64_t snapshot_bytes = 0;    // one generation of this rank's own copy
-  int64_t bytes_held = 0;        // this rank's tier files now (own + replica, every generation)
-  int64_t budget_bytes = 0;      // the budget in force
-};
-
-// Used through the Checkpointer (CheckpointOptions::memory); the class is public for tools and tests.
+// Used through the Checkpointer (CheckpointOptions::memory); internal (tests name its directories).
 class MemoryTier {
  public:
   // Collective. Cleans what a killed run left: half-written snapshots, ranks the job no longer has,

@@ -260,7 +260,7 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
   if (!o.ckpt.empty()) {
     ASSIGN_OR_RETURN(ck, zrt::ckpt::Checkpointer::Create(&comm, &device, {.root = o.ckpt, .keep_last = o.keep_last}));
     zrt::ckpt::InstallPreemptionHandler();
-    auto r = zrt::ckpt::Resume(&comm, o.ckpt, engine->state_view());
+    auto r = zrt::ckpt::Resume(&comm, {.root = o.ckpt}, engine->state_view());
     if (r.ok()) resumed_from = r->dir;
     if (r.ok() && rank == 0) {
       std::printf("resumed from %s (saved by %d ranks at stage %d)\n", r->dir.c_str(), r->loaded.saved_world_size, r->loaded.saved_stage);

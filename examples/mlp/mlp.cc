@@ -66,7 +66,7 @@ zrt::Status Train(zrt::Communicator& comm, const nlohmann::json& config, std::st
 
   ASSIGN_OR_RETURN(auto ck, zrt::ckpt::Checkpointer::Create(&comm, &device, co));
   zrt::ckpt::InstallPreemptionHandler();
-  auto resumed = zrt::ckpt::Resume(&comm, co.root, engine->state_view());  // the engine is restored
+  auto resumed = zrt::ckpt::Resume(&comm, co, engine->state_view());  // the engine is restored
   if (resumed.ok() && comm.rank() == 0) std::printf("resumed from %s\n", resumed->dir.c_str());
   if (!resumed.ok() && resumed.status().code() != zrt::StatusCode::kNotFound) return resumed.status();
 

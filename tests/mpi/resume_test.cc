@@ -2,7 +2,8 @@
 // byte of chunk data, of an index or of the manifest, a data file gone or truncated on one rank) makes
 // every rank fall back to the previous checkpoint together — never a rank alone in a collective (this
 // suite has a timeout: a hang fails it) — and the engine resumes with exactly that checkpoint's
-// parameters and step. Untouched, the newest is resumed.
+// parameters and step. Untouched, the newest is resumed. A checkpoint of another model is a
+// configuration error on every rank that overwrites nothing.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -13,6 +14,7 @@
 #include <random>
 
 #include "tests/support/reference.h"
+#include "tests/support/state_values.h"
 #include "zrt/checkpoint/checkpointer.h"
 #include "zrt/checkpoint/files.h"
 #include "zrt/checkpoint/resume.h"
@@ -50,13 +52,14 @@ class ResumeTest : public ::testing::Test {
     if (comm_->rank() == 0) fs::remove_all(root_);
   }
 
-  std::unique_ptr<ZeroEngine> Engine() {
+  // `w_rows`: another model when not 37 (w's shape differs).
+  std::unique_ptr<ZeroEngine> Engine(int64_t w_rows = 37) {
     EngineConfig cfg;
     cfg.stage = 3;
     cfg.adam.lr = 1e-2;
     auto e = ZeroEngine::Create(comm_.get(), &device_, cfg);
     EXPECT_TRUE(e.ok());
-    EXPECT_TRUE((*e)->AddParam("w", {37, 29}, DType::kBF16, {.group = "a"}).ok());
+    EXPECT_TRUE((*e)->AddParam("w", {w_rows, 29}, DType::kBF16, {.group = "a"}).ok());
     EXPECT_TRUE((*e)->AddParam("b", {1001}, DType::kBF16, {.group = "b"}).ok());
     EXPECT_TRUE((*e)->Finalize([](int64_t p, int64_t off, int64_t n, float* out) {
       for (int64_t i = 0; i < n; ++i) out[i] = 0.01f * static_cast<float>((p * 7919 + off + i) % 101) - 0.5f;
@@ -92,7 +95,7 @@ class ResumeTest : public ::testing::Test {
   // A fresh engine resumed from root_: the checkpoint's name (the same on every rank).
   std::string ResumeFresh(std::vector<std::vector<uint16_t>>* params, int64_t* step) {
     auto e = Engine();
-    auto r = Resume(comm_.get(), root_, e->state_view());
+    auto r = Resume(comm_.get(), {.root = root_}, e->state_view());
     EXPECT_TRUE(r.ok()) << r.status();
     if (!r.ok()) return "";
     *params = Params(*e);
@@ -182,6 +185,41 @@ TEST_F(ResumeTest, ADamagedNewestCheckpointFallsBackOnEveryRank) {
   ASSERT_TRUE(comm_->Barrier().ok());
   EXPECT_EQ(ResumeFresh(&got, &step), "step-00000004");
   EXPECT_EQ(got, at4);
+}
+
+// A checkpoint of another model is a configuration mistake: every rank gets the same InvalidArgument
+// naming it, whichever rank finds it, and nothing of any rank's state was overwritten. A root whose
+// only checkpoint is damaged is DataLoss (never a silent fresh start), and one with none is NotFound.
+TEST_F(ResumeTest, AnotherModelIsAConfigurationErrorAndChangesNothing) {
+  {
+    auto e = Engine();
+    auto ck = Checkpointer::Create(comm_.get(), &device_, {.root = root_, .chunk_elements = 1024});
+    ASSERT_TRUE(ck.ok());
+    Train(*e, 2);
+    ASSERT_TRUE((*ck)->SaveAsync(e->state_view()).ok());
+    ASSERT_TRUE((*ck)->Wait().ok());
+  }
+  auto other = Engine(41);
+  const auto before = testing::ReadState(other->state_view());
+  auto r = Resume(comm_.get(), {.root = root_}, other->state_view());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status();
+  EXPECT_NE(r.status().message().find("does not fit the model"), std::string_view::npos) << r.status();
+  EXPECT_NE(r.status().message().find("'w'"), std::string_view::npos) << r.status();
+  EXPECT_TRUE(testing::ReadState(other->state_view()) == before) << "rank " << comm_->rank() << ": state overwritten";
+  EXPECT_EQ(other->steps(), 0);
+
+  // Only a damaged checkpoint: DataLoss, on every rank.
+  ASSERT_TRUE(comm_->Barrier().ok());
+  if (comm_->rank() == 0) fs::remove(fs::path(root_) / "step-00000002" / "manifest.json");
+  ASSERT_TRUE(comm_->Barrier().ok());
+  auto e = Engine();
+  auto damaged = Resume(comm_.get(), {.root = root_}, e->state_view());
+  EXPECT_EQ(damaged.status().code(), StatusCode::kDataLoss) << damaged.status();
+  ASSERT_TRUE(comm_->Barrier().ok());
+  if (comm_->rank() == 0) fs::remove_all(fs::path(root_) / "step-00000002");
+  ASSERT_TRUE(comm_->Barrier().ok());
+  EXPECT_EQ(Resume(comm_.get(), {.root = root_}, e->state_view()).status().code(), StatusCode::kNotFound);
 }
 
 }  // namespace

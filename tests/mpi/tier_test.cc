@@ -19,6 +19,7 @@
 #include "zrt/checkpoint/catalog.h"
 #include "zrt/checkpoint/checkpointer.h"
 #include "zrt/checkpoint/format.h"
+#include "zrt/checkpoint/tier/memory_tier.h"
 #include "zrt/core/mpi_communicator.h"
 #include "zrt/runtime/engine.h"
 #include "tests/support/state_values.h"

@@ -146,7 +146,7 @@ TEST_F(TrainerApiTest, ACheckpointCarriesLrScheduleAndPerTensorSettings) {
   plain.stage = 3;
   auto b = MakeWith(plain, DType::kBF16, false);
   ASSERT_TRUE(b.ok());
-  auto r = ckpt::Resume(comm_.get(), root, (*b)->state_view());
+  auto r = ckpt::Resume(comm_.get(), {.root = root}, (*b)->state_view());
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->loaded.trainer_state["epoch"], 1);
   EXPECT_EQ((*b)->steps(), 4);
@@ -320,7 +320,7 @@ TEST_F(TrainerApiTest, FrozenTensorsTakeNoGradientNoStateAndComeBackFromACheckpo
     ASSERT_TRUE((*ck)->Wait().ok());
     auto b = make(true, [](int64_t, int64_t, int64_t count, float* out) { std::fill(out, out + count, 0.25f); }, &dev_b);
     ASSERT_TRUE(b.ok());
-    auto r = ckpt::Resume(comm_.get(), root, (*b)->state_view());
+    auto r = ckpt::Resume(comm_.get(), {.root = root}, (*b)->state_view());
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(Params(**b, kModel.size()), got) << "stage " << stage;
     train(**b, true, 2);

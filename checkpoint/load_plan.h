@@ -1,0 +1,30 @@
+// A load in two steps (load.cc): Prepare opens the checkpoint, checks it against the target and plans
+// every read, writing nothing; Fill reads and writes the target's buffers. Resume agrees on every
+// rank's preparation before any rank fills, so a checkpoint that does not fit the model (a
+// configuration mistake) changes nothing anywhere. Internal to zrt_checkpoint.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "zrt/checkpoint/load.h"
+
+namespace zrt::ckpt::internal {
+
+class PreparedLoad {
+ public:
+  // `mismatch` (optional) is set when the failure is the target's own: tensors, shapes or dtypes that
+  // the checkpoint does not have (strict), not the files. `target` must outlive the prepared load.
+  static Result<std::unique_ptr<PreparedLoad>> Prepare(const std::string& dir, const StateView& target, const LoadOptions& options,
+                                                       bool* mismatch = nullptr);
+  ~PreparedLoad();
+  // Reads (every chunk checked) and fills the target; its buffers change from here on.
+  Result<LoadResult> Fill();
+
+ private:
+  struct Impl;
+  explicit PreparedLoad(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zrt::ckpt::internal
