@@ -1,14 +1,32 @@
-// The checkpoints under a root: listing them and finding the newest complete one.
+// The checkpoints under a root and each one's state: listing them, finding the newest complete one,
+// checking that one is complete and intact.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
-#include "zrt/checkpoint/verify.h"
 #include "zrt/core/status.h"
 
 namespace zrt::ckpt {
+
+// Progress reports of long offline operations (verify, reshard, export, import): done out of total, in
+// the operation's unit (bytes where it can). Called on the caller's thread or a worker; may be empty.
+using ProgressFn = std::function<void(int64_t done, int64_t total)>;
+
+// Checking that a checkpoint directory is complete and intact (docs/checkpoint-format.md, rules).
+enum class VerifyLevel {
+  kMetadata,  // manifest and indexes exist, parse, pass their checksums and agree; data file sizes
+  kFull,      // + every chunk read back, checksummed and decoded
+};
+
+// Appends a line per problem ("rank-00002.index.json: missing", "rank-00001.data chunk 17 (group
+// 'layer0', exp_avg, tensors w1..w3): checksum mismatch"). OK with problems empty = complete.
+// A non-OK status means the check itself could not run (e.g. the directory is unreadable).
+// `progress` (full level): bytes of data files checked out of those present.
+Status CheckComplete(const std::string& dir, VerifyLevel level, std::vector<std::string>* problems,
+                     const ProgressFn& progress = nullptr);
 
 struct CheckpointInfo {
   std::string dir;

@@ -32,6 +32,7 @@
 #include "zrt/checkpoint/shard_writer.h"
 #include "zrt/checkpoint/snapshot.h"
 #include "zrt/checkpoint/tier/memory_tier.h"
+#include "zrt/core/base.h"
 #include "zrt/core/logging.h"
 #include "zrt/core/thread_pool.h"
 #include "zrt/offload/io_engine.h"
@@ -39,7 +40,6 @@
 namespace zrt::ckpt {
 
 namespace fs = std::filesystem;
-using internal::Now;
 
 namespace {
 
@@ -157,11 +157,11 @@ void Checkpointer::Impl::WriterLoop() {
     cv.wait(lock, [this] { return has_work || stop; });
     if (!has_work) return;
     lock.unlock();
-    const double t0 = Now();
+    const double t0 = SteadySeconds();
     Status s = WriteFiles(*job);
     if (!s.ok() && job->queue) job->queue->Stop(s);  // the owner stops putting (a failure after the shard's files too)
     lock.lock();
-    job->write_seconds = Now() - t0;
+    job->write_seconds = SteadySeconds() - t0;
     work_status = std::move(s);
     has_work = false;
     work_done = true;
@@ -196,7 +196,7 @@ void Checkpointer::Impl::Hand(std::unique_ptr<Job> j, bool work, Status status) 
 Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& trainer_state) {
   Impl& c = *impl_;
   if (c.pending) RETURN_IF_ERROR(c.Commit(), "committing the previous checkpoint");
-  const double t0 = Now();
+  const double t0 = SteadySeconds();
   // A complete checkpoint of this step is kept as it is (rank 0 looks; the others vote to skip).
   const bool exists = c.comm->rank() != 0 || fs::exists(c.o.root + "/" + StepDirName(state.counters.step));
   ASSIGN_OR_RETURN(internal::SnapshotStart start, internal::StartSnapshot(c.comm, state, trainer_state, c.o.chunk_elements, exists));
@@ -227,7 +227,7 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
   c.Hand(std::move(job), true, Status());
   Result<double> stall = internal::HandOver(state, queue, t0);
   if (!stall.ok()) queue->Stop(stall.status().WithContext("checkpoint step " + std::to_string(m.step) + ": capturing the state"));
-  c.stats.stall_seconds = stall.ok() ? *stall : Now() - t0;
+  c.stats.stall_seconds = stall.ok() ? *stall : SteadySeconds() - t0;
   return Status();  // a failed capture fails the save at its commit, on every rank
 }
 

@@ -34,7 +34,7 @@
 #include <nlohmann/json.hpp>
 
 #include "zrt/checkpoint/options.h"
-#include "zrt/checkpoint/resume.h"
+#include "zrt/checkpoint/load.h"
 #include "zrt/core/communicator.h"
 #include "zrt/core/device.h"
 #include "zrt/core/state_view.h"

@@ -1,5 +1,6 @@
 // The chunk pipeline (chunk_source.h).
 #include "zrt/checkpoint/chunk_source.h"
+#include "zrt/core/base.h"
 
 #include <algorithm>
 #include <cstring>
@@ -117,7 +118,7 @@ Result<ShardSource::Rank*> ShardSource::Open(int rank) {
 }
 
 size_t ShardSource::Need(const ChunkEntry& ce) {
-  return (static_cast<size_t>(std::max(ce.elements * 4, ce.stored_bytes)) + kIoAlignment - 1) / kIoAlignment * kIoAlignment;
+  return static_cast<size_t>(AlignUp(std::max(ce.elements * 4, ce.stored_bytes), static_cast<int64_t>(kIoAlignment)));
 }
 
 Result<std::unique_ptr<float, FreeFloatsFwd>> ShardSource::Buffer(size_t need, size_t* capacity, const std::string& file) {

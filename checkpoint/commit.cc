@@ -11,7 +11,6 @@
 #include "zrt/checkpoint/catalog.h"
 #include "zrt/checkpoint/format.h"
 #include "zrt/checkpoint/fs_util.h"
-#include "zrt/checkpoint/verify.h"
 #include "zrt/core/logging.h"
 
 namespace zrt::ckpt {

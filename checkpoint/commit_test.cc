@@ -15,8 +15,7 @@
 #include "zrt/checkpoint/format.h"
 #include "zrt/checkpoint/fs_util.h"
 #include "zrt/checkpoint/shard_writer.h"
-#include "zrt/checkpoint/verify.h"
-#include "zrt/core/loopback_communicator.h"
+#include "zrt/core/communicator.h"
 
 namespace zrt::ckpt {
 namespace {

@@ -47,7 +47,6 @@ class CheckpointDir {
 // The manifest, decoded and checked (format.h DecodeManifest); when the directory is named step-N
 // (or step-N.tmp-...), N must be the manifest's step.
 Result<Manifest> ReadManifest(const CheckpointDir& dir);
-Result<Manifest> ReadManifest(const std::string& dir);
 // The index of shard `rank`, decoded and checked against the manifest (format.h ValidateIndex);
 // `layouts` are SavedLayouts(m).
 Result<RankIndex> ReadIndex(const CheckpointDir& dir, const Manifest& m, std::span<const ShardLayout> layouts, int rank);

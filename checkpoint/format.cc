@@ -1,5 +1,7 @@
 #include "zrt/checkpoint/format.h"
 
+#include "zrt/checkpoint/codec.h"
+
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -191,7 +193,7 @@ std::string IndexFileName(int rank) {
   return b;
 }
 
-std::string EncodeManifest(const Manifest& m) {
+json ManifestJson(const Manifest& m) {
   json j;
   j["format"] = kFormatName;
   j["version"] = kFormatVersion;
@@ -216,8 +218,10 @@ std::string EncodeManifest(const Manifest& m) {
                       {"kinds", g.kinds}, {"tensors", std::move(tensors)}});
   }
   j["groups"] = std::move(groups);
-  return Seal(std::move(j));
+  return j;
 }
+
+std::string EncodeManifest(const Manifest& m) { return Seal(ManifestJson(m)); }
 
 Result<Manifest> DecodeManifest(std::string_view text, const std::string& where) {
   ASSIGN_OR_RETURN(json j, Open(text, where));

@@ -18,7 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "zrt/checkpoint/codec.h"
+#include "zrt/checkpoint/options.h"
 #include "zrt/core/dtype.h"
 #include "zrt/core/shard_layout.h"
 
@@ -102,6 +102,12 @@ std::string IndexFileName(int rank);             // "rank-00003.index.json"
 inline constexpr std::string_view kManifestFile = "manifest.json";
 inline constexpr std::string_view kLatestFile = "latest";
 
+// The manifest of the checkpoint in `dir`, read beneath it (files.h) and checked (DecodeManifest);
+// when the directory is named step-N, N must be the manifest's step.
+Result<Manifest> ReadManifest(const std::string& dir);
+// The manifest as the JSON object its file holds, without the checksum (what EncodeManifest seals;
+// `zrt ckpt inspect --json` starts from it).
+nlohmann::json ManifestJson(const Manifest& m);
 std::string EncodeManifest(const Manifest& m);
 // Parses and checks a manifest against every rule that needs no other file (sizes and their
 // products, bounds, unique names, known state kinds, offsets as the layout gives them). `where`

@@ -19,9 +19,7 @@
 #include "zrt/checkpoint/files.h"
 #include "zrt/checkpoint/format.h"
 #include "zrt/checkpoint/load.h"
-#include "zrt/checkpoint/resume.h"
-#include "zrt/checkpoint/verify.h"
-#include "zrt/core/loopback_communicator.h"
+#include "zrt/core/communicator.h"
 
 namespace zrt::ckpt {
 namespace {

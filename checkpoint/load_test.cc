@@ -13,7 +13,7 @@
 #include "zrt/checkpoint/catalog.h"
 #include "zrt/checkpoint/checkpointer.h"
 #include "zrt/checkpoint/format.h"
-#include "zrt/core/loopback_communicator.h"
+#include "zrt/core/communicator.h"
 
 namespace zrt::ckpt {
 namespace {

@@ -10,7 +10,7 @@
 //               state may be partly overwritten by then, and is overwritten again by the next);
 //   restore     the owner takes the counters (target.Restore) on every rank.
 // A memory-tier candidate is loaded by LoadFromTier (own copy, or the peer's replica) in one step.
-#include "zrt/checkpoint/resume.h"
+#include "zrt/checkpoint/load.h"
 
 #include <algorithm>
 
@@ -20,7 +20,6 @@
 #include "zrt/checkpoint/format.h"
 #include "zrt/checkpoint/load_plan.h"
 #include "zrt/checkpoint/tier/memory_tier.h"
-#include "zrt/checkpoint/verify.h"
 #include "zrt/core/logging.h"
 
 namespace zrt::ckpt {

@@ -1,5 +1,6 @@
 // The shard writer and the disk save's chunk queue (shard_writer.h).
 #include "zrt/checkpoint/shard_writer.h"
+#include "zrt/core/base.h"
 
 #include <algorithm>
 #include <cstring>
@@ -9,7 +10,7 @@
 
 #include "zrt/checkpoint/codec.h"
 #include "zrt/checkpoint/fs_util.h"
-#include "zrt/core/version.h"
+#include "zrt/core/logging.h"
 
 namespace zrt::ckpt {
 
@@ -132,8 +133,7 @@ Status ShardWriter::Issue(size_t in_flight) {
   encoding_.pop_front();
   if (w->encoded.valid()) RETURN_IF_ERROR(w->encoded.get());
   ChunkEntry& c = w->entry;
-  constexpr int64_t kAlign = static_cast<int64_t>(kIoAlignment);
-  if (c.codec == Codec::kRaw) file_offset_ = (file_offset_ + kAlign - 1) / kAlign * kAlign;  // raw chunks stay O_DIRECT-able
+  if (c.codec == Codec::kRaw) file_offset_ = AlignUp(file_offset_, static_cast<int64_t>(kIoAlignment));  // raw chunks stay O_DIRECT-able
   c.file_offset = file_offset_;
   index_.chunks.push_back(c);
   const char* stored = c.codec == Codec::kRaw ? w->raw : w->buf.data();

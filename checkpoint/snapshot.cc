@@ -1,5 +1,6 @@
 // The start of every snapshot (snapshot.h).
 #include "zrt/checkpoint/snapshot.h"
+#include "zrt/core/base.h"
 
 #include <chrono>
 #include <cstdio>
@@ -8,8 +9,6 @@
 #include "zrt/checkpoint/shard_writer.h"
 
 namespace zrt::ckpt::internal {
-
-double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 Result<SnapshotStart> StartSnapshot(Communicator* comm, const StateView& state, const nlohmann::json& trainer_state,
                                     int64_t chunk_elements, bool skip_vote) {
@@ -27,7 +26,7 @@ Result<SnapshotStart> StartSnapshot(Communicator* comm, const StateView& state, 
 
 Result<double> HandOver(const StateView& state, std::shared_ptr<StateSink> sink, double t0) {
   RETURN_IF_ERROR(state.Capture(std::move(sink)));
-  const double stall = Now() - t0;
+  const double stall = SteadySeconds() - t0;
   if (state.owner != nullptr) state.owner->Stalled(stall);
   return stall;
 }

@@ -19,8 +19,6 @@
 
 namespace zrt::ckpt::internal {
 
-double Now();  // steady clock, seconds
-
 struct SnapshotStart {
   Manifest manifest;  // with the agreed nonce
   bool skip = false;  // every rank voted to skip: nothing to snapshot

@@ -22,6 +22,23 @@ TensorReader::TensorReader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 TensorReader::~TensorReader() = default;
 const Manifest& TensorReader::manifest() const { return impl_->m; }
 const std::string& TensorReader::dir() const { return impl_->cd.path(); }
+const ShardLayout& TensorReader::layout(int group) const { return impl_->src->layout(group); }
+
+Result<TensorReader::Stored> TensorReader::StoredBytes() {
+  const Manifest& m = impl_->m;
+  ASSIGN_OR_RETURN(const std::vector<ShardLayout> layouts, SavedLayouts(m));
+  Stored out;
+  for (int r = 0; r < m.shards; ++r) {
+    ASSIGN_OR_RETURN(RankIndex idx, ReadIndex(impl_->cd, m, layouts, r));
+    out.chunks += static_cast<int64_t>(idx.chunks.size());
+    for (const ChunkEntry& c : idx.chunks) {
+      auto& [raw, stored] = out.bytes[m.groups[static_cast<size_t>(c.group)].kinds[static_cast<size_t>(c.kind)]];
+      raw += c.elements * 4;
+      stored += c.stored_bytes;
+    }
+  }
+  return out;
+}
 
 Result<std::unique_ptr<TensorReader>> TensorReader::Open(const std::string& dir) {
   auto impl = std::make_unique<Impl>();

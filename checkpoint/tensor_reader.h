@@ -1,8 +1,10 @@
-// One tensor of a checkpoint, or any element range of it, read without loading the rest: only the
-// chunks that overlap are read, each checked (tools, the Python module). Not thread-safe.
+// A checkpoint opened for reading (the `zrt` tools, the Python module): its manifest and saved layouts,
+// what its files hold per state kind, and one tensor, or any element range of it, read without
+// loading the rest: only the chunks that overlap are read, each checked. Not thread-safe.
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -18,6 +20,15 @@ class TensorReader {
   ~TensorReader();
   const Manifest& manifest() const;
   const std::string& dir() const;
+  const ShardLayout& layout(int group) const;  // the saved layout of manifest group `group`
+
+  // What the shard files hold, from every rank's index (each read and checked): per state kind the
+  // raw (fp32) and stored bytes, and the chunks in all.
+  struct Stored {
+    std::map<std::string, std::pair<int64_t, int64_t>> bytes;  // kind -> (raw, stored)
+    int64_t chunks = 0;
+  };
+  Result<Stored> StoredBytes();
   // The tensor called `name`: its entry and group, or NotFound.
   Result<std::pair<const GroupEntry*, const TensorEntry*>> Find(const std::string& name) const;
   // Elements [offset, offset + count) of tensor `name`'s state `kind` ("master", "exp_avg", ...) as f32.

@@ -2,7 +2,7 @@
 // the manifest and every index decoded and checked against each other (files.h), the data files'
 // sizes. Full level: every chunk read back, checksummed and decoded, and the padding between chunks
 // zero. Every loop is bounded by what is in the directory, not by what a file claims.
-#include "zrt/checkpoint/verify.h"
+#include "zrt/checkpoint/catalog.h"
 
 #include <filesystem>
 #include <functional>

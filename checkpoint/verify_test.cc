@@ -1,7 +1,7 @@
 // CheckComplete and the catalog on checkpoints written by in-process ranks: a complete checkpoint has
 // no problems at either level; each kind of damage is found at the level that can see it and named;
 // the catalog lists newest first and FindLatestComplete skips what is not complete.
-#include "zrt/checkpoint/verify.h"
+#include "zrt/checkpoint/catalog.h"
 
 #include <gtest/gtest.h>
 
@@ -11,11 +11,10 @@
 #include <thread>
 
 #include "tests/support/synthetic_state.h"
-#include "zrt/checkpoint/catalog.h"
 #include "zrt/checkpoint/checkpointer.h"
 #include "zrt/checkpoint/files.h"
 #include "zrt/checkpoint/format.h"
-#include "zrt/core/loopback_communicator.h"
+#include "zrt/core/communicator.h"
 
 namespace zrt::ckpt {
 namespace {

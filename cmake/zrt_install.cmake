@@ -1,14 +1,15 @@
 # Install: the public headers under include/zrt/ (<zrt/zrt.h> and what it includes; <zrt/gpu.h> in
-# CUDA builds), static libraries, the CLI, and a CMake package so a trainer can `find_package(zrt)`
-# and link `zrt::zrt`.
+# CUDA builds), libzrt.so, the CLI, and a CMake package so a trainer can `find_package(zrt)` and link
+# `zrt::zrt` (and `zrt::gpu`: find_package(zrt COMPONENTS gpu)).
 include(CMakePackageConfigHelpers)
 include(GNUInstallDirs)
 
-set(ZRT_EXPORTED_TARGETS zrt zrt_core zrt_kernels zrt_offload zrt_runtime zrt_checkpoint zrt_interchange)
-install(TARGETS ${ZRT_EXPORTED_TARGETS} EXPORT zrtTargets
-        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
-        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
-        INCLUDES DESTINATION include)
+install(TARGETS zrt EXPORT zrtTargets LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} INCLUDES DESTINATION include)
+if(ZRT_HAVE_CUDA)  # its own export set: it names CUDA::cudart, which a CPU-only consumer does not have
+  set_target_properties(zrt_gpu PROPERTIES EXPORT_NAME gpu)
+  install(TARGETS zrt_gpu EXPORT zrtGpuTargets)
+  install(EXPORT zrtGpuTargets NAMESPACE zrt:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/zrt)
+endif()
 install(FILES ${PROJECT_SOURCE_DIR}/zrt.h DESTINATION include/zrt)
 if(ZRT_HAVE_CUDA)
   install(FILES ${PROJECT_SOURCE_DIR}/gpu.h DESTINATION include/zrt)

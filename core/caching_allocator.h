@@ -16,6 +16,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "zrt/core/device.h"
 #include "zrt/core/status.h"
 
 namespace zrt {
@@ -26,12 +27,7 @@ class CachingAllocator {
     std::function<Result<void*>(size_t bytes)> allocate;  // OutOfMemory when exhausted
     std::function<void(void* p, size_t bytes)> free;
   };
-  struct Stats {
-    int64_t live_bytes = 0;     // handed out (rounded sizes)
-    int64_t cached_bytes = 0;   // free, kept for reuse
-    int64_t backend_allocs = 0; // calls to backend.allocate that succeeded
-    int64_t hits = 0;           // requests served from the cache
-  };
+  using Stats = AllocatorStats;  // device.h
 
   explicit CachingAllocator(Backend backend) : backend_(std::move(backend)) {}
   ~CachingAllocator();  // returns every cached block; live blocks are the owners' (a leak is logged)

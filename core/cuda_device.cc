@@ -1,5 +1,7 @@
 #include "zrt/core/cuda_device.h"
 
+#include "zrt/core/caching_allocator.h"
+
 #include <cstdlib>
 #include <string>
 
@@ -134,5 +136,8 @@ Status CudaDevice::FillAsync(void* dst, uint8_t byte, size_t bytes, const CudaSt
   if (bytes == 0) return Status();
   return CudaStatus(cudaMemsetAsync(dst, byte, bytes, s.get()), "cudaMemsetAsync");
 }
+
+AllocatorStats CudaDevice::allocator_stats() const { return cache_->stats(); }
+void CudaDevice::EmptyCache() { cache_->EmptyCache(); }
 
 }  // namespace zrt

@@ -20,10 +20,11 @@
 
 #include <memory>
 
-#include "zrt/core/caching_allocator.h"
 #include "zrt/core/device.h"
 
 namespace zrt {
+
+class CachingAllocator;  // caching_allocator.h
 
 // Owned cudaStream_t (non-blocking with respect to the legacy default stream). Move-only.
 class CudaStream {
@@ -82,8 +83,8 @@ class CudaDevice final : public Device {
   Status FillAsync(void* dst, uint8_t byte, size_t bytes, const CudaStream& s);
   // Makes this device current on the calling thread (each thread that launches work must).
   Status MakeCurrent() const;
-  CachingAllocator::Stats allocator_stats() const { return cache_->stats(); }
-  void EmptyCache() { cache_->EmptyCache(); }
+  AllocatorStats allocator_stats() const;
+  void EmptyCache();
 
  protected:
   Result<void*> RawAllocate(size_t bytes, size_t alignment) override;

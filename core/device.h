@@ -154,4 +154,12 @@ class CpuDevice final : public Device {
 // "1.50 GiB", "12.0 KiB", "17 B".
 std::string FormatBytes(int64_t bytes);
 
+// A caching allocator's figures (CudaDevice::allocator_stats).
+struct AllocatorStats {
+  int64_t live_bytes = 0;     // handed out (rounded sizes)
+  int64_t cached_bytes = 0;   // free, kept for reuse
+  int64_t backend_allocs = 0; // calls to backend.allocate that succeeded
+  int64_t hits = 0;           // requests served from the cache
+};
+
 }  // namespace zrt

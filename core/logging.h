@@ -7,6 +7,7 @@
 #pragma once
 
 #include <sstream>
+#include <string>
 #include <string_view>
 
 namespace zrt {
@@ -38,6 +39,13 @@ struct LogVoidify {
   void operator&(std::ostream&) {}
 };
 }  // namespace internal
+
+// The library's version and build configuration, for `zrt --version` and checkpoint manifests.
+
+// "0.1.0"
+std::string_view Version();
+// "cuda=on nccl=off", what this build of the library can do.
+std::string BuildFeatures();
 
 }  // namespace zrt
 

@@ -1,6 +1,9 @@
 // LoopbackCommunicator: the protocol is in the header. Every collective is: check arguments, post,
 // barrier, compute into scratch from the posted buffers, barrier, write the result out.
-#include "zrt/core/loopback_communicator.h"
+#include "zrt/core/communicator.h"
+
+#include <condition_variable>
+#include <mutex>
 
 #include <algorithm>
 #include <cstring>

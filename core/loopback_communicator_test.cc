@@ -2,7 +2,7 @@
 // collectives in every dtype with counts not divisible by the group, in place, mismatched arguments
 // refused on every rank (the collective kind included), split, and a rank that never arrives is an
 // error, not a hang.
-#include "zrt/core/loopback_communicator.h"
+#include "zrt/core/communicator.h"
 
 #include <gtest/gtest.h>
 

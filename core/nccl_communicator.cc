@@ -1,6 +1,9 @@
 // NCCL communicator (see nccl_communicator.h).
 #include "zrt/core/nccl_communicator.h"
 
+#include "zrt/core/watchdog.h"
+#include "zrt/core/base.h"
+
 #include <nccl.h>
 
 #include <chrono>
@@ -42,7 +45,6 @@ bool OnDevice(const void* p) {
   return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
 }
 
-size_t AlignUp(size_t n) { return (n + 255) / 256 * 256; }
 
 }  // namespace
 
@@ -168,7 +170,7 @@ Result<CommHandle> NcclCommunicator::Run(std::string what, const void* send, siz
   if (send_dev && recv_dev) return Enqueue(std::move(what), [&](cudaStream_t s) { return fn(send, recv, s); });
   // Host memory: through scratch device memory, on the compute stream, completed here.
   const bool in_place = send == recv;
-  const size_t need = AlignUp(send_bytes) + recv_bytes;
+  const size_t need = static_cast<size_t>(AlignUp(static_cast<int64_t>(send_bytes), 256)) + recv_bytes;
   if (scratch_.size() < need) {
     scratch_.Reset();
     ASSIGN_OR_RETURN(scratch_, device_->Allocate(need, MemCategory::kCommunication), what, ": host-buffer staging");
@@ -180,7 +182,7 @@ Result<CommHandle> NcclCommunicator::Run(std::string what, const void* send, siz
     dsend = scratch_.data();
   }
   void* drecv = recv;
-  if (!recv_dev) drecv = in_place ? scratch_.data() : scratch_.as<char>() + AlignUp(send_bytes);
+  if (!recv_dev) drecv = in_place ? scratch_.data() : scratch_.as<char>() + static_cast<size_t>(AlignUp(static_cast<int64_t>(send_bytes), 256));
   ASSIGN_OR_RETURN(CommHandle h, Enqueue(what, [&](cudaStream_t s) { return fn(dsend, drecv, s); }));
   RETURN_IF_ERROR(h.Wait(), what);
   if (!recv_dev) CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(recv, drecv, recv_bytes, cudaMemcpyDeviceToHost, cs));
@@ -321,5 +323,7 @@ Result<std::unique_ptr<Communicator>> NcclCommunicator::Split(int color, int key
   c->set_check_args(check_args_);
   return std::unique_ptr<Communicator>(std::move(c));
 }
+
+Status NcclCommunicator::error() const { return watchdog_->error(); }
 
 }  // namespace zrt

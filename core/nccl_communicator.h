@@ -33,11 +33,12 @@
 
 #include "zrt/core/communicator.h"
 #include "zrt/core/cuda_device.h"
-#include "zrt/core/watchdog.h"
 
 struct ncclComm;  // nccl.h's ncclComm_t is ncclComm*; this header does not need nccl.h
 
 namespace zrt {
+
+class Watchdog;  // watchdog.h
 
 struct NcclOptions {
   double timeout_seconds = 600;  // a collective pending longer aborts the communicator
@@ -54,7 +55,7 @@ class NcclCommunicator final : public Communicator {
   std::string backend() const override { return "nccl"; }
   cudaStream_t stream() const { return stream_.get(); }
   // The watchdog's error (OK while the communicator is healthy).
-  Status error() const { return watchdog_->error(); }
+  Status error() const;
 
   Status Barrier() override;
   Status Broadcast(void* buf, size_t count, DType dtype, int root) override;

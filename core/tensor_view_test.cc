@@ -1,4 +1,4 @@
-#include "zrt/core/tensor_view.h"
+#include "zrt/core/tensor_spec.h"
 
 #include <gtest/gtest.h>
 

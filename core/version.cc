@@ -1,4 +1,4 @@
-#include "zrt/core/version.h"
+#include "zrt/core/logging.h"
 
 namespace zrt {
 

@@ -20,26 +20,11 @@
 
 #include <cstdint>
 
-#include "zrt/core/hd.h"
+#include "zrt/core/dtype.h"
+#include "zrt/kernels/adam_config.h"
 
 namespace zrt::kernels {
 
-enum class AdamMode : uint8_t {
-  kAdamW = 0,  // decoupled weight decay (Loshchilov & Hutter)
-  kAdamL2 = 1,  // weight decay added to the gradient (torch.optim.Adam)
-};
-
-// Hyperparameters, in double as the trainer states them (PyTorch keeps Python floats).
-struct AdamConfig {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0.0;
-  AdamMode mode = AdamMode::kAdamW;
-  bool amsgrad = false;
-  bool bias_correction = true;
-};
 
 // Per-step scalars, computed once on the host in double and rounded to float (MakeAdamStepScalars in
 // kernels/adam.h). Plain data: passed by value to CUDA kernels.

@@ -1,4 +1,5 @@
 #include "zrt/offload/swapper.h"
+#include "zrt/core/base.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -17,9 +18,7 @@ namespace {
 constexpr int64_t kAlign = static_cast<int64_t>(kIoAlignment);
 constexpr int64_t kSubGroupQuantum = 4096;  // elements: every sub-group starts 4 KiB-aligned for any element size
 
-int64_t AlignUp(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
-double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // Removes swap files a killed process left behind (scratch by definition).
 Status ClearStale(const std::string& dir) {
@@ -280,7 +279,7 @@ Status StateSwapper::Stream(std::span<const SwapAccess> access, const UpdateFn& 
     return InvalidArgumentError("swapper: ", access.size(), " access modes for ", streams_.size(), " streams");
   }
   RETURN_IF_ERROR(CheckFiles());
-  const double t0 = Now();
+  const double t0 = SteadySeconds();
   SwapStats local;
   struct Item {
     int region;
@@ -340,7 +339,7 @@ Status StateSwapper::Stream(std::span<const SwapAccess> access, const UpdateFn& 
     std::vector<void*> data(streams_.size());
     for (size_t i = 0; i < items.size(); ++i) {
       const size_t set = i % nsets;
-      double tw = Now();
+      double tw = SteadySeconds();
       if (i + 1 < items.size()) {
         // The next sub-group's set was last written by sub-group i+1-nsets: that write must be done.
         RETURN_IF_ERROR(wait_all(writes[(i + 1) % nsets]));
@@ -348,25 +347,25 @@ Status StateSwapper::Stream(std::span<const SwapAccess> access, const UpdateFn& 
       }
       RETURN_IF_ERROR(wait_all(reads[set]));
       RETURN_IF_ERROR(wait_all(writes[set]));  // one buffer set: its previous write
-      double tu = Now();
+      double tu = SteadySeconds();
       local.wait_seconds += tu - tw;
       for (size_t k = 0; k < streams_.size(); ++k) data[k] = access[k] == SwapAccess::kNone ? nullptr : sets_[set][k].data();
       RETURN_IF_ERROR(fn(Window{items[i].region, items[i].offset, items[i].count, data}));
-      local.update_seconds += Now() - tu;
+      local.update_seconds += SteadySeconds() - tu;
       RETURN_IF_ERROR(issue(i, true));
       if (nsets == 1 && i + 1 < items.size()) {  // no overlap possible: write, then read the next
         RETURN_IF_ERROR(wait_all(writes[set]));
         RETURN_IF_ERROR(issue(i + 1, false));
       }
     }
-    const double tw = Now();
+    const double tw = SteadySeconds();
     for (size_t k = 0; k < nsets; ++k) RETURN_IF_ERROR(wait_all(writes[k]));
-    local.wait_seconds += Now() - tw;
+    local.wait_seconds += SteadySeconds() - tw;
     return Status();
   };
   Status s = run();
   drain();
-  local.seconds = Now() - t0;
+  local.seconds = SteadySeconds() - t0;
   if (stats) *stats = local;
   return s;
 }

@@ -29,7 +29,7 @@
 
 #include "zrt/offload/host_memory.h"
 #include "zrt/offload/io_engine.h"
-#include "zrt/offload/swap_stats.h"
+#include "zrt/offload/io_options.h"
 
 namespace zrt {
 

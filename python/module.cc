@@ -9,9 +9,9 @@
 
 #include "tools/lib/ckpt_commands.h"
 #include "tools/lib/plan.h"
-#include "zrt/checkpoint/interchange/import_full.h"
+#include "zrt/checkpoint/interchange/interchange.h"
 #include "zrt/checkpoint/tensor_reader.h"
-#include "zrt/checkpoint/verify.h"
+#include "zrt/checkpoint/catalog.h"
 
 namespace py = pybind11;
 

@@ -1,14 +1,11 @@
 // Captures of the optimizer store's state (capture.h).
 #include "zrt/runtime/capture.h"
+#include "zrt/core/base.h"
 
 #include <algorithm>
 #include <chrono>
 
 namespace zrt::internal {
-
-namespace {
-double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-}  // namespace
 
 Status CaptureJob::Put(int group, int buffer, int64_t offset, int64_t n, const float* data) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -134,9 +131,9 @@ double Captures::WaitPast(int group, int64_t end) {
     size_t i = 0;
     while (i < r->slots.size() && r->slots[i].group != group) ++i;
     if (i == r->slots.size() || r->finished || r->progress >= r->base[i] + end) continue;
-    const double t0 = Now();
+    const double t0 = SteadySeconds();
     cv_.wait(lock, [&] { return r->finished || r->progress >= r->base[i] + end; });
-    const double dt = Now() - t0;
+    const double dt = SteadySeconds() - t0;
     waited += dt;
     r->job->Waited(dt);
   }
@@ -148,9 +145,9 @@ double Captures::WaitAll() {
   std::unique_lock<std::mutex> lock(mu_);
   for (const std::shared_ptr<Running>& r : running_) {
     if (r->finished) continue;
-    const double t0 = Now();
+    const double t0 = SteadySeconds();
     cv_.wait(lock, [&] { return r->finished; });
-    const double dt = Now() - t0;
+    const double dt = SteadySeconds() - t0;
     waited += dt;
     r->job->Waited(dt);
   }

@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "zrt/core/loopback_communicator.h"
+#include "zrt/core/communicator.h"
 
 namespace zrt {
 namespace {

@@ -1,5 +1,8 @@
 #include "zrt/runtime/config_json.h"
 
+#include "zrt/core/json_reader.h"
+#include "zrt/runtime/loss_scaler.h"
+
 #include "zrt/kernels/adam.h"
 
 namespace zrt {

@@ -1,4 +1,5 @@
 #include "zrt/runtime/config_json.h"
+#include "zrt/core/json_reader.h"
 
 #include <gtest/gtest.h>
 

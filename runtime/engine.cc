@@ -1,5 +1,5 @@
-// ZeroEngine: orchestrates the components (layouts and buffers per group, GradBucketer,
-// ParamGatherer, LossScaler, OptimizerStore) for one training step; see engine.h for the API, and
+// EngineCore (ZeroEngine's implementation, engine_core.h): orchestrates the components (layouts and
+// buffers per group, GradBucketer, ParamGatherer, LossScaler, OptimizerStore) for one training step; see engine.h for the API, and
 // engine_settings.cc for the optimizer settings (per-tensor runs, lr, schedule) and their checkpointed
 // state.
 //
@@ -17,7 +17,7 @@
 // one all-reduce -> skip, or multiplier = clip / (loss_scale * accum) -> store.Update: Adam over each
 // shard, the updated params cast straight into this rank's block of the model params -> stages 1-2
 // all-gather.
-#include "zrt/runtime/engine.h"
+#include "zrt/runtime/engine_core.h"
 
 #include <chrono>
 #include <cmath>
@@ -72,16 +72,16 @@ std::string_view OffloadTargetName(OffloadTarget t) {
   return "?";
 }
 
-ZeroEngine::ZeroEngine(Communicator* comm, Device* device, const EngineConfig& config)
+EngineCore::EngineCore(Communicator* comm, Device* device, const EngineConfig& config)
     : comm_(comm), device_(device), config_(config), lr_(config.adam.lr), schedule_(config.lr_schedule) {}
-ZeroEngine::~ZeroEngine() {
+EngineCore::~EngineCore() {
   if (impl_) impl_->store.reset();  // its capture thread reads the groups' parameters: it goes first
   groups_.clear();  // their buffers may come from impl_'s host memory, which goes with impl_
 }
 
 // Waits for every capture of the state (NVMe state still owed is streamed now); the wait is a
 // checkpoint stall.
-Status ZeroEngine::Settle() {
+Status EngineCore::Settle() {
   Status s = impl_->store->Settle();
   impl_->clock.Charge(&StepTimes::checkpoint_stall, impl_->store->TakeCaptureWait());
   return s;
@@ -91,7 +91,7 @@ Status ZeroEngine::Settle() {
 // counters and what derives from the state (Restore) the engine's.
 class EngineStateOwner final : public StateOwner {
  public:
-  explicit EngineStateOwner(ZeroEngine* e) : e_(e) {}
+  explicit EngineStateOwner(EngineCore* e) : e_(e) {}
   Status Capture(std::shared_ptr<StateSink> sink) override { return e_->impl_->store->Capture(std::move(sink)); }
   Status Settle() override { return e_->Settle(); }
   Status Read(int group, int buffer, int64_t offset, int64_t n, float* out) override {
@@ -105,10 +105,10 @@ class EngineStateOwner final : public StateOwner {
   void Stalled(double seconds) override { e_->impl_->clock.Charge(&StepTimes::checkpoint_stall, seconds); }
 
  private:
-  ZeroEngine* e_;
+  EngineCore* e_;
 };
 
-Result<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Communicator* comm, Device* device, const EngineConfig& c) {
+Result<std::unique_ptr<EngineCore>> EngineCore::Create(Communicator* comm, Device* device, const EngineConfig& c) {
   if (comm == nullptr || device == nullptr) return InvalidArgumentError("engine: null communicator or device");
   if (c.stage < 0 || c.stage > 3) return InvalidArgumentError("engine: stage must be 0, 1, 2 or 3, got ", c.stage);
   if (c.alignment < 1) return InvalidArgumentError("engine: alignment must be >= 1 element, got ", c.alignment);
@@ -141,7 +141,7 @@ Result<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Communicator* comm, Devic
   for (double v : {mc.tokens_per_step, mc.flops_per_step, mc.peak_flops}) {
     if (!(v >= 0) || !std::isfinite(v)) return InvalidArgumentError("engine: metrics figures must be finite and >= 0");
   }
-  std::unique_ptr<ZeroEngine> e(new ZeroEngine(comm, device, c));
+  std::unique_ptr<EngineCore> e(new EngineCore(comm, device, c));
   ASSIGN_OR_RETURN(e->scaler_, LossScaler::Create(c.loss_scale), "engine");
   const int threads = c.optimizer_threads > 0 ? c.optimizer_threads : ThreadPool::HardwareThreads();
   e->impl_ = std::make_unique<Impl>(device, threads);
@@ -163,7 +163,7 @@ Result<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Communicator* comm, Devic
   return e;
 }
 
-Result<ParamHandle> ZeroEngine::AddParam(const std::string& name, const std::vector<int64_t>& shape, DType dtype,
+Result<ParamHandle> EngineCore::AddParam(const std::string& name, const std::vector<int64_t>& shape, DType dtype,
                                          const ParamOptions& o) {
   if (finalized_) return FailedPreconditionError("add_param '", name, "': the engine is already finalized");
   TensorSpec spec{name, shape, dtype};
@@ -185,7 +185,7 @@ Result<ParamHandle> ZeroEngine::AddParam(const std::string& name, const std::vec
   return ParamHandle{index};
 }
 
-Status ZeroEngine::CheckRegistration() {
+Status EngineCore::CheckRegistration() {
   // Rank 0's list is the reference: count first, then one hash per parameter.
   int64_t count = static_cast<int64_t>(params_.size());
   int64_t root_count = count;
@@ -220,7 +220,7 @@ Status ZeroEngine::CheckRegistration() {
   return Status();
 }
 
-Status ZeroEngine::Finalize(const InitFn& init) {
+Status EngineCore::Finalize(const InitFn& init) {
   if (finalized_) return FailedPreconditionError("finalize: already finalized");
   if (!init) return InvalidArgumentError("finalize: no init function");
   RETURN_IF_ERROR(CheckRegistration());
@@ -255,7 +255,7 @@ Status ZeroEngine::Finalize(const InitFn& init) {
   return Status();
 }
 
-Status ZeroEngine::Allocate(const InitFn& init) {
+Status EngineCore::Allocate(const InitFn& init) {
   const int n = config_.stage == 0 ? 1 : comm_->size();
   const int rank = config_.stage == 0 ? 0 : comm_->rank();
   OptimizerStore& store = *impl_->store;
@@ -314,19 +314,19 @@ Status ZeroEngine::Allocate(const InitFn& init) {
   return GatherUpdatedParams(true);
 }
 
-void* ZeroEngine::OwnParams(Group& g) const {
+void* EngineCore::OwnParams(Group& g) const {
   if (config_.stage == 3) return g.param_shard.data();
   const int rank = config_.stage == 0 ? 0 : comm_->rank();  // stage 0's layout has one "rank"
   return g.full_param.as<char>() + static_cast<size_t>(g.layout.shard_begin(rank)) * g.esize();
 }
 
-void* ZeroEngine::GradShard(Group& g) const {
+void* EngineCore::GradShard(Group& g) const {
   if (config_.stage >= 2) return g.grad_shard.data();
   const int rank = config_.stage == 0 ? 0 : comm_->rank();
   return g.full_grad.as<char>() + static_cast<size_t>(g.layout.shard_begin(rank)) * g.gsize();
 }
 
-Status ZeroEngine::GatherUpdatedParams(bool include_frozen) {
+Status EngineCore::GatherUpdatedParams(bool include_frozen) {
   if (config_.stage != 1 && config_.stage != 2) return Status();
   std::vector<CommHandle> handles;
   for (auto& gp : groups_) {
@@ -343,31 +343,31 @@ Status ZeroEngine::GatherUpdatedParams(bool include_frozen) {
   return Status();
 }
 
-Result<ZeroEngine::Group*> ZeroEngine::Get(int group, const char* what) {
+Result<EngineCore::Group*> EngineCore::Get(int group, const char* what) {
   if (!finalized_) return FailedPreconditionError(what, ": the engine is not finalized");
   if (group < 0 || group >= num_groups()) return NotFoundError(what, ": no group with index ", group, " (", num_groups(), " groups)");
   return groups_[static_cast<size_t>(group)].get();
 }
 
-int ZeroEngine::num_groups() const { return static_cast<int>(groups_.size()); }
+int EngineCore::num_groups() const { return static_cast<int>(groups_.size()); }
 
-Result<int> ZeroEngine::GroupIndex(const std::string& name) const {
+Result<int> EngineCore::GroupIndex(const std::string& name) const {
   for (size_t i = 0; i < groups_.size(); ++i) {
     if (groups_[i]->name == name) return static_cast<int>(i);
   }
   return NotFoundError("no group named '", name, "'");
 }
 
-Result<ParamHandle> ZeroEngine::Find(std::string_view name) const {
+Result<ParamHandle> EngineCore::Find(std::string_view name) const {
   auto it = param_index_.find(std::string(name));
   if (it == param_index_.end()) return NotFoundError("no parameter named '", name, "'");
   return ParamHandle{it->second};
 }
 
-const TensorSpec& ZeroEngine::spec(ParamHandle p) const { return params_.at(static_cast<size_t>(p.index)); }
-int ZeroEngine::group(ParamHandle p) const { return param_group_index_.at(static_cast<size_t>(p.index)); }
+const TensorSpec& EngineCore::spec(ParamHandle p) const { return params_.at(static_cast<size_t>(p.index)); }
+int EngineCore::group(ParamHandle p) const { return param_group_index_.at(static_cast<size_t>(p.index)); }
 
-Result<TensorView> ZeroEngine::View(ParamHandle p, bool grad) {
+Result<TensorView> EngineCore::View(ParamHandle p, bool grad) {
   const char* what = grad ? "grad" : "param";
   if (!finalized_) return FailedPreconditionError(what, ": the engine is not finalized");
   if (p.index < 0 || p.index >= static_cast<int64_t>(params_.size())) return NotFoundError(what, ": no parameter #", p.index);
@@ -387,18 +387,18 @@ Result<TensorView> ZeroEngine::View(ParamHandle p, bool grad) {
   return TensorView{static_cast<char*>(base) + offset * g.esize(), &params_[i], g.dtype};
 }
 
-Result<TensorView> ZeroEngine::Param(ParamHandle p) { return View(p, false); }
-Result<TensorView> ZeroEngine::Grad(ParamHandle p) { return View(p, true); }
-Result<TensorView> ZeroEngine::Param(std::string_view name) {
+Result<TensorView> EngineCore::Param(ParamHandle p) { return View(p, false); }
+Result<TensorView> EngineCore::Grad(ParamHandle p) { return View(p, true); }
+Result<TensorView> EngineCore::Param(std::string_view name) {
   ASSIGN_OR_RETURN(ParamHandle p, Find(name), "param");
   return View(p, false);
 }
-Result<TensorView> ZeroEngine::Grad(std::string_view name) {
+Result<TensorView> EngineCore::Grad(std::string_view name) {
   ASSIGN_OR_RETURN(ParamHandle p, Find(name), "grad");
   return View(p, true);
 }
 
-Result<void*> ZeroEngine::Gather(int group) {
+Result<void*> EngineCore::Gather(int group) {
   ASSIGN_OR_RETURN(Group * g, Get(group, "gather"));
   if (config_.stage == 3) {
     internal::StepClock::Scope t(&impl_->clock, &StepTimes::comm_wait);
@@ -408,7 +408,7 @@ Result<void*> ZeroEngine::Gather(int group) {
   return g->full_param.data();
 }
 
-Status ZeroEngine::Release(int group) {
+Status EngineCore::Release(int group) {
   ASSIGN_OR_RETURN(Group * g, Get(group, "release"));
   if (config_.stage == 3) return impl_->gatherer->Release(group);
   if (!g->gathered) return FailedPreconditionError("release: group '", g->name, "' is not gathered");
@@ -416,7 +416,7 @@ Status ZeroEngine::Release(int group) {
   return Status();
 }
 
-Result<void*> ZeroEngine::GradBuffer(int group) {
+Result<void*> EngineCore::GradBuffer(int group) {
   ASSIGN_OR_RETURN(Group * g, Get(group, "grad_buffer"));
   if (g->frozen) return FailedPreconditionError("grad_buffer: group '", g->name, "' is frozen (no gradients)");
   if (g->grad_reduced && config_.stage >= 2) {
@@ -433,7 +433,7 @@ Result<void*> ZeroEngine::GradBuffer(int group) {
   return g->full_grad.data();
 }
 
-Status ZeroEngine::GradsReady(int group) {
+Status EngineCore::GradsReady(int group) {
   ASSIGN_OR_RETURN(Group * g, Get(group, "grads_ready"));
   if (g->frozen) return Status();  // nothing to reduce: a loop over every group may call it
   if (!g->grad_live) return FailedPreconditionError("grads_ready: group '", g->name, "' has no gradient buffer this step");
@@ -443,7 +443,7 @@ Status ZeroEngine::GradsReady(int group) {
   return ReduceGroup(group);
 }
 
-Status ZeroEngine::ReduceGroup(int gi) {
+Status EngineCore::ReduceGroup(int gi) {
   Group& g = *groups_[static_cast<size_t>(gi)];
   RETURN_IF_ERROR(impl_->bucketer->Add(g.full_grad.data(), g.grad_dtype, g.layout, GradShard(g), g.grad_dtype), "reducing group '", g.name, "'");
   g.grad_reduced = true;
@@ -454,10 +454,10 @@ Status ZeroEngine::ReduceGroup(int gi) {
   return Status();
 }
 
-void ZeroEngine::Mark(Phase phase) { impl_->clock.Mark(phase); }
-void ZeroEngine::Record(const std::string& key, double value) { impl_->recorded[key] = value; }
+void EngineCore::Mark(Phase phase) { impl_->clock.Mark(phase); }
+void EngineCore::Record(const std::string& key, double value) { impl_->recorded[key] = value; }
 
-Result<StepResult> ZeroEngine::Step() {
+Result<StepResult> EngineCore::Step() {
   if (!finalized_) return FailedPreconditionError("step: the engine is not finalized");
   if (!sync_) return FailedPreconditionError("step: called in a no-sync micro-step (call SetSync(true) before the last)");
   impl_->clock.Mark(std::nullopt);
@@ -466,7 +466,7 @@ Result<StepResult> ZeroEngine::Step() {
   return r;
 }
 
-Status ZeroEngine::Report(StepResult& r) {
+Status EngineCore::Report(StepResult& r) {
   r.times = impl_->clock.Finish();
   const MetricsConfig& mc = config_.metrics;
   if (r.times.total > 0) {
@@ -488,7 +488,7 @@ Status ZeroEngine::Report(StepResult& r) {
   return impl_->sink->Write(j);
 }
 
-Result<StepResult> ZeroEngine::StepImpl() {
+Result<StepResult> EngineCore::StepImpl() {
   std::optional<internal::StepClock::Scope> comm_time(std::in_place, &impl_->clock, &StepTimes::comm_wait);
   // Gathered parameters are about to change: drop them (stage 3 buffers go back to the pool).
   for (int gi = 0; gi < num_groups(); ++gi) {
@@ -602,7 +602,7 @@ Result<StepResult> ZeroEngine::StepImpl() {
   return r;
 }
 
-StateView ZeroEngine::state_view() {
+StateView EngineCore::state_view() {
   StateView v;
   v.rank = comm_->rank();
   v.world_size = comm_->size();
@@ -616,7 +616,7 @@ StateView ZeroEngine::state_view() {
   return v;
 }
 
-Status ZeroEngine::Restore(const StateCounters& saved) {
+Status EngineCore::Restore(const StateCounters& saved) {
   RETURN_IF_ERROR(Settle(), "restore");
   if (saved.step < 0) return InvalidArgumentError("restore: negative step ", saved.step);
   if (!(saved.loss_scale > 0) || !std::isfinite(saved.loss_scale)) {
@@ -630,19 +630,19 @@ Status ZeroEngine::Restore(const StateCounters& saved) {
   return Status();
 }
 
-Status ZeroEngine::RefreshParamsFromMaster() {
+Status EngineCore::RefreshParamsFromMaster() {
   if (!finalized_) return FailedPreconditionError("refresh: the engine is not finalized");
   RETURN_IF_ERROR(Settle(), "refresh");  // the gather rewrites frozen groups' parameters, which a capture may be reading
   RETURN_IF_ERROR(impl_->store->RefreshParams(), "refresh");
   return GatherUpdatedParams(true);
 }
 
-Status ZeroEngine::ForEachFullTensor(const FullStateOptions& options, const FullStateFn& fn) {
+Status EngineCore::ForEachFullTensor(const FullStateOptions& options, const FullStateFn& fn) {
   if (!finalized_) return FailedPreconditionError("full state: the engine is not finalized");
   return zrt::ForEachFullTensor(comm_, state_view(), options, fn);
 }
 
-Result<std::vector<float>> ZeroEngine::FullMaster(ParamHandle p, int root) {
+Result<std::vector<float>> EngineCore::FullMaster(ParamHandle p, int root) {
   if (p.index < 0 || p.index >= static_cast<int64_t>(params_.size())) return NotFoundError("full master: no parameter #", p.index);
   FullStateOptions o;
   o.root = root;
@@ -655,11 +655,11 @@ Result<std::vector<float>> ZeroEngine::FullMaster(ParamHandle p, int root) {
   return out;
 }
 
-MemoryTracker::Snapshot ZeroEngine::memory() const { return device_->memory().Read(); }
-MemoryTracker::Snapshot ZeroEngine::host_memory() const { return impl_->host->memory().Read(); }
-SwapStats ZeroEngine::swap_stats() const { return impl_->store->swap_stats(); }
+MemoryTracker::Snapshot EngineCore::memory() const { return device_->memory().Read(); }
+MemoryTracker::Snapshot EngineCore::host_memory() const { return impl_->host->memory().Read(); }
+SwapStats EngineCore::swap_stats() const { return impl_->store->swap_stats(); }
 
-CommStats ZeroEngine::comm_stats() const {
+CommStats EngineCore::comm_stats() const {
   CommStats s = impl_->step_gathers;
   if (impl_->bucketer) {
     s.reduce_bytes += impl_->bucketer->stats().reduce_bytes;

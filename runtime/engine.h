@@ -34,20 +34,19 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "zrt/core/communicator.h"
 #include "zrt/core/device.h"
 #include "zrt/core/state_view.h"
-#include "zrt/core/tensor_view.h"
+#include "zrt/core/tensor_spec.h"
 #include "zrt/runtime/engine_config.h"
 #include "zrt/runtime/full_state.h"
-#include "zrt/runtime/loss_scaler.h"
-#include "zrt/runtime/schedule.h"
 #include "zrt/runtime/stats.h"
 
 namespace zrt {
+
+class EngineCore;  // engine_core.h
 
 struct StepResult {
   bool skipped = false;     // non-finite gradients on some rank: nothing was updated
@@ -117,7 +116,7 @@ class ZeroEngine {
   Status Release(int group);
   Result<void*> GradBuffer(int group);
   Status GradsReady(int group);
-  void SetSync(bool sync) { sync_ = sync; }
+  void SetSync(bool sync);
 
   // Step metrics: the trainer marks where its forward and backward begin (the time up to the next
   // mark or Step, less the engine's, is that phase's), and may record values (the loss) for the
@@ -132,8 +131,8 @@ class ZeroEngine {
   Status SetLr(double lr);
   Status SetLrSchedule(const LrSchedule& schedule);
   double lr() const;  // the lr the next step uses (before lr_scale)
-  double loss_scale() const { return scaler_.scale(); }
-  int64_t steps() const { return steps_; }
+  double loss_scale() const;
+  int64_t steps() const;
 
   // This rank's optimizer state, for checkpoints (its `restore` is Restore).
   StateView state_view();
@@ -159,53 +158,9 @@ class ZeroEngine {
   // Communication bytes this rank moved so far (reductions and parameter gathers).
   CommStats comm_stats() const;
 
-  struct Group;  // internal
-
  private:
-  ZeroEngine(Communicator* comm, Device* device, const EngineConfig& config);
-  Status CheckRegistration();
-  Status Allocate(const InitFn& init);
-  // This rank's block of the group's model parameters (stage 3: the parameter shard; null when the
-  // optimizer store holds it) and of its reduced gradient (stages 0-1: inside the full gradient; 2-3:
-  // the gradient shard).
-  void* OwnParams(Group& g) const;
-  void* GradShard(Group& g) const;
-  // Splits each group's shard into runs of tensors with equal optimizer settings.
-  void BuildSettingRuns();
-  std::string EngineState() const;
-  Status ApplyEngineState(const std::string& json);
-  Result<TensorView> View(ParamHandle p, bool grad);
-  Status GatherUpdatedParams(bool include_frozen);
-  Status Settle();  // every capture of the state finished (its wait charged as a checkpoint stall)
-  friend class EngineStateOwner;
-  Status ReduceGroup(int g);
-  Result<StepResult> StepImpl();
-  Status Report(StepResult& r);
-  Result<Group*> Get(int group, const char* what);
-
-  Communicator* comm_;
-  Device* device_;
-  EngineConfig config_;
-  LossScaler scaler_;
-  bool finalized_ = false;
-  bool sync_ = true;
-  int64_t steps_ = 0;
-  double lr_ = 0;
-  LrSchedule schedule_;
-  struct Settings {
-    double lr_scale = 1, weight_decay = 0;
-    friend bool operator==(const Settings&, const Settings&) = default;
-  };
-  std::vector<TensorSpec> params_;
-  std::vector<Settings> settings_;
-  std::unordered_map<std::string, int64_t> param_index_;
-  std::vector<std::string> param_groups_;
-  std::vector<int> param_group_index_;
-  std::vector<int64_t> param_pos_;  // within its group
-  std::vector<char> param_frozen_;
-  std::vector<std::unique_ptr<Group>> groups_;
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
+  explicit ZeroEngine(std::unique_ptr<EngineCore> core);
+  std::unique_ptr<EngineCore> core_;
 };
 
 }  // namespace zrt

@@ -12,7 +12,7 @@
 #include "zrt/offload/host_memory.h"
 #include "zrt/runtime/buffer_pool.h"
 #include "zrt/runtime/compute.h"
-#include "zrt/runtime/engine.h"
+#include "zrt/runtime/engine_core.h"
 #include "zrt/runtime/grad_bucketer.h"
 #include "zrt/runtime/optimizer_store.h"
 #include "zrt/runtime/param_gatherer.h"
@@ -20,7 +20,7 @@
 
 namespace zrt {
 
-struct ZeroEngine::Group {
+struct EngineCore::Group {
   std::string name;
   DType dtype = DType::kF32;       // of the parameters
   DType grad_dtype = DType::kF32;  // of the gradients: dtype, or f32 with fp32_grads
@@ -44,7 +44,7 @@ struct ZeroEngine::Group {
   size_t gsize() const { return DTypeSize(grad_dtype); }
 };
 
-struct ZeroEngine::Impl {
+struct EngineCore::Impl {
   Impl(Device* d, int n_threads) : pool(n_threads - 1, "zrt-adam"), threads(n_threads), staging(d, MemCategory::kStaging) {}
   ThreadPool pool;
   int threads;  // optimizer threads, caller included

@@ -1,4 +1,4 @@
-// ZeroEngine's optimizer settings: per-tensor lr scales and decays grouped into runs of each
+// The engine's optimizer settings: per-tensor lr scales and decays grouped into runs of each
 // group's shard, the peak lr and its schedule, and the part of a checkpoint that carries them
 // (StateCounters::engine_state). The step itself is engine.cc.
 #include <cmath>
@@ -7,14 +7,14 @@
 
 #include "zrt/core/json_reader.h"
 #include "zrt/core/logging.h"
-#include "zrt/runtime/engine.h"
+#include "zrt/runtime/engine_core.h"
 #include "zrt/runtime/engine_internal.h"
 
 namespace zrt {
 
 using internal::CheckRate;
 
-void ZeroEngine::BuildSettingRuns() {
+void EngineCore::BuildSettingRuns() {
   const int rank = config_.stage == 0 ? 0 : comm_->rank();
   for (auto& gp : groups_) {
     Group& g = *gp;
@@ -42,24 +42,24 @@ void ZeroEngine::BuildSettingRuns() {
   }
 }
 
-Status ZeroEngine::SetLr(double lr) {
+Status EngineCore::SetLr(double lr) {
   if (!(lr >= 0) || !std::isfinite(lr)) return InvalidArgumentError("set_lr: lr must be finite and >= 0, got ", lr);
   lr_ = lr;
   return Status();
 }
 
-Status ZeroEngine::SetLrSchedule(const LrSchedule& schedule) {
+Status EngineCore::SetLrSchedule(const LrSchedule& schedule) {
   RETURN_IF_ERROR(schedule.Validate(), "set_lr_schedule");
   schedule_ = schedule;
   return Status();
 }
 
-double ZeroEngine::lr() const { return lr_ * schedule_.Factor(steps_); }
+double EngineCore::lr() const { return lr_ * schedule_.Factor(steps_); }
 
 // The engine's part of a checkpoint (StateCounters::engine_state):
 //   {"lr": peak, "lr_schedule": {"kind", "warmup_steps", "total_steps", "min_lr_ratio"},
 //    "weight_decay": the default, "tensors": {name: {"lr_scale", "weight_decay"}} for those that differ}
-std::string ZeroEngine::EngineState() const {
+std::string EngineCore::EngineState() const {
   nlohmann::json j;
   j["lr"] = lr_;
   j["lr_schedule"] = {{"kind", LrScheduleKindName(schedule_.kind)}, {"warmup_steps", schedule_.warmup_steps},
@@ -74,7 +74,7 @@ std::string ZeroEngine::EngineState() const {
   return j.dump();
 }
 
-Status ZeroEngine::ApplyEngineState(const std::string& text) {
+Status EngineCore::ApplyEngineState(const std::string& text) {
   ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(text, "engine state"));
   if (j.is_object() && j.empty()) return Status();  // saved by an engine that kept none
   // Everything is read and checked before anything changes.

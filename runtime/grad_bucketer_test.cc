@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "tests/support/reference.h"
-#include "zrt/core/loopback_communicator.h"
+#include "zrt/core/communicator.h"
 
 namespace zrt {
 namespace {

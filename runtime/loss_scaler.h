@@ -10,22 +10,9 @@
 #include <string_view>
 
 #include "zrt/core/status.h"
+#include "zrt/runtime/engine_config.h"
 
 namespace zrt {
-
-enum class LossScaleMode : uint8_t { kNone, kStatic, kDynamic };
-
-struct LossScaleConfig {
-  LossScaleMode mode = LossScaleMode::kNone;
-  double init_scale = 65536.0;  // also the static scale
-  double growth = 2.0;
-  double backoff = 0.5;
-  int64_t growth_interval = 2000;
-  int hysteresis = 1;
-  double min_scale = 1.0;
-};
-
-Result<LossScaleMode> ParseLossScaleMode(std::string_view s);
 
 class LossScaler {
  public:

@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <vector>
 
-#include "zrt/core/loopback_communicator.h"
+#include "zrt/core/communicator.h"
 
 namespace zrt {
 namespace {

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <vector>
 
-#include "zrt/core/loopback_communicator.h"
+#include "zrt/core/communicator.h"
 
 namespace zrt {
 namespace {

@@ -1,4 +1,4 @@
-#include "zrt/runtime/schedule.h"
+#include "zrt/runtime/engine_config.h"
 
 #include <algorithm>
 #include <cmath>

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "zrt/offload/swap_stats.h"
+#include "zrt/offload/io_options.h"
 
 namespace zrt {
 

@@ -13,7 +13,6 @@
 #include <unistd.h>
 
 #include "zrt/core/logging.h"
-#include "zrt/core/version.h"
 #include "tools/lib/ckpt_commands.h"
 #include "tools/lib/output.h"
 #include "tools/lib/plan.h"

@@ -1,4 +1,4 @@
-#include "zrt/checkpoint/interchange/hdf5_io.h"
+#include "zrt/checkpoint/interchange/interchange.h"
 
 #include <hdf5.h>
 
@@ -14,7 +14,7 @@
 #include "zrt/checkpoint/files.h"
 #include "zrt/checkpoint/fs_util.h"
 #include "zrt/checkpoint/shard_writer.h"
-#include "zrt/checkpoint/verify.h"
+#include "zrt/checkpoint/catalog.h"
 #include "zrt/checkpoint/whole_group.h"
 #include "zrt/core/device.h"
 #include "zrt/core/logging.h"

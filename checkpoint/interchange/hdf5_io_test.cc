@@ -3,7 +3,7 @@
 // a huge sparse dataset, an unknown zrt_dtype, links and storage outside the file), are refused with
 // an error naming the dataset — no overflow, no crash, nothing read elsewhere — and a torch-style
 // int16 view of bf16 is accepted.
-#include "zrt/checkpoint/interchange/hdf5_io.h"
+#include "zrt/checkpoint/interchange/interchange.h"
 
 #include <gtest/gtest.h>
 #include <hdf5.h>

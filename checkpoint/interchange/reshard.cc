@@ -1,4 +1,4 @@
-#include "zrt/checkpoint/interchange/reshard.h"
+#include "zrt/checkpoint/interchange/interchange.h"
 
 #include <algorithm>
 #include <mutex>
@@ -11,7 +11,7 @@
 #include "zrt/checkpoint/files.h"
 #include "zrt/checkpoint/load.h"
 #include "zrt/checkpoint/shard_writer.h"
-#include "zrt/checkpoint/verify.h"
+#include "zrt/checkpoint/catalog.h"
 #include "zrt/checkpoint/whole_group.h"
 #include "zrt/core/device.h"
 #include "zrt/core/thread_pool.h"

@@ -1,5 +1,6 @@
 // safetensors export, import and in-place loading (the format: safetensors.h; reading: safetensors_reader.cc).
 #include "zrt/checkpoint/interchange/safetensors.h"
+#include "zrt/core/base.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -24,7 +25,7 @@
 #include "zrt/checkpoint/interchange/import_full.h"
 #include "zrt/checkpoint/state_fill.h"
 #include "zrt/checkpoint/tensor_reader.h"
-#include "zrt/checkpoint/verify.h"
+#include "zrt/checkpoint/catalog.h"
 #include "zrt/core/logging.h"
 
 namespace zrt::ckpt {
@@ -80,7 +81,7 @@ class FileWriter {
   Status Finish() {
     const int64_t length = offset_ + static_cast<int64_t>(used_);
     if (used_ > 0) {
-      const size_t padded = (used_ + kAlign - 1) / kAlign * kAlign;
+      const size_t padded = static_cast<size_t>(AlignUp(static_cast<int64_t>(used_), static_cast<int64_t>(kAlign)));
       std::memset(slots_[cur_].data.get() + used_, 0, padded - used_);
       used_ = padded;
       RETURN_IF_ERROR(Flush());

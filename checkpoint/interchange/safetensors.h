@@ -23,7 +23,7 @@
 
 #include "zrt/checkpoint/interchange/interchange.h"
 #include "zrt/checkpoint/load.h"
-#include "zrt/checkpoint/progress.h"
+#include "zrt/checkpoint/catalog.h"
 #include "zrt/core/communicator.h"
 #include "zrt/core/dtype.h"
 #include "zrt/core/state_view.h"

@@ -6,7 +6,7 @@
 #include <chrono>
 
 #include "zrt/checkpoint/format.h"
-#include "zrt/checkpoint/interchange/reshard.h"
+#include "zrt/checkpoint/interchange/interchange.h"
 
 namespace zrt::ckpt {
 namespace {

@@ -33,6 +33,7 @@
 #include "zrt/checkpoint/snapshot.h"
 #include "zrt/checkpoint/tier/tier_dir.h"
 #include "zrt/checkpoint/tier/tier_file.h"
+#include "zrt/core/base.h"
 #include "zrt/core/logging.h"
 #include "zrt/offload/io_engine.h"
 
@@ -41,7 +42,6 @@ namespace zrt::ckpt {
 using internal::AlignUp;
 using internal::TierSink;
 using internal::Mapping;
-using internal::Now;
 using internal::Piece;
 
 using namespace internal;  // the tier's directories (tier_dir.h) and file (tier_file.h)
@@ -163,11 +163,11 @@ struct MemoryTier::Impl {
       auto h = PostReplica(g, wire.get(), &local);
       keep(h.ok() ? h->Wait() : h.status());
     }
-    g.replica_done_at = Now();
+    g.replica_done_at = SteadySeconds();
     if (!local.ok()) return local;
-    const double t0 = Now();
+    const double t0 = SteadySeconds();
     keep(internal::Seal(*io, StepPath(own_dir, g.step) + ".tmp", StepPath(own_dir, g.step), g.m, g.plan, g.own_shard, g.own_sums(), g.bytes));
-    g.write_seconds = Now() - t0;
+    g.write_seconds = SteadySeconds() - t0;
     if (local.ok() && Replicated(n, o)) keep(SealReplica(g));
     return local;
   }
@@ -179,9 +179,9 @@ struct MemoryTier::Impl {
     const std::string own_tmp = StepPath(own_dir, g.step) + ".tmp";
     if (g.local.ok()) {
       g.own_sealed = std::async(std::launch::async, [this, p = &g, own_tmp] {
-        const double t0 = Now();
+        const double t0 = SteadySeconds();
         Status s = internal::Seal(*io, own_tmp, StepPath(own_dir, p->step), p->m, p->plan, p->own_shard, p->own_sums(), p->bytes);
-        p->write_seconds = Now() - t0;  // read by Commit after get()
+        p->write_seconds = SteadySeconds() - t0;  // read by Commit after get()
         return s;
       });
     }
@@ -199,7 +199,7 @@ struct MemoryTier::Impl {
   }
   void StartReplicaSeal() {
     Gen* g = gen.get();
-    g->replica_done_at = Now();
+    g->replica_done_at = SteadySeconds();
     if (!g->local.ok() || !Replicated(n, o)) return;
     g->replica_sealed = std::async(std::launch::async, [this, g] { return SealReplica(*g); });
   }
@@ -225,9 +225,9 @@ struct MemoryTier::Impl {
     // A capture still owed (NVMe state waiting for the next step) is streamed now, then its end waited for.
     if (g->sink && !g->sink->closed() && g->owner != nullptr) Fail(g->owner->Settle());
     if (!g->started) {
-      const double w0 = Now();
+      const double w0 = SteadySeconds();
       if (g->sink) (void)g->sink->WaitClosed();
-      g->stall += Now() - w0;
+      g->stall += SteadySeconds() - w0;
       Arrived();
       StartTransfer();
     }
@@ -339,7 +339,7 @@ MemoryTier::~MemoryTier() {
 Status MemoryTier::Save(const StateView& state, const nlohmann::json& trainer_state) {
   Impl& t = *impl_;
   if (t.gen) RETURN_IF_ERROR(t.Commit(), "committing the previous snapshot");
-  const double t0 = Now();
+  const double t0 = SteadySeconds();
   // The step every rank already holds is kept as it is (replacing it would leave a moment with no
   // whole copy of it).
   ASSIGN_OR_RETURN(internal::SnapshotStart start, internal::StartSnapshot(t.comm, state, trainer_state, 1 << 20, t.stats.step == state.counters.step),
@@ -359,7 +359,7 @@ Status MemoryTier::Save(const StateView& state, const nlohmann::json& trainer_st
                    return t.Replicate(gen, std::move(local));
                  }).share();
   }
-  gen.stall = Now() - gen.t0;
+  gen.stall = SteadySeconds() - gen.t0;
   if (gen.started) return Status();
   // A copy that ended at once everywhere (a view without an owner) moves on now; else the first Poll
   // that finds every rank's copy whole starts the rest.

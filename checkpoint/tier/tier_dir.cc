@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "zrt/checkpoint/catalog.h"
 #include "zrt/checkpoint/codec.h"
 #include "zrt/checkpoint/format.h"
 #include "zrt/checkpoint/fs_util.h"
@@ -68,12 +69,11 @@ std::string ReplicaDir(const std::string& rank_dir, int q) {
 // The whole generations under `parent` (own/ or replica-q/), newest first.
 std::vector<int64_t> Steps(const std::string& parent) {
   std::vector<int64_t> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(parent, ec)) {
-    auto step = ParseStepDirName(e.path().filename().string());
-    if (step.ok() && e.is_directory(ec) && !e.is_symlink(ec)) out.push_back(*step);
+  if (auto dirs = ListStepDirs(parent); dirs.ok()) {
+    for (const StepDir& d : *dirs) {
+      if (!d.in_progress) out.push_back(d.step);
+    }
   }
-  std::sort(out.rbegin(), out.rend());
   return out;
 }
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "zrt/checkpoint/format.h"
+#include "zrt/core/base.h"
 #include "zrt/core/state_view.h"
 #include "zrt/core/status.h"
 #include "zrt/core/unique_fd.h"
@@ -27,7 +28,7 @@
 namespace zrt::ckpt::internal {
 
 constexpr int64_t kAlign = static_cast<int64_t>(kIoAlignment);
-inline int64_t AlignUp(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+inline int64_t AlignUp(int64_t x) { return zrt::AlignUp(x, kAlign); }
 
 // Allocates the blocks of [offset, offset + bytes) of the file `fd`, so that writing them through a
 // mapping cannot fault for want of space (a full tmpfs: SIGBUS); the error (ENOSPC) comes here.

@@ -23,6 +23,9 @@ foreach(h IN LISTS headers)
 endforeach()
 list(LENGTH headers count)
 message(STATUS "${count} installed headers, self-contained")
+if(count GREATER 30)
+  message(FATAL_ERROR "${count} installed headers: the surface a trainer links is at most 30 (../shared issue: keep it small)")
+endif()
 # A sanitized zrt is only linkable by a sanitized program (the runtime comes from the link flags).
 set(flags "")
 if(SANITIZE STREQUAL "address+undefined")
@@ -30,10 +33,28 @@ if(SANITIZE STREQUAL "address+undefined")
 elseif(SANITIZE STREQUAL "thread")
   set(flags "-fsanitize=thread")
 endif()
+# A trainer needs MPI and nlohmann-json, nothing of zrt's own dependencies: the consumer configures and
+# builds with CMake told not to find any of them (liburing, zstd and xxhash come through pkg-config).
 run(${CMAKE_COMMAND} -S ${PROJECT_DIR} -B ${WORK_DIR}/build -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix
-    -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS=${flags}" -DMINIMAL_SOURCE=${MINIMAL_SOURCE})
+    -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS=${flags}" -DMINIMAL_SOURCE=${MINIMAL_SOURCE}
+    -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON -DCMAKE_DISABLE_FIND_PACKAGE_CUDA=ON -DCMAKE_DISABLE_FIND_PACKAGE_HDF5=ON
+    -DCMAKE_DISABLE_FIND_PACKAGE_PkgConfig=ON -DCMAKE_DISABLE_FIND_PACKAGE_ZSTD=ON -DCMAKE_DISABLE_FIND_PACKAGE_xxHash=ON)
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+file(GLOB_RECURSE link_lines ${WORK_DIR}/build/CMakeFiles/*/link.txt)
+foreach(f IN LISTS link_lines)
+  file(READ ${f} line)
+  if(line MATCHES "uring|zstd|xxhash|hdf5|cudart|nccl")
+    message(FATAL_ERROR "the consumer links zrt's own dependency (${CMAKE_MATCH_0}): ${f}\n${line}")
+  endif()
+endforeach()
 run(${WORK_DIR}/build/consumer)
 # The example trains and checkpoints as a singleton MPI process, then resumes from its checkpoint.
 run(${WORK_DIR}/build/minimal ${WORK_DIR}/minimal-ckpt)
 run(${WORK_DIR}/build/minimal ${WORK_DIR}/minimal-ckpt)
+# A CUDA build: a GPU trainer finds the gpu component (zrt::gpu, <zrt/gpu.h>), builds and runs.
+if(GPU_PROJECT_DIR)
+  run(${CMAKE_COMMAND} -S ${GPU_PROJECT_DIR} -B ${WORK_DIR}/gpu_build -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix
+      -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS=${flags}")
+  run(${CMAKE_COMMAND} --build ${WORK_DIR}/gpu_build)
+  run(${WORK_DIR}/gpu_build/gpu_consumer)
+endif()

@@ -14,7 +14,6 @@
 #include "zrt/checkpoint/checkpointer.h"
 #include "zrt/checkpoint/files.h"
 #include "zrt/checkpoint/load.h"
-#include "zrt/checkpoint/verify.h"
 #include "zrt/core/mpi_communicator.h"
 #include "zrt/runtime/engine.h"
 #include "tests/support/checkpointer_testing.h"

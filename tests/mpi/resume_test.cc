@@ -17,7 +17,7 @@
 #include "tests/support/state_values.h"
 #include "zrt/checkpoint/checkpointer.h"
 #include "zrt/checkpoint/files.h"
-#include "zrt/checkpoint/resume.h"
+#include "zrt/checkpoint/load.h"
 #include "zrt/core/mpi_communicator.h"
 #include "zrt/runtime/engine.h"
 

@@ -13,7 +13,7 @@
 
 #include "tests/mpi/engine_fixture.h"
 #include "zrt/checkpoint/checkpointer.h"
-#include "zrt/checkpoint/resume.h"
+#include "zrt/checkpoint/load.h"
 #include "zrt/checkpoint/catalog.h"
 #include "zrt/checkpoint/interchange/safetensors.h"
 

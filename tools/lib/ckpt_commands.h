@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "zrt/checkpoint/catalog.h"
 #include "zrt/core/status.h"
 
 namespace zrt::tools {
@@ -13,6 +14,9 @@ namespace zrt::tools {
 // `path` itself when it holds a manifest (or does not exist: the command reports that); a checkpoint
 // root's newest complete checkpoint otherwise (NotFound, with a hint, when it has none).
 Result<std::string> ResolveCheckpointDir(const std::string& path);
+
+// A progress bar on stderr when it is a terminal; nothing otherwise (logs, pipes, tests). In bytes.
+ckpt::ProgressFn TtyProgress(const std::string& what);
 
 // Checkpoints under a root: complete or not (and why), step, size, age, ranks, stage.
 Status CkptLs(const std::string& root, bool json, std::ostream& out);

@@ -19,8 +19,7 @@
 #include "zrt/checkpoint/checkpointer.h"
 #include "zrt/checkpoint/format.h"
 #include "zrt/checkpoint/load.h"
-#include "zrt/checkpoint/verify.h"
-#include "zrt/core/loopback_communicator.h"
+#include "zrt/core/communicator.h"
 #include "zrt/core/logging.h"
 
 namespace {

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "zrt/checkpoint/verify.h"
+#include "zrt/checkpoint/catalog.h"
 
 namespace zrt::fuzz {
 

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "zrt/checkpoint/interchange/hdf5_io.h"
+#include "zrt/checkpoint/interchange/interchange.h"
 #include "tests/fuzz/targets/fuzz_checks.h"
 #include "zrt/core/logging.h"
 
