@@ -63,105 +63,106 @@ void RemoveVanishedRanks(const std::string& dir, int world_size) {
 
 }  // namespace
 
-Result<std::unique_ptr<StateSwapper>> StateSwapper::Create(const SwapperOptions& o, std::vector<SwapRegion> regions,
-                                                           std::vector<SwapStream> streams, IoEngine* io, HostMemory* host) {
-  if (io == nullptr || host == nullptr) return InvalidArgumentError("swapper: null I/O engine or host memory");
-  if (streams.empty()) return InvalidArgumentError("swapper: no streams");
-  if (o.buffer_sets < 1) return InvalidArgumentError("swapper: buffer_sets must be >= 1, got ", o.buffer_sets);
-  if (o.sub_group_elements < 0) return InvalidArgumentError("offload.sub_group_elements must be >= 0, got ", o.sub_group_elements);
-  struct stat st {};
-  if (o.dir.empty()) return InvalidArgumentError("offload.nvme_dir is empty: NVMe offload needs a directory for its swap files");
-  if (::stat(o.dir.c_str(), &st) != 0) {
-    return NotFoundError("offload.nvme_dir '", o.dir, "': ", std::strerror(errno), " (the directory must exist)");
-  }
-  if (!S_ISDIR(st.st_mode)) return InvalidArgumentError("offload.nvme_dir '", o.dir, "' is not a directory");
-
-  std::unique_ptr<StateSwapper> s(new StateSwapper());
-  s->io_ = io;
-  s->regions_ = std::move(regions);
-  s->streams_ = std::move(streams);
-  for (const SwapStream& st2 : s->streams_) {
-    if (st2.element_bytes == 0 || kAlign % static_cast<int64_t>(st2.element_bytes) != 0) {
-      return InvalidArgumentError("swapper: stream '", st2.name, "' has element size ", st2.element_bytes);
+// Streams and regions checked; per stream the widest element over the regions (each stream's buffer
+// fits it); *largest: the largest region, rounded up to the quantum.
+Result<std::vector<int64_t>> StateSwapper::Widest(int64_t* largest) const {
+  for (const SwapStream& st : streams_) {
+    if (st.element_bytes == 0 || kAlign % static_cast<int64_t>(st.element_bytes) != 0) {
+      return InvalidArgumentError("swapper: stream '", st.name, "' has element size ", st.element_bytes);
     }
   }
-  int64_t largest = kSubGroupQuantum;
-  std::vector<int64_t> widest(s->streams_.size(), 0);  // per stream, over regions: sizes the buffers
-  for (size_t r = 0; r < s->regions_.size(); ++r) {
-    const SwapRegion& reg = s->regions_[r];
+  *largest = kSubGroupQuantum;
+  std::vector<int64_t> widest(streams_.size(), 0);
+  for (size_t r = 0; r < regions_.size(); ++r) {
+    const SwapRegion& reg = regions_[r];
     if (reg.elements < 0) return InvalidArgumentError("swapper: region '", reg.name, "' has ", reg.elements, " elements");
-    if (!reg.element_bytes.empty() && reg.element_bytes.size() != s->streams_.size()) {
+    if (!reg.element_bytes.empty() && reg.element_bytes.size() != streams_.size()) {
       return InvalidArgumentError("swapper: region '", reg.name, "' gives ", reg.element_bytes.size(), " element sizes for ",
-                                  s->streams_.size(), " streams");
+                                  streams_.size(), " streams");
     }
-    for (size_t k = 0; k < s->streams_.size(); ++k) {
-      const int64_t es = s->Es(r, k);
+    for (size_t k = 0; k < streams_.size(); ++k) {
+      const int64_t es = Es(r, k);
       if (es <= 0 || kAlign % es != 0) return InvalidArgumentError("swapper: region '", reg.name, "' has element size ", es);
       widest[k] = std::max(widest[k], es);
     }
-    largest = std::max(largest, AlignUp(reg.elements, kSubGroupQuantum));
+    *largest = std::max(*largest, AlignUp(reg.elements, kSubGroupQuantum));
   }
-  int64_t bytes_per_element = 0;  // of one buffer set: each stream's buffer fits its widest region
-  for (size_t k = 0; k < s->streams_.size(); ++k) {
-    if (widest[k] == 0) widest[k] = static_cast<int64_t>(s->streams_[k].element_bytes);  // no regions
-    bytes_per_element += widest[k];
+  for (size_t k = 0; k < streams_.size(); ++k) {
+    if (widest[k] == 0) widest[k] = static_cast<int64_t>(streams_[k].element_bytes);  // no regions
   }
+  return widest;
+}
 
-  // Sub-group size: asked for (rounded up to the quantum), or the largest the budget allows.
+namespace {
+
+// The sub-group size: asked for (rounded up to the quantum), or the largest the budget allows.
+Result<int64_t> SubGroupSize(const SwapperOptions& o, const HostMemory& host, int64_t bytes_per_element, int64_t largest) {
   const int64_t per_sub_group_element = bytes_per_element * o.buffer_sets;
   int64_t sg = 0;
   if (o.sub_group_elements > 0) {
     sg = std::min(AlignUp(o.sub_group_elements, kSubGroupQuantum), largest);
   } else {
     sg = std::min(SwapperOptions::kMaxAutoSubGroup, largest);
-    if (host->budget() > 0) {
-      const int64_t room = host->budget() - host->used();
-      sg = std::min(sg, room / per_sub_group_element / kSubGroupQuantum * kSubGroupQuantum);
-    }
+    if (host.budget() > 0) sg = std::min(sg, (host.budget() - host.used()) / per_sub_group_element / kSubGroupQuantum * kSubGroupQuantum);
   }
-  if (sg < kSubGroupQuantum || !host->Fits(sg * per_sub_group_element)) {
+  if (sg < kSubGroupQuantum || !host.Fits(sg * per_sub_group_element)) {
     const int64_t shown = std::max(sg, kSubGroupQuantum);
-    return InvalidArgumentError(host->setting(), " = ", FormatBytes(host->budget()), " (", FormatBytes(host->used()),
+    return InvalidArgumentError(host.setting(), " = ", FormatBytes(host.budget()), " (", FormatBytes(host.used()),
                                 " already used) cannot hold ", o.buffer_sets, " buffer sets of one sub-group: ",
                                 "offload.sub_group_elements = ", shown, " x ", bytes_per_element, " bytes per element x ",
                                 o.buffer_sets, " = ", FormatBytes(shown * per_sub_group_element),
                                 "; raise the budget or lower the sub-group size (at least ", kSubGroupQuantum, " elements)");
   }
-  s->sub_group_ = sg;
+  return sg;
+}
 
-  // The rank's directory: locked, cleared of a dead process's files.
-  s->rank_dir_ = o.dir + "/zrt-swap.rank" + std::to_string(o.rank);
-  if (::mkdir(s->rank_dir_.c_str(), 0755) != 0 && errno != EEXIST) {
-    return ErrnoStatus(errno, "offload.nvme_dir: creating " + s->rank_dir_);
+Status CheckDir(const SwapperOptions& o) {
+  struct stat st {};
+  if (o.dir.empty()) return InvalidArgumentError("offload.nvme_dir is empty: NVMe offload needs a directory for its swap files");
+  if (::stat(o.dir.c_str(), &st) != 0) return NotFoundError("offload.nvme_dir '", o.dir, "': ", std::strerror(errno), " (the directory must exist)");
+  if (!S_ISDIR(st.st_mode)) return InvalidArgumentError("offload.nvme_dir '", o.dir, "' is not a directory");
+  return Status();
+}
+
+}  // namespace
+
+// The rank's directory: created, locked (one live process per directory), cleared of a dead
+// process's files and of ranks the job no longer has.
+Status StateSwapper::OpenRankDir(const SwapperOptions& o) {
+  rank_dir_ = o.dir + "/zrt-swap.rank" + std::to_string(o.rank);
+  if (::mkdir(rank_dir_.c_str(), 0755) != 0 && errno != EEXIST) return ErrnoStatus(errno, "offload.nvme_dir: creating " + rank_dir_);
+  const std::string lock_path = rank_dir_ + "/lock";
+  lock_ = UniqueFd(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  if (!lock_.valid()) return ErrnoStatus(errno, "offload: opening " + lock_path);
+  if (::flock(lock_.get(), LOCK_EX | LOCK_NB) != 0) {
+    return FailedPreconditionError("offload: swap directory ", rank_dir_, " is in use by another live process (", lock_path,
+                                   " is locked); give each job its own offload.nvme_dir");
   }
-  const std::string lock_path = s->rank_dir_ + "/lock";
-  s->lock_ = UniqueFd(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
-  if (!s->lock_.valid()) return ErrnoStatus(errno, "offload: opening " + lock_path);
-  if (::flock(s->lock_.get(), LOCK_EX | LOCK_NB) != 0) {
-    return FailedPreconditionError("offload: swap directory ", s->rank_dir_, " is in use by another live process (",
-                                   lock_path, " is locked); give each job its own offload.nvme_dir");
-  }
-  RETURN_IF_ERROR(ClearStale(s->rank_dir_), "offload");
+  RETURN_IF_ERROR(ClearStale(rank_dir_), "offload");
   if (o.world_size > 0) RemoveVanishedRanks(o.dir, o.world_size);
+  return Status();
+}
 
-  // Space first, for an error that says how much is missing; fallocate below catches races.
+// The swap files, preallocated: space checked first, for an error that says how much is missing
+// (fallocate catches races).
+Result<int64_t> StateSwapper::CreateFiles() {
   int64_t need = 0;
-  for (size_t r = 0; r < s->regions_.size(); ++r) {
-    for (size_t k = 0; k < s->streams_.size(); ++k) need += static_cast<int64_t>(s->RegionBytes(static_cast<int>(r), static_cast<int>(k)));
+  for (size_t r = 0; r < regions_.size(); ++r) {
+    for (size_t k = 0; k < streams_.size(); ++k) need += static_cast<int64_t>(RegionBytes(static_cast<int>(r), static_cast<int>(k)));
   }
   struct statvfs vfs {};
-  if (::statvfs(s->rank_dir_.c_str(), &vfs) == 0) {
+  if (::statvfs(rank_dir_.c_str(), &vfs) == 0) {
     const auto avail = static_cast<int64_t>(vfs.f_bavail) * static_cast<int64_t>(vfs.f_frsize);
     if (need > avail) {
-      return IoError("offload: no space for the swap files in ", s->rank_dir_, ": they need ", FormatBytes(need), ", the filesystem has ",
+      return IoError("offload: no space for the swap files in ", rank_dir_, ": they need ", FormatBytes(need), ", the filesystem has ",
                      FormatBytes(avail), " free");
     }
   }
-  for (size_t r = 0; r < s->regions_.size(); ++r) {
-    for (size_t k = 0; k < s->streams_.size(); ++k) {
-      const std::string path = s->rank_dir_ + "/" + std::to_string(r) + "." + s->streams_[k].name + ".swp";
-      ASSIGN_OR_RETURN(IoFile f, IoFile::Open(path, IoFile::Mode::kCreate), "offload: swap file for ", s->regions_[r].name);
-      const auto size = static_cast<off_t>(s->RegionBytes(static_cast<int>(r), static_cast<int>(k)));
+  for (size_t r = 0; r < regions_.size(); ++r) {
+    for (size_t k = 0; k < streams_.size(); ++k) {
+      const std::string path = rank_dir_ + "/" + std::to_string(r) + "." + streams_[k].name + ".swp";
+      ASSIGN_OR_RETURN(IoFile f, IoFile::Open(path, IoFile::Mode::kCreate), "offload: swap file for ", regions_[r].name);
+      const auto size = static_cast<off_t>(RegionBytes(static_cast<int>(r), static_cast<int>(k)));
       if (size > 0) {
         const int rc = ::posix_fallocate(f.fd(), 0, size);
         if (rc == EOPNOTSUPP || rc == EINVAL) {
@@ -170,21 +171,42 @@ Result<std::unique_ptr<StateSwapper>> StateSwapper::Create(const SwapperOptions&
           return ErrnoStatus(rc, "offload: reserving " + FormatBytes(size) + " for swap file " + path);
         }
       }
-      s->files_.push_back(std::move(f));
+      files_.push_back(std::move(f));
     }
   }
+  return need;
+}
+
+Result<std::unique_ptr<StateSwapper>> StateSwapper::Create(const SwapperOptions& o, std::vector<SwapRegion> regions,
+                                                           std::vector<SwapStream> streams, IoEngine* io, HostMemory* host) {
+  if (io == nullptr || host == nullptr) return InvalidArgumentError("swapper: null I/O engine or host memory");
+  if (streams.empty()) return InvalidArgumentError("swapper: no streams");
+  if (o.buffer_sets < 1) return InvalidArgumentError("swapper: buffer_sets must be >= 1, got ", o.buffer_sets);
+  if (o.sub_group_elements < 0) return InvalidArgumentError("offload.sub_group_elements must be >= 0, got ", o.sub_group_elements);
+  RETURN_IF_ERROR(CheckDir(o));
+  std::unique_ptr<StateSwapper> s(new StateSwapper());
+  s->io_ = io;
+  s->regions_ = std::move(regions);
+  s->streams_ = std::move(streams);
+  int64_t largest = 0;
+  ASSIGN_OR_RETURN(const std::vector<int64_t> widest, s->Widest(&largest));
+  int64_t bytes_per_element = 0;  // of one buffer set
+  for (int64_t w : widest) bytes_per_element += w;
+  ASSIGN_OR_RETURN(s->sub_group_, SubGroupSize(o, *host, bytes_per_element, largest));
+  RETURN_IF_ERROR(s->OpenRankDir(o));
+  ASSIGN_OR_RETURN(const int64_t need, s->CreateFiles());
   // Buffer sets, zeroed (the rounded-up tails of the last sub-groups are written as they are).
   s->sets_.resize(static_cast<size_t>(o.buffer_sets));
   for (auto& set : s->sets_) {
     for (size_t k = 0; k < s->streams_.size(); ++k) {
-      const auto bytes = static_cast<size_t>(sg * widest[k]);
+      const auto bytes = static_cast<size_t>(s->sub_group_ * widest[k]);
       ASSIGN_OR_RETURN(DeviceBuffer b, host->Allocate(bytes, MemCategory::kStaging, kIoAlignment), "offload buffer sets");
       RETURN_IF_ERROR(host->Fill(b.data(), 0, bytes));
       set.push_back(std::move(b));
     }
   }
   ZRT_LOG(kInfo) << "offload: " << FormatBytes(need) << " of swap files in " << s->rank_dir_ << " (" << io->backend() << "), "
-                 << o.buffer_sets << " buffer sets of " << sg << " elements = " << FormatBytes(s->host_bytes()) << " of "
+                 << o.buffer_sets << " buffer sets of " << s->sub_group_ << " elements = " << FormatBytes(s->host_bytes()) << " of "
                  << host->name() << " memory";
   return s;
 }
@@ -274,99 +296,112 @@ Result<IoHandle> StateSwapper::ReadRegionAsync(int region, int stream, void* out
   return io_->Read(File(static_cast<size_t>(region), static_cast<size_t>(stream)), out, RegionBytes(region, stream), 0);
 }
 
-Status StateSwapper::Stream(std::span<const SwapAccess> access, const UpdateFn& fn, SwapStats* stats) {
-  if (access.size() != streams_.size()) {
-    return InvalidArgumentError("swapper: ", access.size(), " access modes for ", streams_.size(), " streams");
+// One pass of Stream over every sub-group of every region: sub-group i uses buffer set i % sets; the
+// read of i+1 is issued before i is updated (its set's previous write done first), the write of i
+// after; every buffer is idle again before the pass returns, error or not.
+class StateSwapper::Pass {
+ public:
+  Pass(StateSwapper& s, std::span<const SwapAccess> access) : s_(s), access_(access), reads_(s.sets_.size()), writes_(s.sets_.size()) {
+    for (size_t r = 0; r < s.regions_.size(); ++r) {
+      for (int64_t off = 0; off < s.regions_[r].elements; off += s.sub_group_) {
+        items_.push_back({static_cast<int>(r), off, std::min(s.sub_group_, s.regions_[r].elements - off)});
+      }
+    }
   }
-  RETURN_IF_ERROR(CheckFiles());
-  const double t0 = SteadySeconds();
-  SwapStats local;
+  ~Pass() {
+    for (size_t k = 0; k < reads_.size(); ++k) {
+      (void)WaitAll(reads_[k]);
+      (void)WaitAll(writes_[k]);
+    }
+  }
+  Status Run(const UpdateFn& fn);
+  SwapStats stats;
+
+ private:
   struct Item {
     int region;
     int64_t offset, count;
   };
-  std::vector<Item> items;
-  for (size_t r = 0; r < regions_.size(); ++r) {
-    for (int64_t off = 0; off < regions_[r].elements; off += sub_group_) {
-      items.push_back({static_cast<int>(r), off, std::min(sub_group_, regions_[r].elements - off)});
-    }
-  }
-  const size_t nsets = sets_.size();
-  std::vector<std::vector<IoHandle>> reads(nsets), writes(nsets);
-  // Every buffer must be idle before returning, error or not.
-  auto wait_all = [&](std::vector<IoHandle>& hs) -> Status {
+  static Status WaitAll(std::vector<IoHandle>& hs) {
     Status first;
     for (IoHandle& h : hs) {
-      Status s = h.Wait();
-      if (first.ok() && !s.ok()) first = std::move(s);
+      Status st = h.Wait();
+      if (first.ok() && !st.ok()) first = std::move(st);
     }
     hs.clear();
     return first;
-  };
-  auto drain = [&]() {
-    for (size_t k = 0; k < nsets; ++k) {
-      (void)wait_all(reads[k]);
-      (void)wait_all(writes[k]);
-    }
-  };
-  auto issue = [&](size_t i, bool write) -> Status {
-    const Item& it = items[i];
-    const size_t set = i % nsets;
-    for (size_t k = 0; k < streams_.size(); ++k) {
-      const SwapAccess a = access[k];
-      const bool want = write ? (a == SwapAccess::kWrite || a == SwapAccess::kReadWrite)
-                              : (a == SwapAccess::kRead || a == SwapAccess::kReadWrite);
+  }
+  // The reads (or writes) of item i's streams that its access asks for: whole 4 KiB blocks (the files
+  // are padded to them), so every transfer goes O_DIRECT.
+  Status Issue(size_t i, bool write) {
+    const Item& it = items_[i];
+    const size_t set = i % s_.sets_.size();
+    for (size_t k = 0; k < s_.streams_.size(); ++k) {
+      const SwapAccess a = access_[k];
+      const bool want = write ? (a == SwapAccess::kWrite || a == SwapAccess::kReadWrite) : (a == SwapAccess::kRead || a == SwapAccess::kReadWrite);
       if (!want) continue;
-      const int64_t es = Es(static_cast<size_t>(it.region), k);
-      const IoFile& f = File(static_cast<size_t>(it.region), k);
-      // Whole 4 KiB blocks: the file is padded to them, so every transfer goes O_DIRECT.
+      const int64_t es = s_.Es(static_cast<size_t>(it.region), k);
+      const IoFile& f = s_.File(static_cast<size_t>(it.region), k);
       const auto len = static_cast<size_t>(AlignUp(it.count * es, kAlign));
-      void* buf = sets_[set][k].data();
-      if (write) {
-        ASSIGN_OR_RETURN(IoHandle h, io_->Write(f, buf, len, it.offset * es), "offload: writing ", f.path());
-        writes[set].push_back(std::move(h));
-        local.bytes_written += static_cast<int64_t>(len);
-      } else {
-        ASSIGN_OR_RETURN(IoHandle h, io_->Read(f, buf, len, it.offset * es), "offload: reading ", f.path());
-        reads[set].push_back(std::move(h));
-        local.bytes_read += static_cast<int64_t>(len);
-      }
+      void* buf = s_.sets_[set][k].data();
+      auto h = write ? s_.io_->Write(f, buf, len, it.offset * es) : s_.io_->Read(f, buf, len, it.offset * es);
+      if (!h.ok()) return h.status().WithContext(std::string(write ? "offload: writing " : "offload: reading ") + f.path());
+      (write ? writes_ : reads_)[set].push_back(std::move(*h));
+      (write ? stats.bytes_written : stats.bytes_read) += static_cast<int64_t>(len);
     }
     return Status();
-  };
-  auto run = [&]() -> Status {
-    if (!items.empty()) RETURN_IF_ERROR(issue(0, false));
-    std::vector<void*> data(streams_.size());
-    for (size_t i = 0; i < items.size(); ++i) {
-      const size_t set = i % nsets;
-      double tw = SteadySeconds();
-      if (i + 1 < items.size()) {
-        // The next sub-group's set was last written by sub-group i+1-nsets: that write must be done.
-        RETURN_IF_ERROR(wait_all(writes[(i + 1) % nsets]));
-        if (nsets > 1) RETURN_IF_ERROR(issue(i + 1, false));
-      }
-      RETURN_IF_ERROR(wait_all(reads[set]));
-      RETURN_IF_ERROR(wait_all(writes[set]));  // one buffer set: its previous write
-      double tu = SteadySeconds();
-      local.wait_seconds += tu - tw;
-      for (size_t k = 0; k < streams_.size(); ++k) data[k] = access[k] == SwapAccess::kNone ? nullptr : sets_[set][k].data();
-      RETURN_IF_ERROR(fn(Window{items[i].region, items[i].offset, items[i].count, data}));
-      local.update_seconds += SteadySeconds() - tu;
-      RETURN_IF_ERROR(issue(i, true));
-      if (nsets == 1 && i + 1 < items.size()) {  // no overlap possible: write, then read the next
-        RETURN_IF_ERROR(wait_all(writes[set]));
-        RETURN_IF_ERROR(issue(i + 1, false));
-      }
-    }
+  }
+
+  StateSwapper& s_;
+  std::span<const SwapAccess> access_;
+  std::vector<Item> items_;
+  std::vector<std::vector<IoHandle>> reads_, writes_;  // per buffer set
+};
+
+Status StateSwapper::Pass::Run(const UpdateFn& fn) {
+  const size_t nsets = s_.sets_.size();
+  if (!items_.empty()) RETURN_IF_ERROR(Issue(0, false));
+  std::vector<void*> data(s_.streams_.size());
+  for (size_t i = 0; i < items_.size(); ++i) {
+    const size_t set = i % nsets;
     const double tw = SteadySeconds();
-    for (size_t k = 0; k < nsets; ++k) RETURN_IF_ERROR(wait_all(writes[k]));
-    local.wait_seconds += SteadySeconds() - tw;
-    return Status();
-  };
-  Status s = run();
-  drain();
-  local.seconds = SteadySeconds() - t0;
-  if (stats) *stats = local;
+    if (i + 1 < items_.size()) {
+      // The next sub-group's set was last written by sub-group i+1-nsets: that write must be done.
+      RETURN_IF_ERROR(WaitAll(writes_[(i + 1) % nsets]));
+      if (nsets > 1) RETURN_IF_ERROR(Issue(i + 1, false));
+    }
+    RETURN_IF_ERROR(WaitAll(reads_[set]));
+    RETURN_IF_ERROR(WaitAll(writes_[set]));  // one buffer set: its previous write
+    const double tu = SteadySeconds();
+    stats.wait_seconds += tu - tw;
+    for (size_t k = 0; k < s_.streams_.size(); ++k) data[k] = access_[k] == SwapAccess::kNone ? nullptr : s_.sets_[set][k].data();
+    RETURN_IF_ERROR(fn(Window{items_[i].region, items_[i].offset, items_[i].count, data}));
+    stats.update_seconds += SteadySeconds() - tu;
+    RETURN_IF_ERROR(Issue(i, true));
+    if (nsets == 1 && i + 1 < items_.size()) {  // no overlap possible: write, then read the next
+      RETURN_IF_ERROR(WaitAll(writes_[set]));
+      RETURN_IF_ERROR(Issue(i + 1, false));
+    }
+  }
+  const double tw = SteadySeconds();
+  for (size_t k = 0; k < nsets; ++k) RETURN_IF_ERROR(WaitAll(writes_[k]));
+  stats.wait_seconds += SteadySeconds() - tw;
+  return Status();
+}
+
+Status StateSwapper::Stream(std::span<const SwapAccess> access, const UpdateFn& fn, SwapStats* stats) {
+  if (access.size() != streams_.size()) return InvalidArgumentError("swapper: ", access.size(), " access modes for ", streams_.size(), " streams");
+  RETURN_IF_ERROR(CheckFiles());
+  const double t0 = SteadySeconds();
+  Status s;
+  SwapStats figures;
+  {
+    Pass pass(*this, access);
+    s = pass.Run(fn);
+    figures = pass.stats;
+  }  // every buffer idle
+  figures.seconds = SteadySeconds() - t0;
+  if (stats) *stats = figures;
   return s;
 }
 

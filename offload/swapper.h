@@ -95,7 +95,11 @@ class StateSwapper {
   const std::string& file_path(int region, int stream) const;
 
  private:
+  class Pass;  // one Stream
   StateSwapper() = default;
+  Result<std::vector<int64_t>> Widest(int64_t* largest) const;  // Create's steps
+  Status OpenRankDir(const SwapperOptions& o);
+  Result<int64_t> CreateFiles();
   Status CheckRange(int region, int stream, int64_t offset, int64_t count) const;
   int64_t Es(size_t region, size_t stream) const;  // element size
   const IoFile& File(size_t region, size_t stream) const { return files_[region * streams_.size() + stream]; }

@@ -15,6 +15,75 @@ Result<kernels::AdamMode> ParseAdamMode(std::string_view s) {
   return InvalidArgumentError("adam mode must be adamw or adam (L2 weight decay), got '", s, "'");
 }
 
+
+// The objects of an engine configuration, each read and checked under its key.
+Status ReadAdam(JsonReader& r, EngineConfig& c) {
+  ASSIGN_OR_RETURN(JsonReader a, r.Child("adam"));
+  RETURN_IF_ERROR(a.Read("lr", &c.adam.lr));
+  RETURN_IF_ERROR(a.Read("beta1", &c.adam.beta1));
+  RETURN_IF_ERROR(a.Read("beta2", &c.adam.beta2));
+  RETURN_IF_ERROR(a.Read("eps", &c.adam.eps));
+  RETURN_IF_ERROR(a.Read("weight_decay", &c.adam.weight_decay));
+  RETURN_IF_ERROR(a.Read<kernels::AdamMode>("mode", &c.adam.mode, ParseAdamMode));
+  RETURN_IF_ERROR(a.Read("amsgrad", &c.adam.amsgrad));
+  RETURN_IF_ERROR(a.Read("bias_correction", &c.adam.bias_correction));
+  RETURN_IF_ERROR(a.Finish());
+  return Status();
+}
+
+Status ReadLrSchedule(JsonReader& r, EngineConfig& c) {
+  ASSIGN_OR_RETURN(JsonReader s, r.Child("lr_schedule"));
+  RETURN_IF_ERROR(s.Read<LrSchedule::Kind>("kind", &c.lr_schedule.kind, ParseLrScheduleKind));
+  RETURN_IF_ERROR(s.Read("warmup_steps", &c.lr_schedule.warmup_steps));
+  RETURN_IF_ERROR(s.Read("total_steps", &c.lr_schedule.total_steps));
+  RETURN_IF_ERROR(s.Read("min_lr_ratio", &c.lr_schedule.min_lr_ratio));
+  RETURN_IF_ERROR(s.Finish());
+  RETURN_IF_ERROR(c.lr_schedule.Validate(), s.path());
+  return Status();
+}
+
+Status ReadLossScale(JsonReader& r, EngineConfig& c) {
+  ASSIGN_OR_RETURN(JsonReader l, r.Child("loss_scale"));
+  RETURN_IF_ERROR(l.Read<LossScaleMode>("mode", &c.loss_scale.mode, ParseLossScaleMode));
+  RETURN_IF_ERROR(l.Read("init_scale", &c.loss_scale.init_scale));
+  RETURN_IF_ERROR(l.Read("growth", &c.loss_scale.growth));
+  RETURN_IF_ERROR(l.Read("backoff", &c.loss_scale.backoff));
+  RETURN_IF_ERROR(l.Read("growth_interval", &c.loss_scale.growth_interval));
+  RETURN_IF_ERROR(l.Read("hysteresis", &c.loss_scale.hysteresis));
+  RETURN_IF_ERROR(l.Read("min_scale", &c.loss_scale.min_scale));
+  RETURN_IF_ERROR(l.Finish());
+  RETURN_IF_ERROR(LossScaler::Create(c.loss_scale).status(), l.path());
+  return Status();
+}
+
+Status ReadOffload(JsonReader& r, EngineConfig& c) {
+  ASSIGN_OR_RETURN(JsonReader o, r.Child("offload"));
+  RETURN_IF_ERROR(o.Read<OffloadTarget>("optimizer", &c.offload.optimizer, ParseOffloadTarget));
+  RETURN_IF_ERROR(o.Read<OffloadTarget>("params", &c.offload.params, ParseOffloadTarget));
+  RETURN_IF_ERROR(o.Read("nvme_dir", &c.offload.nvme_dir));
+  RETURN_IF_ERROR(o.Read("host_budget_bytes", &c.offload.host_budget_bytes));
+  RETURN_IF_ERROR(o.Read("sub_group_elements", &c.offload.sub_group_elements));
+  ASSIGN_OR_RETURN(JsonReader io, o.Child("io"));
+  RETURN_IF_ERROR(ReadIoOptions(io, &c.offload.io));
+  RETURN_IF_ERROR(o.Finish());
+  return Status();
+}
+
+Status ReadMetrics(JsonReader& r, EngineConfig& c) {
+  ASSIGN_OR_RETURN(JsonReader m, r.Child("metrics"));
+  RETURN_IF_ERROR(m.Read("tokens_per_step", &c.metrics.tokens_per_step));
+  RETURN_IF_ERROR(m.Read("flops_per_step", &c.metrics.flops_per_step));
+  RETURN_IF_ERROR(m.Read("peak_flops", &c.metrics.peak_flops));
+  RETURN_IF_ERROR(m.Read("jsonl_path", &c.metrics.jsonl_path));
+  RETURN_IF_ERROR(m.Finish());
+  for (const char* k : {"tokens_per_step", "flops_per_step", "peak_flops"}) {
+    double v = 0;
+    RETURN_IF_ERROR(m.Read(k, &v));
+    if (v < 0) return InvalidArgumentError(m.Path(k), ": must be >= 0");
+  }
+  return Status();
+}
+
 }  // namespace
 
 Result<EngineConfig> EngineConfigFromJson(const nlohmann::json& j, const EngineConfig& defaults, const std::string& path) {
@@ -30,63 +99,11 @@ Result<EngineConfig> EngineConfigFromJson(const nlohmann::json& j, const EngineC
   RETURN_IF_ERROR(r.Read("grad_accum_steps", &c.grad_accum_steps));
   RETURN_IF_ERROR(r.Read("fp32_grads", &c.fp32_grads));
   RETURN_IF_ERROR(r.Read("optimizer_threads", &c.optimizer_threads));
-  {
-    ASSIGN_OR_RETURN(JsonReader a, r.Child("adam"));
-    RETURN_IF_ERROR(a.Read("lr", &c.adam.lr));
-    RETURN_IF_ERROR(a.Read("beta1", &c.adam.beta1));
-    RETURN_IF_ERROR(a.Read("beta2", &c.adam.beta2));
-    RETURN_IF_ERROR(a.Read("eps", &c.adam.eps));
-    RETURN_IF_ERROR(a.Read("weight_decay", &c.adam.weight_decay));
-    RETURN_IF_ERROR(a.Read<kernels::AdamMode>("mode", &c.adam.mode, ParseAdamMode));
-    RETURN_IF_ERROR(a.Read("amsgrad", &c.adam.amsgrad));
-    RETURN_IF_ERROR(a.Read("bias_correction", &c.adam.bias_correction));
-    RETURN_IF_ERROR(a.Finish());
-  }
-  {
-    ASSIGN_OR_RETURN(JsonReader s, r.Child("lr_schedule"));
-    RETURN_IF_ERROR(s.Read<LrSchedule::Kind>("kind", &c.lr_schedule.kind, ParseLrScheduleKind));
-    RETURN_IF_ERROR(s.Read("warmup_steps", &c.lr_schedule.warmup_steps));
-    RETURN_IF_ERROR(s.Read("total_steps", &c.lr_schedule.total_steps));
-    RETURN_IF_ERROR(s.Read("min_lr_ratio", &c.lr_schedule.min_lr_ratio));
-    RETURN_IF_ERROR(s.Finish());
-    RETURN_IF_ERROR(c.lr_schedule.Validate(), s.path());
-  }
-  {
-    ASSIGN_OR_RETURN(JsonReader l, r.Child("loss_scale"));
-    RETURN_IF_ERROR(l.Read<LossScaleMode>("mode", &c.loss_scale.mode, ParseLossScaleMode));
-    RETURN_IF_ERROR(l.Read("init_scale", &c.loss_scale.init_scale));
-    RETURN_IF_ERROR(l.Read("growth", &c.loss_scale.growth));
-    RETURN_IF_ERROR(l.Read("backoff", &c.loss_scale.backoff));
-    RETURN_IF_ERROR(l.Read("growth_interval", &c.loss_scale.growth_interval));
-    RETURN_IF_ERROR(l.Read("hysteresis", &c.loss_scale.hysteresis));
-    RETURN_IF_ERROR(l.Read("min_scale", &c.loss_scale.min_scale));
-    RETURN_IF_ERROR(l.Finish());
-    RETURN_IF_ERROR(LossScaler::Create(c.loss_scale).status(), l.path());
-  }
-  {
-    ASSIGN_OR_RETURN(JsonReader o, r.Child("offload"));
-    RETURN_IF_ERROR(o.Read<OffloadTarget>("optimizer", &c.offload.optimizer, ParseOffloadTarget));
-    RETURN_IF_ERROR(o.Read<OffloadTarget>("params", &c.offload.params, ParseOffloadTarget));
-    RETURN_IF_ERROR(o.Read("nvme_dir", &c.offload.nvme_dir));
-    RETURN_IF_ERROR(o.Read("host_budget_bytes", &c.offload.host_budget_bytes));
-    RETURN_IF_ERROR(o.Read("sub_group_elements", &c.offload.sub_group_elements));
-    ASSIGN_OR_RETURN(JsonReader io, o.Child("io"));
-    RETURN_IF_ERROR(ReadIoOptions(io, &c.offload.io));
-    RETURN_IF_ERROR(o.Finish());
-  }
-  {
-    ASSIGN_OR_RETURN(JsonReader m, r.Child("metrics"));
-    RETURN_IF_ERROR(m.Read("tokens_per_step", &c.metrics.tokens_per_step));
-    RETURN_IF_ERROR(m.Read("flops_per_step", &c.metrics.flops_per_step));
-    RETURN_IF_ERROR(m.Read("peak_flops", &c.metrics.peak_flops));
-    RETURN_IF_ERROR(m.Read("jsonl_path", &c.metrics.jsonl_path));
-    RETURN_IF_ERROR(m.Finish());
-    for (const char* k : {"tokens_per_step", "flops_per_step", "peak_flops"}) {
-      double v = 0;
-      RETURN_IF_ERROR(m.Read(k, &v));
-      if (v < 0) return InvalidArgumentError(m.Path(k), ": must be >= 0");
-    }
-  }
+  RETURN_IF_ERROR(ReadAdam(r, c));
+  RETURN_IF_ERROR(ReadLrSchedule(r, c));
+  RETURN_IF_ERROR(ReadLossScale(r, c));
+  RETURN_IF_ERROR(ReadOffload(r, c));
+  RETURN_IF_ERROR(ReadMetrics(r, c));
   RETURN_IF_ERROR(r.Finish());
   // The rest of the checks are ZeroEngine::Create's; run them here so a bad file fails at parse time.
   if (c.stage < 0 || c.stage > 3) return InvalidArgumentError(r.Path("stage"), ": must be 0, 1, 2 or 3, got ", c.stage);

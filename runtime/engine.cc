@@ -25,6 +25,7 @@
 #include <map>
 #include <optional>
 
+#include "zrt/core/base.h"
 #include "zrt/core/logging.h"
 #include "zrt/kernels/adam.h"
 #include "zrt/kernels/grad_norm.h"
@@ -488,16 +489,17 @@ Status EngineCore::Report(StepResult& r) {
   return impl_->sink->Write(j);
 }
 
-Result<StepResult> EngineCore::StepImpl() {
-  std::optional<internal::StepClock::Scope> comm_time(std::in_place, &impl_->clock, &StepTimes::comm_wait);
-  // Gathered parameters are about to change: drop them (stage 3 buffers go back to the pool).
+// Gathered parameters dropped (they are about to change), every group's gradients reduced (each
+// group takes part, in index order, even without a gradient), and the next step set to start from
+// zero gradients whatever happens after (stage 0/1 buffers persist and are zeroed at the next
+// GradBuffer; stage 2/3 ones already went back to the pool).
+Status EngineCore::ReduceAll() {
   for (int gi = 0; gi < num_groups(); ++gi) {
     Group& g = *groups_[static_cast<size_t>(gi)];
     if (config_.stage == 3 && impl_->gatherer->gathered(gi)) RETURN_IF_ERROR(impl_->gatherer->Release(gi));
     g.gathered = false;
   }
   if (config_.stage == 3) RETURN_IF_ERROR(impl_->gatherer->EndStep(), "step");
-  // Every group takes part in the reductions, in index order, even if it got no gradient.
   for (int gi = 0; gi < num_groups(); ++gi) {
     Group& g = *groups_[static_cast<size_t>(gi)];
     if (g.grad_reduced || g.frozen) continue;
@@ -505,15 +507,16 @@ Result<StepResult> EngineCore::StepImpl() {
     RETURN_IF_ERROR(ReduceGroup(gi));
   }
   RETURN_IF_ERROR(impl_->bucketer->Flush(), "step");
-  // Whatever happens below, the next step starts from zero gradients (stage 0/1 buffers persist and
-  // are zeroed at the next GradBuffer; stage 2/3 ones already went back to the pool).
   for (auto& gp : groups_) {
     gp->grad_reduced = false;
     gp->grad_live = false;
   }
+  return Status();
+}
 
-  // Global sum of squares; any inf/NaN on any rank makes it inf (one all-reduce).
-  // One multi-tensor pass per gradient dtype (on a GPU: one kernel and one host read each).
+// Global sum of squares of the gradients; any inf/NaN on any rank makes it inf (one all-reduce). One
+// multi-tensor pass per gradient dtype (on a GPU: one kernel and one host read each).
+Result<float> EngineCore::GlobalSumSquares() {
   double local = 0;
   for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
     std::vector<kernels::GradRef> refs;
@@ -526,7 +529,69 @@ Result<StepResult> EngineCore::StepImpl() {
   }
   float global = static_cast<float>(local);
   if (config_.stage != 0) RETURN_IF_ERROR(comm_->AllReduce(&global, &global, 1, DType::kF32, ReduceOp::kSum), "step: norm");
+  return global;
+}
 
+// Scalars per group and settings class: lr = peak * schedule * lr_scale, the tensor's weight decay.
+Result<EngineCore::Scalars> EngineCore::StepScalars(double lr, float grad_multiplier) {
+  Scalars scalars(groups_.size());
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    for (const Settings& st : groups_[gi]->classes) {
+      kernels::AdamConfig c = config_.adam;
+      c.lr = lr * st.lr_scale;
+      c.weight_decay = st.weight_decay;
+      ASSIGN_OR_RETURN(kernels::AdamStepScalars sc, kernels::MakeAdamStepScalars(c, steps_ + 1, grad_multiplier), "step, group '",
+                       groups_[gi]->name, "'");
+      scalars[gi].push_back(sc);
+    }
+  }
+  return scalars;
+}
+
+// Adam over one window of a shard, one multi-tensor call per settings class; fp32 models' parameters
+// are the master weights, 16-bit ones get the rounded copy in the same pass.
+Status EngineCore::AdamWindow(const OptimizerStore::Window& w, const Scalars& scalars, std::vector<kernels::AdamTensorArgs>* args) {
+  const auto gi = static_cast<size_t>(w.group);
+  const Group& g = *groups_[gi];
+  const bool f32 = g.dtype == DType::kF32;
+  const int64_t w0 = w.offset, w1 = w.offset + w.count;
+  for (size_t c = 0; c < g.classes.size(); ++c) {
+    args->clear();
+    for (const Group::Run& run : g.runs) {
+      const int64_t a = std::max(run.begin, w0), b = std::min(run.end, w1);
+      if (run.cls != static_cast<int>(c) || a >= b) continue;
+      const auto d = static_cast<size_t>(a - w0);
+      args->push_back({w.master + d, static_cast<const char*>(w.grads) + d * g.gsize(), w.exp_avg + d, w.exp_avg_sq + d,
+                       w.max_exp_avg_sq != nullptr ? w.max_exp_avg_sq + d : nullptr,
+                       f32 ? nullptr : static_cast<char*>(w.params) + d * g.esize(), b - a});
+    }
+    if (args->empty()) continue;
+    RETURN_IF_ERROR(w.compute->Adam(scalars[gi][c], *args, g.grad_dtype, f32 ? DType::kBF16 : g.dtype), "step, group '", g.name, "'");
+  }
+  if (f32) RETURN_IF_ERROR(w.compute->Move(w.params, w.master, static_cast<size_t>(w.count) * 4));
+  return Status();
+}
+
+// Adam over every part of every shard, wherever the store keeps it; the time charged to the step's
+// phases (a capture's wait, NVMe waits, the optimizer itself).
+Status EngineCore::Update(const Scalars& scalars) {
+  std::vector<kernels::AdamTensorArgs> args;
+  const double t0 = SteadySeconds();
+  RETURN_IF_ERROR(impl_->store->Update([&](const OptimizerStore::Window& w) { return AdamWindow(w, scalars, &args); }), "step");
+  RETURN_IF_ERROR(impl_->compute->MarkUpdated(), "step");  // what a capture of device memory waits for
+  const double spent = SteadySeconds() - t0;
+  const double captured = std::min(spent, impl_->store->TakeCaptureWait());
+  const double io = std::min(spent - captured, impl_->store->swap_stats().wait_seconds);
+  impl_->clock.Charge(&StepTimes::checkpoint_stall, captured);
+  impl_->clock.Charge(&StepTimes::offload_io, io);
+  impl_->clock.Charge(&StepTimes::optimizer, spent - captured - io);
+  return Status();
+}
+
+Result<StepResult> EngineCore::StepImpl() {
+  std::optional<internal::StepClock::Scope> comm_time(std::in_place, &impl_->clock, &StepTimes::comm_wait);
+  RETURN_IF_ERROR(ReduceAll());
+  ASSIGN_OR_RETURN(const float global, GlobalSumSquares());
   StepResult r;
   r.loss_scale = scaler_.scale();
   r.lr = lr();
@@ -539,60 +604,12 @@ Result<StepResult> EngineCore::StepImpl() {
     return r;
   }
   comm_time.reset();
-  const double denom = scaler_.scale() * config_.grad_accum_steps;
   float norm = 0;
-  const float mult = kernels::GradMultiplier(global, static_cast<float>(denom), static_cast<float>(config_.max_grad_norm), &norm);
+  const float mult = kernels::GradMultiplier(global, static_cast<float>(scaler_.scale() * config_.grad_accum_steps),
+                                             static_cast<float>(config_.max_grad_norm), &norm);
   r.grad_norm = norm;
-
-  // Scalars per group and settings class: lr = peak * schedule * lr_scale, the tensor's weight decay.
-  std::vector<std::vector<kernels::AdamStepScalars>> scalars(groups_.size());
-  for (size_t gi = 0; gi < groups_.size(); ++gi) {
-    for (const Settings& st : groups_[gi]->classes) {
-      kernels::AdamConfig c = config_.adam;
-      c.lr = r.lr * st.lr_scale;
-      c.weight_decay = st.weight_decay;
-      ASSIGN_OR_RETURN(kernels::AdamStepScalars sc, kernels::MakeAdamStepScalars(c, steps_ + 1, mult), "step, group '",
-                       groups_[gi]->name, "'");
-      scalars[gi].push_back(sc);
-    }
-  }
-  // Adam over every part of every shard, wherever the store keeps it, one multi-tensor call per
-  // settings class; fp32 models' parameters are the master weights, 16-bit ones get the rounded copy
-  // in the same pass.
-  std::vector<kernels::AdamTensorArgs> args;
-  auto adam = [&](const OptimizerStore::Window& w) -> Status {
-    const auto gi = static_cast<size_t>(w.group);
-    const Group& g = *groups_[gi];
-    const bool f32 = g.dtype == DType::kF32;
-    const int64_t w0 = w.offset, w1 = w.offset + w.count;
-    for (size_t c = 0; c < g.classes.size(); ++c) {
-      args.clear();
-      for (const Group::Run& run : g.runs) {
-        const int64_t a = std::max(run.begin, w0), b = std::min(run.end, w1);
-        if (run.cls != static_cast<int>(c) || a >= b) continue;
-        const auto d = static_cast<size_t>(a - w0);
-        args.push_back({w.master + d, static_cast<const char*>(w.grads) + d * g.gsize(), w.exp_avg + d, w.exp_avg_sq + d,
-                        w.max_exp_avg_sq != nullptr ? w.max_exp_avg_sq + d : nullptr,
-                        f32 ? nullptr : static_cast<char*>(w.params) + d * g.esize(), b - a});
-      }
-      if (args.empty()) continue;
-      RETURN_IF_ERROR(w.compute->Adam(scalars[gi][c], args, g.grad_dtype, f32 ? DType::kBF16 : g.dtype),
-                      "step, group '", g.name, "'");
-    }
-    if (f32) RETURN_IF_ERROR(w.compute->Move(w.params, w.master, static_cast<size_t>(w.count) * 4));
-    return Status();
-  };
-  {
-    const auto t0 = std::chrono::steady_clock::now();
-    RETURN_IF_ERROR(impl_->store->Update(adam), "step");  // each window waits for the captures still reading it
-    RETURN_IF_ERROR(impl_->compute->MarkUpdated(), "step");  // what a capture of device memory waits for
-    const double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double captured = std::min(spent, impl_->store->TakeCaptureWait());
-    const double io = std::min(spent - captured, impl_->store->swap_stats().wait_seconds);
-    impl_->clock.Charge(&StepTimes::checkpoint_stall, captured);
-    impl_->clock.Charge(&StepTimes::offload_io, io);
-    impl_->clock.Charge(&StepTimes::optimizer, spent - captured - io);
-  }
+  ASSIGN_OR_RETURN(const Scalars scalars, StepScalars(r.lr, mult));
+  RETURN_IF_ERROR(Update(scalars));
   {
     internal::StepClock::Scope t(&impl_->clock, &StepTimes::comm_wait);
     RETURN_IF_ERROR(GatherUpdatedParams(false), "step");

@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "zrt/runtime/engine.h"
+#include "zrt/kernels/adam.h"
 #include "zrt/runtime/loss_scaler.h"
+#include "zrt/runtime/optimizer_store.h"
 
 namespace zrt {
 
@@ -116,6 +118,13 @@ class EngineCore {
   friend class EngineStateOwner;
   Status ReduceGroup(int g);
   Result<StepResult> StepImpl();
+  // StepImpl's steps.
+  using Scalars = std::vector<std::vector<kernels::AdamStepScalars>>;  // per group, per settings class
+  Status ReduceAll();
+  Result<float> GlobalSumSquares();
+  Result<Scalars> StepScalars(double lr, float grad_multiplier);
+  Status AdamWindow(const OptimizerStore::Window& w, const Scalars& scalars, std::vector<kernels::AdamTensorArgs>* args);
+  Status Update(const Scalars& scalars);
   Status Report(StepResult& r);
   Result<Group*> Get(int group, const char* what);
 

@@ -76,65 +76,68 @@ CLI::Validator ByteSize() {
       "SIZE");
 }
 
-int Run(int argc, char** argv) {
-  zrt::SetLogLevel(zrt::LogLevel::kWarn);
-  CLI::App app{"zrt: inspect, verify, reshard, compare and convert ZeRO checkpoints; plan a model's memory and time"};
-  app.require_subcommand(0, 1);
+// Every command's options, filled by CLI11.
+struct Args {
   bool version = false, json = false;
-  app.add_flag("--version", version, "print the version and build features");
-  app.add_flag("--json", json, "machine-readable output (every command; docs/cli.md)");
-
-  CLI::App* ckpt = app.add_subcommand("ckpt", "checkpoint commands: ls, inspect, verify, reshard, diff, export, import");
-  ckpt->require_subcommand(1);
-  ckpt->add_flag("--json", json, "machine-readable output");
-  std::string root, dir, tensor, out_dir, other;
+  std::string root, dir, tensor, out_dir, other, max_shard;
   bool stats = false;
-  int world = 0;
-  CLI::App* ls = ckpt->add_subcommand("ls", "checkpoints under a root: complete or not (and why), step, size, age");
-  ls->add_option("ROOT", root, "checkpoint root")->required();
-  CLI::App* inspect = ckpt->add_subcommand("inspect", "what a checkpoint holds");
-  inspect->add_option("DIR", dir, "checkpoint directory, or a root (its newest complete checkpoint)")->required();
-  inspect->add_option("--tensor", tensor, "only tensors whose name contains this");
-  inspect->add_flag("--stats", stats, "min/max/mean/std/L2/NaN/Inf of the fp32 master weights per tensor");
-  CLI::App* verify = ckpt->add_subcommand("verify", "re-read every chunk and check every checksum (exit 1 on any problem)");
-  verify->add_option("DIR", dir, "checkpoint directory, or a root (its newest complete checkpoint)")->required();
-  CLI::App* reshard = ckpt->add_subcommand("reshard", "write a copy laid out for another number of ranks");
-  reshard->add_option("DIR", dir, "checkpoint directory, or a root (its newest complete checkpoint)")->required();
-  reshard->add_option("OUT", out_dir, "output root (the step directory is created inside)")->required();
-  reshard->add_option("--world-size", world, "ranks of the new layout")->required()->check(AtLeast(1));
-  int rstage = -1, rthreads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
-  reshard->add_option("--stage", rstage, "stage to record (default: as saved; 0 gives one shard file)")->check(CLI::IsMember({0, 1, 2, 3}));
-  reshard->add_option("--threads", rthreads, "shards built at once (memory: a few chunks each; default: the cores, at most 8)")->check(AtLeast(1))->capture_default_str();
-
+  int world = 0, rstage = -1, rthreads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
   zrt::tools::ExportArgs ea;
-  std::string max_shard;
-  CLI::App* exp = ckpt->add_subcommand("export", "consolidated, unsharded tensors as safetensors or HDF5");
-  exp->add_option("DIR", dir, "checkpoint directory, or a root (its newest complete checkpoint)")->required();
-  exp->add_option("OUT", out_dir, "output: X.safetensors (sharded above --max-shard-size) or X.h5")->required();
-  exp->add_option("--format", ea.format, "safetensors | hdf5 (default: from OUT's extension)")->check(CLI::IsMember({"safetensors", "hdf5"}));
-  exp->add_option("--states", ea.states, "params | all (with the optimizer state)")->check(CLI::IsMember({"params", "all"}))->capture_default_str();
-  exp->add_option("--dtype", ea.dtype, "model | f32 | bf16 | f16 (default: safetensors the model's dtype, f32 with --states all; HDF5 f32)")
-      ->check(CLI::IsMember({"model", "f32", "bf16", "f16"}));
-  exp->add_option("--max-shard-size", max_shard, "safetensors: largest file before sharding (default 5G)")->transform(ByteSize());
-  exp->add_option("--name-map", ea.name_map, "safetensors: JSON file of names, checkpoint -> file (null drops a tensor)");
-  exp->add_option("--rename", ea.renames, "safetensors: FROM=TO, a name prefix rule (repeatable)");
   zrt::tools::ImportArgs ia;
-  CLI::App* imp = ckpt->add_subcommand("import", "a safetensors or HDF5 model into a checkpoint for M ranks");
-  imp->add_option("IN", dir, "X.safetensors, X.safetensors.index.json, a directory holding one, or X.h5")->required();
-  imp->add_option("OUT", out_dir, "output root (the step directory is created inside)")->required();
-  imp->add_option("--world-size", ia.world_size, "ranks of the new layout")->required()->check(AtLeast(1));
-  imp->add_option("--stage", ia.stage, "stage recorded (0 gives one shard file)")->check(CLI::IsMember({0, 1, 2, 3}))->capture_default_str();
-  imp->add_option("--format", ia.format, "safetensors | hdf5 (default: from IN's name)")->check(CLI::IsMember({"safetensors", "hdf5"}));
-  imp->add_option("--name-map", ia.name_map, "safetensors: JSON file of names, file -> checkpoint (null drops a tensor)");
-  imp->add_option("--rename", ia.renames, "safetensors: FROM=TO, a name prefix rule (repeatable)");
-  CLI::App* diff = ckpt->add_subcommand("diff", "per-tensor max abs/rel difference of two checkpoints (exit 1 if they differ)");
-  diff->add_option("A", dir, "checkpoint directory, or a root (its newest complete checkpoint)")->required();
-  diff->add_option("B", other, "checkpoint directory, or a root")->required();
-  for (CLI::App* c : {ls, inspect, verify, reshard, exp, imp, diff}) c->add_flag("--json", json, "machine-readable output");
-
   zrt::tools::PlanInput pi;
   std::string dtype = "bf16";
-  CLI::App* plan = app.add_subcommand("plan", "memory per device, what is left out, DeepSpeed's estimate and the cheapest configuration that fits (exit 1 if none)");
+  CLI::App *ls = nullptr, *inspect = nullptr, *verify = nullptr, *reshard = nullptr, *exp = nullptr, *imp = nullptr, *diff = nullptr,
+           *plan = nullptr;
+};
+
+void AddCkptCommands(CLI::App& app, Args& a) {
+  CLI::App* ckpt = app.add_subcommand("ckpt", "checkpoint commands: ls, inspect, verify, reshard, diff, export, import");
+  ckpt->require_subcommand(1);
+  ckpt->add_flag("--json", a.json, "machine-readable output");
+  a.ls = ckpt->add_subcommand("ls", "checkpoints under a root: complete or not (and why), step, size, age");
+  a.ls->add_option("ROOT", a.root, "checkpoint root")->required();
+  a.inspect = ckpt->add_subcommand("inspect", "what a checkpoint holds");
+  a.inspect->add_option("DIR", a.dir, "checkpoint directory, or a root (its newest complete checkpoint)")->required();
+  a.inspect->add_option("--tensor", a.tensor, "only tensors whose name contains this");
+  a.inspect->add_flag("--stats", a.stats, "min/max/mean/std/L2/NaN/Inf of the fp32 master weights per tensor");
+  a.verify = ckpt->add_subcommand("verify", "re-read every chunk and check every checksum (exit 1 on any problem)");
+  a.verify->add_option("DIR", a.dir, "checkpoint directory, or a root (its newest complete checkpoint)")->required();
+  a.reshard = ckpt->add_subcommand("reshard", "write a copy laid out for another number of ranks");
+  a.reshard->add_option("DIR", a.dir, "checkpoint directory, or a root (its newest complete checkpoint)")->required();
+  a.reshard->add_option("OUT", a.out_dir, "output root (the step directory is created inside)")->required();
+  a.reshard->add_option("--world-size", a.world, "ranks of the new layout")->required()->check(AtLeast(1));
+  a.reshard->add_option("--stage", a.rstage, "stage to record (default: as saved; 0 gives one shard file)")->check(CLI::IsMember({0, 1, 2, 3}));
+  a.reshard->add_option("--threads", a.rthreads, "shards built at once (memory: a few chunks each; default: the cores, at most 8)")
+      ->check(AtLeast(1))->capture_default_str();
+
+  a.exp = ckpt->add_subcommand("export", "consolidated, unsharded tensors as safetensors or HDF5");
+  a.exp->add_option("DIR", a.dir, "checkpoint directory, or a root (its newest complete checkpoint)")->required();
+  a.exp->add_option("OUT", a.out_dir, "output: X.safetensors (sharded above --max-shard-size) or X.h5")->required();
+  a.exp->add_option("--format", a.ea.format, "safetensors | hdf5 (default: from OUT's extension)")->check(CLI::IsMember({"safetensors", "hdf5"}));
+  a.exp->add_option("--states", a.ea.states, "params | all (with the optimizer state)")->check(CLI::IsMember({"params", "all"}))->capture_default_str();
+  a.exp->add_option("--dtype", a.ea.dtype, "model | f32 | bf16 | f16 (default: safetensors the model's dtype, f32 with --states all; HDF5 f32)")
+      ->check(CLI::IsMember({"model", "f32", "bf16", "f16"}));
+  a.exp->add_option("--max-shard-size", a.max_shard, "safetensors: largest file before sharding (default 5G)")->transform(ByteSize());
+  a.exp->add_option("--name-map", a.ea.name_map, "safetensors: JSON file of names, checkpoint -> file (null drops a tensor)");
+  a.exp->add_option("--rename", a.ea.renames, "safetensors: FROM=TO, a name prefix rule (repeatable)");
+  a.imp = ckpt->add_subcommand("import", "a safetensors or HDF5 model into a checkpoint for M ranks");
+  a.imp->add_option("IN", a.dir, "X.safetensors, X.safetensors.index.json, a directory holding one, or X.h5")->required();
+  a.imp->add_option("OUT", a.out_dir, "output root (the step directory is created inside)")->required();
+  a.imp->add_option("--world-size", a.ia.world_size, "ranks of the new layout")->required()->check(AtLeast(1));
+  a.imp->add_option("--stage", a.ia.stage, "stage recorded (0 gives one shard file)")->check(CLI::IsMember({0, 1, 2, 3}))->capture_default_str();
+  a.imp->add_option("--format", a.ia.format, "safetensors | hdf5 (default: from IN's name)")->check(CLI::IsMember({"safetensors", "hdf5"}));
+  a.imp->add_option("--name-map", a.ia.name_map, "safetensors: JSON file of names, file -> checkpoint (null drops a tensor)");
+  a.imp->add_option("--rename", a.ia.renames, "safetensors: FROM=TO, a name prefix rule (repeatable)");
+  a.diff = ckpt->add_subcommand("diff", "per-tensor max abs/rel difference of two checkpoints (exit 1 if they differ)");
+  a.diff->add_option("A", a.dir, "checkpoint directory, or a root (its newest complete checkpoint)")->required();
+  a.diff->add_option("B", a.other, "checkpoint directory, or a root")->required();
+  for (CLI::App* c : {a.ls, a.inspect, a.verify, a.reshard, a.exp, a.imp, a.diff}) c->add_flag("--json", a.json, "machine-readable output");
+}
+
+void AddPlanCommand(CLI::App& app, Args& a) {
+  zrt::tools::PlanInput& pi = a.pi;
+  CLI::App* plan = a.plan = app.add_subcommand(
+      "plan", "memory per device, what is left out, DeepSpeed's estimate and the cheapest configuration that fits (exit 1 if none)");
   plan->add_option("--params", pi.params, "parameters (or give the transformer shape below)")->check(Positive());
   plan->add_option("--largest-layer", pi.largest_layer, "parameters of the largest layer (stage-3 working set; from the shape if given)");
   plan->add_option("--arch", pi.arch, "gpt (4h GELU MLP, learned positions, tied embeddings) | llama (SwiGLU, rotary, untied)")
@@ -157,24 +160,18 @@ int Run(int argc, char** argv) {
   plan->add_flag("--flash-attention", pi.flash_attention, "attention scores are never stored (FlashAttention)");
   plan->add_flag("--fp32-grads", pi.fp32_grads, "4-byte gradients (EngineConfig::fp32_grads)");
   plan->add_option("--prefetch", pi.prefetch_depth, "stage 3: layers gathered ahead (EngineConfig::prefetch_depth)")->capture_default_str();
-  plan->add_option("--dtype", dtype, "parameter dtype")->check(CLI::IsMember({"bf16", "f16", "fp16", "f32", "fp32"}))->capture_default_str();
+  plan->add_option("--dtype", a.dtype, "parameter dtype")->check(CLI::IsMember({"bf16", "f16", "fp16", "f32", "fp32"}))->capture_default_str();
   plan->add_option("--gpu-mem", pi.gpu_mem_gib, "device memory, GiB")->check(Positive())->capture_default_str();
   plan->add_option("--cpu-mem", pi.cpu_mem_gib, "host memory per node, GiB (0: not checked)")->capture_default_str();
   plan->add_option("--step-time", pi.step_seconds, "step time in seconds (bandwidth needed to hide communication)");
   plan->add_option("--tokens", pi.tokens, "training tokens");
   plan->add_option("--tflops", pi.tflops, "achieved TFLOP/s per device");
   plan->add_option("--power", pi.power_watts, "watts per device (energy)");
-  plan->add_flag("--json", json, "machine-readable output");
+  plan->add_flag("--json", a.json, "machine-readable output");
+}
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
-  if (version) {
-    std::cout << "zrt " << zrt::Version() << " (" << zrt::BuildFeatures() << ")\n";
-    return 0;
-  }
+// Runs the command that was parsed.
+int Dispatch(CLI::App& app, Args& a) {
   // A root where a checkpoint directory is expected: its newest complete checkpoint, said on stderr.
   auto resolve = [&](std::string& d) -> zrt::Status {
     ASSIGN_OR_RETURN(std::string chosen, zrt::tools::ResolveCheckpointDir(d));
@@ -182,32 +179,53 @@ int Run(int argc, char** argv) {
     d = chosen;
     return zrt::Status();
   };
-  if (*ls) return Report(zrt::tools::CkptLs(root, json, std::cout));
-  if (*inspect || *verify || *reshard || *exp || *diff) {
-    if (zrt::Status s = resolve(dir); !s.ok()) return Report(s);
+  if (*a.ls) return Report(zrt::tools::CkptLs(a.root, a.json, std::cout));
+  if (*a.inspect || *a.verify || *a.reshard || *a.exp || *a.diff) {
+    if (zrt::Status s = resolve(a.dir); !s.ok()) return Report(s);
   }
-  if (*diff) {
-    if (zrt::Status s = resolve(other); !s.ok()) return Report(s);
+  if (*a.diff) {
+    if (zrt::Status s = resolve(a.other); !s.ok()) return Report(s);
   }
-  if (*inspect) return Report(zrt::tools::CkptInspect(dir, tensor, stats, json, std::cout));
-  if (*verify) return Report(zrt::tools::CkptVerify(dir, json, std::cout));
-  if (*reshard) return Report(zrt::tools::CkptReshard(dir, out_dir, world, std::cout, rstage, rthreads, json));
-  if (*diff) return Report(zrt::tools::CkptDiff(dir, other, json, std::cout));
-  if (*exp) {
-    ea.json = json;
-    if (!max_shard.empty()) ea.max_shard_bytes = std::stoll(max_shard);
-    return Report(zrt::tools::CkptExport(dir, out_dir, ea, std::cout));
+  if (*a.inspect) return Report(zrt::tools::CkptInspect(a.dir, a.tensor, a.stats, a.json, std::cout));
+  if (*a.verify) return Report(zrt::tools::CkptVerify(a.dir, a.json, std::cout));
+  if (*a.reshard) return Report(zrt::tools::CkptReshard(a.dir, a.out_dir, a.world, std::cout, a.rstage, a.rthreads, a.json));
+  if (*a.diff) return Report(zrt::tools::CkptDiff(a.dir, a.other, a.json, std::cout));
+  if (*a.exp) {
+    a.ea.json = a.json;
+    if (!a.max_shard.empty()) a.ea.max_shard_bytes = std::stoll(a.max_shard);
+    return Report(zrt::tools::CkptExport(a.dir, a.out_dir, a.ea, std::cout));
   }
-  if (*imp) {
-    ia.json = json;
-    return Report(zrt::tools::CkptImport(dir, out_dir, ia, std::cout));
+  if (*a.imp) {
+    a.ia.json = a.json;
+    return Report(zrt::tools::CkptImport(a.dir, a.out_dir, a.ia, std::cout));
   }
-  if (*plan) {
-    if (dtype == "f32" || dtype == "fp32") pi.param_bytes = 4;
-    return Report(zrt::tools::Plan(pi, json, std::cout));
+  if (*a.plan) {
+    if (a.dtype == "f32" || a.dtype == "fp32") a.pi.param_bytes = 4;
+    return Report(zrt::tools::Plan(a.pi, a.json, std::cout));
   }
   std::cout << app.help();
   return 2;  // no command: usage
+}
+
+int Run(int argc, char** argv) {
+  zrt::SetLogLevel(zrt::LogLevel::kWarn);
+  CLI::App app{"zrt: inspect, verify, reshard, compare and convert ZeRO checkpoints; plan a model's memory and time"};
+  app.require_subcommand(0, 1);
+  Args a;
+  app.add_flag("--version", a.version, "print the version and build features");
+  app.add_flag("--json", a.json, "machine-readable output (every command; docs/cli.md)");
+  AddCkptCommands(app, a);
+  AddPlanCommand(app, a);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (a.version) {
+    std::cout << "zrt " << zrt::Version() << " (" << zrt::BuildFeatures() << ")\n";
+    return 0;
+  }
+  return Dispatch(app, a);
 }
 
 }  // namespace

@@ -293,32 +293,24 @@ Result<std::vector<float>> ReadTensor(hid_t file, const std::string& path, const
   return out;
 }
 
-}  // namespace
-
-Status ImportHdf5(const std::string& in_path, const std::string& out_root, const ImportOptions& o, const ProgressFn& progress) {
-  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  if (!fs::exists(in_path)) return NotFoundError("import: ", in_path, " does not exist");
-  Hid file(H5Fopen(in_path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  if (!file.ok()) return DataLossError("import: ", in_path, " is not an HDF5 file");
-  Hid params(H5Gopen2(file.get(), "/params", H5P_DEFAULT), H5Gclose);
-  if (!params.ok()) return InvalidArgumentError("import: ", in_path, " has no /params group (unexpected layout)");
-  // The tensors: every dataset directly under /params.
+// The parameters: every dataset directly under /params, with the attributes an export writes.
+Result<std::vector<InTensor>> ReadParamList(hid_t params, const std::string& in_path) {
   std::vector<InTensor> tensors;
   H5G_info_t info;
-  H5Gget_info(params.get(), &info);
+  H5Gget_info(params, &info);
   for (hsize_t i = 0; i < info.nlinks; ++i) {
     char name[1024];
-    if (H5Lget_name_by_idx(params.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof(name), H5P_DEFAULT) < 0) continue;
+    if (H5Lget_name_by_idx(params, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof(name), H5P_DEFAULT) < 0) continue;
     H5L_info_t li;
-    if (H5Lget_info(params.get(), name, &li, H5P_DEFAULT) < 0 || li.type != H5L_TYPE_HARD) {
+    if (H5Lget_info(params, name, &li, H5P_DEFAULT) < 0 || li.type != H5L_TYPE_HARD) {
       return InvalidArgumentError("import: /params/", name, " in ", in_path, " is a soft or external link (only datasets stored in the file are read)");
     }
-    Hid ds(H5Dopen2(params.get(), name, H5P_DEFAULT), H5Dclose);
+    Hid ds(H5Dopen2(params, name, H5P_DEFAULT), H5Dclose);
     if (!ds.ok()) return InvalidArgumentError("import: /params/", name, " in ", in_path, " is not a dataset (unexpected layout)");
     InTensor t;
     t.name = name;
     t.order = static_cast<int64_t>(i);
-    ASSIGN_OR_RETURN(DatasetInfo di, CheckDataset(params.get(), name, ds.get(), in_path), "import");
+    ASSIGN_OR_RETURN(DatasetInfo di, CheckDataset(params, name, ds.get(), in_path), "import");
     t.shape = di.shape;
     if (HasAttr(ds.get(), "group")) {
       ASSIGN_OR_RETURN(t.group, ReadAttrStr(ds.get(), "group"), in_path, ": ", name);
@@ -338,6 +330,43 @@ Status ImportHdf5(const std::string& in_path, const std::string& out_root, const
     }
     tensors.push_back(std::move(t));
   }
+  return tensors;
+}
+
+// The file's counters and states (attributes of the root).
+Result<Manifest> ReadCounters(hid_t file, const std::string& in_path) {
+  Manifest m;
+  if (HasAttr(file, "step")) {
+    ASSIGN_OR_RETURN(m.step, ReadAttrInt(file, "step"), in_path);
+    if (m.step < 0) return InvalidArgumentError("import: ", in_path, ": negative step ", m.step);
+  }
+  if (HasAttr(file, "loss_scale")) {
+    ASSIGN_OR_RETURN(m.loss_scale, ReadAttrDouble(file, "loss_scale"), in_path);
+    if (!(m.loss_scale > 0)) return InvalidArgumentError("import: ", in_path, ": loss_scale must be > 0");
+  }
+  if (HasAttr(file, "trainer_state")) {
+    ASSIGN_OR_RETURN(std::string ts, ReadAttrStr(file, "trainer_state"), in_path);
+    m.trainer_state = nlohmann::json::parse(ts, nullptr, false);
+    if (m.trainer_state.is_discarded()) return DataLossError("import: ", in_path, ": trainer_state is not JSON");
+  }
+  if (HasAttr(file, "engine_state")) {
+    ASSIGN_OR_RETURN(std::string es, ReadAttrStr(file, "engine_state"), in_path);
+    m.engine_state = nlohmann::json::parse(es, nullptr, false);
+    if (!m.engine_state.is_object()) return DataLossError("import: ", in_path, ": engine_state is not a JSON object");
+  }
+  return m;
+}
+
+}  // namespace
+
+Status ImportHdf5(const std::string& in_path, const std::string& out_root, const ImportOptions& o, const ProgressFn& progress) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  if (!fs::exists(in_path)) return NotFoundError("import: ", in_path, " does not exist");
+  Hid file(H5Fopen(in_path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!file.ok()) return DataLossError("import: ", in_path, " is not an HDF5 file");
+  Hid params(H5Gopen2(file.get(), "/params", H5P_DEFAULT), H5Gclose);
+  if (!params.ok()) return InvalidArgumentError("import: ", in_path, " has no /params group (unexpected layout)");
+  ASSIGN_OR_RETURN(std::vector<InTensor> tensors, ReadParamList(params.get(), in_path));
   if (tensors.empty()) return InvalidArgumentError("import: ", in_path, " has no tensors under /params");
   std::sort(tensors.begin(), tensors.end(), [](const InTensor& a, const InTensor& b) { return a.order < b.order; });
   // Optimizer state kinds present for every tensor.
@@ -353,25 +382,7 @@ Status ImportHdf5(const std::string& in_path, const std::string& out_root, const
     if (have == static_cast<int>(tensors.size())) kinds.push_back(k);
     else if (have > 0) return InvalidArgumentError("import: /optimizer/", k, " in ", in_path, " covers only some tensors");
   }
-  Manifest m;
-  if (HasAttr(file.get(), "step")) {
-    ASSIGN_OR_RETURN(m.step, ReadAttrInt(file.get(), "step"), in_path);
-    if (m.step < 0) return InvalidArgumentError("import: ", in_path, ": negative step ", m.step);
-  }
-  if (HasAttr(file.get(), "loss_scale")) {
-    ASSIGN_OR_RETURN(m.loss_scale, ReadAttrDouble(file.get(), "loss_scale"), in_path);
-    if (!(m.loss_scale > 0)) return InvalidArgumentError("import: ", in_path, ": loss_scale must be > 0");
-  }
-  if (HasAttr(file.get(), "trainer_state")) {
-    ASSIGN_OR_RETURN(std::string ts, ReadAttrStr(file.get(), "trainer_state"), in_path);
-    m.trainer_state = nlohmann::json::parse(ts, nullptr, false);
-    if (m.trainer_state.is_discarded()) return DataLossError("import: ", in_path, ": trainer_state is not JSON");
-  }
-  if (HasAttr(file.get(), "engine_state")) {
-    ASSIGN_OR_RETURN(std::string es, ReadAttrStr(file.get(), "engine_state"), in_path);
-    m.engine_state = nlohmann::json::parse(es, nullptr, false);
-    if (!m.engine_state.is_object()) return DataLossError("import: ", in_path, ": engine_state is not a JSON object");
-  }
+  ASSIGN_OR_RETURN(Manifest m, ReadCounters(file.get(), in_path));
   std::vector<FullTensor> full;
   for (const InTensor& t : tensors) full.push_back({t.name, t.shape, t.model_dtype, t.group, t.lr, t.weight_decay});
   // The last tensor read stays cached (consecutive shards share it).

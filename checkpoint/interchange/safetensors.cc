@@ -116,246 +116,312 @@ class FileWriter {
   size_t cur_ = 0, used_ = 0;
   int64_t offset_ = 0;
 };
-}  // namespace
 
 // ---- export -------------------------------------------------------------------------------------
 
-Status ExportSafetensors(const std::string& dir, const std::string& out_path, const SafetensorsExportOptions& o,
-                         const ProgressFn& progress) {
-  const DType param_dtype_default = o.all_states ? DType::kF32 : DType::kBytes;  // kBytes: the model's
-  const DType forced = o.dtype.value_or(param_dtype_default);
+// What an export writes, in write order: group by group, each kind's tensors together (one group in memory).
+struct ExportEntry {
+  std::string key;
+  const TensorEntry* tensor;
+  const std::string* kind;
+  DType dtype;
+  int64_t bytes;
+};
+
+struct ExportPlan {
+  std::vector<ExportEntry> entries;
+  std::vector<std::vector<std::string>> kinds;  // per group: the exported kinds, master first
+  nlohmann::json zrt;                           // what import needs to restore groups, settings and counters
+  std::vector<std::pair<size_t, size_t>> files;  // per file: [first, last) entries
+  int64_t total = 0;                            // bytes of tensor data
+};
+
+// One group's entries and its part of the metadata. `forced` is the parameters' dtype (kBytes: the model's).
+Status PlanGroup(const GroupEntry& ge, const SafetensorsExportOptions& o, DType forced, std::set<std::string>& keys, ExportPlan& p) {
+  std::vector<std::string>& kinds = p.kinds.emplace_back(1, "master");
+  if (o.all_states) {
+    for (const std::string& k : ge.kinds) {
+      if (k != "master") kinds.push_back(k);
+    }
+  }
+  json zt = json::array();
+  std::vector<std::optional<std::string>> mapped;
+  for (const TensorEntry& te : ge.tensors) {
+    mapped.push_back(o.names.Apply(te.name));
+    if (mapped.back()) zt.push_back({{"name", *mapped.back()}, {"model_dtype", DTypeName(te.dtype)}});
+  }
+  for (size_t k = 0; k < kinds.size(); ++k) {
+    for (size_t t = 0; t < ge.tensors.size(); ++t) {
+      if (!mapped[t]) continue;
+      const TensorEntry& te = ge.tensors[t];
+      const DType dt = k > 0 ? DType::kF32 : forced == DType::kBytes ? te.dtype : forced;
+      if (k == 0 && dt != DType::kF32 && dt != DType::kBF16 && dt != DType::kF16) {
+        return InvalidArgumentError("export: tensor '", te.name, "' is ", DTypeName(dt), " (safetensors export writes f32, bf16 or f16)");
+      }
+      std::string key = k == 0 ? *mapped[t] : kOptimizerPrefix + kinds[k] + "/" + *mapped[t];
+      if (key == "__metadata__" || key.empty()) return InvalidArgumentError("export: a tensor cannot be named '", key, "' in safetensors (rename it)");
+      if (!keys.insert(key).second) return InvalidArgumentError("export: two tensors would be named '", key, "' (check the name map)");
+      p.entries.push_back({std::move(key), &te, &kinds[k], dt, te.numel * static_cast<int64_t>(DTypeSize(dt))});
+    }
+  }
+  p.zrt["groups"].push_back({{"name", ge.name}, {"lr", ge.lr}, {"weight_decay", ge.weight_decay}, {"alignment", ge.alignment},
+                             {"kinds", kinds}, {"tensors", zt}});
+  return Status();
+}
+
+Result<ExportPlan> PlanExport(const Manifest& m, const SafetensorsExportOptions& o) {
+  const DType forced = o.dtype.value_or(o.all_states ? DType::kF32 : DType::kBytes);
   if (forced != DType::kBytes) RETURN_IF_ERROR(SafetensorsName(forced).status(), "export");
   if (o.max_shard_bytes < 1) return InvalidArgumentError("export: the shard size limit must be positive");
-  ASSIGN_OR_RETURN(Manifest m, ReadManifest(dir), "export");
-  std::vector<std::string> problems;
-  RETURN_IF_ERROR(CheckComplete(dir, VerifyLevel::kMetadata, &problems));
-  if (!problems.empty()) return DataLossError("export: ", dir, " is not complete: ", problems.front());
-  ASSIGN_OR_RETURN(std::unique_ptr<IoEngine> io, IoEngine::Create(IoOptions{}), "export");  // before the writers that use it
-
-  // Every entry in write order: group by group, each kind's tensors together (one group in memory).
-  struct Entry {
-    std::string key;
-    int group;
-    size_t tensor, kind;  // kind: index into the group's exported kinds
-    DType dtype;
-    int64_t bytes;
-  };
-  std::vector<Entry> entries;
-  std::vector<std::vector<std::string>> kinds(m.groups.size());
-  json zgroups = json::array();
+  ExportPlan p;
+  p.kinds.reserve(m.groups.size());  // entries point into it
+  p.zrt = {{"version", 1}, {"step", m.step}, {"world_size", m.world_size}, {"stage", m.stage}, {"loss_scale", m.loss_scale},
+           {"scaler_good_steps", m.scaler_good_steps}, {"scaler_hysteresis_left", m.scaler_hysteresis_left},
+           {"trainer_state", m.trainer_state}, {"engine_state", m.engine_state}, {"groups", json::array()}};
   std::set<std::string> keys;
-  for (size_t g = 0; g < m.groups.size(); ++g) {
-    const GroupEntry& ge = m.groups[g];
-    kinds[g] = {"master"};
-    if (o.all_states) {
-      for (const std::string& k : ge.kinds) {
-        if (k != "master") kinds[g].push_back(k);
-      }
-    }
-    json zt = json::array();
-    std::vector<std::optional<std::string>> mapped;
-    for (const TensorEntry& te : ge.tensors) {
-      mapped.push_back(o.names.Apply(te.name));
-      if (mapped.back()) zt.push_back({{"name", *mapped.back()}, {"model_dtype", DTypeName(te.dtype)}});
-    }
-    for (size_t k = 0; k < kinds[g].size(); ++k) {
-      for (size_t t = 0; t < ge.tensors.size(); ++t) {
-        if (!mapped[t]) continue;
-        const TensorEntry& te = ge.tensors[t];
-        const DType dt = k > 0 ? DType::kF32 : forced == DType::kBytes ? te.dtype : forced;
-        if (k == 0 && dt != DType::kF32 && dt != DType::kBF16 && dt != DType::kF16) {
-          return InvalidArgumentError("export: tensor '", te.name, "' is ", DTypeName(dt), " (safetensors export writes f32, bf16 or f16)");
-        }
-        std::string key = k == 0 ? *mapped[t] : kOptimizerPrefix + kinds[g][k] + "/" + *mapped[t];
-        if (key == "__metadata__" || key.empty()) return InvalidArgumentError("export: a tensor cannot be named '", key, "' in safetensors (rename it)");
-        if (!keys.insert(key).second) return InvalidArgumentError("export: two tensors would be named '", key, "' (check the name map)");
-        entries.push_back({std::move(key), static_cast<int>(g), t, k, dt, te.numel * static_cast<int64_t>(DTypeSize(dt))});
-      }
-    }
-    zgroups.push_back({{"name", ge.name}, {"lr", ge.lr}, {"weight_decay", ge.weight_decay}, {"alignment", ge.alignment},
-                       {"kinds", kinds[g]}, {"tensors", zt}});
-  }
-  if (entries.empty()) return InvalidArgumentError("export: the name map drops every tensor");
-  const json zrt = {{"version", 1}, {"step", m.step}, {"world_size", m.world_size}, {"stage", m.stage}, {"loss_scale", m.loss_scale},
-                    {"scaler_good_steps", m.scaler_good_steps}, {"scaler_hysteresis_left", m.scaler_hysteresis_left},
-                    {"trainer_state", m.trainer_state}, {"engine_state", m.engine_state}, {"groups", zgroups}};
+  for (const GroupEntry& ge : m.groups) RETURN_IF_ERROR(PlanGroup(ge, o, forced, keys, p));
+  if (p.entries.empty()) return InvalidArgumentError("export: the name map drops every tensor");
   // Files: greedy by write order under the limit (a tensor larger than the limit gets a file of its own).
-  std::vector<std::pair<size_t, size_t>> files;  // [first, last) entries
-  int64_t total = 0;
-  for (size_t i = 0, bytes = 0; i < entries.size(); ++i) {
-    if (files.empty() || (bytes > 0 && static_cast<int64_t>(bytes) + entries[i].bytes > o.max_shard_bytes)) {
-      files.push_back({i, i});
+  int64_t bytes = 0;
+  for (size_t i = 0; i < p.entries.size(); ++i) {
+    if (p.files.empty() || (bytes > 0 && bytes + p.entries[i].bytes > o.max_shard_bytes)) {
+      p.files.push_back({i, i});
       bytes = 0;
     }
-    files.back().second = i + 1;
-    bytes += static_cast<size_t>(entries[i].bytes);
-    total += entries[i].bytes;
+    p.files.back().second = i + 1;
+    bytes += p.entries[i].bytes;
+    p.total += p.entries[i].bytes;
   }
-  const std::string stem = SafetensorsStem(out_path);
-  const bool sharded = files.size() > 1;
-  auto file_name = [&](size_t f) {
-    if (!sharded) return out_path;
-    char suffix[64];
-    std::snprintf(suffix, sizeof(suffix), "-%05zu-of-%05zu.safetensors", f + 1, files.size());
-    return stem + suffix;
-  };
-  const std::string parent = fs::path(out_path).has_parent_path() ? fs::path(out_path).parent_path().string() : ".";
-  std::vector<std::string> tmps;
-  auto cleanup = [&] {
-    for (const std::string& t : tmps) ::unlink(t.c_str());
-  };
+  return p;
+}
 
-  // Open every file's writer lazily; write each header first (offsets known from the sizes).
-  int64_t done = 0;
-  size_t current = SIZE_MAX;
-  std::optional<FileWriter> w;
-  auto begin_file = [&](size_t f) -> Status {
+// The export's files: each written under a temporary name, its header first (offsets known from the
+// sizes), and renamed into place with the index of a sharded export once all are written; removed if
+// the export fails.
+class ExportFiles {
+ public:
+  ExportFiles(IoEngine& io, const std::string& out_path, const ExportPlan& p)
+      : io_(io), out_path_(out_path), stem_(SafetensorsStem(out_path)), plan_(p), sharded_(p.files.size() > 1),
+        parent_(fs::path(out_path).has_parent_path() ? fs::path(out_path).parent_path().string() : ".") {}
+  ExportFiles(const ExportFiles&) = delete;
+  ExportFiles& operator=(const ExportFiles&) = delete;
+  ~ExportFiles() {
+    writer_.reset();
+    for (const std::string& t : tmps_) ::unlink(t.c_str());
+  }
+
+  // Appends to the file that holds entry `entry`, starting that file when the entry is its first.
+  Status Write(size_t entry, const void* data, size_t n) {
+    if (current_ == SIZE_MAX || entry >= plan_.files[current_].second) {
+      if (writer_) RETURN_IF_ERROR(writer_->Finish());
+      RETURN_IF_ERROR(Begin(current_ == SIZE_MAX ? 0 : current_ + 1));
+    }
+    return writer_->Write(data, n);
+  }
+
+  Status Commit() {
+    if (writer_) RETURN_IF_ERROR(writer_->Finish());
+    writer_.reset();
+    RETURN_IF_ERROR(FsyncDir(parent_));
+    for (size_t f = 0; f < plan_.files.size(); ++f) RETURN_IF_ERROR(RenamePath(tmps_[f], Name(f)));
+    tmps_.clear();
+    if (sharded_) {
+      json index = {{"metadata", {{"total_size", plan_.total}, {kZrtKey, plan_.zrt.dump()}}}, {"weight_map", json::object()}};
+      for (size_t f = 0; f < plan_.files.size(); ++f) {
+        for (size_t i = plan_.files[f].first; i < plan_.files[f].second; ++i) {
+          index["weight_map"][plan_.entries[i].key] = fs::path(Name(f)).filename().string();
+        }
+      }
+      const std::string index_path = stem_ + ".safetensors.index.json";
+      tmps_.push_back(index_path + ".tmp");
+      ASSIGN_OR_RETURN(FileWriter iw, FileWriter::Create(io_, tmps_.back()), "export");
+      const std::string text = index.dump(2) + "\n";
+      RETURN_IF_ERROR(iw.Write(text.data(), text.size()));
+      RETURN_IF_ERROR(iw.Finish());
+      RETURN_IF_ERROR(RenamePath(tmps_.back(), index_path));
+      tmps_.clear();
+    }
+    return FsyncDir(parent_);
+  }
+
+ private:
+  std::string Name(size_t f) const {
+    if (!sharded_) return out_path_;
+    char suffix[64];
+    std::snprintf(suffix, sizeof(suffix), "-%05zu-of-%05zu.safetensors", f + 1, plan_.files.size());
+    return stem_ + suffix;
+  }
+
+  Status Begin(size_t f) {
     json h = json::object();
     int64_t at = 0;
-    for (size_t i = files[f].first; i < files[f].second; ++i) {
-      const Entry& e = entries[i];
-      const TensorEntry& te = m.groups[static_cast<size_t>(e.group)].tensors[e.tensor];
+    for (size_t i = plan_.files[f].first; i < plan_.files[f].second; ++i) {
+      const ExportEntry& e = plan_.entries[i];
       ASSIGN_OR_RETURN(const char* dn, SafetensorsName(e.dtype));
-      h[e.key] = {{"dtype", dn}, {"shape", te.shape}, {"data_offsets", {at, at + e.bytes}}};
+      h[e.key] = {{"dtype", dn}, {"shape", e.tensor->shape}, {"data_offsets", {at, at + e.bytes}}};
       at += e.bytes;
     }
     h["__metadata__"] = {{"format", "pt"}};
-    if (!sharded) h["__metadata__"][kZrtKey] = zrt.dump();
+    if (!sharded_) h["__metadata__"][kZrtKey] = plan_.zrt.dump();
     std::string text = h.dump();
     text.append((8 - (8 + text.size()) % 8) % 8, ' ');  // the buffer starts 8-byte aligned
-    tmps.push_back(file_name(f) + ".tmp");
-    ASSIGN_OR_RETURN(FileWriter fw, FileWriter::Create(*io, tmps.back()), "export");
+    tmps_.push_back(Name(f) + ".tmp");
+    ASSIGN_OR_RETURN(FileWriter fw, FileWriter::Create(io_, tmps_.back()), "export");
     uint8_t len[8];
     for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
     RETURN_IF_ERROR(fw.Write(len, 8));
     RETURN_IF_ERROR(fw.Write(text.data(), text.size()));
-    w.emplace(std::move(fw));
-    current = f;
+    writer_.emplace(std::move(fw));
+    current_ = f;
     return Status();
-  };
-  // Reading (chunks checked and decoded) runs on one thread ahead of the writer, in the writer's order,
-  // into kSlots window buffers; the reader's chunks are read asynchronously ahead of it (every read is
-  // planned). One reader: readers taking alternate windows each read the chunks their windows share.
-  // Memory is the windows, the read-ahead and the reader's chunk cache, whatever the checkpoint's size.
-  constexpr int64_t kWindow = int64_t{1} << 20;  // elements (one chunk of a default checkpoint)
-  constexpr size_t kSlots = 2;
-  constexpr int64_t kReadAheadBytes = int64_t{16} << 20;
+  }
+
+  IoEngine& io_;
+  const std::string out_path_, stem_;
+  const ExportPlan& plan_;
+  const bool sharded_;
+  const std::string parent_;
+  std::vector<std::string> tmps_;  // written, not yet renamed
+  std::optional<FileWriter> writer_;
+  size_t current_ = SIZE_MAX;
+};
+
+// Reading (chunks checked and decoded) runs on one thread ahead of the writer, in the writer's order,
+// into kSlots window buffers; the reader's chunks are read asynchronously ahead of it (every read is
+// planned). One reader: readers taking alternate windows each read the chunks their windows share.
+// Memory is the windows, the read-ahead and the reader's chunk cache, whatever the checkpoint's size.
+class WindowsAhead {
+ public:
   struct Window {
     size_t entry;
     int64_t offset, count;
     int slot = -1;  // set when read
   };
-  std::vector<Window> windows;
-  for (size_t i = 0; i < entries.size(); ++i) {
-    const int64_t numel = m.groups[static_cast<size_t>(entries[i].group)].tensors[entries[i].tensor].numel;
-    int64_t off = 0;
-    do {
-      windows.push_back({i, off, std::min(kWindow, numel - off)});
-      off += kWindow;
-    } while (off < numel);
+
+  WindowsAhead(TensorReader& reader, const ExportPlan& p) : reader_(reader), plan_(p) {
+    for (size_t i = 0; i < p.entries.size(); ++i) {
+      const int64_t numel = p.entries[i].tensor->numel;
+      int64_t off = 0;
+      do {
+        windows_.push_back({i, off, std::min(kWindow, numel - off)});
+        off += kWindow;
+      } while (off < numel);
+    }
   }
-  auto what = [&](const Window& win) -> std::pair<const std::string&, const std::string&> {
-    const Entry& e = entries[win.entry];
-    return {m.groups[static_cast<size_t>(e.group)].tensors[e.tensor].name, kinds[static_cast<size_t>(e.group)][e.kind]};
-  };
-  ASSIGN_OR_RETURN(std::unique_ptr<TensorReader> reader, TensorReader::Open(dir), "export");
-  for (const Window& win : windows) {
-    if (win.count > 0) RETURN_IF_ERROR(reader->Plan(what(win).first, what(win).second, win.offset, win.count), "export");
+  WindowsAhead(const WindowsAhead&) = delete;
+  WindowsAhead& operator=(const WindowsAhead&) = delete;
+  ~WindowsAhead() { Stop(); }
+
+  Status Start() {
+    for (const Window& win : windows_) {
+      const ExportEntry& e = plan_.entries[win.entry];
+      if (win.count > 0) RETURN_IF_ERROR(reader_.Plan(e.tensor->name, *e.kind, win.offset, win.count), "export");
+    }
+    reader_.StartReadAhead(kReadAheadBytes);
+    thread_ = std::thread([this] { Run(); });
+    return Status();
   }
-  reader->StartReadAhead(kReadAheadBytes);
-  std::vector<std::vector<float>> slots(kSlots);
-  std::vector<bool> slot_free(slots.size(), true);
-  std::mutex mu;
-  std::condition_variable cv;
-  bool stop = false;
-  Status read_status;
-  std::thread reading([&] {
-    for (Window& win : windows) {
+  const std::vector<Window>& windows() const { return windows_; }
+
+  // Window i's values, once read.
+  Result<const float*> Wait(size_t i) {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return windows_[i].slot >= 0 || !status_.ok(); });
+    RETURN_IF_ERROR(status_);
+    return slots_[static_cast<size_t>(windows_[i].slot)].data();
+  }
+  void Release(size_t i) {
+    std::lock_guard lock(mu_);
+    free_[static_cast<size_t>(windows_[i].slot)] = true;
+    cv_.notify_all();
+  }
+  void Stop() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+      cv_.notify_all();
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  static constexpr int64_t kWindow = int64_t{1} << 20;  // elements (one chunk of a default checkpoint)
+  static constexpr size_t kSlots = 2;
+  static constexpr int64_t kReadAheadBytes = int64_t{16} << 20;
+
+  void Run() {
+    for (Window& win : windows_) {
       size_t slot = 0;
       {
-        std::unique_lock lock(mu);
-        cv.wait(lock, [&] { return stop || std::find(slot_free.begin(), slot_free.end(), true) != slot_free.end(); });
-        if (stop) return;
-        slot = static_cast<size_t>(std::find(slot_free.begin(), slot_free.end(), true) - slot_free.begin());
-        slot_free[slot] = false;
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || std::find(free_.begin(), free_.end(), true) != free_.end(); });
+        if (stop_) return;
+        slot = static_cast<size_t>(std::find(free_.begin(), free_.end(), true) - free_.begin());
+        free_[slot] = false;
       }
-      std::vector<float>& buf = slots[slot];
+      std::vector<float>& buf = slots_[slot];
       buf.resize(static_cast<size_t>(win.count));
-      Status st = win.count > 0 ? reader->Read(what(win).first, what(win).second, win.offset, win.count, buf.data()) : Status();
-      std::lock_guard lock(mu);
+      const ExportEntry& e = plan_.entries[win.entry];
+      Status st = win.count > 0 ? reader_.Read(e.tensor->name, *e.kind, win.offset, win.count, buf.data()) : Status();
+      std::lock_guard lock(mu_);
       if (!st.ok()) {
-        if (read_status.ok()) read_status = st;
-        stop = true;
+        status_ = std::move(st);
+        cv_.notify_all();
+        return;
       }
       win.slot = static_cast<int>(slot);
-      cv.notify_all();
-      if (!st.ok()) return;
+      cv_.notify_all();
     }
-  });
-  auto consume = [&]() -> Status {
-    std::vector<uint16_t> half;
-    for (const Window& win : windows) {
-      {
-        std::unique_lock lock(mu);
-        cv.wait(lock, [&] { return win.slot >= 0 || !read_status.ok(); });
-        if (!read_status.ok()) return read_status;
-      }
-      const size_t f = static_cast<size_t>(std::upper_bound(files.begin(), files.end(), win.entry,
-                                                            [](size_t v, const auto& r) { return v < r.first; }) - files.begin()) - 1;
-      if (f != current) {
-        if (w) RETURN_IF_ERROR(w->Finish());
-        RETURN_IF_ERROR(begin_file(f));
-      }
-      const Entry& e = entries[win.entry];
-      const float* src = slots[static_cast<size_t>(win.slot)].data();
-      if (e.dtype == DType::kF32) {
-        RETURN_IF_ERROR(w->Write(src, static_cast<size_t>(win.count) * 4));
+  }
+
+  TensorReader& reader_;
+  const ExportPlan& plan_;
+  std::vector<Window> windows_;
+  std::array<std::vector<float>, kSlots> slots_;
+  std::array<bool, kSlots> free_{true, true};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  Status status_;  // the first read that failed
+  std::thread thread_;
+};
+
+}  // namespace
+
+Status ExportSafetensors(const std::string& dir, const std::string& out_path, const SafetensorsExportOptions& o,
+                         const ProgressFn& progress) {
+  ASSIGN_OR_RETURN(Manifest m, ReadManifest(dir), "export");
+  ASSIGN_OR_RETURN(ExportPlan plan, PlanExport(m, o));
+  std::vector<std::string> problems;
+  RETURN_IF_ERROR(CheckComplete(dir, VerifyLevel::kMetadata, &problems));
+  if (!problems.empty()) return DataLossError("export: ", dir, " is not complete: ", problems.front());
+  ASSIGN_OR_RETURN(std::unique_ptr<IoEngine> io, IoEngine::Create(IoOptions{}), "export");  // outlives the files that use it
+  ASSIGN_OR_RETURN(std::unique_ptr<TensorReader> reader, TensorReader::Open(dir), "export");
+  ExportFiles files(*io, out_path, plan);
+  WindowsAhead ahead(*reader, plan);
+  RETURN_IF_ERROR(ahead.Start());
+  std::vector<uint16_t> half;
+  int64_t done = 0;
+  for (size_t i = 0; i < ahead.windows().size(); ++i) {
+    const WindowsAhead::Window& win = ahead.windows()[i];
+    const ExportEntry& e = plan.entries[win.entry];
+    ASSIGN_OR_RETURN(const float* src, ahead.Wait(i));
+    if (e.dtype == DType::kF32) {
+      RETURN_IF_ERROR(files.Write(win.entry, src, static_cast<size_t>(win.count) * 4));
+    } else {
+      half.resize(static_cast<size_t>(win.count));
+      if (e.dtype == DType::kBF16) {
+        for (size_t k = 0; k < half.size(); ++k) half[k] = FloatToBf16(src[k]);
       } else {
-        half.resize(static_cast<size_t>(win.count));
-        if (e.dtype == DType::kBF16) {
-          for (size_t i = 0; i < half.size(); ++i) half[i] = FloatToBf16(src[i]);
-        } else {
-          for (size_t i = 0; i < half.size(); ++i) half[i] = FloatToF16(src[i]);
-        }
-        RETURN_IF_ERROR(w->Write(half.data(), half.size() * 2));
+        for (size_t k = 0; k < half.size(); ++k) half[k] = FloatToF16(src[k]);
       }
-      if (progress) progress(done += win.count * static_cast<int64_t>(DTypeSize(e.dtype)), total);
-      std::lock_guard lock(mu);
-      slot_free[static_cast<size_t>(win.slot)] = true;
-      cv.notify_all();
+      RETURN_IF_ERROR(files.Write(win.entry, half.data(), half.size() * 2));
     }
-    return Status();
-  };
-  auto run = [&]() -> Status {
-    Status consumed = consume();
-    {
-      std::lock_guard lock(mu);
-      stop = true;
-      cv.notify_all();
-    }
-    reading.join();
-    RETURN_IF_ERROR(consumed);
-    if (w) RETURN_IF_ERROR(w->Finish());
-    RETURN_IF_ERROR(FsyncDir(parent));
-    for (size_t f = 0; f < files.size(); ++f) RETURN_IF_ERROR(RenamePath(tmps[f], file_name(f)));
-    tmps.clear();
-    if (sharded) {
-      json index = {{"metadata", {{"total_size", total}, {kZrtKey, zrt.dump()}}}, {"weight_map", json::object()}};
-      for (size_t f = 0; f < files.size(); ++f) {
-        for (size_t i = files[f].first; i < files[f].second; ++i) index["weight_map"][entries[i].key] = fs::path(file_name(f)).filename().string();
-      }
-      const std::string index_path = stem + ".safetensors.index.json";
-      ASSIGN_OR_RETURN(FileWriter iw, FileWriter::Create(*io, index_path + ".tmp"), "export");
-      const std::string text = index.dump(2) + "\n";
-      RETURN_IF_ERROR(iw.Write(text.data(), text.size()));
-      RETURN_IF_ERROR(iw.Finish());
-      RETURN_IF_ERROR(RenamePath(index_path + ".tmp", index_path));
-    }
-    return FsyncDir(parent);
-  };
-  Status s = run();
-  if (!s.ok()) cleanup();
-  return s;
+    ahead.Release(i);
+    if (progress) progress(done += win.count * static_cast<int64_t>(DTypeSize(e.dtype)), plan.total);
+  }
+  ahead.Stop();
+  return files.Commit();
 }
 
 // ---- import -------------------------------------------------------------------------------------
@@ -374,108 +440,138 @@ struct FileState {
   std::vector<std::string> dropped;  // by the name map
 };
 
-Result<FileState> Describe(const SafetensorsReader& r, const NameMap& names) {
-  FileState s;
-  const std::string& where = r.path();
-  std::set<std::string> seen;
-  auto add = [&](const SafetensorsReader::Tensor& t, const std::string& file_name, FullTensor ft) -> Status {
-    std::optional<std::string> to = names.Apply(file_name);
+// Reads a file's description once; the metadata is untrusted, so every field is checked.
+class Describer {
+ public:
+  Describer(const SafetensorsReader& r, const NameMap& names) : r_(r), names_(names) {}
+
+  Result<FileState> Run() && {
+    auto meta = r_.metadata().find(kZrtKey);
+    if (meta == r_.metadata().end()) {
+      for (const SafetensorsReader::Tensor& t : r_.tensors()) {
+        FullTensor ft;
+        ft.model_dtype = t.dtype == "BF16" ? DType::kBF16 : t.dtype == "F16" ? DType::kF16 : DType::kF32;
+        RETURN_IF_ERROR(Add(t, t.name, std::move(ft)));
+      }
+    } else {  // zrt's own export: groups, settings, kinds and counters
+      s_.from_zrt = true;
+      json z = json::parse(meta->second, nullptr, false);
+      if (!z.is_object() || !z.contains("groups") || !z["groups"].is_array()) return Bad("not an object with \"groups\"");
+      RETURN_IF_ERROR(Counters(z));
+      for (const json& g : z["groups"]) RETURN_IF_ERROR(Group(g));
+    }
+    if (s_.tensors.empty()) return InvalidArgumentError(r_.path(), ": no tensors to import");
+    return std::move(s_);
+  }
+
+ private:
+  Status Bad(const std::string& what) const { return DataLossError(r_.path(), ": metadata \"zrt\": ", what); }
+
+  // A parameter under its mapped name (nothing if the map drops it).
+  Status Add(const SafetensorsReader::Tensor& t, const std::string& file_name, FullTensor ft) {
+    std::optional<std::string> to = names_.Apply(file_name);
     if (!to) {
-      s.dropped.push_back(file_name);
+      s_.dropped.push_back(file_name);
       return Status();
     }
     if (!t.floating()) {
-      return InvalidArgumentError(where, ": tensor '", t.name, "' is ", t.dtype, ", not floating point (a name map entry to null drops it)");
+      return InvalidArgumentError(r_.path(), ": tensor '", t.name, "' is ", t.dtype, ", not floating point (a name map entry to null drops it)");
     }
-    if (!seen.insert(*to).second) return InvalidArgumentError(where, ": two tensors map to '", *to, "' (check the name map)");
+    if (!seen_.insert(*to).second) return InvalidArgumentError(r_.path(), ": two tensors map to '", *to, "' (check the name map)");
     ft.name = *to;
     ft.shape = t.shape;
-    s.tensors.push_back(std::move(ft));
-    s.params.push_back(&t);
-    s.state.emplace_back();
+    s_.tensors.push_back(std::move(ft));
+    s_.params.push_back(&t);
+    s_.state.emplace_back();
     return Status();
-  };
-  auto meta = r.metadata().find(kZrtKey);
-  if (meta == r.metadata().end()) {
-    for (const SafetensorsReader::Tensor& t : r.tensors()) {
-      FullTensor ft;
-      ft.model_dtype = t.dtype == "BF16" ? DType::kBF16 : t.dtype == "F16" ? DType::kF16 : DType::kF32;
-      RETURN_IF_ERROR(add(t, t.name, std::move(ft)));
-    }
-    if (s.tensors.empty()) return InvalidArgumentError(where, ": no tensors to import");
-    return s;
   }
-  // zrt's own export: groups, settings, kinds and counters, each checked (the file is untrusted).
-  s.from_zrt = true;
-  json z = json::parse(meta->second, nullptr, false);
-  auto bad = [&](const std::string& what) { return DataLossError(where, ": metadata \"zrt\": ", what); };
-  if (!z.is_object() || !z.contains("groups") || !z["groups"].is_array()) return bad("not an object with \"groups\"");
-  auto num = [&](const char* key, double lo) -> Result<double> {
-    if (!z.contains(key)) return lo;
-    if (!z[key].is_number() || !std::isfinite(z[key].get<double>()) || z[key].get<double>() < lo) return bad(std::string(key) + " is not a number >= " + std::to_string(lo));
-    return z[key].get<double>();
-  };
-  ASSIGN_OR_RETURN(double step, num("step", 0));
-  ASSIGN_OR_RETURN(double scale, num("loss_scale", 0));
-  ASSIGN_OR_RETURN(double good, num("scaler_good_steps", 0));
-  ASSIGN_OR_RETURN(double hyst, num("scaler_hysteresis_left", 0));
-  if (step > 9e15 || good > 9e15 || hyst > 1e9) return bad("a counter out of range");
-  s.counters.step = static_cast<int64_t>(step);
-  s.counters.loss_scale = scale > 0 ? scale : 1;
-  s.counters.scaler_good_steps = static_cast<int64_t>(good);
-  s.counters.scaler_hysteresis_left = static_cast<int>(hyst);
-  if (z.contains("trainer_state")) s.counters.trainer_state = z["trainer_state"];
-  if (z.contains("engine_state")) {
-    if (!z["engine_state"].is_object()) return bad("engine_state is not an object");
-    s.counters.engine_state = z["engine_state"];
-  }
-  for (const json& g : z["groups"]) {
-    if (!g.is_object() || !g.contains("name") || !g["name"].is_string() || !g.contains("tensors") || !g["tensors"].is_array() ||
-        !g.contains("kinds") || !g["kinds"].is_array()) {
-      return bad("a group without name, tensors and kinds");
+
+  Status Counters(const json& z) {
+    auto num = [&](const char* key, double lo) -> Result<double> {
+      if (!z.contains(key)) return lo;
+      if (!z[key].is_number() || !std::isfinite(z[key].get<double>()) || z[key].get<double>() < lo) {
+        return Bad(std::string(key) + " is not a number >= " + std::to_string(lo));
+      }
+      return z[key].get<double>();
+    };
+    ASSIGN_OR_RETURN(double step, num("step", 0));
+    ASSIGN_OR_RETURN(double scale, num("loss_scale", 0));
+    ASSIGN_OR_RETURN(double good, num("scaler_good_steps", 0));
+    ASSIGN_OR_RETURN(double hyst, num("scaler_hysteresis_left", 0));
+    if (step > 9e15 || good > 9e15 || hyst > 1e9) return Bad("a counter out of range");
+    s_.counters.step = static_cast<int64_t>(step);
+    s_.counters.loss_scale = scale > 0 ? scale : 1;
+    s_.counters.scaler_good_steps = static_cast<int64_t>(good);
+    s_.counters.scaler_hysteresis_left = static_cast<int>(hyst);
+    if (z.contains("trainer_state")) s_.counters.trainer_state = z["trainer_state"];
+    if (z.contains("engine_state")) {
+      if (!z["engine_state"].is_object()) return Bad("engine_state is not an object");
+      s_.counters.engine_state = z["engine_state"];
     }
+    return Status();
+  }
+
+  // A group's kinds: master, then the optimizer's kinds, each once.
+  Result<std::vector<std::string>> Kinds(const json& g) const {
     std::vector<std::string> gk;
     for (const json& k : g["kinds"]) {
-      if (!k.is_string()) return bad("a kind that is not a string");
+      if (!k.is_string()) return Bad("a kind that is not a string");
       gk.push_back(k.get<std::string>());
     }
-    if (gk.empty() || gk[0] != "master") return bad("group '" + g["name"].get<std::string>() + "': kinds must start with master");
-    for (size_t k = 1; k < gk.size(); ++k) {  // the optimizer's kinds, each once
+    const std::string& name = g["name"].get_ref<const std::string&>();
+    if (gk.empty() || gk[0] != "master") return Bad("group '" + name + "': kinds must start with master");
+    for (size_t k = 1; k < gk.size(); ++k) {
       if ((gk[k] != "exp_avg" && gk[k] != "exp_avg_sq" && gk[k] != "max_exp_avg_sq") ||
           std::find(gk.begin(), gk.begin() + static_cast<std::ptrdiff_t>(k), gk[k]) != gk.begin() + static_cast<std::ptrdiff_t>(k)) {
-        return bad("group '" + g["name"].get<std::string>() + "': state kind '" + gk[k] + "' unknown or repeated");
+        return Bad("group '" + name + "': state kind '" + gk[k] + "' unknown or repeated");
       }
     }
-    if (!s.kinds.emplace(g["name"].get<std::string>(), gk).second) return bad("group '" + g["name"].get<std::string>() + "' listed twice");
+    return gk;
+  }
+
+  Status Group(const json& g) {
+    if (!g.is_object() || !g.contains("name") || !g["name"].is_string() || !g.contains("tensors") || !g["tensors"].is_array() ||
+        !g.contains("kinds") || !g["kinds"].is_array()) {
+      return Bad("a group without name, tensors and kinds");
+    }
+    ASSIGN_OR_RETURN(std::vector<std::string> gk, Kinds(g));
+    const std::string name = g["name"].get<std::string>();
+    if (!s_.kinds.emplace(name, gk).second) return Bad("group '" + name + "' listed twice");
     const double lr = g.contains("lr") && g["lr"].is_number() ? g["lr"].get<double>() : 0;
     const double wd = g.contains("weight_decay") && g["weight_decay"].is_number() ? g["weight_decay"].get<double>() : 0;
     for (const json& t : g["tensors"]) {
-      if (!t.is_object() || !t.contains("name") || !t["name"].is_string()) return bad("a tensor without a name");
+      if (!t.is_object() || !t.contains("name") || !t["name"].is_string()) return Bad("a tensor without a name");
       const std::string fname = t["name"].get<std::string>();
-      const SafetensorsReader::Tensor* ft = r.Find(fname);
-      if (!ft) return bad("tensor '" + fname + "' is listed but not in the file");
+      const SafetensorsReader::Tensor* ft = r_.Find(fname);
+      if (!ft) return Bad("tensor '" + fname + "' is listed but not in the file");
       FullTensor full;
-      full.group = g["name"].get<std::string>();
+      full.group = name;
       full.lr = lr;
       full.weight_decay = wd;
       if (t.contains("model_dtype")) {
-        if (!t["model_dtype"].is_string()) return bad("tensor '" + fname + "': model_dtype is not a string");
-        ASSIGN_OR_RETURN(full.model_dtype, ParseDType(t["model_dtype"].get<std::string>()), where, ": tensor '", fname, "'");
+        if (!t["model_dtype"].is_string()) return Bad("tensor '" + fname + "': model_dtype is not a string");
+        ASSIGN_OR_RETURN(full.model_dtype, ParseDType(t["model_dtype"].get<std::string>()), r_.path(), ": tensor '", fname, "'");
       }
-      const size_t before = s.tensors.size();
-      RETURN_IF_ERROR(add(*ft, fname, std::move(full)));
-      if (s.tensors.size() == before) continue;  // dropped
+      const size_t before = s_.tensors.size();
+      RETURN_IF_ERROR(Add(*ft, fname, std::move(full)));
+      if (s_.tensors.size() == before) continue;  // dropped
       for (size_t k = 1; k < gk.size(); ++k) {
-        const SafetensorsReader::Tensor* st = r.Find(kOptimizerPrefix + gk[k] + "/" + fname);
-        if (!st) return bad("tensor '" + fname + "' has no " + gk[k]);
-        if (st->shape != ft->shape || !st->floating()) return bad("tensor '" + fname + "': its " + gk[k] + " does not match it");
-        s.state.back()[gk[k]] = st;
+        const SafetensorsReader::Tensor* st = r_.Find(kOptimizerPrefix + gk[k] + "/" + fname);
+        if (!st) return Bad("tensor '" + fname + "' has no " + gk[k]);
+        if (st->shape != ft->shape || !st->floating()) return Bad("tensor '" + fname + "': its " + gk[k] + " does not match it");
+        s_.state.back()[gk[k]] = st;
       }
     }
+    return Status();
   }
-  if (s.tensors.empty()) return InvalidArgumentError(where, ": no tensors to import");
-  return s;
-}
+
+  const SafetensorsReader& r_;
+  const NameMap& names_;
+  FileState s_;
+  std::set<std::string> seen_;
+};
+
+Result<FileState> Describe(const SafetensorsReader& r, const NameMap& names) { return Describer(r, names).Run(); }
 
 }  // namespace
 

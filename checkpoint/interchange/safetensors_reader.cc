@@ -64,6 +64,44 @@ Result<UniqueFd> OpenNoFollow(int dir_fd, const std::string& name, const std::st
   return fd;
 }
 
+// One tensor's entry; its offset is from the start of the data buffer (`data_bytes` long).
+Result<SafetensorsReader::Tensor> ParseEntry(const std::string& name, const json& e, int64_t data_bytes, const std::string& shown) {
+  if (name.empty()) return DataLossError(shown, ": a tensor with an empty name");
+  if (!e.is_object() || !e.contains("dtype") || !e["dtype"].is_string() || !e.contains("shape") || !e["shape"].is_array() ||
+      !e.contains("data_offsets") || !e["data_offsets"].is_array() || e["data_offsets"].size() != 2) {
+    return DataLossError(shown, ": tensor '", name, "' needs dtype (string), shape (array) and data_offsets ([begin, end])");
+  }
+  SafetensorsReader::Tensor t;
+  t.name = name;
+  t.dtype = e["dtype"].get<std::string>();
+  const int64_t esize = SafetensorsDTypeSize(t.dtype);
+  if (esize == 0) return DataLossError(shown, ": tensor '", name, "' has unknown dtype \"", t.dtype, "\"");
+  if (e["shape"].size() > 64) return DataLossError(shown, ": tensor '", name, "' has ", e["shape"].size(), " dimensions");
+  for (const json& d : e["shape"]) {
+    if (!d.is_number_unsigned() || d.get<uint64_t>() > static_cast<uint64_t>(kMaxNumel)) {
+      return DataLossError(shown, ": tensor '", name, "' has a bad dimension ", d.dump());
+    }
+    const auto v = static_cast<int64_t>(d.get<uint64_t>());
+    if (v != 0 && t.numel > kMaxNumel / v) return DataLossError(shown, ": tensor '", name, "' has more than 2^48 elements");
+    t.shape.push_back(v);
+    t.numel *= v;
+  }
+  const json& off = e["data_offsets"];
+  if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
+    return DataLossError(shown, ": tensor '", name, "' data_offsets are not unsigned integers");
+  }
+  const uint64_t b = off[0].get<uint64_t>(), en = off[1].get<uint64_t>();
+  if (b > en || en > static_cast<uint64_t>(data_bytes)) {
+    return DataLossError(shown, ": tensor '", name, "' data_offsets [", b, ", ", en, "] outside the ", data_bytes, "-byte buffer");
+  }
+  t.bytes = static_cast<int64_t>(en - b);
+  if (t.bytes != t.numel * esize) {
+    return DataLossError(shown, ": tensor '", name, "' spans ", t.bytes, " bytes, its shape and ", t.dtype, " need ", t.numel * esize);
+  }
+  t.offset = static_cast<int64_t>(b);
+  return t;
+}
+
 // One file's header, checked against the format's rules.
 Status ParseHeader(int fd, int file, const std::string& shown, std::vector<SafetensorsReader::Tensor>* out,
                    std::map<std::string, std::string>* metadata) {
@@ -95,41 +133,8 @@ Status ParseHeader(int fd, int file, const std::string& shown, std::vector<Safet
       }
       continue;
     }
-    const std::string& name = it.key();
-    const json& e = *it;
-    if (name.empty()) return DataLossError(shown, ": a tensor with an empty name");
-    if (!e.is_object() || !e.contains("dtype") || !e["dtype"].is_string() || !e.contains("shape") || !e["shape"].is_array() ||
-        !e.contains("data_offsets") || !e["data_offsets"].is_array() || e["data_offsets"].size() != 2) {
-      return DataLossError(shown, ": tensor '", name, "' needs dtype (string), shape (array) and data_offsets ([begin, end])");
-    }
-    SafetensorsReader::Tensor t;
-    t.name = name;
-    t.dtype = e["dtype"].get<std::string>();
-    const int64_t esize = SafetensorsDTypeSize(t.dtype);
-    if (esize == 0) return DataLossError(shown, ": tensor '", name, "' has unknown dtype \"", t.dtype, "\"");
-    if (e["shape"].size() > 64) return DataLossError(shown, ": tensor '", name, "' has ", e["shape"].size(), " dimensions");
-    for (const json& d : e["shape"]) {
-      if (!d.is_number_unsigned() || d.get<uint64_t>() > static_cast<uint64_t>(kMaxNumel)) {
-        return DataLossError(shown, ": tensor '", name, "' has a bad dimension ", d.dump());
-      }
-      const auto v = static_cast<int64_t>(d.get<uint64_t>());
-      if (v != 0 && t.numel > kMaxNumel / v) return DataLossError(shown, ": tensor '", name, "' has more than 2^48 elements");
-      t.shape.push_back(v);
-      t.numel *= v;
-    }
-    const json& off = e["data_offsets"];
-    if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
-      return DataLossError(shown, ": tensor '", name, "' data_offsets are not unsigned integers");
-    }
-    const uint64_t b = off[0].get<uint64_t>(), en = off[1].get<uint64_t>();
-    if (b > en || en > static_cast<uint64_t>(data_bytes)) {
-      return DataLossError(shown, ": tensor '", name, "' data_offsets [", b, ", ", en, "] outside the ", data_bytes, "-byte buffer");
-    }
-    t.bytes = static_cast<int64_t>(en - b);
-    if (t.bytes != t.numel * esize) {
-      return DataLossError(shown, ": tensor '", name, "' spans ", t.bytes, " bytes, its shape and ", t.dtype, " need ", t.numel * esize);
-    }
-    t.offset = data_begin + static_cast<int64_t>(b);
+    ASSIGN_OR_RETURN(SafetensorsReader::Tensor t, ParseEntry(it.key(), *it, data_bytes, shown));
+    t.offset += data_begin;
     t.file = file;
     local.push_back(std::move(t));
   }

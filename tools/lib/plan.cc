@@ -182,10 +182,17 @@ nlohmann::json MemoryJson(const Memory& mem, double cap) {
           {"capacity", cap}};
 }
 
-}  // namespace
+// What the planner finds for one input: the given configuration's memory (and with recomputation),
+// the cheapest configuration that fits, the traffic and time; `json` holds all of it.
+struct Estimate {
+  Memory mem, mem_rc;
+  std::optional<Config> best;
+  std::vector<std::string> left_out;
+  double comm = 0, t_rc = 0, t_plain = 0;
+  nlohmann::json json;
+};
 
-Status Plan(const PlanInput& in, bool as_json, std::ostream& out) {
-  ASSIGN_OR_RETURN(Model m, ModelOf(in));
+Status CheckInput(const PlanInput& in) {
   if (in.arch != "gpt" && in.arch != "llama") return InvalidArgumentError("plan: --arch must be gpt or llama, got '", in.arch, "'");
   if (in.gpus < 1) return InvalidArgumentError("plan: --gpus must be >= 1, got ", in.gpus);
   if (in.stage < 0 || in.stage > 3) return InvalidArgumentError("plan: --stage must be 0..3, got ", in.stage);
@@ -200,91 +207,97 @@ Status Plan(const PlanInput& in, bool as_json, std::ostream& out) {
     return InvalidArgumentError("plan: --gpu-mem and bucket bytes must be > 0; --cpu-mem, --tokens, --tflops, --power, --step-time, "
                                 "--prefetch, --gpus-per-node >= 0");
   }
+  return Status();
+}
+
+Estimate EstimateFor(const PlanInput& in, const Model& m) {
+  Estimate e;
   const double cap = in.gpu_mem_gib * double(int64_t{1} << 30);
   const Config given{in.stage, in.offload, in.offload_params, in.recompute, in.batch};
-  const Memory mem = MemoryFor(in, m, given);
+  e.mem = MemoryFor(in, m, given);
   Config rc = given;
   rc.recompute = true;
-  const Memory mem_rc = MemoryFor(in, m, rc);
+  e.mem_rc = MemoryFor(in, m, rc);
   // The cheapest configuration that fits, with the largest micro-batch up to --batch that does.
-  std::optional<Config> best;
   for (Config c : Candidates()) {
-    for (int64_t b = m.shape ? in.batch : 1; b >= 1 && !best; b /= 2) {
+    for (int64_t b = m.shape ? in.batch : 1; b >= 1 && !e.best; b /= 2) {
       c.batch = b;
-      if (Fits(in, MemoryFor(in, m, c))) best = c;
+      if (Fits(in, MemoryFor(in, m, c))) e.best = c;
     }
-    if (best) break;
+    if (e.best) break;
   }
-  std::vector<std::string> left_out = {"the framework's own device memory (CUDA context, allocator fragmentation)",
-                                       "tensor, sequence and pipeline parallelism (data parallelism only)"};
-  if (!m.shape) left_out.push_back("activations (give the transformer shape: --layers --hidden --heads --seq --vocab)");
-  if (m.shape) left_out.push_back("the output logits and loss (s x b x vocab, 4 bytes each in fp32) and the embedding's output");
-  if (in.stage >= 2 && m.largest == 0) left_out.push_back("the gathered layers and per-layer gradients (give --largest-layer)");
-  if (in.offload == "nvme" || in.offload_params == "nvme") left_out.push_back("NVMe swap buffers in host memory (bounded by offload.host_budget_bytes)");
+  e.left_out = {"the framework's own device memory (CUDA context, allocator fragmentation)",
+                "tensor, sequence and pipeline parallelism (data parallelism only)"};
+  if (!m.shape) e.left_out.push_back("activations (give the transformer shape: --layers --hidden --heads --seq --vocab)");
+  if (m.shape) e.left_out.push_back("the output logits and loss (s x b x vocab, 4 bytes each in fp32) and the embedding's output");
+  if (in.stage >= 2 && m.largest == 0) e.left_out.push_back("the gathered layers and per-layer gradients (give --largest-layer)");
+  if (in.offload == "nvme" || in.offload_params == "nvme") e.left_out.push_back("NVMe swap buffers in host memory (bounded by offload.host_budget_bytes)");
 
   const double n = in.gpus, p = in.param_bytes;
-  const double comm = (in.stage == 3 ? 3.0 : 2.0) * m.psi * p * (n - 1) / n;
+  e.comm = (in.stage == 3 ? 3.0 : 2.0) * m.psi * p * (n - 1) / n;
   const double flops = in.tflops * 1e12;
-  const double t_rc = flops > 0 ? 8.0 * m.psi * in.tokens / (n * flops) : 0, t_plain = flops > 0 ? 6.0 * m.psi * in.tokens / (n * flops) : 0;
-  nlohmann::json j = {
+  e.t_rc = flops > 0 ? 8.0 * m.psi * in.tokens / (n * flops) : 0;
+  e.t_plain = flops > 0 ? 6.0 * m.psi * in.tokens / (n * flops) : 0;
+  nlohmann::json& j = e.json;
+  j = {
       {"units", "bytes (GB = 1e9 bytes, GiB = 2^30 bytes); seconds"},
       {"params", m.psi}, {"largest_layer", m.largest}, {"gpus", in.gpus}, {"gpus_per_node", PerNode(in)}, {"stage", in.stage},
       {"offload", in.offload}, {"offload_params", in.offload_params}, {"micro_batch", in.batch}, {"recompute", in.recompute},
-      {"device", MemoryJson(mem, cap)}, {"device_with_recompute", MemoryJson(mem_rc, cap)},
-      {"host", mem.host}, {"host_per_node", mem.host * PerNode(in)}, {"nvme", mem.nvme},
-      {"fits", Fits(in, mem)}, {"fits_with_recompute", Fits(in, mem_rc)},
-      {"left_out", left_out}, {"comm_bytes_per_step", comm}, {"deepspeed", DeepSpeedEstimate(in, m)},
+      {"device", MemoryJson(e.mem, cap)}, {"device_with_recompute", MemoryJson(e.mem_rc, cap)},
+      {"host", e.mem.host}, {"host_per_node", e.mem.host * PerNode(in)}, {"nvme", e.mem.nvme},
+      {"fits", Fits(in, e.mem)}, {"fits_with_recompute", Fits(in, e.mem_rc)},
+      {"left_out", e.left_out}, {"comm_bytes_per_step", e.comm}, {"deepspeed", DeepSpeedEstimate(in, m)},
   };
   // Kept for scripts written against the first version.
-  j["device"]["activations_recompute"] = mem_rc.act;
-  if (best) {
-    const Memory bm = MemoryFor(in, m, *best);
-    j["recommendation"] = {{"stage", best->stage}, {"offload", best->offload}, {"offload_params", best->offload_params},
-                           {"recompute", best->recompute}, {"micro_batch", best->batch}, {"device_total", bm.device()},
+  j["device"]["activations_recompute"] = e.mem_rc.act;
+  if (e.best) {
+    const Memory bm = MemoryFor(in, m, *e.best);
+    j["recommendation"] = {{"stage", e.best->stage}, {"offload", e.best->offload}, {"offload_params", e.best->offload_params},
+                           {"recompute", e.best->recompute}, {"micro_batch", e.best->batch}, {"device_total", bm.device()},
                            {"host_per_node", bm.host * PerNode(in)}};
   } else {
     j["recommendation"] = nullptr;
   }
-  if (in.step_seconds > 0) j["bandwidth_to_hide_comm"] = comm / in.step_seconds;
+  if (in.step_seconds > 0) j["bandwidth_to_hide_comm"] = e.comm / in.step_seconds;
   if (flops > 0 && in.tokens > 0) {
-    j["train_seconds"] = {{"with_recompute", t_rc}, {"without_recompute", t_plain}};
-    if (in.power_watts > 0) j["energy_kwh"] = {{"with_recompute", t_rc * n * in.power_watts / 3.6e6}, {"without_recompute", t_plain * n * in.power_watts / 3.6e6}};
+    j["train_seconds"] = {{"with_recompute", e.t_rc}, {"without_recompute", e.t_plain}};
+    if (in.power_watts > 0) j["energy_kwh"] = {{"with_recompute", e.t_rc * n * in.power_watts / 3.6e6}, {"without_recompute", e.t_plain * n * in.power_watts / 3.6e6}};
   }
-  const Status verdict = best ? Status() : FailedPreconditionError("plan: no configuration fits in ", in.gpu_mem_gib, " GiB per device");
-  if (as_json) {
-    out << j.dump(1) << "\n";
-    return verdict;
-  }
+  return e;
+}
+
+void PrintPlan(const PlanInput& in, const Model& m, const Estimate& e, std::ostream& out) {
+  const double flops = in.tflops * 1e12, n = in.gpus;
   auto b = [](double v) { return FormatBytes(static_cast<int64_t>(v)); };
   out << std::fixed << std::setprecision(3);
   out << "model: " << m.psi / 1e9 << " B parameters (" << (in.param_bytes == 2 ? "16-bit" : "fp32") << " + Adam)";
   if (m.largest > 0) out << ", largest layer " << m.largest / 1e6 << " M";
   out << "; " << in.gpus << " device(s), ZeRO stage " << in.stage << ", offload " << in.offload;
   if (in.stage == 3) out << ", parameters offload " << in.offload_params;
-  out << "\nper device:  params " << b(mem.params) << "   grads " << b(mem.grads) << "   optimizer " << b(mem.optim)
-      << "   model states " << b(mem.states()) << "\n             working set " << b(mem.working) << "   buckets " << b(mem.buckets);
+  out << "\nper device:  params " << b(e.mem.params) << "   grads " << b(e.mem.grads) << "   optimizer " << b(e.mem.optim)
+      << "   model states " << b(e.mem.states()) << "\n             working set " << b(e.mem.working) << "   buckets " << b(e.mem.buckets);
   if (m.shape) {
-    out << "   activations " << b(mem.act) << " (micro-batch " << in.batch << ", seq " << in.seq << (in.recompute ? ", recomputed" : "")
-        << "; recomputed " << b(mem_rc.act) << ")";
+    out << "   activations " << b(e.mem.act) << " (micro-batch " << in.batch << ", seq " << in.seq << (in.recompute ? ", recomputed" : "")
+        << "; recomputed " << b(e.mem_rc.act) << ")";
   }
-  out << "\n             total " << b(mem.device()) << " of " << in.gpu_mem_gib << " GiB: " << (Fits(in, mem) ? "fits" : "does NOT fit");
-  if (m.shape && !in.recompute) out << "; with recomputation " << (Fits(in, mem_rc) ? "fits" : "does not fit");
+  out << "\n             total " << b(e.mem.device()) << " of " << in.gpu_mem_gib << " GiB: " << (Fits(in, e.mem) ? "fits" : "does NOT fit");
+  if (m.shape && !in.recompute) out << "; with recomputation " << (Fits(in, e.mem_rc) ? "fits" : "does not fit");
   out << "\n";
-  if (mem.host > 0) out << "host memory: " << b(mem.host) << " per device, " << b(mem.host * PerNode(in)) << " per node of " << PerNode(in) << "\n";
-  if (mem.nvme > 0) out << "NVMe: " << b(mem.nvme) << " per device\n";
+  if (e.mem.host > 0) out << "host memory: " << b(e.mem.host) << " per device, " << b(e.mem.host * PerNode(in)) << " per node of " << PerNode(in) << "\n";
+  if (e.mem.nvme > 0) out << "NVMe: " << b(e.mem.nvme) << " per device\n";
   out << "left out:";
-  for (const std::string& l : left_out) out << "\n  - " << l;
+  for (const std::string& l : e.left_out) out << "\n  - " << l;
   out << "\n";
-  if (best) {
-    out << "recommended (the cheapest that fits): stage " << best->stage << ", offload " << best->offload;
-    if (best->stage == 3) out << ", parameters offload " << best->offload_params;
-    out << ", " << (best->recompute ? "with" : "no") << " recomputation";
-    if (m.shape) out << ", micro-batch " << best->batch;
-    out << " (" << b(MemoryFor(in, m, *best).device()) << " per device)\n";
+  if (e.best) {
+    out << "recommended (the cheapest that fits): stage " << e.best->stage << ", offload " << e.best->offload;
+    if (e.best->stage == 3) out << ", parameters offload " << e.best->offload_params;
+    out << ", " << (e.best->recompute ? "with" : "no") << " recomputation";
+    if (m.shape) out << ", micro-batch " << e.best->batch;
+    out << " (" << b(MemoryFor(in, m, *e.best).device()) << " per device)\n";
   } else {
     out << "nothing fits in " << in.gpu_mem_gib << " GiB per device, even at stage 3 with everything on NVMe and recomputation\n";
   }
-  const auto& ds = j["deepspeed"];
+  const auto& ds = e.json["deepspeed"];
   out << "DeepSpeed's estimator for the same model (per GPU / per node CPU): zero2 offload "
       << b(ds["zero2"][0]["gpu"].get<double>()) << " / " << b(ds["zero2"][0]["cpu"].get<double>()) << ", no offload "
       << b(ds["zero2"][1]["gpu"].get<double>()) << " / " << b(ds["zero2"][1]["cpu"].get<double>());
@@ -292,18 +305,32 @@ Status Plan(const PlanInput& in, bool as_json, std::ostream& out) {
     out << "; zero3 (zero_init) none " << b(ds["zero3"][4]["gpu"].get<double>()) << ", optimizer cpu " << b(ds["zero3"][2]["gpu"].get<double>())
         << ", all cpu " << b(ds["zero3"][0]["gpu"].get<double>());
   }
-  out << "\ncommunication per step per device: " << comm / 1e9 << " GB";
-  if (in.step_seconds > 0) out << "; to hide it in a " << in.step_seconds << " s step: " << comm / in.step_seconds / 1e9 << " GB/s";
+  out << "\ncommunication per step per device: " << e.comm / 1e9 << " GB";
+  if (in.step_seconds > 0) out << "; to hide it in a " << in.step_seconds << " s step: " << e.comm / in.step_seconds / 1e9 << " GB/s";
   out << "\n";
   if (flops > 0 && in.tokens > 0) {
-    out << "training " << in.tokens / 1e9 << " B tokens at " << in.tflops << " TFLOP/s per device: " << t_rc / 86400
-        << " days with recomputation (8PT/NX), " << t_plain / 86400 << " days without (6PT/NX)\n";
+    out << "training " << in.tokens / 1e9 << " B tokens at " << in.tflops << " TFLOP/s per device: " << e.t_rc / 86400
+        << " days with recomputation (8PT/NX), " << e.t_plain / 86400 << " days without (6PT/NX)\n";
     if (in.power_watts > 0) {
-      out << "energy at " << in.power_watts << " W per device: " << t_rc * n * in.power_watts / 3.6e6 << " kWh ("
-          << t_plain * n * in.power_watts / 3.6e6 << " without recomputation)\n";
+      out << "energy at " << in.power_watts << " W per device: " << e.t_rc * n * in.power_watts / 3.6e6 << " kWh ("
+          << e.t_plain * n * in.power_watts / 3.6e6 << " without recomputation)\n";
     }
   }
-  return verdict;
+}
+
+}  // namespace
+
+Status Plan(const PlanInput& in, bool as_json, std::ostream& out) {
+  ASSIGN_OR_RETURN(Model m, ModelOf(in));
+  RETURN_IF_ERROR(CheckInput(in));
+  const Estimate e = EstimateFor(in, m);
+  if (as_json) {
+    out << e.json.dump(1) << "\n";
+  } else {
+    PrintPlan(in, m, e, out);
+  }
+  if (!e.best) return FailedPreconditionError("plan: no configuration fits in ", in.gpu_mem_gib, " GiB per device");
+  return Status();
 }
 
 }  // namespace zrt::tools
