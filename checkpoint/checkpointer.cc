@@ -43,8 +43,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The calling thread's nice value, raised by `nice` (Linux: per thread).
+// The calling thread: background work (ThreadPool::MakeBackground), its nice value raised by `nice`
+// (Linux: per thread).
 void AddNice(int nice) {
+  ThreadPool::MakeBackground();
   if (nice == 0) return;
   const int now = getpriority(PRIO_PROCESS, static_cast<id_t>(gettid()));
   if (setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), std::clamp(now + nice, -20, 19)) != 0) {
@@ -196,10 +198,10 @@ void Checkpointer::Impl::Hand(std::unique_ptr<Job> j, bool work, Status status) 
 Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& trainer_state) {
   Impl& c = *impl_;
   if (c.pending) RETURN_IF_ERROR(c.Commit(), "committing the previous checkpoint");
-  const double t0 = SteadySeconds();
   // A complete checkpoint of this step is kept as it is (rank 0 looks; the others vote to skip).
   const bool exists = c.comm->rank() != 0 || fs::exists(c.o.root + "/" + StepDirName(state.counters.step));
   ASSIGN_OR_RETURN(internal::SnapshotStart start, internal::StartSnapshot(c.comm, state, trainer_state, c.o.chunk_elements, exists));
+  const double t0 = SteadySeconds();  // the stall, from the agreement on (snapshot.h)
   c.stats = SaveStats{};
   c.stats.step = state.counters.step;
   if (start.skip) {

@@ -12,9 +12,9 @@
 
 namespace zrt::ckpt {
 
-Status WriteFileDurably(const IoEngine& io, const std::string& dir, const std::string& name, std::string_view content) {
+Status WriteFileDurably(const IoEngine& io, const std::string& dir, const std::string& name, std::string_view content, mode_t perms) {
   const std::string tmp = dir + "/" + name + ".tmp", final = dir + "/" + name;
-  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, perms));
   if (!fd.valid()) return ErrnoStatus(errno, "creating " + tmp);
   size_t done = 0;
   while (done < content.size()) {

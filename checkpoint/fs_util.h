@@ -2,6 +2,8 @@
 // ask `io`'s hooks first (the fault-injection seam, offload/io_engine.h).
 #pragma once
 
+#include <sys/types.h>
+
 #include <string>
 #include <string_view>
 
@@ -12,7 +14,7 @@ namespace zrt::ckpt {
 
 // Writes `content` to dir/name through dir/name.tmp: write, fsync, close, rename. The caller fsyncs
 // the directory when the name must be durable.
-Status WriteFileDurably(const IoEngine& io, const std::string& dir, const std::string& name, std::string_view content);
+Status WriteFileDurably(const IoEngine& io, const std::string& dir, const std::string& name, std::string_view content, mode_t perms = 0644);
 Status FsyncDir(const std::string& dir);
 Status FsyncFile(const std::string& path);
 Result<std::string> ReadWholeFile(const std::string& path);

@@ -6,7 +6,10 @@
 //   2. HandOver: the view's Capture into the receiver's sink (the owner streams its state from then
 //      on: core/state_view.h), and the owner charged for what the snapshot made it wait so far.
 // What training waits for later (the owner's next change waiting for a part still being captured) the
-// owner measures and tells the sink (StateSink::Waited). Internal to zrt_checkpoint.
+// owner measures and tells the sink (StateSink::Waited). The stall is counted from the agreement on:
+// a rank's wait inside it is the ranks' skew (the first to arrive waits for the last), which the
+// step's own collectives absorb when there is no snapshot; the two small collectives themselves take
+// tens of microseconds. Internal to zrt_checkpoint.
 #pragma once
 
 #include <memory>

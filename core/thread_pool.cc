@@ -1,8 +1,11 @@
 #include "zrt/core/thread_pool.h"
 
 #include <pthread.h>
+#include <sched.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <memory>
 
 namespace zrt {
@@ -36,6 +39,32 @@ ThreadPool::~ThreadPool() {
 int ThreadPool::HardwareThreads() {
   const unsigned n = std::thread::hardware_concurrency();
   return n == 0 ? 1 : static_cast<int>(n);
+}
+
+void ThreadPool::MakeBackground() {
+  const sched_param none{};
+  (void)::pthread_setschedparam(::pthread_self(), SCHED_BATCH, &none);
+}
+
+int ThreadPool::LauncherRanksPerNode() {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}) {
+    if (const char* v = std::getenv(var)) {
+      const int n = std::atoi(v);
+      if (n > 0) return n;
+    }
+  }
+  return 1;
+}
+
+int ThreadPool::CoresPerRank() {
+  const int64_t online = HardwareThreads();
+  int64_t mine = online;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) mine = std::clamp<int64_t>(CPU_COUNT(&set), 1, online);
+  // Ranks sharing these cores: as many as the node's ranks' masks of this size overlap here.
+  const int64_t sharing = std::max<int64_t>(1, (LauncherRanksPerNode() * mine + online - 1) / online);
+  return static_cast<int>(std::max<int64_t>(1, mine / sharing));
 }
 
 void ThreadPool::Enqueue(std::function<void()> task) {

@@ -46,6 +46,18 @@ class ThreadPool {
 
   // Number of hardware threads, at least 1.
   static int HardwareThreads();
+  // Ranks on this node as the launcher tells them (OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS or
+  // SLURM_NTASKS_PER_NODE, the first set); 1 when none is.
+  static int LauncherRanksPerNode();
+  // The cores this rank (the calling thread's affinity) may use, shared fairly with the other ranks of
+  // its node: every rank unbound (the mask is the whole machine) gets cores / ranks; ranks bound to
+  // cores of their own get theirs; masks that overlap are divided by how many ranks fit on them. At
+  // least 1. EngineConfig::optimizer_threads' default.
+  static int CoresPerRank();
+  // Marks the calling thread as background work (SCHED_BATCH, Linux): waking it never preempts the
+  // thread that woke it (training, on busy cores, would otherwise lose its slice to a copy or a write
+  // at every hand-over); its share of the cores is unchanged. Best effort.
+  static void MakeBackground();
 
  private:
   void Enqueue(std::function<void()> task);

@@ -1,12 +1,57 @@
 #include "zrt/core/thread_pool.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
 
+#include <cstdlib>
+#include <thread>
+
+#include <algorithm>
 #include <atomic>
 #include <vector>
 
 namespace zrt {
 namespace {
+
+// The optimizer's default thread count: this rank's affinity, shared with the node's other ranks.
+TEST(ThreadPool, CoresPerRankIsThisRanksShareOfItsCores) {
+  const char* saved = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const std::string restore = saved ? saved : "";
+  const int online = ThreadPool::HardwareThreads();
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(::sched_getaffinity(0, sizeof(set), &set), 0);
+  const int mine = std::min(CPU_COUNT(&set), online);
+  auto with_ranks = [&](int ranks) {
+    ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", std::to_string(ranks).c_str(), 1);
+    return ThreadPool::CoresPerRank();
+  };
+  EXPECT_EQ(ThreadPool::LauncherRanksPerNode(), (::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "3", 1), 3));
+  if (mine == online) {  // unbound: the machine divided among the ranks
+    EXPECT_EQ(with_ranks(1), online);
+    EXPECT_EQ(with_ranks(2), std::max(1, online / 2));
+    EXPECT_EQ(with_ranks(4 * online), 1);  // oversubscribed: one each, never zero
+  }
+  // Bound to one core (Open MPI's default for 1 or 2 ranks): one thread, whatever the node's ranks.
+  int bound = 0;
+  std::thread([&] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &set)) {
+        CPU_SET(c, &one);
+        break;
+      }
+    }
+    if (::sched_setaffinity(0, sizeof(one), &one) == 0) bound = with_ranks(online);
+  }).join();
+  EXPECT_EQ(bound, 1);
+  if (saved) {
+    ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", restore.c_str(), 1);
+  } else {
+    ::unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  }
+}
 
 TEST(ThreadPool, ParallelForVisitsEveryIndexOnce) {
   for (int workers : {0, 1, 3}) {

@@ -29,11 +29,11 @@ int ModeFlags(IoFile::Mode mode) {
 }
 }  // namespace
 
-Result<IoFile> IoFile::Open(const std::string& path, Mode mode, bool direct) {
+Result<IoFile> IoFile::Open(const std::string& path, Mode mode, bool direct, mode_t perms) {
   const int flags = O_CLOEXEC | ModeFlags(mode);
   IoFile f;
   f.path_ = path;
-  f.fd_ = UniqueFd(::open(path.c_str(), flags, 0644));
+  f.fd_ = UniqueFd(::open(path.c_str(), flags, perms));
   if (!f.fd_.valid()) return ErrnoStatus(errno, "opening " + path);
   if (direct) {
     // O_DIRECT is refused by some filesystems (tmpfs: EINVAL): then everything goes buffered.

@@ -15,6 +15,8 @@
 // Thread-safety: Read/Write/Wait may be called from any threads concurrently.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <functional>
@@ -37,7 +39,8 @@ inline constexpr size_t kIoAlignment = 4096;  // O_DIRECT alignment of buffers, 
 class IoFile {
  public:
   enum class Mode { kRead, kReadWrite, kCreate };  // kCreate: create or truncate, read-write
-  static Result<IoFile> Open(const std::string& path, Mode mode, bool direct = true);
+  // `perms`: a created file's mode (before the umask).
+  static Result<IoFile> Open(const std::string& path, Mode mode, bool direct = true, mode_t perms = 0644);
   // `name` inside the directory open as `dir_fd`, never through a symbolic link (O_NOFOLLOW); `name`
   // must be one path component (no '/', not "." or ".."). `path` names the file in errors.
   static Result<IoFile> OpenAt(int dir_fd, const std::string& name, const std::string& path, Mode mode, bool direct = true);

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "zrt/core/logging.h"
+#include "zrt/core/private_dir.h"
 
 namespace zrt {
 namespace {
@@ -36,8 +37,10 @@ Status ClearStale(const std::string& dir) {
   return s;
 }
 
-// Removes the swap directory of a rank the job no longer has, unless a live process holds its lock.
+// Removes the swap directory of a rank the job no longer has, unless a live process holds its lock
+// or it is not this user's.
 void RemoveVanishedRank(const std::string& rank_dir) {
+  if (!CheckPrivateDir(rank_dir, "offload").ok()) return;
   UniqueFd lock(::open((rank_dir + "/lock").c_str(), O_RDWR | O_CLOEXEC));
   if (lock.valid() && ::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) return;  // in use: another job's
   if (!ClearStale(rank_dir).ok()) return;
@@ -130,10 +133,11 @@ Status CheckDir(const SwapperOptions& o) {
 // process's files and of ranks the job no longer has.
 Status StateSwapper::OpenRankDir(const SwapperOptions& o) {
   rank_dir_ = o.dir + "/zrt-swap.rank" + std::to_string(o.rank);
-  if (::mkdir(rank_dir_.c_str(), 0755) != 0 && errno != EEXIST) return ErrnoStatus(errno, "offload.nvme_dir: creating " + rank_dir_);
+  RETURN_IF_ERROR(MakePrivateDirs(o.dir, rank_dir_, "offload.nvme_dir"));  // no other user reads or plants the state
   const std::string lock_path = rank_dir_ + "/lock";
-  lock_ = UniqueFd(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  lock_ = UniqueFd(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, kPrivateFileMode));
   if (!lock_.valid()) return ErrnoStatus(errno, "offload: opening " + lock_path);
+  (void)::fchmod(lock_.get(), kPrivateFileMode);  // one an older version made
   if (::flock(lock_.get(), LOCK_EX | LOCK_NB) != 0) {
     return FailedPreconditionError("offload: swap directory ", rank_dir_, " is in use by another live process (", lock_path,
                                    " is locked); give each job its own offload.nvme_dir");
@@ -161,7 +165,7 @@ Result<int64_t> StateSwapper::CreateFiles() {
   for (size_t r = 0; r < regions_.size(); ++r) {
     for (size_t k = 0; k < streams_.size(); ++k) {
       const std::string path = rank_dir_ + "/" + std::to_string(r) + "." + streams_[k].name + ".swp";
-      ASSIGN_OR_RETURN(IoFile f, IoFile::Open(path, IoFile::Mode::kCreate), "offload: swap file for ", regions_[r].name);
+      ASSIGN_OR_RETURN(IoFile f, IoFile::Open(path, IoFile::Mode::kCreate, /*direct=*/true, kPrivateFileMode), "offload: swap file for ", regions_[r].name);
       const auto size = static_cast<off_t>(RegionBytes(static_cast<int>(r), static_cast<int>(k)));
       if (size > 0) {
         const int rc = ::posix_fallocate(f.fd(), 0, size);

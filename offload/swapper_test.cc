@@ -5,6 +5,8 @@
 #include "zrt/offload/swapper.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
@@ -124,6 +126,44 @@ TEST_P(SwapperTest, FilesAreScratchAndTheDirectoryIsExclusive) {
     EXPECT_NE(second.status().message().find("in use by another live process"), std::string::npos) << second.status();
   }
   EXPECT_FALSE(fs::exists(rank_dir));  // the destructor removed everything
+}
+
+// The swap files hold the model's state: their directory is the user's alone (0700, files 0600), and a
+// directory of their name that another user owns (as root) or that others may write is refused.
+TEST_P(SwapperTest, TheSwapDirectoryIsTheUsersAlone) {
+  const fs::path rank_dir = dir_ / "zrt-swap.rank0";
+  auto mode = [](const fs::path& p) {
+    struct stat st {};
+    EXPECT_EQ(::lstat(p.c_str(), &st), 0) << p;
+    return st.st_mode & 07777;
+  };
+  {
+    auto s = Make(kRegions);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(mode(rank_dir), 0700u);
+    int files = 0;
+    for (const auto& f : fs::directory_iterator(rank_dir)) {
+      EXPECT_EQ(mode(f.path()), 0600u) << f.path();
+      ++files;
+    }
+    EXPECT_GT(files, 1);
+  }
+  for (bool other_user : {false, true}) {
+    if (other_user && ::geteuid() != 0) continue;  // needs root to make another user's directory
+    fs::create_directories(rank_dir);
+    std::ofstream(rank_dir / "0.master.swp") << "planted";
+    if (other_user) {
+      ASSERT_EQ(::chown(rank_dir.c_str(), 65534, 65534), 0);
+    } else {
+      fs::permissions(rank_dir, fs::perms::all);
+    }
+    auto s = Make(kRegions);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.status().code(), StatusCode::kFailedPrecondition) << s.status();
+    EXPECT_NE(s.status().message().find("offload.nvme_dir: " + rank_dir.string() + " is "), std::string::npos) << s.status();
+    EXPECT_EQ(fs::file_size(rank_dir / "0.master.swp"), 7u);  // nothing there used, nothing removed
+    fs::remove_all(rank_dir);
+  }
 }
 
 TEST_P(SwapperTest, BadInputNamesThePathOrSetting) {

@@ -93,7 +93,8 @@ Result<std::shared_ptr<CaptureJob>> Captures::Start(std::shared_ptr<StateSink> s
     std::erase_if(running_, [](const auto& x) { return x->finished; });
     running_.push_back(r);
   }
-  if (!thread_) thread_ = std::make_unique<ThreadPool>(1, "zrt-capture");
+  // Background: waking it at each capture never preempts the owner's thread, which goes on training.
+  if (!thread_) thread_ = std::make_unique<ThreadPool>(1, "zrt-capture", [] { ThreadPool::MakeBackground(); });
   (void)thread_->Submit([this, r] { Stream(*r); });
   return job;
 }

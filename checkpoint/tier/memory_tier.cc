@@ -33,6 +33,7 @@
 #include "zrt/checkpoint/snapshot.h"
 #include "zrt/checkpoint/tier/tier_dir.h"
 #include "zrt/checkpoint/tier/tier_file.h"
+#include "zrt/core/thread_pool.h"
 #include "zrt/core/base.h"
 #include "zrt/core/logging.h"
 #include "zrt/offload/io_engine.h"
@@ -117,7 +118,7 @@ struct MemoryTier::Impl {
     const std::string own_data = own_tmp + "/" + DataFileName(gen->own_shard);
     Fail([&]() -> Status {
       RETURN_IF_ERROR(RemoveTree(own_tmp));
-      RETURN_IF_ERROR(MakeDirs(own_tmp));
+      RETURN_IF_ERROR(MakeTierDir(own_tmp));
       Recycle(own_dir, own_data);  // a removed generation's file: its pages are there already
       gen->sink = std::make_shared<TierSink>(gen->m, gen->plan, own_data, gen->bytes);
       return Status();
@@ -135,7 +136,7 @@ struct MemoryTier::Impl {
     if (local->ok()) {
       *local = [&]() -> Status {
         RETURN_IF_ERROR(RemoveTree(rep_tmp));
-        RETURN_IF_ERROR(MakeDirs(rep_tmp));
+        RETURN_IF_ERROR(MakeTierDir(rep_tmp));
         Recycle(replica_dir, rep_tmp + "/" + DataFileName(g.replica_shard));
         ASSIGN_OR_RETURN(g.replica, Mapping::Map(rep_tmp + "/" + DataFileName(g.replica_shard), g.bytes, true));
         return Status();
@@ -179,6 +180,7 @@ struct MemoryTier::Impl {
     const std::string own_tmp = StepPath(own_dir, g.step) + ".tmp";
     if (g.local.ok()) {
       g.own_sealed = std::async(std::launch::async, [this, p = &g, own_tmp] {
+        ThreadPool::MakeBackground();
         const double t0 = SteadySeconds();
         Status s = internal::Seal(*io, own_tmp, StepPath(own_dir, p->step), p->m, p->plan, p->own_shard, p->own_sums(), p->bytes);
         p->write_seconds = SteadySeconds() - t0;  // read by Commit after get()
@@ -201,7 +203,10 @@ struct MemoryTier::Impl {
     Gen* g = gen.get();
     g->replica_done_at = SteadySeconds();
     if (!g->local.ok() || !Replicated(n, o)) return;
-    g->replica_sealed = std::async(std::launch::async, [this, g] { return SealReplica(*g); });
+    g->replica_sealed = std::async(std::launch::async, [this, g] {
+      ThreadPool::MakeBackground();
+      return SealReplica(*g);
+    });
   }
   // Whether this rank's part of the pending generation is done (no waiting).
   bool LocallyDone() {
@@ -339,12 +344,12 @@ MemoryTier::~MemoryTier() {
 Status MemoryTier::Save(const StateView& state, const nlohmann::json& trainer_state) {
   Impl& t = *impl_;
   if (t.gen) RETURN_IF_ERROR(t.Commit(), "committing the previous snapshot");
-  const double t0 = SteadySeconds();
   // The step every rank already holds is kept as it is (replacing it would leave a moment with no
   // whole copy of it).
   ASSIGN_OR_RETURN(internal::SnapshotStart start, internal::StartSnapshot(t.comm, state, trainer_state, 1 << 20, t.stats.step == state.counters.step),
                    "memory tier");
   if (start.skip) return Status();
+  const double t0 = SteadySeconds();  // the stall, from the agreement on (snapshot.h)
   RETURN_IF_ERROR(t.Begin(std::move(start.manifest), t0));
   Impl::Gen& gen = *t.gen;
   gen.owner = state.owner;
@@ -355,6 +360,7 @@ Status MemoryTier::Save(const StateView& state, const nlohmann::json& trainer_st
   if (t.wire) {  // every rank's thread takes part in the transfer, whatever its copy's outcome
     gen.started = true;
     gen.copied = std::async(std::launch::async, [&t, &gen, local = gen.local]() mutable -> Status {
+                   ThreadPool::MakeBackground();
                    if (local.ok()) local = gen.sink->WaitClosed();
                    return t.Replicate(gen, std::move(local));
                  }).share();

@@ -13,6 +13,8 @@
 #include "zrt/checkpoint/format.h"
 #include "zrt/checkpoint/fs_util.h"
 #include "zrt/core/logging.h"
+#include "zrt/core/private_dir.h"
+#include "zrt/core/thread_pool.h"
 
 namespace zrt::ckpt {
 
@@ -42,14 +44,7 @@ constexpr const char* kSpare = "spare.data";
 }  // namespace
 
 int RanksPerNode(const MemoryTierOptions& o) {
-  if (o.ranks_per_node > 0) return o.ranks_per_node;
-  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}) {
-    if (const char* v = std::getenv(var)) {
-      const int n = std::atoi(v);
-      if (n > 0) return n;
-    }
-  }
-  return 1;
+  return o.ranks_per_node > 0 ? o.ranks_per_node : ThreadPool::LauncherRanksPerNode();
 }
 
 // Rank q's replica is held by rank (q + d) mod n.
@@ -131,6 +126,8 @@ int64_t TreeBytes(const std::string& dir) {
   return n;
 }
 
+Status MakeTierDir(const std::string& dir) { return MakePrivateDirs(fs::path(dir).parent_path().string(), dir, "memory tier"); }
+
 bool Exists(const std::string& p) {
   std::error_code ec;
   return fs::exists(p, ec);
@@ -151,8 +148,8 @@ TierPlace PlaceOf(const std::string& root, const MemoryTierOptions& o, int n, in
 }
 
 Status PrepareRankDir(const std::string& root, const MemoryTierOptions& o, const TierPlace& p, MemoryTierStats* stats) {
-  RETURN_IF_ERROR(MakeDirs(p.own_dir));
-  if (!p.replica_dir.empty()) RETURN_IF_ERROR(MakeDirs(p.replica_dir));
+  RETURN_IF_ERROR(MakePrivateDirs(o.dir, p.own_dir, "memory tier"));
+  if (!p.replica_dir.empty()) RETURN_IF_ERROR(MakePrivateDirs(o.dir, p.replica_dir, "memory tier"));
   std::error_code ec;
   std::vector<fs::path> doomed;
   for (const std::string& parent : {p.own_dir, p.replica_dir}) {

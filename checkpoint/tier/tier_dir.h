@@ -38,6 +38,8 @@ void Recycle(const std::string& parent, const std::string& path);
 void RemoveAllBut(const std::string& parent, int64_t keep);
 int64_t TreeBytes(const std::string& dir);
 bool Exists(const std::string& p);
+// A generation's directory, private (core/private_dir.h) inside its checked parent.
+Status MakeTierDir(const std::string& dir);
 
 // Start-up: this rank's directories made, and what a killed run left removed: half-written
 // generations, replicas this rank no longer holds, ranks the job no longer has (every rank of a node

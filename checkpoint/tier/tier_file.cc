@@ -72,8 +72,8 @@ std::vector<size_t> FirstChunks(const Manifest& m, const std::vector<Piece>& pla
 // Index and manifest beside a whole data file in `tmp`, then tmp renamed to `final` (replacing it).
 Status Seal(const IoEngine& io, const std::string& tmp, const std::string& final, const Manifest& m,
             const std::vector<Piece>& plan, int shard, const std::vector<uint64_t>& sums, int64_t total) {
-  RETURN_IF_ERROR(WriteFileDurably(io, tmp, IndexFileName(shard), EncodeIndex(IndexFor(m, plan, shard, sums, total))));
-  RETURN_IF_ERROR(WriteFileDurably(io, tmp, std::string(kManifestFile), EncodeManifest(m)));
+  RETURN_IF_ERROR(WriteFileDurably(io, tmp, IndexFileName(shard), EncodeIndex(IndexFor(m, plan, shard, sums, total)), kPrivateFileMode));
+  RETURN_IF_ERROR(WriteFileDurably(io, tmp, std::string(kManifestFile), EncodeManifest(m), kPrivateFileMode));
   RETURN_IF_ERROR(RemoveTree(final));
   return RenamePath(tmp, final);
 }

@@ -20,6 +20,7 @@
 
 #include "zrt/checkpoint/format.h"
 #include "zrt/core/base.h"
+#include "zrt/core/private_dir.h"
 #include "zrt/core/state_view.h"
 #include "zrt/core/status.h"
 #include "zrt/core/unique_fd.h"
@@ -72,9 +73,10 @@ class Mapping {
   // file's pages are then allocated there, not while training waits).
   static Result<Mapping> Map(const std::string& path, int64_t bytes, bool create, bool populate = true) {
     // Created files are not truncated: a recycled one (Recycle) keeps its memory pages.
-    UniqueFd fd(::open(path.c_str(), create ? (O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC) : (O_RDONLY | O_NOFOLLOW | O_CLOEXEC), 0644));
+    UniqueFd fd(::open(path.c_str(), create ? (O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC) : (O_RDONLY | O_NOFOLLOW | O_CLOEXEC), kPrivateFileMode));
     if (!fd.valid()) return ErrnoStatus(errno, "memory tier: opening " + path);
     if (create) {
+      if (::fchmod(fd.get(), kPrivateFileMode) != 0) return ErrnoStatus(errno, "memory tier: " + path);  // a recycled file too
       if (::ftruncate(fd.get(), bytes) != 0) return ErrnoStatus(errno, "memory tier: sizing " + path);
     } else {
       struct stat st {};

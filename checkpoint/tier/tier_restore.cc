@@ -73,7 +73,7 @@ Receipt PrepareReceipt(const StateView& target, const int64_t in[3], const std::
   rc.got[1].resize(static_cast<size_t>(in[1]));
   rc.prepared = [&]() -> Status {
     RETURN_IF_ERROR(RemoveTree(tmp));
-    RETURN_IF_ERROR(MakeDirs(tmp));
+    RETURN_IF_ERROR(MakeTierDir(tmp));
     const int shard = target.groups.empty() || target.groups[0].layout.world_size() == 1 ? 0 : rank;
     ASSIGN_OR_RETURN(rc.into, Mapping::Map(tmp + "/" + DataFileName(shard), in[2], true));
     return Status();
@@ -84,9 +84,9 @@ Receipt PrepareReceipt(const StateView& target, const int64_t in[3], const std::
 // The received files become this rank's own copy of the generation: durable files, then the rename.
 Status PlaceReplica(Receipt& rc, const std::string& tmp, const std::string& own, int rank) {
   ASSIGN_OR_RETURN(std::unique_ptr<IoEngine> io, IoEngine::Create(IoOptions{}));
-  RETURN_IF_ERROR(WriteFileDurably(*io, tmp, std::string(kManifestFile), rc.got[0]));
+  RETURN_IF_ERROR(WriteFileDurably(*io, tmp, std::string(kManifestFile), rc.got[0], kPrivateFileMode));
   ASSIGN_OR_RETURN(Manifest m, DecodeManifest(rc.got[0], tmp + "/" + std::string(kManifestFile)));
-  RETURN_IF_ERROR(WriteFileDurably(*io, tmp, IndexFileName(m.shards == 1 ? 0 : rank), rc.got[1]));
+  RETURN_IF_ERROR(WriteFileDurably(*io, tmp, IndexFileName(m.shards == 1 ? 0 : rank), rc.got[1], kPrivateFileMode));
   rc.into.Reset();
   RETURN_IF_ERROR(RemoveTree(own));
   return RenamePath(tmp, own);

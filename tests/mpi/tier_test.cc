@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -403,6 +405,59 @@ StateView Relayed(StateView v, RelayOwner* relay) {
 // State offloaded to NVMe is snapshotted by the owner's next step (no read while training waits),
 // beside a disk save of the same step waiting for the same step; a commit before any step has it
 // delivered at once. Both copies hold the state as it was when saved.
+// The tier's directory under /dev/shm has a predictable name: what zrt makes there is the user's
+// alone (directories 0700, files 0600), and one that another user made or may write is never used.
+TEST_P(TierTest, ItsDirectoriesAndFilesAreTheUsersAlone) {
+  const std::string job = MemoryTier::JobDir(root_, tier_);
+  auto mode = [](const fs::path& p) {
+    struct stat st {};
+    EXPECT_EQ(::lstat(p.c_str(), &st), 0) << p;
+    return st.st_mode & 07777;
+  };
+  {
+    auto e = Engine();
+    auto ck = Ck(tier_);
+    Train(*e, ck.get(), 0, 2);
+    ASSERT_TRUE(ck->Wait().ok());
+    ASSERT_TRUE(comm_->Barrier().ok());
+    OnRank0([&] {
+      EXPECT_EQ(mode(job), 0700u);
+      int files = 0;
+      for (const auto& f : fs::recursive_directory_iterator(job)) {
+        if (f.is_symlink()) continue;
+        EXPECT_EQ(mode(f.path()), f.is_directory() ? 0700u : 0600u) << f.path();
+        files += f.is_regular_file();
+      }
+      EXPECT_GE(files, 3 * n());  // each rank's data, index and manifest at least
+    });
+    if (GetParam().nvme) {  // the swap files beside them
+      const fs::path swap = fs::path(base_) / "swap" / ("zrt-swap.rank" + std::to_string(rank()));
+      EXPECT_EQ(mode(swap), 0700u);
+      for (const auto& f : fs::directory_iterator(swap)) EXPECT_EQ(mode(f.path()), 0600u) << f.path();
+    }
+  }
+  // Planted before the job starts: a directory of the tier's name that another user owns (as root),
+  // or that others may write. Every rank refuses it, and writes nothing into it.
+  OnRank0([&] {
+    fs::remove_all(job);
+    fs::create_directories(job);
+    if (::geteuid() == 0) {
+      EXPECT_EQ(::chown(job.c_str(), 65534, 65534), 0);
+    } else {
+      fs::permissions(job, fs::perms::all);
+    }
+  });
+  auto ck = Checkpointer::Create(comm_.get(), &device_, {.root = root_, .chunk_elements = 1024, .memory = tier_});
+  ASSERT_FALSE(ck.ok());
+  EXPECT_EQ(ck.status().code(), StatusCode::kFailedPrecondition) << ck.status();
+  EXPECT_NE(ck.status().message().find(job + " is "), std::string_view::npos) << ck.status();
+  EXPECT_NE(ck.status().message().find("refused"), std::string_view::npos) << ck.status();
+  OnRank0([&] {
+    EXPECT_TRUE(fs::is_empty(job));
+    fs::remove_all(job);
+  });
+}
+
 TEST_P(TierTest, NvmeStateIsTakenByTheNextStepBesideADiskSave) {
   if (!GetParam().nvme) GTEST_SKIP() << "resident state is copied at once";
   auto e = Engine();
