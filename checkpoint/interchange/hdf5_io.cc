@@ -265,8 +265,8 @@ struct InTensor {
   double lr = 0, weight_decay = 0;
 };
 
-// Reads a whole dataset as float; its shape must be `shape` (an optimizer state has its parameter's).
-Result<std::vector<float>> ReadTensor(hid_t file, const std::string& path, const std::vector<int64_t>& shape, const std::string& where) {
+// Opens a dataset whose shape must be `shape` (an optimizer state has its parameter's).
+Result<std::pair<Hid, DatasetInfo>> OpenShaped(hid_t file, const std::string& path, const std::vector<int64_t>& shape, const std::string& where) {
   Hid ds(H5Dopen2(file, path.c_str(), H5P_DEFAULT), H5Dclose);
   if (!ds.ok()) return DataLossError(where, ": dataset ", path, " is missing");
   ASSIGN_OR_RETURN(DatasetInfo info, CheckDataset(file, path, ds.get(), where));
@@ -274,6 +274,14 @@ Result<std::vector<float>> ReadTensor(hid_t file, const std::string& path, const
     return InvalidArgumentError(where, ": ", path, " has shape ", TensorSpec{path, info.shape, DType::kF32}.ToString(),
                                 ", its parameter ", TensorSpec{path, shape, DType::kF32}.ToString());
   }
+  return std::pair<Hid, DatasetInfo>(std::move(ds), std::move(info));
+}
+
+// Reads a whole dataset as float; its shape must be `shape`.
+Result<std::vector<float>> ReadTensor(hid_t file, const std::string& path, const std::vector<int64_t>& shape, const std::string& where) {
+  ASSIGN_OR_RETURN(auto opened, OpenShaped(file, path, shape, where));
+  const Hid& ds = opened.first;
+  const DatasetInfo& info = opened.second;
   std::vector<float> out;
   try {  // the size comes from the file
     out.resize(static_cast<size_t>(info.numel));
@@ -381,6 +389,10 @@ Status ImportHdf5(const std::string& in_path, const std::string& out_root, const
     }
     if (have == static_cast<int>(tensors.size())) kinds.push_back(k);
     else if (have > 0) return InvalidArgumentError("import: /optimizer/", k, " in ", in_path, " covers only some tensors");
+  }
+  // Every state has its parameter's shape, checked now: a state of an empty tensor is never read.
+  for (size_t k = 1; k < kinds.size(); ++k) {
+    for (const InTensor& t : tensors) RETURN_IF_ERROR(OpenShaped(file.get(), "/optimizer/" + kinds[k] + "/" + t.name, t.shape, in_path).status(), "import");
   }
   ASSIGN_OR_RETURN(Manifest m, ReadCounters(file.get(), in_path));
   std::vector<FullTensor> full;

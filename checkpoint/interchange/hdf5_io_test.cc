@@ -114,6 +114,47 @@ TEST_F(Hdf5ImportTest, AnOptimizerDatasetOfAnotherShapeIsRefused) {
   }
 }
 
+// A tensor with no elements has no values to read, so its optimizer datasets are never read while
+// the checkpoint is written: their shapes are checked before anything is, and the file is refused.
+TEST_F(Hdf5ImportTest, AStateOfAnEmptyTensorMustHaveItsShapeToo) {
+  for (const auto& zdims : std::vector<std::vector<hsize_t>>{{27}, {1, 27}, {0, 26}}) {
+    const std::string in = Make("empty.h5", [&](hid_t f) {
+      hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
+      H5Pset_create_intermediate_group(lcpl, 1);
+      auto put = [&](const std::string& path, const std::vector<hsize_t>& d) {
+        hid_t s = H5Screate_simple(static_cast<int>(d.size()), d.data(), nullptr);
+        size_t n = 1;
+        for (hsize_t x : d) n *= x;
+        std::vector<float> data(n, 0.25f);
+        hid_t ds = H5Dcreate2(f, path.c_str(), H5T_IEEE_F32LE, s, lcpl, H5P_DEFAULT, H5P_DEFAULT);
+        if (n > 0) H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data());
+        H5Dclose(ds);
+        H5Sclose(s);
+      };
+      put("/params/z", {0, 27});
+      for (const char* k : {"/optimizer/exp_avg/", "/optimizer/exp_avg_sq/"}) {
+        put(std::string(k) + "w", {4, 6});
+        put(std::string(k) + "b", {6});
+        put(std::string(k) + "z", zdims);
+      }
+      H5Pclose(lcpl);
+    });
+    Status s = Import(in);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("/optimizer/exp_avg/z has shape"), std::string_view::npos) << s;
+    EXPECT_NE(s.message().find("[0, 27]"), std::string_view::npos) << s;  // the parameter's, beside it
+    EXPECT_FALSE(fs::exists(dir_ / "out" / "step-00000000"));
+  }
+  // With the right shape it imports.
+  const std::string ok = Make("empty_ok.h5", [&](hid_t f) {
+    const hsize_t d[2] = {0, 27};
+    hid_t s = H5Screate_simple(2, d, nullptr);
+    H5Dclose(H5Dcreate2(f, "/params/z", H5T_IEEE_F32LE, s, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+    H5Sclose(s);
+  });
+  EXPECT_TRUE(Import(ok).ok());
+}
+
 TEST_F(Hdf5ImportTest, ArrayValuedAttributesAreRefused) {
   std::vector<int64_t> ints(1000, 3);  // under the 64 KiB of a compact attribute
   std::vector<double> doubles(1000, 0.1);
