@@ -144,7 +144,7 @@ Result<std::unique_ptr<EngineCore>> EngineCore::Create(Communicator* comm, Devic
   }
   std::unique_ptr<EngineCore> e(new EngineCore(comm, device, c));
   ASSIGN_OR_RETURN(e->scaler_, LossScaler::Create(c.loss_scale), "engine");
-  const int threads = c.optimizer_threads > 0 ? c.optimizer_threads : ThreadPool::HardwareThreads();
+  const int threads = c.optimizer_threads > 0 ? c.optimizer_threads : ThreadPool::CoresPerRank();
   e->impl_ = std::make_unique<Impl>(device, threads);
   e->impl_->owner = std::make_unique<EngineStateOwner>(e.get());
   if (!mc.jsonl_path.empty()) {
@@ -260,12 +260,8 @@ Status EngineCore::Allocate(const InitFn& init) {
   const int n = config_.stage == 0 ? 1 : comm_->size();
   const int rank = config_.stage == 0 ? 0 : comm_->rank();
   OptimizerStore& store = *impl_->store;
-  GradBucketer::Options bo;
-  bo.bucket_bytes = config_.bucket_bytes;
-  bo.reduce_dtype = config_.reduce_dtype;
-  bo.all_reduce = config_.stage == 0;
-  ASSIGN_OR_RETURN(impl_->bucketer, GradBucketer::Create(comm_, device_, impl_->compute.get(), bo), "finalize");
   std::vector<OptimizerStore::Group> store_groups;
+  int64_t reduced = 0;  // per rank, everything a step reduces: the trained groups' shards
   for (auto& gp : groups_) {
     Group& g = *gp;
     ASSIGN_OR_RETURN(g.layout, ShardLayout::Create(g.tensors, n, config_.alignment), "group '", g.name, "'");
@@ -298,7 +294,14 @@ Status EngineCore::Allocate(const InitFn& init) {
       }
     };
     store_groups.push_back(std::move(sg));
+    if (!g.frozen) reduced += g.layout.shard_size();
   }
+  GradBucketer::Options bo;
+  bo.bucket_bytes = config_.bucket_bytes;
+  bo.reduce_dtype = config_.reduce_dtype;
+  bo.all_reduce = config_.stage == 0;
+  bo.total = reduced;  // buckets no larger than the model needs (none on one rank)
+  ASSIGN_OR_RETURN(impl_->bucketer, GradBucketer::Create(comm_, device_, impl_->compute.get(), bo), "finalize");
   RETURN_IF_ERROR(store.Init(std::move(store_groups)), "finalize");
   if (config_.stage == 3) {
     std::vector<ParamGatherer::GroupRef> refs;
@@ -568,7 +571,7 @@ Status EngineCore::AdamWindow(const OptimizerStore::Window& w, const Scalars& sc
     if (args->empty()) continue;
     RETURN_IF_ERROR(w.compute->Adam(scalars[gi][c], *args, g.grad_dtype, f32 ? DType::kBF16 : g.dtype), "step, group '", g.name, "'");
   }
-  if (f32) RETURN_IF_ERROR(w.compute->Move(w.params, w.master, static_cast<size_t>(w.count) * 4));
+  if (f32 && w.params != w.master) RETURN_IF_ERROR(w.compute->Move(w.params, w.master, static_cast<size_t>(w.count) * 4));
   return Status();
 }
 

@@ -59,6 +59,13 @@ struct StepResult {
   double mfu = 0;                // metrics.flops_per_step / (times.total * metrics.peak_flops)
 };
 
+// A setting a resume took from the checkpoint in place of the trainer's (ZeroEngine::restored_settings).
+struct SettingChange {
+  std::string name;        // "lr", "lr_schedule.total_steps", "weight_decay", "tensor 'h.0.w' lr_scale", ...
+  std::string trainer;     // the value the trainer had set (config, registration or SetLr/SetLrSchedule)
+  std::string checkpoint;  // the value the checkpoint brought, in force after the resume
+};
+
 // A registered parameter; index = registration order (InitFn's `param`).
 struct ParamHandle {
   int64_t index = -1;
@@ -130,6 +137,13 @@ class ZeroEngine {
   // with checkpoints and come back with Restore; set them after a resume to override the saved ones.
   Status SetLr(double lr);
   Status SetLrSchedule(const LrSchedule& schedule);
+  // What the last Restore (a resume) took from the checkpoint in place of the trainer's settings: the
+  // peak lr, the schedule's fields, the default weight decay and each tensor's lr_scale and
+  // weight_decay that differ, with both values (rank 0 also logs them once, at warning level). The
+  // checkpoint's win by default, as torch's load_state_dict; UseTrainerSettings() puts the trainer's
+  // back in one call (a new lr or schedule for the rest of the run). Empty when nothing differed.
+  const std::vector<SettingChange>& restored_settings() const;
+  Status UseTrainerSettings();
   double lr() const;  // the lr the next step uses (before lr_scale)
   double loss_scale() const;
   int64_t steps() const;

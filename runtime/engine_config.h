@@ -91,7 +91,7 @@ struct OffloadConfig {
 struct EngineConfig {
   int stage = 2;                          // 0..3
   DType reduce_dtype = DType::kF32;       // gradient reductions: f32, or the model dtype (f32 accumulation)
-  int64_t bucket_bytes = 32 << 20;        // per gradient bucket; two are allocated
+  int64_t bucket_bytes = 32 << 20;        // at most, per gradient bucket (two); capped at the model's gradient, none on one rank
   int64_t alignment = 64;                 // elements; each tensor and shard starts at a multiple
   int64_t max_live_gathered_bytes = int64_t{1} << 30;  // stage 3: bound for prefetching
   int prefetch_depth = 2;                 // stage 3: groups gathered ahead of use
@@ -104,7 +104,7 @@ struct EngineConfig {
   kernels::AdamConfig adam;               // lr = the peak; weight_decay = the default (ParamOptions overrides)
   LrSchedule lr_schedule;                 // lr at step t = adam.lr * lr_schedule.Factor(t)
   MetricsConfig metrics;                  // tokens/s, MFU and the JSON-lines log of StepResult
-  int optimizer_threads = 0;              // CPU Adam threads (caller included); <= 0: all hardware threads
+  int optimizer_threads = 0;              // CPU Adam threads (caller included); <= 0: this rank's share of its cores (its CPU affinity divided among the node's ranks that share it; getting-started.md)
   OffloadConfig offload;
 };
 

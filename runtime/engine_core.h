@@ -69,6 +69,13 @@ class EngineCore {
   // with checkpoints and come back with Restore; set them after a resume to override the saved ones.
   Status SetLr(double lr);
   Status SetLrSchedule(const LrSchedule& schedule);
+  // What the last Restore (a resume) took from the checkpoint in place of the trainer's settings: the
+  // peak lr, the schedule's fields, the default weight decay and each tensor's lr_scale and
+  // weight_decay that differ, with both values (rank 0 also logs them once, at warning level). The
+  // checkpoint's win by default, as torch's load_state_dict; UseTrainerSettings() puts the trainer's
+  // back in one call (a new lr or schedule for the rest of the run). Empty when nothing differed.
+  const std::vector<SettingChange>& restored_settings() const { return restored_settings_; }
+  Status UseTrainerSettings();
   double lr() const;  // the lr the next step uses (before lr_scale)
   double loss_scale() const { return scaler_.scale(); }
   int64_t steps() const { return steps_; }
@@ -149,6 +156,15 @@ class EngineCore {
   std::vector<int64_t> param_pos_;  // within its group
   std::vector<char> param_frozen_;
   std::vector<std::unique_ptr<Group>> groups_;
+  // The trainer's settings a restore replaced, for UseTrainerSettings, and what differed.
+  struct TrainerSettings {
+    double lr = 0, weight_decay = 0;
+    LrSchedule schedule;
+    std::vector<Settings> settings;
+  };
+  std::optional<TrainerSettings> trainer_settings_;
+  std::vector<SettingChange> restored_settings_;
+  void ReportRestoredSettings(double lr, const LrSchedule& schedule, double wd, const std::vector<Settings>& settings);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -2,6 +2,8 @@
 // group's shard, the peak lr and its schedule, and the part of a checkpoint that carries them
 // (StateCounters::engine_state). The step itself is engine.cc.
 #include <cmath>
+#include <iomanip>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -45,12 +47,14 @@ void EngineCore::BuildSettingRuns() {
 Status EngineCore::SetLr(double lr) {
   if (!(lr >= 0) || !std::isfinite(lr)) return InvalidArgumentError("set_lr: lr must be finite and >= 0, got ", lr);
   lr_ = lr;
+  if (trainer_settings_) trainer_settings_->lr = lr;  // the trainer's choice, from now on
   return Status();
 }
 
 Status EngineCore::SetLrSchedule(const LrSchedule& schedule) {
   RETURN_IF_ERROR(schedule.Validate(), "set_lr_schedule");
   schedule_ = schedule;
+  if (trainer_settings_) trainer_settings_->schedule = schedule;
   return Status();
 }
 
@@ -110,21 +114,64 @@ Status EngineCore::ApplyEngineState(const std::string& text) {
     // Tensors the engine does not have are the load's business (strict loads refuse them).
   }
   RETURN_IF_ERROR(r.Finish());
-  size_t differ = 0, first = 0;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (settings[i] != settings_[i] && differ++ == 0) first = i;
-  }
-  if (differ > 0 && comm_->rank() == 0) {
-    ZRT_LOG(kWarn) << "restore: the checkpoint's optimizer settings of " << differ << " tensor(s) differ from their registration "
-                   << "(first: '" << params_[first].name << "', saved lr_scale " << settings[first].lr_scale << " weight_decay "
-                   << settings[first].weight_decay << ", registered " << settings_[first].lr_scale << " / " << settings_[first].weight_decay
-                   << "); the checkpoint's are used";
-  }
+  ReportRestoredSettings(lr, sched, wd, settings);
   lr_ = lr;
   schedule_ = sched;
   config_.adam.weight_decay = wd;
   settings_ = std::move(settings);
   BuildSettingRuns();
+  return Status();
+}
+
+namespace {
+std::string Text(double v, int digits = 6) {
+  std::ostringstream os;
+  os << std::setprecision(digits) << v;
+  return std::move(os).str();
+}
+}  // namespace
+
+// Every setting the checkpoint brings that differs from the trainer's, kept (restored_settings) and
+// logged once on rank 0; the trainer's are kept for UseTrainerSettings.
+void EngineCore::ReportRestoredSettings(double lr, const LrSchedule& sched, double wd, const std::vector<Settings>& settings) {
+  // The trainer's: what it set before its first resume (and SetLr/SetLrSchedule since).
+  if (!trainer_settings_) trainer_settings_ = TrainerSettings{lr_, config_.adam.weight_decay, schedule_, settings_};
+  const TrainerSettings& mine = *trainer_settings_;
+  std::vector<SettingChange> changes;
+  auto differs = [&](std::string name, double a, double b) {
+    if (a == b) return;
+    const bool close = Text(a) == Text(b);  // shown with every digit where 6 do not tell them apart
+    changes.push_back({std::move(name), Text(a, close ? 17 : 6), Text(b, close ? 17 : 6)});
+  };
+  differs("lr", mine.lr, lr);
+  if (mine.schedule.kind != sched.kind) {
+    changes.push_back({"lr_schedule.kind", std::string(LrScheduleKindName(mine.schedule.kind)), std::string(LrScheduleKindName(sched.kind))});
+  }
+  differs("lr_schedule.warmup_steps", static_cast<double>(mine.schedule.warmup_steps), static_cast<double>(sched.warmup_steps));
+  differs("lr_schedule.total_steps", static_cast<double>(mine.schedule.total_steps), static_cast<double>(sched.total_steps));
+  differs("lr_schedule.min_lr_ratio", mine.schedule.min_lr_ratio, sched.min_lr_ratio);
+  differs("weight_decay", mine.weight_decay, wd);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    differs("tensor '" + params_[i].name + "' lr_scale", mine.settings[i].lr_scale, settings[i].lr_scale);
+    differs("tensor '" + params_[i].name + "' weight_decay", mine.settings[i].weight_decay, settings[i].weight_decay);
+  }
+  restored_settings_ = std::move(changes);
+  if (restored_settings_.empty() || comm_->rank() != 0) return;
+  std::ostringstream os;
+  os << "resume: the checkpoint's settings replace the trainer's (engine->UseTrainerSettings() puts the trainer's back):";
+  for (const SettingChange& c : restored_settings_) os << "\n  " << c.name << ": " << c.trainer << " -> " << c.checkpoint;
+  ZRT_LOG(kWarn) << std::move(os).str();
+}
+
+Status EngineCore::UseTrainerSettings() {
+  if (!trainer_settings_) return Status();  // nothing was restored: the trainer's are in force
+  lr_ = trainer_settings_->lr;
+  schedule_ = trainer_settings_->schedule;
+  config_.adam.weight_decay = trainer_settings_->weight_decay;
+  settings_ = trainer_settings_->settings;
+  BuildSettingRuns();
+  if (comm_->rank() == 0 && !restored_settings_.empty()) ZRT_LOG(kInfo) << "resume: the trainer's settings are in force again";
+  restored_settings_.clear();
   return Status();
 }
 

@@ -16,22 +16,27 @@ Result<std::unique_ptr<GradBucketer>> GradBucketer::Create(Communicator* comm, D
                                                            const Options& o) {
   if (o.reduce_dtype == DType::kBytes) return InvalidArgumentError("gradient buckets: reduce dtype must be a float type");
   const int regions = o.all_reduce ? 1 : comm->size();
-  const int64_t capacity = o.bucket_bytes / static_cast<int64_t>(DTypeSize(o.reduce_dtype)) / regions;
-  if (capacity < 1) {
+  const int64_t configured = o.bucket_bytes / static_cast<int64_t>(DTypeSize(o.reduce_dtype)) / regions;
+  if (configured < 1) {
     return InvalidArgumentError("gradient buckets: bucket_bytes ", o.bucket_bytes, " is too small for ", regions,
                                 " ranks (needs at least one element per rank)");
   }
-  std::unique_ptr<GradBucketer> g(new GradBucketer(comm, compute, o, capacity));
-  const size_t esize = DTypeSize(o.reduce_dtype);
-  for (Bucket& b : g->buckets_) {
-    ASSIGN_OR_RETURN(b.in, device->Allocate(static_cast<size_t>(capacity * regions) * esize, MemCategory::kCommunication),
-                     "gradient bucket");
-    if (!o.all_reduce) {
-      ASSIGN_OR_RETURN(b.out, device->Allocate(static_cast<size_t>(capacity) * esize, MemCategory::kCommunication),
-                       "gradient bucket output");
-    }
-  }
+  const int64_t capacity = o.total < 0 ? configured : std::min(configured, o.total);
+  std::unique_ptr<GradBucketer> g(new GradBucketer(comm, device, compute, o, capacity));
+  if (capacity == 0 || g->alone()) return g;  // nothing is reduced
+  RETURN_IF_ERROR(g->AllocateBucket(g->buckets_[0]));  // the second when a step needs it
   return g;
+}
+
+Status GradBucketer::AllocateBucket(Bucket& b) {
+  const size_t esize = DTypeSize(o_.reduce_dtype);
+  ASSIGN_OR_RETURN(b.in, device_->Allocate(static_cast<size_t>(capacity_ * regions()) * esize, MemCategory::kCommunication),
+                   "gradient bucket");
+  if (!o_.all_reduce) {
+    ASSIGN_OR_RETURN(b.out, device_->Allocate(static_cast<size_t>(capacity_) * esize, MemCategory::kCommunication),
+                     "gradient bucket output");
+  }
+  return Status();
 }
 
 Status GradBucketer::Add(const void* grad, DType grad_dtype, const ShardLayout& layout, void* shard_out, DType out_dtype) {
@@ -40,6 +45,7 @@ Status GradBucketer::Add(const void* grad, DType grad_dtype, const ShardLayout& 
   }
   const size_t gsize = DTypeSize(grad_dtype), rsize = DTypeSize(o_.reduce_dtype);
   const int64_t shard = layout.shard_size();
+  if (alone()) return AddAlone(static_cast<const char*>(grad), grad_dtype, shard, static_cast<char*>(shard_out), out_dtype);
   for (int64_t a = 0; a < shard;) {
     Bucket* b = &Filling();
     if (b->used == capacity_) {
@@ -47,6 +53,7 @@ Status GradBucketer::Add(const void* grad, DType grad_dtype, const ShardLayout& 
       filling_ ^= 1;
       b = &Filling();
       if (b->in_flight) RETURN_IF_ERROR(Complete(*b));
+      if (b->in.empty()) RETURN_IF_ERROR(AllocateBucket(*b));
     }
     const int64_t n = std::min(shard - a, capacity_ - b->used);
     for (int r = 0; r < regions(); ++r) {
@@ -60,6 +67,25 @@ Status GradBucketer::Add(const void* grad, DType grad_dtype, const ShardLayout& 
     a += n;
   }
   return Poll();
+}
+
+Status GradBucketer::AddAlone(const char* grad, DType grad_dtype, int64_t count, char* shard_out, DType out_dtype) {
+  const DType rd = o_.reduce_dtype;
+  // f32 holds every bf16 and f16 value: only a 16-bit reduce dtype that neither side has rounds.
+  if (rd == grad_dtype || rd == out_dtype || rd == DType::kF32) {
+    if (grad == shard_out && grad_dtype == out_dtype) return Status();  // in place (stages 0-1): nothing to do
+    return compute_->Cast(grad, grad_dtype, shard_out, out_dtype, count).WithContext("copying a gradient into its shard");
+  }
+  const int64_t chunk = std::min<int64_t>(count, int64_t{1} << 18);
+  if (static_cast<int64_t>(scratch_.size()) < chunk * static_cast<int64_t>(DTypeSize(rd))) {
+    ASSIGN_OR_RETURN(scratch_, device_->Allocate(static_cast<size_t>(chunk) * DTypeSize(rd), MemCategory::kCommunication), "gradient scratch");
+  }
+  for (int64_t a = 0; a < count; a += chunk) {
+    const int64_t n = std::min(chunk, count - a);
+    RETURN_IF_ERROR(compute_->Cast(grad + static_cast<size_t>(a) * DTypeSize(grad_dtype), grad_dtype, scratch_.data(), rd, n));
+    RETURN_IF_ERROR(compute_->Cast(scratch_.data(), rd, shard_out + static_cast<size_t>(a) * DTypeSize(out_dtype), out_dtype, n));
+  }
+  return Status();
 }
 
 Status GradBucketer::Launch(Bucket& b) {

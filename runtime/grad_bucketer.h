@@ -7,6 +7,11 @@
 // the other is in flight; results are averaged over ranks and cast into the destination shard when
 // the bucket completes (Poll or Flush).
 //
+// Buckets are sized to the model: never larger than everything one step adds (`total`), the second
+// allocated only when a step fills the first, and none at all on one rank, where nothing is reduced
+// (Add casts the gradient into the shard directly, rounding through the reduce dtype as a reduction
+// would).
+//
 // Every rank must add the same groups in the same order (they run the same model). Not thread-safe.
 // Source gradients may be reused as soon as Add returns (they are copied into the bucket).
 #pragma once
@@ -29,6 +34,10 @@ class GradBucketer {
     int64_t bucket_bytes = 32 << 20;  // per bucket (all ranks' regions together); two are allocated
     DType reduce_dtype = DType::kF32;  // f32, or bf16/f16 on the wire (reductions accumulate in f32)
     bool all_reduce = false;           // stage 0: every rank gets the whole reduced gradient
+    // Elements per region of everything one step adds (the trained groups' shard_size summed; their
+    // padded sizes with all_reduce); 0: nothing is added; < 0: not known (buckets of bucket_bytes).
+    // Caps the buckets.
+    int64_t total = -1;
   };
   // Buckets live on `device`; `compute` (for that device) does the copies and casts into and out of them.
   static Result<std::unique_ptr<GradBucketer>> Create(Communicator* comm, Device* device, Compute* compute,
@@ -62,18 +71,23 @@ class GradBucketer {
     std::chrono::steady_clock::time_point launched;
   };
 
-  GradBucketer(Communicator* comm, Compute* compute, const Options& o, int64_t capacity)
-      : comm_(comm), compute_(compute), o_(o), capacity_(capacity) {}
+  GradBucketer(Communicator* comm, Device* device, Compute* compute, const Options& o, int64_t capacity)
+      : comm_(comm), device_(device), compute_(compute), o_(o), capacity_(capacity) {}
   int regions() const { return o_.all_reduce ? 1 : comm_->size(); }
+  bool alone() const { return comm_->size() == 1; }
+  Status AddAlone(const char* grad, DType grad_dtype, int64_t count, char* shard_out, DType out_dtype);
+  Status AllocateBucket(Bucket& b);
   Status Launch(Bucket& b);
   Status Complete(Bucket& b);
   Bucket& Filling() { return buckets_[filling_]; }
 
   Communicator* comm_;
+  Device* device_;
   Compute* compute_;
   Options o_;
   int64_t capacity_;  // elements per region
-  Bucket buckets_[2];
+  Bucket buckets_[2];  // empty when alone()
+  DeviceBuffer scratch_;  // alone(): the reduce dtype's rounding, when neither side has that dtype
   int filling_ = 0;
   CommStats stats_;
 };

@@ -293,26 +293,28 @@ class ResidentStore final : public OptimizerStore {
     DeviceBuffer* b[] = {&s.master, &s.exp_avg, &s.exp_avg_sq, &s.max_exp_avg_sq};
     return *b[kind];
   }
-  float* HostState(Slot& s, int kind) override { return state_dev_->host_accessible() ? Buffer(s, kind).as<float>() : nullptr; }
+  // A state kind's memory: an f32 group's master is its parameters where Adam writes them.
+  float* State(Slot& s, int kind) { return kind == 0 && s.master_is_params ? static_cast<float*>(HostParams(s)) : Buffer(s, kind).as<float>(); }
+  float* HostState(Slot& s, int kind) override { return state_dev_->host_accessible() ? State(s, kind) : nullptr; }
 
   // Host memory is read where it is. Device memory is copied to the host on the snapshot stream, which
   // waits only for the last step's update; the next update waits for the capture (WaitForCaptures).
   std::function<Result<const float*>(int, int64_t, int64_t, float*)> CaptureRead(Slot& s) override {
     if (state_dev_->host_accessible()) {
-      return [this, &s](int k, int64_t off, int64_t, float*) -> Result<const float*> { return Buffer(s, k).as<float>() + off; };
+      return [this, &s](int k, int64_t off, int64_t, float*) -> Result<const float*> { return State(s, k) + off; };
     }
     return [this, &s](int k, int64_t off, int64_t n, float* bounce) -> Result<const float*> {
-      RETURN_IF_ERROR(compute_->CopyToHost(bounce, Buffer(s, k).as<float>() + off, static_cast<size_t>(n) * 4),
+      RETURN_IF_ERROR(compute_->CopyToHost(bounce, State(s, k) + off, static_cast<size_t>(n) * 4),
                       "capturing group '", s.in.name, "'");
       return bounce;
     };
   }
 
   Status ReadState(int g, int kind, int64_t offset, int64_t n, float* out) override {
-    return state_dev_->Copy(out, Buffer(slots_[static_cast<size_t>(g)], kind).as<float>() + offset, static_cast<size_t>(n) * 4);
+    return state_dev_->Copy(out, State(slots_[static_cast<size_t>(g)], kind) + offset, static_cast<size_t>(n) * 4);
   }
   Status WriteState(int g, int kind, int64_t offset, int64_t n, const float* in) override {
-    return state_dev_->Copy(Buffer(slots_[static_cast<size_t>(g)], kind).as<float>() + offset, in, static_cast<size_t>(n) * 4);
+    return state_dev_->Copy(State(slots_[static_cast<size_t>(g)], kind) + offset, in, static_cast<size_t>(n) * 4);
   }
 
   Status Allocate() override {
@@ -320,20 +322,26 @@ class ResidentStore final : public OptimizerStore {
       if (s.in.frozen) continue;
       const auto S = static_cast<size_t>(s.in.elements);
       const std::string ctx = "allocating the optimizer state of group '" + s.in.name + "'";
-      for (int k = 0; k < kinds(s); ++k) {
+      // An f32 model's parameters are its master weights wherever the state's device reaches them (a
+      // second f32 copy would hold the same values): 16 bytes per parameter of model state, not 20.
+      const bool params_here = state_dev_->host_accessible() ? (!s.host_params.empty() || !s.param_shard.empty() || device_->host_accessible())
+                                                             : (s.host_params.empty() && s.param_shard.empty());
+      s.master_is_params = s.in.dtype == DType::kF32 && params_here;
+      for (int k = s.master_is_params ? 1 : 0; k < kinds(s); ++k) {
         DeviceBuffer& b = Buffer(s, k);
         ASSIGN_OR_RETURN(b, state_dev_->Allocate(S * 4, MemCategory::kOptimizerState), ctx);
         RETURN_IF_ERROR(state_dev_->Fill(b.data(), 0, S * 4), ctx);
       }
+      if (s.master_is_params) RETURN_IF_ERROR(state_dev_->Fill(State(s, 0), 0, S * 4), ctx);  // padding: zero
       // Initial values, through host memory if need be (padding stays zero).
       std::vector<float> staged;
-      float* master = s.master.as<float>();
+      float* master = State(s, 0);
       if (!state_dev_->host_accessible()) {
         staged.assign(S, 0.0f);
         master = staged.data();
       }
       s.in.init(0, s.in.elements, master);
-      if (!staged.empty()) RETURN_IF_ERROR(state_dev_->Copy(s.master.data(), staged.data(), S * 4), ctx);
+      if (!staged.empty()) RETURN_IF_ERROR(state_dev_->Copy(State(s, 0), staged.data(), S * 4), ctx);
       RETURN_IF_ERROR(RefreshParams(s), ctx);
     }
     return Status();
@@ -342,13 +350,13 @@ class ResidentStore final : public OptimizerStore {
   Window WindowAt(int g, int64_t off, int64_t n) {
     Slot& s = slots_[static_cast<size_t>(g)];
     auto at = [off](DeviceBuffer& b) { return b.empty() ? nullptr : b.as<float>() + off; };
-    return Window{g, off, n, at(s.master), at(s.exp_avg), at(s.exp_avg_sq), at(s.max_exp_avg_sq),
+    return Window{g, off, n, State(s, 0) + off, at(s.exp_avg), at(s.exp_avg_sq), at(s.max_exp_avg_sq),
                   static_cast<const char*>(HostGrads(s)) + static_cast<size_t>(off) * DTypeSize(s.in.grad_dtype),
                   static_cast<char*>(HostParams(s)) + static_cast<size_t>(off) * esize(s), state_compute_};
   }
 
   Status RefreshParams(Slot& s) {
-    RETURN_IF_ERROR(state_compute_->Cast(s.master.data(), DType::kF32, HostParams(s), s.in.dtype, s.in.elements));
+    if (!s.master_is_params) RETURN_IF_ERROR(state_compute_->Cast(s.master.data(), DType::kF32, HostParams(s), s.in.dtype, s.in.elements));
     return ParamsUp(s);
   }
 

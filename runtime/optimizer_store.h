@@ -139,6 +139,7 @@ class OptimizerStore {
   struct Slot {
     Group in;
     DeviceBuffer master, exp_avg, exp_avg_sq, max_exp_avg_sq;  // resident state
+    bool master_is_params = false;  // an f32 group's resident master: its parameters (HostParams), no copy
     DeviceBuffer host_grad, host_params;  // mirrors of device memory the host cannot address
     DeviceBuffer param_shard;             // held parameters in host memory
   };

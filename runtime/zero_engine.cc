@@ -35,6 +35,8 @@ void ZeroEngine::Record(const std::string& key, double value) { core_->Record(ke
 Result<StepResult> ZeroEngine::Step() { return core_->Step(); }
 Status ZeroEngine::SetLr(double lr) { return core_->SetLr(lr); }
 Status ZeroEngine::SetLrSchedule(const LrSchedule& schedule) { return core_->SetLrSchedule(schedule); }
+const std::vector<SettingChange>& ZeroEngine::restored_settings() const { return core_->restored_settings(); }
+Status ZeroEngine::UseTrainerSettings() { return core_->UseTrainerSettings(); }
 double ZeroEngine::lr() const { return core_->lr(); }
 double ZeroEngine::loss_scale() const { return core_->loss_scale(); }
 int64_t ZeroEngine::steps() const { return core_->steps(); }

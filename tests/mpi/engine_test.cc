@@ -310,6 +310,67 @@ TEST_F(EngineTest, MemoryPerRankMatchesZeroFormulas) {
   }
 }
 
+// Reduction buffers fit the model: with bucket_bytes above the model's gradient, one bucket of the
+// trained groups' gradients (plus its reduce-scatter output), none on one rank; and a 16-bit reduce
+// dtype still rounds on one rank as a reduction over many would.
+TEST_F(EngineTest, BucketsAreSizedToTheModel) {
+  const std::vector<ParamDef> model = {{"a", {1000}, "a"}, {"b", {3001}, "b"}, {"f", {50000}, "f"}};
+  for (int stage = 0; stage <= 3; ++stage) {
+    EngineConfig cfg;  // bucket_bytes: the default 32 MiB
+    cfg.stage = stage;
+    CpuDevice dev;
+    auto e = ZeroEngine::Create(comm_.get(), &dev, cfg);
+    ASSERT_TRUE(e.ok());
+    for (const ParamDef& p : model) {
+      ASSERT_TRUE((*e)->AddParam(p.name, p.shape, DType::kBF16, {.group = p.group, .frozen = p.name == "f"}).ok());
+    }
+    ASSERT_TRUE((*e)->Finalize(InitFn()).ok());
+    for (int g : {1, 0}) {  // the trained groups' gradients (zero), reduced
+      ASSERT_TRUE((*e)->Gather(g).ok());
+      ASSERT_TRUE((*e)->GradBuffer(g).ok());
+      ASSERT_TRUE((*e)->Release(g).ok());
+      ASSERT_TRUE((*e)->GradsReady(g).ok());
+    }
+    ASSERT_TRUE((*e)->Step().ok());
+    const int n = stage == 0 ? 1 : size();
+    int64_t unit = 0;  // per rank, "a" and "b" ("f" is frozen: nothing to reduce)
+    for (int64_t numel : {1000, 3001}) {
+      const std::vector<int64_t> one = {numel};
+      auto l = ShardLayout::Create(std::span<const int64_t>(one), n, cfg.alignment);
+      ASSERT_TRUE(l.ok());
+      unit += l->shard_size();
+    }
+    const int64_t want = size() == 1 ? 0 : stage == 0 ? unit * 4 : (unit * size() + unit) * 4;
+    EXPECT_EQ((*e)->memory().peak_of(MemCategory::kCommunication), want) << "stage " << stage << "\n" << (*e)->memory().ToString();
+  }
+}
+
+TEST_F(EngineTest, OneRankRoundsThroughA16BitReduceDtypeAsAReductionWould) {
+  if (size() != 1) GTEST_SKIP() << "one rank: nothing is reduced";
+  // f32 gradients into f32 shards with bf16 on the wire: the values come out bf16-rounded.
+  EngineConfig cfg;
+  cfg.stage = 2;
+  cfg.reduce_dtype = DType::kBF16;
+  cfg.fp32_grads = true;
+  cfg.adam.lr = 0;  // the step leaves the weights; the gradient norm shows the rounding
+  cfg.max_grad_norm = 0;
+  auto e = ZeroEngine::Create(comm_.get(), &device_, cfg);
+  ASSERT_TRUE(e.ok());
+  auto h = (*e)->AddParam("w", {4}, DType::kF32);
+  ASSERT_TRUE(h.ok());
+  ASSERT_TRUE((*e)->Finalize(InitFn()).ok());
+  ASSERT_TRUE((*e)->Gather(0).ok());
+  auto g = (*e)->Grad(*h);
+  ASSERT_TRUE(g.ok());
+  const float x = 1.0f + 0x1p-12f;  // not a bf16 value: rounds to 1
+  for (float& v : g->as<float>()) v = x;
+  ASSERT_TRUE((*e)->Release(0).ok());
+  ASSERT_TRUE((*e)->GradsReady(0).ok());
+  auto r = (*e)->Step();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_DOUBLE_EQ(r->grad_norm, 2.0);  // sqrt(4 * 1^2), not sqrt(4) * x
+}
+
 TEST_F(EngineTest, BadInputGivesClearErrors) {
   EngineConfig cfg;
   cfg.stage = 3;

@@ -87,12 +87,16 @@ struct Config {
 struct Memory {
   double params = 0, grads = 0, optim = 0, working = 0, buckets = 0, act = 0;  // device
   double host = 0, nvme = 0;                                                    // per device
+  double state[3] = {0, 0, 0};  // params, grads, optimizer state per device, wherever they live
   double device() const { return params + grads + optim + working + buckets + act; }
   double states() const { return params + grads + optim; }
 };
 
 Memory MemoryFor(const PlanInput& in, const Model& m, const Config& c) {
-  const double n = in.gpus, p = in.param_bytes, g = in.fp32_grads ? 4 : in.param_bytes, k = in.param_bytes == 2 ? 12.0 : 8.0;
+  // Optimizer state per parameter: the moments, and an fp32 master for 16-bit models (an fp32 model's
+  // parameters are its master, except on NVMe where the master streams beside the parameters).
+  const double n = in.gpus, p = in.param_bytes, g = in.fp32_grads ? 4 : in.param_bytes;
+  const double k = c.offload == "nvme" || in.param_bytes == 2 ? 12.0 : 8.0;
   const double psi = m.psi;
   Memory mem;
   switch (c.stage) {
@@ -101,7 +105,11 @@ Memory MemoryFor(const PlanInput& in, const Model& m, const Config& c) {
     case 2: mem.params = p * psi, mem.grads = g * psi / n, mem.optim = k * psi / n; break;
     default: mem.params = p * psi / n, mem.grads = g * psi / n, mem.optim = k * psi / n; break;
   }
-  mem.buckets = c.stage == 0 ? 2 * in.bucket_bytes : 2 * in.bucket_bytes * (1 + 1 / n);
+  mem.state[0] = mem.params, mem.state[1] = mem.grads, mem.state[2] = mem.optim;
+  // Gradient buckets in f32: one as large as the model's gradient when that fits bucket_bytes, else two
+  // of bucket_bytes; none on one device (nothing is reduced).
+  const double bucket = std::min(double(in.bucket_bytes), 4 * psi), buckets = 4 * psi > in.bucket_bytes ? 2 : 1;
+  mem.buckets = n == 1 ? 0 : buckets * bucket * (c.stage == 0 ? 1 : 1 + 1 / n);
   if (c.stage == 2) mem.working = g * m.largest;
   if (c.stage == 3) {
     const double one = p * m.largest;
@@ -109,7 +117,9 @@ Memory MemoryFor(const PlanInput& in, const Model& m, const Config& c) {
   }
   if (c.offload != "none") {
     (c.offload == "cpu" ? mem.host : mem.nvme) += mem.optim;
-    mem.host += 4 * psi / n;  // the fp32 gradient shard the CPU Adam reads
+    // The host's copies of the device's gradient and parameter shards the CPU Adam reads and writes
+    // (the parameters are the store's own when they are offloaded too).
+    mem.host += (g + (c.offload_params == "none" ? p : 0)) * psi / n;
     mem.optim = 0;
   }
   if (c.offload_params != "none") {
@@ -247,6 +257,7 @@ Estimate EstimateFor(const PlanInput& in, const Model& m) {
       {"host", e.mem.host}, {"host_per_node", e.mem.host * PerNode(in)}, {"nvme", e.mem.nvme},
       {"fits", Fits(in, e.mem)}, {"fits_with_recompute", Fits(in, e.mem_rc)},
       {"left_out", e.left_out}, {"comm_bytes_per_step", e.comm}, {"deepspeed", DeepSpeedEstimate(in, m)},
+      {"model_state", {{"params", e.mem.state[0]}, {"grads", e.mem.state[1]}, {"optimizer", e.mem.state[2]}}},
   };
   // Kept for scripts written against the first version.
   j["device"]["activations_recompute"] = e.mem_rc.act;

@@ -143,7 +143,10 @@ TEST(Plan, TheStage3WorkingSetIsCountedAndWhatIsLeftOutIsSaid) {
   EXPECT_NEAR(j["nvme"].get<double>(), (12 + 2) * 7.5e9 / 8, 1);
   EXPECT_NE(j["left_out"].dump().find("activations"), std::string::npos);
   in.offload_params = "cpu";
-  EXPECT_NEAR(PlanJson(in)["host"].get<double>(), (2 + 4) * 7.5e9 / 8, 1);  // parameters + the fp32 gradient shard
+  EXPECT_NEAR(PlanJson(in)["host"].get<double>(), (2 + 2) * 7.5e9 / 8, 1);  // parameters + the host's copy of the bf16 gradient shard
+  in.fp32_grads = true;
+  EXPECT_NEAR(PlanJson(in)["host"].get<double>(), (2 + 4) * 7.5e9 / 8, 1);  // ... an fp32 one
+  in.fp32_grads = false;
   in.largest_layer = 0;
   EXPECT_NE(PlanJson(in)["left_out"].dump().find("--largest-layer"), std::string::npos);
 }
