@@ -14,6 +14,7 @@
 // the next step boundary and exit.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -49,7 +50,7 @@ int Fail(const Status& s) {
 int main(int argc, char** argv) {
   CLI::App app{"charlm: a character-level language model trained with zrt"};
   int stage = 3, batch = 64, print_every = 25, every = 0, keep_last = 3, threads = 1;
-  int64_t steps = 400;
+  int64_t steps = 400, warmup = -1;
   double lr = 1e-2;
   uint64_t seed = 1234;
   std::string ckpt_root, dump, words_path = "/usr/share/dict/words", offload = "none", nvme_dir, device_name = "cpu";
@@ -58,6 +59,7 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "optimizer steps in total (a resumed run counts from its checkpoint)");
   app.add_option("--batch", batch, "examples per rank per step");
   app.add_option("--lr", lr, "peak learning rate");
+  app.add_option("--warmup", warmup, "warmup steps of the cosine schedule (default: 20, at most a fifth of --steps)");
   app.add_option("--hidden", dims.hidden, "hidden units");
   app.add_option("--seed", seed, "data order and initialisation");
   app.add_option("--ckpt", ckpt_root, "checkpoint root (resume from its newest complete checkpoint)");
@@ -126,7 +128,8 @@ int main(int argc, char** argv) {
   cfg.stage = stage;
   cfg.adam.lr = lr;
   cfg.adam.weight_decay = 1e-4;
-  cfg.lr_schedule = LrSchedule::Cosine(/*warmup=*/20, /*total=*/steps, /*min_lr_ratio=*/0.1);
+  if (warmup < 0) warmup = std::min<int64_t>(20, steps / 5);  // a short run is mostly training, not warmup
+  cfg.lr_schedule = LrSchedule::Cosine(warmup, /*total=*/steps, /*min_lr_ratio=*/0.1);
   cfg.max_grad_norm = 1.0;
   cfg.optimizer_threads = threads;
   cfg.bucket_bytes = 1 << 20;
@@ -314,6 +317,7 @@ int main(int argc, char** argv) {
       std::ofstream out(dump, std::ios::binary | std::ios::trunc);
       out.write(reinterpret_cast<const char*>(all.data()), static_cast<std::streamsize>(all.size() * 4));
     }
+    std::printf("memory per rank (peak):\n%s", engine.memory().ToString().c_str());
     std::printf("SUMMARY steps=%lld final_loss=%.4f checkpoints=%d stall_per_save_ms=%.3f resumed_from=%s seconds=%.1f\n",
                 static_cast<long long>(engine.steps()), last_loss, saves, saves ? 1e3 * stall_total / saves : 0.0,
                 resumed_from.empty() ? "-" : resumed_from.c_str(), seconds);

@@ -54,10 +54,10 @@ zrt::Result<std::string> ReadCorpus(const std::string& dir) {
 }
 
 struct Options {
-  std::string preset = "tiny", ckpt, dump, init, init_names, data = "/usr/share/games/fortunes", offload = "none", nvme_dir, reference;
+  std::string preset = "tiny", ckpt, dump, init, init_names, data = "/usr/share/games/fortunes", offload = "none", nvme_dir, reference, trace;
   int stage = 3, batch = 8, accum = 2, every = 50, keep_last = 2, print_every = 10, val_every = 100, sample = 120;
   int64_t steps = 200, warmup = 20;
-  double lr = 1e-3, clip = 1.0;
+  double lr = 1e-3, clip = 1.0, temperature = 0.8;
   uint64_t seed = 1337;
 };
 
@@ -154,6 +154,40 @@ class Net {
   std::map<size_t, std::vector<float>> w_;
 };
 
+void Append(const std::string& path, const void* data, size_t bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::app).write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
+}
+
+// --trace DIR: what tests/gpt/torch_train.py needs to train the same model in PyTorch and compare the
+// loss curves: the configuration and the initial fp32 weights (meta.json, weights.bin, rank 0), each
+// rank's tokens of every micro-step (tokens.rank<r>.bin, appended as they are used) and each step's
+// loss, gradient norm and lr (steps.jsonl, rank 0). A fresh run only: a resumed one would miss steps.
+Status BeginTrace(const gpt::Config& c, const Options& o, zrt::Communicator& comm, bool resumed) {
+  const int world = comm.size(), rank = comm.rank();
+  if (resumed) return zrt::InvalidArgumentError("--trace: a fresh run only (this one resumed or was initialised from a file)");
+  if (rank == 0) {
+    std::filesystem::remove_all(o.trace);
+    std::filesystem::create_directories(o.trace);
+  }
+  RETURN_IF_ERROR(comm.Barrier());
+  if (rank != 0) return Status();
+  const auto defs = gpt::Tensors(c);
+  nlohmann::json meta = {{"vocab", c.vocab}, {"context", c.context}, {"layers", c.layers}, {"dim", c.dim}, {"heads", c.heads},
+                         {"batch", o.batch}, {"accum", o.accum}, {"world", world}, {"steps", o.steps}, {"lr", o.lr},
+                         {"warmup", o.warmup}, {"min_lr_ratio", 0.1}, {"clip", o.clip}, {"betas", {0.9, 0.95}}, {"eps", 1e-8},
+                         {"weight_decay", 0.1}, {"param_dtype", "bf16"}, {"tensors", nlohmann::json::array()}};
+  for (size_t t = 0; t < defs.size(); ++t) {
+    int64_t n = 1;
+    for (int64_t d : defs[t].shape) n *= d;
+    std::vector<float> w(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) w[static_cast<size_t>(i)] = gpt::InitValue(c, defs, o.seed, static_cast<int64_t>(t), i);
+    Append(o.trace + "/weights.bin", w.data(), w.size() * 4);
+    meta["tensors"].push_back({{"name", defs[t].name}, {"shape", defs[t].shape}, {"decay", defs[t].decay}});
+  }
+  std::ofstream(o.trace + "/meta.json") << meta.dump(1) << "\n";
+  return Status();
+}
+
 // One forward/backward on the initial weights in fp32, written for tests/gpt/torch_reference.py.
 Status WriteReference(const gpt::Config& c, const Options& o, const std::string& text) {
   const auto defs = gpt::Tensors(c);
@@ -217,7 +251,6 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
   cfg.grad_accum_steps = o.accum;
   cfg.fp32_grads = true;
   cfg.bucket_bytes = 4 << 20;
-  cfg.optimizer_threads = 1;
   ASSIGN_OR_RETURN(cfg.offload.optimizer, zrt::ParseOffloadTarget(o.offload));
   if (o.stage == 3) cfg.offload.params = cfg.offload.optimizer;
   cfg.offload.nvme_dir = o.nvme_dir;
@@ -287,6 +320,7 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
                 o.preset.c_str(), static_cast<long long>(c.num_params()), c.layers, c.dim, c.heads, c.context, world, o.stage,
                 o.offload.c_str(), text.size(), cfg.metrics.peak_flops / 1e9);
   }
+  if (!o.trace.empty()) RETURN_IF_ERROR(BeginTrace(c, o, comm, resumed_from != "-" || !o.init.empty()));
   gpt::Model model(c, o.batch);
   const size_t row = static_cast<size_t>(c.context) + 1;
   std::vector<uint8_t> tokens(static_cast<size_t>(o.batch) * row);
@@ -304,6 +338,7 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
     for (int micro = 0; micro < o.accum; ++micro) {
       engine->SetSync(micro == o.accum - 1);
       fill(Mix(o.seed ^ Mix(static_cast<uint64_t>(engine->steps()) * 1009 + static_cast<uint64_t>(micro) * 37 + static_cast<uint64_t>(rank))), 0, split);
+      if (!o.trace.empty()) Append(o.trace + "/tokens.rank" + std::to_string(rank) + ".bin", tokens.data(), tokens.size());
       engine->Mark(zrt::Phase::kForward);
       ASSIGN_OR_RETURN(double l, net.Forward(model, tokens.data()));
       loss += l / o.accum;
@@ -315,6 +350,10 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
     loss = avg;
     engine->Record("loss", loss);
     ASSIGN_OR_RETURN(zrt::StepResult r, engine->Step());
+    if (!o.trace.empty() && rank == 0) {
+      const std::string line = nlohmann::json{{"step", r.step}, {"loss", loss}, {"grad_norm", r.grad_norm}, {"lr", r.lr}, {"skipped", r.skipped}}.dump() + "\n";
+      Append(o.trace + "/steps.jsonl", line.data(), line.size());
+    }
     const zrt::CommStats comm_now = engine->comm_stats();
     if (r.step > 2 && r.times.checkpoint_stall == 0) {  // steady state: past warm-up, no save in it
       tok_s += r.tokens_per_second;
@@ -374,12 +413,16 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
       RETURN_IF_ERROR(net.Forward(one, ctx.data()).status());
       RETURN_IF_ERROR(engine->Release(net.head()));
       RETURN_IF_ERROR(engine->Release(net.embed()));
+      // p^(1 / temperature), renormalised: below 1 the likelier bytes win more often.
       const float* p = one.probs(static_cast<int>(n) - 1);
+      std::vector<double> w(static_cast<size_t>(c.vocab));
+      double sum = 0;
+      for (int v = 0; v < c.vocab; ++v) sum += w[static_cast<size_t>(v)] = std::pow(static_cast<double>(p[v]), 1.0 / o.temperature);
       rng = Mix(rng);
-      double u = static_cast<double>(rng >> 11) * 0x1.0p-53, acc = 0;
+      double u = static_cast<double>(rng >> 11) * 0x1.0p-53 * sum, acc = 0;
       int next = 0;
       for (; next < c.vocab - 1; ++next) {
-        if ((acc += p[next]) > u) break;
+        if ((acc += w[static_cast<size_t>(next)]) > u) break;
       }
       out.push_back(static_cast<char>(next));
     }
@@ -441,10 +484,12 @@ int main(int argc, char** argv) {
   app.add_option("--print-every", o.print_every, "log every N steps");
   app.add_option("--val-every", o.val_every, "validation loss every N steps (0: never)");
   app.add_option("--sample", o.sample, "characters of text to generate at the end (0: none)");
+  app.add_option("--temperature", o.temperature, "sampling temperature of --sample (1: the model's distribution)")->check(CLI::PositiveNumber);
   app.add_option("--dump", o.dump, "write the final fp32 weights here (rank 0)");
   app.add_option("--init", o.init, "start from pretrained weights: a safetensors file, index or directory (unless resuming)");
   app.add_option("--init-names", o.init_names, "JSON name map for --init: file names -> these (docs/interop.md)");
   app.add_option("--reference", o.reference, "write one fp32 forward/backward on the initial weights into this directory and exit");
+  app.add_option("--trace", o.trace, "write the configuration, initial weights, tokens and per-step losses here (tests/gpt/torch_train.py)");
   CLI11_PARSE(app, argc, argv);
   openblas_set_num_threads(1);  // one rank per core; the ranks are the parallelism
   auto c = gpt::Preset(o.preset);

@@ -34,9 +34,9 @@ check() {
   echo "   $name: exit $code, quiet"
 }
 
-mpirun -n 3 --oversubscribe --bind-to none "$charlm" --steps 30 --every 15 --stage 2 --print-every 1000 \
+mpirun -n 3 --oversubscribe --bind-to none "$charlm" --steps 10 --every 5 --stage 2 --print-every 1000 \
   --ckpt "$work/ck" > "$work/train.log" 2>&1 || { cat "$work/train.log"; fail "training run"; }
-a="$work/ck/step-00000015"; b="$work/ck/step-00000030"
+a="$work/ck/step-00000005"; b="$work/ck/step-00000010"
 "$zrt" ckpt inspect "$b" --stats | wc -c > "$work/bytes"  # output sizes, for the record
 echo "== inspect --stats prints $(cat "$work/bytes") bytes"
 
@@ -76,7 +76,7 @@ closed_reader "$zrt" ckpt reshard "$b" "$work/re" --world-size 2 2> "$work/err";
 closed_reader "$zrt" ckpt export "$b" "$work/model.h5" --states all 2> "$work/err"; check "export hdf5" $? "$work/err"
 closed_reader "$zrt" ckpt export "$b" "$work/model.safetensors" 2> "$work/err"; check "export safetensors" $? "$work/err"
 closed_reader "$zrt" ckpt import "$work/model.h5" "$work/imp" --world-size 4 2> "$work/err"; check "import" $? "$work/err"
-for d in "$work/re/step-00000030" "$work/imp/step-00000030"; do
+for d in "$work/re/step-00000010" "$work/imp/step-00000010"; do
   "$zrt" ckpt verify "$d" > /dev/null || fail "$d does not verify"
   "$zrt" ckpt diff "$b" "$d" > /dev/null || fail "$d differs from $b"
 done

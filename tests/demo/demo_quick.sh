@@ -16,4 +16,6 @@ resumed=$(sed -n 's/.*resumed at step \([0-9]*\) on 2 ranks.*/\1/p' <<< "$summar
 grep -q "saved by 4 ranks, loaded by 2" <<< "$summary" || fail "not resharded 4 -> 2"
 grep -q "^OK: .*chunks verified" "$work.log" || fail "zrt ckpt verify did not pass"
 grep -q "format v1, step 12, saved by 2 rank(s)" "$work.log" || fail "zrt ckpt inspect did not show the final checkpoint"
+[ -s "$work/loss_4ranks.dat" ] && [ -s "$work/loss_2ranks.dat" ] || fail "no loss curve data"
+grep -q "loss curve:" <<< "$summary" || fail "the summary does not say where the loss curve is"
 echo "PASS"

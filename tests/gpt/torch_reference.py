@@ -8,48 +8,28 @@ softmax attention, output projection tied to wte), run in float64 on the fp32 we
 used; zrt's fp32 loss and gradients must agree to fp32 accuracy. Exit 1 on any mismatch.
 """
 import json
-import math
+import os
 import sys
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_gpt  # noqa: E402
 
 d = sys.argv[1]
 meta = json.load(open(f"{d}/meta.json"))
-V, T, L, D, H, B = (meta[k] for k in ("vocab", "context", "layers", "dim", "heads", "batch"))
-weights = np.fromfile(f"{d}/weights.bin", dtype=np.float32)
+T, B = meta["context"], meta["batch"]
+params = torch_gpt.read_weights(f"{d}/weights.bin", meta, torch.float64)
 grads = np.fromfile(f"{d}/grads.bin", dtype=np.float32)
 tokens = torch.from_numpy(np.fromfile(f"{d}/tokens.bin", dtype=np.uint8).astype(np.int64)).view(B, T + 1)
-
-params, ours, at = {}, {}, 0
+ours, at = {}, 0
 for t in meta["tensors"]:
     n = int(np.prod(t["shape"])) if t["shape"] else 1
-    params[t["name"]] = torch.tensor(weights[at:at + n].reshape(t["shape"]), dtype=torch.float64, requires_grad=True)
     ours[t["name"]] = grads[at:at + n].reshape(t["shape"]).astype(np.float64)
     at += n
-assert at == weights.size, "weights.bin does not match meta.json"
 
-x_in, y = tokens[:, :T], tokens[:, 1:]
-p = params
-x = p["wte"][x_in] + p["wpe"][torch.arange(T)]
-mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
-for l in range(L):
-    q = f"h.{l}."
-    h = F.layer_norm(x, (D,), p[q + "ln_1.weight"], p[q + "ln_1.bias"], eps=1e-5)
-    qkv = h @ p[q + "attn.c_attn.weight"] + p[q + "attn.c_attn.bias"]
-    qq, kk, vv = qkv.split(D, dim=2)
-    heads = lambda z: z.view(B, T, H, D // H).transpose(1, 2)
-    att = (heads(qq) @ heads(kk).transpose(-2, -1)) / math.sqrt(D // H)
-    att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-    a = (att @ heads(vv)).transpose(1, 2).reshape(B, T, D)
-    x = x + a @ p[q + "attn.c_proj.weight"] + p[q + "attn.c_proj.bias"]
-    h = F.layer_norm(x, (D,), p[q + "ln_2.weight"], p[q + "ln_2.bias"], eps=1e-5)
-    h = F.gelu(h @ p[q + "mlp.c_fc.weight"] + p[q + "mlp.c_fc.bias"], approximate="tanh")
-    x = x + h @ p[q + "mlp.c_proj.weight"] + p[q + "mlp.c_proj.bias"]
-x = F.layer_norm(x, (D,), p["ln_f.weight"], p["ln_f.bias"], eps=1e-5)
-logits = x @ p["wte"].T
-loss = F.cross_entropy(logits.reshape(-1, V), y.reshape(-1))
+loss = torch_gpt.loss(params, tokens, meta)
 loss.backward()
 
 bad = 0
