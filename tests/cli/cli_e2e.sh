@@ -24,6 +24,10 @@ expect 0 "$zrt" ckpt inspect "$step" --stats;    grep -q "w1 .*min .*max .*nan 0
 expect 0 "$zrt" ckpt inspect --json "$step" --stats;  cp "$work/out.txt" "$work/inspect.json"
 expect 0 "$zrt" ckpt inspect --json "$step" --tensor w2
 python3 -c "import json; d=json.load(open('$work/out.txt')); t=[t['name'] for g in d['groups'] for t in g['tensors']]; assert t==['w2'], t; assert d['trainer_state']['seed']==1234" || fail "inspect --json --tensor"
+expect 0 "$zrt" ckpt inspect "$step" --tensor w2  # the layout lines name only the tensors kept
+grep -qE "^ +rank 0: .*w2\[" "$work/out.txt" || fail "inspect --tensor: no layout of w2"
+others=$(grep -E "^ +rank " "$work/out.txt" | grep -oE "[A-Za-z0-9_.]+\[[0-9]+\.\." | grep -v "^w2\[" || true)
+[ -z "$others" ] || fail "inspect --tensor w2 lists other tensors' pieces: $others"
 expect 0 "$zrt" ckpt verify "$step"
 expect 0 "$zrt" ckpt reshard "$step" "$work/re2" --world-size 2
 expect 0 "$zrt" ckpt verify "$work/re2/step-00000060"
