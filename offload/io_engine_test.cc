@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -29,8 +30,10 @@ struct AlignedBuf {
 class IoEngineTest : public ::testing::TestWithParam<IoOptions::Backend> {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("zrt_io_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    // One directory per test: a parameterised test's name ("Test/io_uring") made one path component.
+    std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::replace(name.begin(), name.end(), '/', '_');
+    dir_ = fs::temp_directory_path() / ("zrt_io_" + std::to_string(::getpid()) + "_" + name);
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -27,9 +28,11 @@ struct Param {
 class SwapperTest : public ::testing::TestWithParam<Param> {
  protected:
   void SetUp() override {
+    // One directory per test: a parameterised test's name ("Test/io_uring_sets2") made one path component.
+    std::string name = std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()).substr(0, 60);
+    std::replace(name.begin(), name.end(), '/', '_');
     dir_ = fs::temp_directory_path() / ("zrt_swap_" + std::to_string(::getpid()) + "_" +
-                                        std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
-                                        std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()).substr(0, 40));
+                                        std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" + name);
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     IoOptions o;

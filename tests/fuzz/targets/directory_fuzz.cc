@@ -21,6 +21,7 @@
 #include "zrt/checkpoint/load.h"
 #include "zrt/core/communicator.h"
 #include "zrt/core/logging.h"
+#include "tests/fuzz/targets/fuzz_checks.h"
 
 namespace {
 
@@ -58,7 +59,7 @@ const std::vector<std::string> kFileNames = {"manifest.json", IndexFileName(0), 
 const Pristine& Original() {
   static const Pristine p = [] {
     Pristine out;
-    out.base = fs::temp_directory_path() / ("zrt_dirfuzz_" + std::to_string(::getpid()));
+    out.base = fuzz::ScratchDir("zrt_dirfuzz_");
     fs::remove_all(out.base);
     const fs::path root = out.base / "pristine";
     Status s = RunLoopbackRanks(2, [&](Communicator& comm) -> Status {

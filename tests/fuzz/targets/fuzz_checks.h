@@ -1,5 +1,8 @@
-// What every importer's fuzz target asserts after an import that succeeded.
+// What every fuzz target shares: its scratch directory, and what an importer's asserts after an
+// import that succeeded.
 #pragma once
+
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -9,6 +12,17 @@
 #include "zrt/checkpoint/catalog.h"
 
 namespace zrt::fuzz {
+
+// TMPDIR/<prefix><pid>, removed when the process exits (libFuzzer ends with exit()). Call once.
+inline std::filesystem::path ScratchDir(const std::string& prefix) {
+  static std::filesystem::path dir;
+  dir = std::filesystem::temp_directory_path() / (prefix + std::to_string(::getpid()));
+  std::atexit([] {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  });
+  return dir;
+}
 
 // Every checkpoint directory under `root` must be complete and verify fully: an import that says OK
 // never commits anything less.

@@ -143,7 +143,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const fs::path base = fs::temp_directory_path() / ("zrt_h5fuzz_" + std::to_string(::getpid()));
+  static const fs::path base = zrt::fuzz::ScratchDir("zrt_h5fuzz_");
   std::error_code ec;
   fs::remove_all(base, ec);
   fs::create_directories(base, ec);
