@@ -154,7 +154,7 @@ class ZeroEngine {
   // Collective.
   Status RefreshParamsFromMaster();
   // After a checkpoint load: the step counter, loss scaler, lr, schedule and per-tensor settings
-  // (the checkpoint's win; a difference from the registration is logged), then
+  // (the checkpoint's win; every difference is kept in restored_settings() and logged), then
   // RefreshParamsFromMaster. Collective. ckpt::Resume calls it through the state view.
   Status Restore(const StateCounters& saved);
 
