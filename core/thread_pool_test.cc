@@ -53,6 +53,22 @@ TEST(ThreadPool, CoresPerRankIsThisRanksShareOfItsCores) {
   }
 }
 
+// Background threads (capture, checkpoint writer, tier) are SCHED_BATCH: waking one never preempts
+// the training thread. Only the calling thread changes.
+TEST(ThreadPool, MakeBackgroundMarksOnlyTheCallingThread) {
+  int inside = -1;
+  std::thread([&] {
+    ThreadPool::MakeBackground();
+    inside = ::sched_getscheduler(0);
+  }).join();
+  EXPECT_EQ(inside, SCHED_BATCH);
+  EXPECT_EQ(::sched_getscheduler(0), SCHED_OTHER);
+  int worker = -1;
+  ThreadPool pool(1, "bg", [] { ThreadPool::MakeBackground(); });
+  pool.Submit([&] { worker = ::sched_getscheduler(0); }).get();
+  EXPECT_EQ(worker, SCHED_BATCH);
+}
+
 TEST(ThreadPool, ParallelForVisitsEveryIndexOnce) {
   for (int workers : {0, 1, 3}) {
     ThreadPool pool(workers, "test");
