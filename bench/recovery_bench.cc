@@ -232,6 +232,7 @@ int main(int argc, char** argv) {
     }
     bench::PrintResult("recovery", "step, tier K=10", per_step[2] * 1e3, "ms", per_step[0] * 1e3, "step without tier ms");
     bench::PrintResult("recovery", "snapshot rate", snap_mbps, "MB/s", mem_mbps, "memcpy MB/s");
+    bench::PrintResult("recovery", "replica rate", static_cast<double>(bytes) / replica_s / 1e6, "MB/s", mem_mbps, "memcpy MB/s");
     bench::PrintResult("recovery", "resume, rank killed", local.mbps, "MB/s", all_mem, "memcpy MB/s");
     bench::PrintResult("recovery", "resume, node lost", peer.mbps, "MB/s", all_mem, "memcpy MB/s");
     bench::PrintResult("recovery", "resume, disk", disk.mbps, "MB/s", fio_r, "fio seq read MB/s", torch_load, "torch.load MB/s");

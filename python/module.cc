@@ -216,6 +216,23 @@ PYBIND11_MODULE(_zrt, m) {
       .def_readwrite("step_seconds", &zrt::tools::PlanInput::step_seconds)
       .def_readwrite("tokens", &zrt::tools::PlanInput::tokens)
       .def_readwrite("tflops", &zrt::tools::PlanInput::tflops)
-      .def_readwrite("power_watts", &zrt::tools::PlanInput::power_watts);
+      .def_readwrite("power_watts", &zrt::tools::PlanInput::power_watts)
+      .def_readwrite("mttf_hours", &zrt::tools::PlanInput::mttf_hours)
+      .def_readwrite("mtbf_hours", &zrt::tools::PlanInput::mtbf_hours)
+      .def_readwrite("node_loss", &zrt::tools::PlanInput::node_loss)
+      .def_readwrite("tier_miss", &zrt::tools::PlanInput::tier_miss)
+      .def_readwrite("relaunch", &zrt::tools::PlanInput::relaunch)
+      .def_readwrite("snapshot_gbps", &zrt::tools::PlanInput::snapshot_gbps)
+      .def_readwrite("disk_write_gbps", &zrt::tools::PlanInput::disk_write_gbps)
+      .def_readwrite("disk_read_gbps", &zrt::tools::PlanInput::disk_read_gbps)
+      .def_readwrite("peer_gbps", &zrt::tools::PlanInput::peer_gbps)
+      .def_readwrite("from_bench", &zrt::tools::PlanInput::from_bench)
+      .def_readwrite("save_slowdown", &zrt::tools::PlanInput::save_slowdown)
+      .def_readwrite("save_stall", &zrt::tools::PlanInput::save_stall)
+      .def_readwrite("disk_write", &zrt::tools::PlanInput::disk_write)
+      .def_readwrite("replica_write", &zrt::tools::PlanInput::replica_write)
+      .def_readwrite("restart_disk", &zrt::tools::PlanInput::restart_disk)
+      .def_readwrite("restart_memory", &zrt::tools::PlanInput::restart_memory)
+      .def_readwrite("restart_replica", &zrt::tools::PlanInput::restart_replica);
   m.def("plan_json", &Plan, py::arg("input"));
 }

@@ -55,6 +55,21 @@ CLI::Validator Positive() {
       "> 0");
 }
 
+// A number in [lo, hi] (seconds, shares).
+CLI::Validator Between(double lo, double hi, const std::string& range) {
+  return CLI::Validator(
+      [lo, hi, range](std::string& v) -> std::string {
+        try {
+          size_t used = 0;
+          const double x = std::stod(v, &used);
+          if (used == v.size() && x >= lo && x <= hi && std::isfinite(x)) return "";
+        } catch (const std::exception&) {
+        }
+        return "must be a number " + range + ", got '" + v + "'";
+      },
+      range);
+}
+
 // "5G", "512M", "1048576": bytes.
 CLI::Validator ByteSize() {
   return CLI::Validator(
@@ -134,6 +149,40 @@ void AddCkptCommands(CLI::App& app, Args& a) {
   for (CLI::App* c : {a.ls, a.inspect, a.verify, a.reshard, a.exp, a.imp, a.diff}) c->add_flag("--json", a.json, "machine-readable output");
 }
 
+// zrt plan's failure model and per-device costs (docs/cli.md "Failures and goodput").
+void AddFailureOptions(CLI::App* plan, zrt::tools::PlanInput& pi) {
+  const std::string g = "Failures and goodput (seconds and rates per device)";
+  const CLI::Validator seconds = Between(0, 1e300, ">= 0"), share = Between(0, 1, "in [0, 1]");
+  plan->add_option("--mttf-hours", pi.mttf_hours, "per-device mean time to failure (Meta: 1.8 h at 16,384 GPUs)")
+      ->check(Positive())->capture_default_str()->group(g);
+  plan->add_option("--mtbf-hours", pi.mtbf_hours, "the job's mean time between failures (instead of --mttf-hours / --gpus)")
+      ->check(Positive())->group(g);
+  plan->add_option("--node-loss", pi.node_loss, "share of failures that lose the node (restart from a replica; Llama 3: 0.78)")
+      ->check(share)->capture_default_str()->group(g);
+  plan->add_option("--tier-miss", pi.tier_miss, "share of failures the memory tier cannot serve (restart from disk)")
+      ->check(share)->capture_default_str()->group(g);
+  plan->add_option("--relaunch", pi.relaunch, "seconds of every restart before loading: scheduling, processes, communicators")
+      ->check(seconds)->capture_default_str()->group(g);
+  plan->add_option("--snapshot-gbps", pi.snapshot_gbps, "GB/s: device to host (a save's stall) and back (restart from the own copy)")
+      ->check(Positive())->capture_default_str()->group(g);
+  plan->add_option("--disk-write-gbps", pi.disk_write_gbps, "GB/s written to the checkpoint storage (Llama 3: 2 TB/s / 16,384 GPUs)")
+      ->check(Positive())->capture_default_str()->group(g);
+  plan->add_option("--disk-read-gbps", pi.disk_read_gbps, "GB/s read from it at a restart (Llama 3: 7 TB/s peak / 16,384 GPUs)")
+      ->check(Positive())->capture_default_str()->group(g);
+  plan->add_option("--peer-gbps", pi.peer_gbps, "GB/s to and from a peer node (the memory tier's replica)")
+      ->check(Positive())->capture_default_str()->group(g);
+  plan->add_option("--from-bench", pi.from_bench, "the rates measured by ./scripts/bench (its RESULT lines: build/bench-results.tsv)")
+      ->group(g);
+  plan->add_option("--save-slowdown", pi.save_slowdown, "steps slower by this fraction while a save is written (default 0.05, or measured)")
+      ->check(Between(0, 10, "in [0, 10]"))->group(g);
+  plan->add_option("--save-stall", pi.save_stall, "seconds a save stalls training (both tiers)")->check(seconds)->group(g);
+  plan->add_option("--disk-write", pi.disk_write, "seconds from a save's snapshot to durable on disk")->check(seconds)->group(g);
+  plan->add_option("--replica-write", pi.replica_write, "seconds from a tier snapshot to its replica whole")->check(seconds)->group(g);
+  plan->add_option("--restart-disk", pi.restart_disk, "seconds to load the state from disk")->check(seconds)->group(g);
+  plan->add_option("--restart-memory", pi.restart_memory, "seconds to load it from the node's own copy")->check(seconds)->group(g);
+  plan->add_option("--restart-replica", pi.restart_replica, "seconds to load it from a peer's replica")->check(seconds)->group(g);
+}
+
 void AddPlanCommand(CLI::App& app, Args& a) {
   zrt::tools::PlanInput& pi = a.pi;
   CLI::App* plan = a.plan = app.add_subcommand(
@@ -163,11 +212,12 @@ void AddPlanCommand(CLI::App& app, Args& a) {
   plan->add_option("--dtype", a.dtype, "parameter dtype")->check(CLI::IsMember({"bf16", "f16", "fp16", "f32", "fp32"}))->capture_default_str();
   plan->add_option("--gpu-mem", pi.gpu_mem_gib, "device memory, GiB")->check(Positive())->capture_default_str();
   plan->add_option("--cpu-mem", pi.cpu_mem_gib, "host memory per node, GiB (0: not checked)")->capture_default_str();
-  plan->add_option("--step-time", pi.step_seconds, "step time in seconds (bandwidth needed to hide communication)");
+  plan->add_option("--step-time", pi.step_seconds, "step time in seconds (bandwidth needed to hide communication; save intervals in whole steps)");
   plan->add_option("--tokens", pi.tokens, "training tokens");
   plan->add_option("--tflops", pi.tflops, "achieved TFLOP/s per device");
   plan->add_option("--power", pi.power_watts, "watts per device (energy)");
   plan->add_flag("--json", a.json, "machine-readable output");
+  AddFailureOptions(plan, pi);
 }
 
 // Runs the command that was parsed.

@@ -83,7 +83,9 @@ def verify(path):
 
 def plan(**kwargs):
     """zrt plan as a dict: the keyword arguments are PlanInput's fields (params, layers, hidden, heads, vocab,
-    seq, batch, gpus, stage, offload, param_bytes, gpu_mem_gib, step_seconds, tokens, tflops, power_watts)."""
+    seq, batch, gpus, stage, offload, param_bytes, gpu_mem_gib, step_seconds, tokens, tflops, power_watts; the
+    failure model: mttf_hours, mtbf_hours, node_loss, tier_miss, relaunch, the *_gbps rates, from_bench, and
+    the given seconds save_stall, disk_write, replica_write, restart_disk, restart_memory, restart_replica)."""
     p = PlanInput()
     for k, v in kwargs.items():
         if not hasattr(p, k):

@@ -117,6 +117,16 @@ expect 0 "$zrt" plan --arch llama --layers 80 --hidden 8192 --heads 64 --kv-head
 /usr/bin/python3 -c "import json; d=json.load(open('$work/out.txt')); assert abs(d['params'] - 68.98e9) < 1e8 and d['recommendation'] and d['deepspeed']['zero3'], d['params']" || fail "plan llama"
 expect 2 "$zrt" plan --params 1e9 --stage 9
 expect 0 "$zrt" plan --layers 24 --hidden 2048 --heads 16 --seq 2048 --vocab 50000 --gpus 8 --stage 3 --json
+# Failures and goodput: the prediction, flags out of range, a bench file that is not one.
+expect 0 "$zrt" plan --params 405e9 --gpus 16384 --tokens 15.6e12 --tflops 400 --step-time 5 --json
+/usr/bin/python3 -c "import json; f=json.load(open('$work/out.txt'))['failures']; assert 0.9 < f['disk_only']['ettr'] <= f['memory_tier']['ettr'] < 1 and f['disk_only']['failures'] > 0, f" \
+  || fail "plan failures"
+expect 0 "$zrt" plan --params 405e9 --gpus 16384;  grep -q "^  ETTR " "$work/out.txt" || fail "plan prints the ETTR"
+expect 2 "$zrt" plan --params 1e9 --tier-miss 2;  grep -q "must be a number in \[0, 1\], got '2'" "$work/err.txt" || fail "plan --tier-miss 2 message"
+expect 2 "$zrt" plan --params 1e9 --relaunch -1
+printf 'RESULT\tcheckpoint\tN=2 stall per save\tsoon\ts\t1\tmemcpy s\t1\t-\t-\n' > "$work/bench.tsv"
+expect 1 "$zrt" plan --params 1e9 --from-bench "$work/bench.tsv";  grep -q "bench.tsv: no bench/checkpoint RESULT lines" "$work/err.txt" || fail "plan --from-bench names the file"
+expect 1 "$zrt" plan --params 1e9 --from-bench "$work";  grep -q "must be a regular file" "$work/err.txt" || fail "plan --from-bench directory"
 expect 2 "$zrt" ckpt reshard "$step"
 expect 2 "$zrt" frobnicate
 expect 0 "$zrt" --version

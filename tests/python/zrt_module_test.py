@@ -130,4 +130,8 @@ for call, needle in [(lambda: zrt.open(f"{work}/nope"), "nope"), (lambda: ck.rea
 
 cli = json.loads(run(zrt_cli, "plan", "--params", "7.5e9", "--gpus", 64, "--stage", 3, "--json").stdout)
 check(zrt.plan(params=7.5e9, gpus=64, stage=3) == cli, "plan() equals `zrt plan --json`")
+cli = json.loads(run(zrt_cli, "plan", "--params", "7.5e9", "--gpus", 4096, "--tokens", "1e12", "--tflops", 300, "--relaunch", 600,
+                     "--tier-miss", "0.2", "--restart-disk", 30, "--json").stdout)
+check(zrt.plan(params=7.5e9, gpus=4096, tokens=1e12, tflops=300, relaunch=600, tier_miss=0.2, restart_disk=30) == cli
+      and cli["failures"]["costs_seconds"]["restart_disk"] == 30, "plan() with a failure model equals `zrt plan --json`")
 print("PASS")

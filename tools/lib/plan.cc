@@ -26,9 +26,15 @@
 // DeepSpeed's estimator (deepspeed.runtime.zero.stage_1_and_2 / stage3
 // estimate_zero{2,3}_model_states_mem_needs, additional_buffer_factor 1.5) for the same inputs is
 // reported beside: docs/cli.md says where and why the two differ.
+// Failures (goodput.h has the model): a checkpoint holds 12 bytes per parameter (fp32 master and the two
+// Adam moments, whatever the dtype or stage), 12 Psi / N per device; a save stalls for its snapshot at
+// the snapshot rate, is durable after its bytes at the disk's write rate (the replica: at the peer
+// rate); a restart loads them at the disk's read rate, from the own copy at the snapshot rate, from a
+// replica at the peer rate, after the relaunch.
 #include <algorithm>
 #include <cmath>
 #include <iomanip>
+#include <sstream>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -220,6 +226,21 @@ Status CheckInput(const PlanInput& in) {
   return Status();
 }
 
+Status CheckFailureInput(const PlanInput& in) {
+  auto share = [](double v) { return v >= 0 && v <= 1; };
+  if (!(in.mttf_hours > 0) || !(in.mtbf_hours >= 0) || !(in.relaunch >= 0) || !share(in.node_loss) || !share(in.tier_miss)) {
+    return InvalidArgumentError("plan: --mttf-hours must be > 0, --mtbf-hours and --relaunch >= 0, --node-loss and --tier-miss in [0, 1]");
+  }
+  for (double gbps : {in.snapshot_gbps, in.disk_write_gbps, in.disk_read_gbps, in.peer_gbps}) {
+    if (!(gbps > 0) || !std::isfinite(gbps)) return InvalidArgumentError("plan: --snapshot-gbps, --disk-write-gbps, --disk-read-gbps and --peer-gbps must be > 0");
+  }
+  if (std::isnan(in.save_slowdown) || in.save_slowdown > 10) return InvalidArgumentError("plan: --save-slowdown must be in [0, 10]");
+  for (double s : {in.save_stall, in.disk_write, in.replica_write, in.restart_disk, in.restart_memory, in.restart_replica}) {
+    if (std::isnan(s) || !std::isfinite(s)) return InvalidArgumentError("plan: a given save or restart time must be a number of seconds >= 0");
+  }
+  return Status();
+}
+
 Estimate EstimateFor(const PlanInput& in, const Model& m) {
   Estimate e;
   const double cap = in.gpu_mem_gib * double(int64_t{1} << 30);
@@ -275,6 +296,114 @@ Estimate EstimateFor(const PlanInput& in, const Model& m) {
     if (in.power_watts > 0) j["energy_kwh"] = {{"with_recompute", e.t_rc * n * in.power_watts / 3.6e6}, {"without_recompute", e.t_plain * n * in.power_watts / 3.6e6}};
   }
   return e;
+}
+
+// What failures cost this plan: the job's MTBF, the per-device costs and where they come from, the
+// prediction for disk only and for the memory tier beside the disk.
+struct Failures {
+  double mtbf = 0, bytes = 0;
+  std::string source;
+  GoodputInput input;
+  Goodput goodput;
+};
+
+Result<Failures> FailuresFor(const PlanInput& in, const Model& m, const Estimate& e) {
+  Failures f;
+  f.mtbf = in.mtbf_hours > 0 ? in.mtbf_hours * 3600 : in.mttf_hours * 3600 / in.gpus;
+  f.bytes = 12 * m.psi / in.gpus;
+  BenchRates r{.disk_snapshot = in.snapshot_gbps * 1e9, .disk_write = in.disk_write_gbps * 1e9, .disk_read = in.disk_read_gbps * 1e9,
+               .tier_snapshot = in.snapshot_gbps * 1e9, .tier_replica = in.peer_gbps * 1e9, .own_load = in.snapshot_gbps * 1e9,
+               .replica_load = in.peer_gbps * 1e9};
+  f.source = "bandwidths";
+  if (!in.from_bench.empty()) {
+    ASSIGN_OR_RETURN(r, ReadBenchRates(in.from_bench), "plan --from-bench");
+    f.source = "bench " + in.from_bench;
+  }
+  FailureCosts& c = f.input.costs;
+  auto given = [](double seconds, double computed) { return seconds >= 0 ? seconds : computed; };
+  c.disk_stall = given(in.save_stall, f.bytes / r.disk_snapshot);
+  c.tier_stall = given(in.save_stall, f.bytes / r.tier_snapshot);
+  c.disk_write = given(in.disk_write, f.bytes / r.disk_write);
+  c.tier_write = given(in.replica_write, f.bytes / r.tier_replica);
+  c.disk_restart = given(in.restart_disk, f.bytes / r.disk_read);
+  c.own_restart = given(in.restart_memory, f.bytes / r.own_load);
+  c.replica_restart = given(in.restart_replica, f.bytes / r.replica_load);
+  c.relaunch = in.relaunch;
+  f.input.mtbf_seconds = f.mtbf;
+  f.input.slowdown = in.save_slowdown >= 0 ? in.save_slowdown : r.slowdown;
+  f.input.node_loss = in.node_loss;
+  f.input.tier_miss = in.tier_miss;
+  f.input.step_seconds = in.step_seconds;
+  f.input.compute_seconds = in.recompute ? e.t_rc : e.t_plain;
+  f.goodput = PredictGoodput(f.input);
+  return f;
+}
+
+nlohmann::json FailuresJson(const Failures& f) {
+  auto num = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); };  // null: never / none
+  auto scenario = [&](const Scenario& s, bool tier) {
+    nlohmann::json j = {{"disk_interval_seconds", num(s.disk_interval)}, {"save_stall_share", s.save_share},
+                        {"work_lost_per_failure_seconds", s.work_lost}, {"stall_per_failure_seconds", s.stall}, {"ettr", s.ettr}};
+    if (tier) j["tier_interval_seconds"] = num(s.tier_interval);
+    if (f.input.compute_seconds > 0) j["train_days"] = num(s.wall_seconds / 86400), j["failures"] = num(s.failures);
+    return j;
+  };
+  const FailureCosts& c = f.input.costs;
+  return {{"mtbf_hours", f.mtbf / 3600}, {"checkpoint_bytes_per_device", f.bytes}, {"costs_from", f.source},
+          {"node_loss", f.input.node_loss}, {"tier_miss", f.input.tier_miss}, {"save_slowdown", f.input.slowdown},
+          {"costs_seconds", {{"disk_stall", c.disk_stall}, {"disk_write", c.disk_write}, {"tier_stall", c.tier_stall},
+                             {"tier_write", c.tier_write}, {"restart_disk", c.disk_restart}, {"restart_memory", c.own_restart},
+                             {"restart_replica", c.replica_restart}, {"relaunch", c.relaunch}}},
+          {"disk_only", scenario(f.goodput.disk_only, false)}, {"memory_tier", scenario(f.goodput.with_tier, true)}};
+}
+
+std::string Duration(double s) {
+  if (!std::isfinite(s)) return "never";
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(s < 10 ? 2 : 1);
+  if (s == 0) os << "0 s";
+  else if (s < 1) os << std::setprecision(1) << s * 1e3 << " ms";
+  else if (s < 120) os << s << " s";
+  else if (s < 7200) os << s / 60 << " min";
+  else if (s < 3 * 86400) os << s / 3600 << " h";
+  else os << s / 86400 << " days";
+  return os.str();
+}
+
+void PrintFailures(const PlanInput& in, const Failures& f, std::ostream& out) {
+  const FailureCosts& c = f.input.costs;
+  const auto& [d, t] = f.goodput;
+  out << "failures: one every " << Duration(f.mtbf);
+  if (in.mtbf_hours <= 0) out << " (" << std::setprecision(0) << in.mttf_hours << " device-hours / " << in.gpus << " devices)";
+  out << "; checkpoint " << FormatBytes(static_cast<int64_t>(f.bytes)) << " per device; costs from " << f.source << "\n"
+      << "  save: stall " << Duration(c.disk_stall) << " (tier " << Duration(c.tier_stall) << "), durable on disk after "
+      << Duration(c.disk_write) << ", replica whole after " << Duration(c.tier_write) << "; steps " << f.input.slowdown * 100
+      << "% slower meanwhile\n  restart: relaunch " << Duration(c.relaunch)
+      << " + load from disk " << Duration(c.disk_restart) << ", own copy " << Duration(c.own_restart) << ", replica "
+      << Duration(c.replica_restart) << " (" << f.input.node_loss * 100 << "% of failures lose the node, the tier misses "
+      << f.input.tier_miss * 100 << "%)\n" << std::setprecision(3);
+  auto row = [&](const char* what, const std::string& a, const std::string& b) {
+    out << "  " << std::left << std::setw(24) << what << std::setw(30) << a << b << std::right << "\n";
+  };
+  auto pct = [](double v) {
+    std::ostringstream os;
+    os << std::fixed << std::setprecision(1) << v * 100 << "%";
+    return os.str();
+  };
+  row("", "disk only", "memory tier + disk");
+  row("save every", Duration(d.disk_interval), "tier " + Duration(t.tier_interval) + ", disk " + Duration(t.disk_interval));
+  row("stalled by saves", pct(d.save_share), pct(t.save_share));
+  row("work lost per failure", Duration(d.work_lost), Duration(t.work_lost));
+  row("stall per failure", Duration(d.stall), Duration(t.stall));
+  row("ETTR", pct(d.ettr), pct(t.ettr));
+  if (f.input.compute_seconds > 0) {
+    auto days = [&](const Scenario& s) {
+      std::ostringstream os;
+      os << Duration(s.wall_seconds) << ", " << std::fixed << std::setprecision(0) << s.failures << " failures";
+      return os.str();
+    };
+    row("training takes", days(d), days(t));
+  }
 }
 
 void PrintPlan(const PlanInput& in, const Model& m, const Estimate& e, std::ostream& out) {
@@ -334,11 +463,15 @@ void PrintPlan(const PlanInput& in, const Model& m, const Estimate& e, std::ostr
 Status Plan(const PlanInput& in, bool as_json, std::ostream& out) {
   ASSIGN_OR_RETURN(Model m, ModelOf(in));
   RETURN_IF_ERROR(CheckInput(in));
-  const Estimate e = EstimateFor(in, m);
+  RETURN_IF_ERROR(CheckFailureInput(in));
+  Estimate e = EstimateFor(in, m);
+  ASSIGN_OR_RETURN(const Failures f, FailuresFor(in, m, e));
+  e.json["failures"] = FailuresJson(f);
   if (as_json) {
     out << e.json.dump(1) << "\n";
   } else {
     PrintPlan(in, m, e, out);
+    PrintFailures(in, f, out);
   }
   if (!e.best) return FailedPreconditionError("plan: no configuration fits in ", in.gpu_mem_gib, " GiB per device");
   return Status();

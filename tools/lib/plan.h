@@ -6,6 +6,7 @@
 #include <ostream>
 #include <string>
 
+#include "tools/lib/goodput.h"
 #include "zrt/core/status.h"
 
 namespace zrt::tools {
@@ -35,8 +36,18 @@ struct PlanInput {
   double bucket_bytes = 32 << 20;       // EngineConfig::bucket_bytes
   double gpu_mem_gib = 80;
   double cpu_mem_gib = 0;               // host memory per node (0: not checked)
-  double step_seconds = 0;              // to derive the bandwidth that hides communication
+  double step_seconds = 0;              // the bandwidth that hides communication; save intervals in whole steps
   double tokens = 0, tflops = 0, power_watts = 0;
+  // Failures (docs/cli.md "Failures and goodput"): the job's MTBF, from a per-device MTTF unless given ...
+  double mttf_hours = kDefaultDeviceMttfHours, mtbf_hours = 0;
+  double node_loss = kDefaultNodeLoss, tier_miss = kDefaultTierMiss, relaunch = kDefaultRelaunchSeconds;
+  // ... and what saves and restarts cost per device: the checkpoint's bytes at these rates (GB/s per
+  // device), or at the rates measured by ./scripts/bench (`from_bench`, its RESULT lines), unless the
+  // seconds are given (< 0: not given).
+  double snapshot_gbps = 20, disk_write_gbps = 0.12, disk_read_gbps = 0.43, peer_gbps = 12.5;
+  std::string from_bench;
+  double save_slowdown = -1;  // steps slower while a save is written (< 0: from the bench, else kDefaultSaveSlowdown)
+  double save_stall = -1, disk_write = -1, replica_write = -1, restart_disk = -1, restart_memory = -1, restart_replica = -1;
 };
 
 // Writes the plan (text, or JSON with as_json) to `out`. FailedPrecondition (exit 1) when no
