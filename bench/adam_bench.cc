@@ -3,7 +3,8 @@
 // For each case (gradient dtype f32/bf16, with/without the bf16 parameter copy, 1 and 2 threads) it
 // times AdamCpu over one shard and a bandwidth probe that moves exactly the same bytes (reads p, g, m,
 // v; writes p, m, v and the copy) with trivial arithmetic. The ratio adam/probe says how close the
-// kernel is to the memory limit. The peer (torch.optim.AdamW, when Debian's python3-torch is
+// kernel is to the memory limit. Then the compact-state step (kernels/quant_math.h) per moment format,
+// with and without a master, beside a probe of its own traffic and the f32-state step. The peer (torch.optim.AdamW, when Debian's python3-torch is
 // installed) is measured by bench/adam_peer.py and passed in with --peer-gelems.
 //
 //   adam_bench [--elements N] [--reps R] [--peer-gelems X] [--isa avx2|scalar]
@@ -84,6 +85,78 @@ void Probe(ThreadPool& pool, int threads, Buffers& b, int64_t n, bool bf16_grad,
       threads);
 }
 
+// The same traffic as a compact step: each stream's bytes of a chunk read (and written back, for the
+// state) in 8-byte words, stream after stream.
+struct Stream {
+  void* data;
+  double bytes_per_element;
+  bool write;
+};
+void ByteProbe(ThreadPool& pool, int threads, const std::vector<Stream>& streams, int64_t n, int64_t chunk) {
+  const int64_t items = (n + chunk - 1) / chunk;
+  std::vector<uint64_t> sink(static_cast<size_t>(items));
+  pool.ParallelFor(
+      items,
+      [&](int64_t k) {
+        uint64_t acc = 0;
+        for (const Stream& st : streams) {
+          const auto lo = static_cast<int64_t>(static_cast<double>(k * chunk) * st.bytes_per_element) / 8;
+          const auto hi = static_cast<int64_t>(static_cast<double>(std::min(n, (k + 1) * chunk)) * st.bytes_per_element) / 8;
+          uint64_t* __restrict w = static_cast<uint64_t*>(st.data);
+          if (st.write) {
+            for (int64_t i = lo; i < hi; ++i) w[i] += 1;  // independent words: vectorised, memory-bound
+          } else {
+            for (int64_t i = lo; i < hi; ++i) acc ^= w[i];
+          }
+        }
+        sink[static_cast<size_t>(k)] = acc;
+      },
+      threads);
+}
+
+// Compact state (issue 34): the fused step per moment format and master choice at 2 threads, bf16
+// gradients, beside the probe of its own traffic and the f32-state step.
+void CompactCases(ThreadPool& pool, Buffers& b, DeviceBuffer& ms, DeviceBuffer& vs, int64_t n, int reps, CpuIsa isa, const AdamStepScalars& s) {
+  struct Case {
+    const char* name;
+    MomentFormat m, v;
+    bool master;
+  };
+  const Case cases[] = {{"f32 moments + master", MomentFormat::kF32, MomentFormat::kF32, true},
+                        {"bf16 moments + master", MomentFormat::kBf16, MomentFormat::kBf16, true},
+                        {"q8 moments + master", MomentFormat::kQ8, MomentFormat::kQ8, true},
+                        {"bf16 moments, no master", MomentFormat::kBf16, MomentFormat::kBf16, false},
+                        {"q8 moments, no master", MomentFormat::kQ8, MomentFormat::kQ8, false}};
+  std::printf("\ncompact state, 2 threads, bf16 gradients (bytes per parameter moved: read + written)\n");
+  std::printf("%-26s %8s %12s %10s %12s %8s %10s\n", "case", "B/param", "adam Gel/s", "adam GB/s", "probe GB/s", "ratio", "vs f32");
+  double f32_rate = 0;
+  for (const Case& c : cases) {
+    const CompactFormat f{.exp_avg = c.m, .exp_avg_sq = c.v, .master = c.master};
+    auto mb = [](MomentFormat k) { return k == MomentFormat::kF32 ? 4.0 : k == MomentFormat::kBf16 ? 2.0 : 1.0 + 4.0 / 256; };
+    void* param = c.master ? b.p.data() : b.copy.data();
+    const AdamCompactArgs t{param, b.g16.data(), b.m.data(), ms.as<float>(), b.v.data(), vs.as<float>(), c.master ? b.copy.data() : nullptr,
+                            n, 0, f};
+    const std::vector<Stream> streams = {{param, c.master ? 4.0 : 2.0, true}, {b.g16.data(), 2, false}, {b.m.data(), mb(c.m), true},
+                                         {b.v.data(), mb(c.v), true}};
+    double bytes = 2;  // gradient
+    for (size_t k = 0; k < streams.size(); ++k) bytes += k == 1 ? 0 : 2 * streams[k].bytes_per_element;
+    if (c.master) bytes += 2;  // the bf16 copy written
+    std::vector<Stream> probe = streams;
+    if (c.master) probe.push_back({b.copy.data(), 2, true});  // (a read + write: slightly more than the kernel's write)
+    CpuKernelOptions o;
+    o.pool = &pool;
+    o.threads = 2;
+    o.isa = isa;
+    const double ta = bench::MedianSeconds([&] { (void)AdamCompactCpu(s, 10, std::span(&t, 1), DType::kBF16, DType::kBF16, o); }, reps);
+    const double tp = bench::MedianSeconds([&] { ByteProbe(pool, 2, probe, n, o.chunk); }, reps);
+    const double gel = n / ta / 1e9, gbs = bytes * n / ta / 1e9, pgbs = bytes * n / tp / 1e9;
+    if (f32_rate == 0) f32_rate = gel;
+    std::printf("%-26s %8.2f %12.3f %10.2f %12.2f %8.2f %10.2f\n", c.name, bytes, gel, gbs, pgbs, gbs / pgbs, gel / f32_rate);
+    bench::PrintResult("adam", std::string("compact ") + c.name + ", 2t", gbs, "GB/s", pgbs, "probe GB/s");
+    bench::PrintResult("adam", std::string("compact ") + c.name + ", 2t vs f32 state", gel, "Gelem/s", f32_rate, "f32-state Gelem/s");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -155,5 +228,13 @@ int main(int argc, char** argv) {
       }
     }
   }
+  DeviceBuffer ms, vs;
+  alloc(ms, (un / 256 + 1) * 4);
+  alloc(vs, (un / 256 + 1) * 4);
+  std::memset(ms.data(), 0, ms.size());
+  std::memset(vs.data(), 0, vs.size());
+  std::memset(b.m.data(), 0, b.m.size());
+  std::memset(b.v.data(), 0, b.v.size());
+  CompactCases(pool, b, ms, vs, n, reps, isa, s);
   return 0;
 }

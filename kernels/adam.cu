@@ -85,4 +85,61 @@ Status AdamCuda(const AdamStepScalars& s, std::span<const AdamTensorArgs> tensor
   return cuda::Batch(numels, add, block, flush);
 }
 
+namespace {
+
+template <int G>
+void LaunchCompact(int copy, bool sr, unsigned grid, const cuda::CompactTensor& t, const AdamStepScalars& s, uint64_t step, int64_t seg,
+                   const AdamCudaOptions& o) {
+  auto stream = static_cast<cudaStream_t>(o.stream);
+  if (sr) {
+    cuda::AdamCompactKernel<G, cuda::kNone, true><<<grid, kThreads, 0, stream>>>(t, s, step, seg, o.skip_flag, o.grad_scale);
+    return;
+  }
+  switch (copy) {
+    case cuda::kBf16: cuda::AdamCompactKernel<G, cuda::kBf16, false><<<grid, kThreads, 0, stream>>>(t, s, step, seg, o.skip_flag, o.grad_scale); break;
+    case cuda::kF16: cuda::AdamCompactKernel<G, cuda::kF16, false><<<grid, kThreads, 0, stream>>>(t, s, step, seg, o.skip_flag, o.grad_scale); break;
+    default: cuda::AdamCompactKernel<G, cuda::kNone, false><<<grid, kThreads, 0, stream>>>(t, s, step, seg, o.skip_flag, o.grad_scale); break;
+  }
+}
+
+}  // namespace
+
+// One launch per tensor: segments of one q8 block, or of 8192 elements.
+Status AdamCompactCuda(const AdamStepScalars& s, int64_t step, std::span<const AdamCompactArgs> tensors, DType grad_dtype,
+                       DType copy_dtype, const AdamCudaOptions& options) {
+  ASSIGN_OR_RETURN(const int grad_kind, cuda::KindOf(grad_dtype, "gradient"), "adam (cuda)");
+  if (s.amsgrad) return InvalidArgumentError("adam (cuda): amsgrad needs f32 moments and a master");
+  if (step < 1) return InvalidArgumentError("adam (cuda): step must be >= 1, got ", step);
+  static_assert(kMaxQuantBlock % cuda::kThreads == 0, "a q8 block is whole registers per thread");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const AdamCompactArgs& a = tensors[i];
+    RETURN_IF_ERROR(CheckCompactFormat(a.format), "adam (cuda): tensor ", i);
+    if (a.numel <= 0) continue;
+    const bool q8 = a.format.exp_avg == MomentFormat::kQ8 || a.format.exp_avg_sq == MomentFormat::kQ8;
+    if (!a.param || !a.grad || !a.exp_avg || !a.exp_avg_sq || (a.format.exp_avg == MomentFormat::kQ8 && !a.exp_avg_scale) ||
+        (a.format.exp_avg_sq == MomentFormat::kQ8 && !a.exp_avg_sq_scale) || (!a.format.master && a.param_copy) ||
+        (q8 && a.index % a.format.block != 0) || a.index < 0) {
+      return InvalidArgumentError("adam (cuda): tensor ", i, " has a null pointer, a copy without a master or misaligned q8 blocks");
+    }
+    if (a.param_copy && copy_dtype != DType::kBF16 && copy_dtype != DType::kF16) {
+      return InvalidArgumentError("adam (cuda): parameter copy dtype ", DTypeName(copy_dtype), " unsupported");
+    }
+    const int64_t seg = q8 ? a.format.block : 8192;
+    const int64_t grid = (a.numel + seg - 1) / seg;
+    if (grid > INT32_MAX) return InvalidArgumentError("adam (cuda): tensor ", i, " is too large for one launch");
+    const cuda::CompactTensor t{a.param, a.grad, a.exp_avg, a.exp_avg_scale, a.exp_avg_sq, a.exp_avg_sq_scale, a.param_copy, a.numel,
+                                a.index, static_cast<int>(a.format.exp_avg), static_cast<int>(a.format.exp_avg_sq), a.format.seed};
+    const int copy = !a.param_copy ? cuda::kNone : copy_dtype == DType::kBF16 ? cuda::kBf16 : cuda::kF16;
+    const auto g = static_cast<unsigned>(grid);
+    const auto st = static_cast<uint64_t>(step);
+    switch (grad_kind) {
+      case cuda::kBf16: LaunchCompact<cuda::kBf16>(copy, !a.format.master, g, t, s, st, seg, options); break;
+      case cuda::kF16: LaunchCompact<cuda::kF16>(copy, !a.format.master, g, t, s, st, seg, options); break;
+      default: LaunchCompact<cuda::kF32>(copy, !a.format.master, g, t, s, st, seg, options); break;
+    }
+    RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "launching the compact adam kernel"));
+  }
+  return Status();
+}
+
 }  // namespace zrt::kernels

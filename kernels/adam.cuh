@@ -4,6 +4,7 @@
 
 #include "zrt/kernels/adam_math.h"
 #include "zrt/kernels/cuda_common.cuh"
+#include "zrt/kernels/quant_math.h"
 
 namespace zrt::kernels::cuda {
 
@@ -64,6 +65,120 @@ __global__ void __launch_bounds__(kThreads) AdamKernel(AdamBatch b, AdamStepScal
     v[i] = V;
     if constexpr (kAms) vm[i] = VM;
     if constexpr (C != kNone) StoreElem<C>(cp, i, P);
+  }
+}
+
+}  // namespace zrt::kernels::cuda
+
+// ---- Adam over compact state (kernels/quant_math.h) ----------------------------------------------
+namespace zrt::kernels::cuda {
+
+struct CompactTensor {
+  void* p;
+  const void* g;
+  void* m;
+  float* ms;
+  void* v;
+  float* vs;
+  void* copy;
+  int64_t n;
+  int64_t index;
+  int m_kind, v_kind;  // MomentFormat as int: 0 f32, 1 bf16, 2 q8 (uniform over the grid)
+  uint32_t seed;
+};
+
+// The largest magnitude over the thread block (every thread gets it). Max is exact in any order.
+__device__ __forceinline__ float BlockMax(float x) {
+  __shared__ float warp_max[kThreads / 32];
+  __shared__ float result;
+  for (int off = 16; off > 0; off /= 2) x = Max(x, __shfl_down_sync(0xffffffffu, x, off));
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x / 32] = x;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    x = threadIdx.x < kThreads / 32 ? warp_max[threadIdx.x] : 0.0f;
+    for (int off = 16; off > 0; off /= 2) x = Max(x, __shfl_down_sync(0xffffffffu, x, off));
+    if (threadIdx.x == 0) result = x;
+  }
+  __syncthreads();
+  return result;
+}
+
+__device__ __forceinline__ float LoadMoment(const void* base, int kind, float scale, int64_t i, bool is_signed) {
+  if (kind == 2) return Q8Value(static_cast<const uint8_t*>(base)[i], is_signed) * scale;
+  if (kind == 1) return Bf16ToFloat(static_cast<const uint16_t*>(base)[i]);
+  return static_cast<const float*>(base)[i];
+}
+__device__ __forceinline__ void StoreMoment(void* base, int kind, int64_t i, float x) {
+  if (kind == 1) {
+    static_cast<uint16_t*>(base)[i] = FloatToBf16(x);
+  } else {
+    static_cast<float*>(base)[i] = x;
+  }
+}
+
+// One thread block per segment of `seg` elements: a q8 block when a moment is q8 (its codes need the
+// block's largest magnitude: kept in registers, at most kMaxQuantBlock / kThreads per thread), else
+// any length. The same AdamElement and quant_math.h definitions as the CPU path.
+template <int G, int C, bool kSr>
+__global__ void __launch_bounds__(kThreads) AdamCompactKernel(CompactTensor t, AdamStepScalars s, uint64_t step, int64_t seg,
+                                                               const int* skip, const float* scale) {
+  constexpr int kPer = kMaxQuantBlock / kThreads;
+  if (skip != nullptr && *skip != 0) return;
+  if (scale != nullptr) s.grad_scale = s.grad_scale * *scale;
+  const bool q = t.m_kind == 2 || t.v_kind == 2;
+  const int64_t b0 = static_cast<int64_t>(blockIdx.x) * seg, n = min(seg, t.n - b0);
+  const float ms = t.m_kind == 2 ? t.ms[blockIdx.x] : 0.0f, vs = t.v_kind == 2 ? t.vs[blockIdx.x] : 0.0f;
+  const uint64_t g0 = static_cast<uint64_t>(t.index + b0);
+  const uint32_t hi0 = static_cast<uint32_t>(g0 >> 32);
+  const uint32_t key0 = kSr ? RoundingKey(t.seed, step, hi0) : 0, key1 = kSr ? RoundingKey(t.seed, step, hi0 + 1) : 0;
+  float mk[kPer], vk[kPer];
+  float am = 0.0f, av = 0.0f;
+  for (int k = 0;; ++k) {
+    const int64_t i = b0 + threadIdx.x + static_cast<int64_t>(k) * kThreads;
+    if (i >= b0 + n || (q && k >= kPer)) break;
+    float p = kSr ? Bf16ToFloat(static_cast<const uint16_t*>(t.p)[i]) : static_cast<const float*>(t.p)[i];
+    float m = LoadMoment(t.m, t.m_kind, ms, i, true), v = LoadMoment(t.v, t.v_kind, vs, i, false);
+    AdamElement<float>(s, p, LoadElem<G>(t.g, i), m, v, nullptr);
+    if constexpr (kSr) {
+      const uint64_t gi = static_cast<uint64_t>(t.index + i);
+      static_cast<uint16_t*>(t.p)[i] = FloatToBf16Stochastic(p, static_cast<uint32_t>(gi >> 32) == hi0 ? key0 : key1, static_cast<uint32_t>(gi));
+    } else {
+      static_cast<float*>(t.p)[i] = p;
+    }
+    if constexpr (C != kNone) StoreElem<C>(t.copy, i, p);
+    if (q) {
+      mk[k] = m;
+      vk[k] = v;
+      am = Max(am, fabsf(m));
+      av = Max(av, fabsf(v));
+    } else {
+      StoreMoment(t.m, t.m_kind, i, m);
+      StoreMoment(t.v, t.v_kind, i, v);
+    }
+  }
+  if (!q) return;
+  am = BlockMax(am);
+  av = BlockMax(av);
+  if (threadIdx.x == 0) {
+    if (t.m_kind == 2) t.ms[blockIdx.x] = am;
+    if (t.v_kind == 2) t.vs[blockIdx.x] = av;
+  }
+  const float mr = Q8Recip(am), vr = Q8Recip(av);
+  for (int k = 0; k < kPer; ++k) {
+    const int64_t i = b0 + threadIdx.x + static_cast<int64_t>(k) * kThreads;
+    if (i >= b0 + n) break;
+    float m = mk[k];
+    if (t.v_kind == 2) {
+      static_cast<uint8_t*>(t.v)[i] = Q8Encode(vk[k], vr, false);
+      m = vk[k] * vr > kQ8UnsignedZero ? m : 0.0f;
+    } else {
+      StoreMoment(t.v, t.v_kind, i, vk[k]);
+    }
+    if (t.m_kind == 2) {
+      static_cast<uint8_t*>(t.m)[i] = Q8Encode(m, mr, true);
+    } else {
+      StoreMoment(t.m, t.m_kind, i, m);
+    }
   }
 }
 

@@ -8,11 +8,13 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 
 #include "zrt/core/dtype.h"
 #include "zrt/core/status.h"
 #include "zrt/kernels/adam_math.h"
 #include "zrt/kernels/cpu.h"
+#include "zrt/kernels/quant_math.h"
 
 namespace zrt::kernels {
 
@@ -39,6 +41,49 @@ struct AdamTensorArgs {
 Status AdamCpu(const AdamStepScalars& s, std::span<const AdamTensorArgs> tensors, DType grad_dtype,
                DType copy_dtype, const CpuKernelOptions& options = {});
 
+// ---- compact state (docs/kernels.md "Compact state"; kernels/quant_math.h has the exact rule) ----
+// Each moment in f32, bf16 (round to nearest even) or 8-bit block-wise codes with an f32 scale per
+// block; the parameters updated through an fp32 master, or (bf16 models) directly, rounded
+// stochastically with bits keyed by (seed, step, global element index).
+enum class MomentFormat : uint8_t { kF32 = 0, kBf16 = 1, kQ8 = 2 };
+std::string_view MomentFormatName(MomentFormat f);  // "f32", "bf16", "q8"
+Result<MomentFormat> ParseMomentFormat(std::string_view name);
+
+struct CompactFormat {
+  MomentFormat exp_avg = MomentFormat::kF32;
+  MomentFormat exp_avg_sq = MomentFormat::kF32;
+  bool master = true;    // false: AdamCompactArgs::param is the bf16 parameters themselves
+  int64_t block = 256;   // q8: elements per block, a power of two in [8, kMaxQuantBlock]
+  uint32_t seed = 0;     // stochastic rounding (without a master)
+  bool compact() const { return exp_avg != MomentFormat::kF32 || exp_avg_sq != MomentFormat::kF32 || !master; }
+};
+// q8: the scales of `numel` elements (one per block, the last one maybe partial).
+inline int64_t Q8Blocks(int64_t numel, int64_t block) { return (numel + block - 1) / block; }
+// InvalidArgument naming what is wrong (a block that is not a power of two in range).
+Status CheckCompactFormat(const CompactFormat& f);
+
+struct AdamCompactArgs {
+  void* param = nullptr;            // the f32 master, or (format.master false) the bf16 parameters
+  const void* grad = nullptr;
+  void* exp_avg = nullptr;          // numel f32 or bf16 values, or numel q8 codes
+  float* exp_avg_scale = nullptr;   // q8: Q8Blocks(numel, block) scales
+  void* exp_avg_sq = nullptr;
+  float* exp_avg_sq_scale = nullptr;
+  void* param_copy = nullptr;       // with a master: the 16-bit copy (copy dtype), or null; null without
+  int64_t numel = 0;
+  // Element 0's index in the group's flat buffer: keys its stochastic rounding; with a q8 moment a
+  // multiple of format.block (blocks start there).
+  int64_t index = 0;
+  CompactFormat format;
+};
+
+// The fused step over compact state: the same AdamElement (unscale, L2 or decoupled decay) on the
+// decoded moments, then each stored back in its format. `step` (>= 1) keys the stochastic rounding.
+// amsgrad is not supported here (its running maximum would need a format too): InvalidArgument.
+// Results do not depend on the ISA, the thread count or the chunk.
+Status AdamCompactCpu(const AdamStepScalars& s, int64_t step, std::span<const AdamCompactArgs> tensors, DType grad_dtype,
+                      DType copy_dtype, const CpuKernelOptions& options = {});
+
 // CUDA builds. Streams are passed as `void*` (a cudaStream_t; null = the legacy default stream); every
 // pointer is a device pointer. Launches are asynchronous: results are ready when the stream reaches
 // them; the host never waits.
@@ -55,5 +100,9 @@ struct AdamCudaOptions {
 // when the tensor's pointers allow; fused cast into param_copy. Same arguments and math as AdamCpu.
 Status AdamCuda(const AdamStepScalars& s, std::span<const AdamTensorArgs> tensors, DType grad_dtype, DType copy_dtype,
                 const AdamCudaOptions& options = {});
+// AdamCompactCpu on the device: one thread block per q8 block (or per 4096 elements); bit-identical
+// to the CPU path.
+Status AdamCompactCuda(const AdamStepScalars& s, int64_t step, std::span<const AdamCompactArgs> tensors, DType grad_dtype,
+                       DType copy_dtype, const AdamCudaOptions& options = {});
 
 }  // namespace zrt::kernels

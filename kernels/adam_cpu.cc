@@ -1,7 +1,9 @@
-// Adam/AdamW on the CPU: argument checks, then the ISA kernel over fixed-size work items.
+// Adam/AdamW on the CPU: argument checks, then the ISA kernel over fixed-size work items (for compact
+// state: whole q8 blocks, never across a 2^32 boundary of the global index, where the rounding key changes).
 #include "zrt/kernels/adam.h"
 
 #include <cmath>
+#include <string>
 
 #include "zrt/kernels/cpu_dispatch.h"
 
@@ -70,6 +72,95 @@ Status AdamCpu(const AdamStepScalars& s, std::span<const AdamTensorArgs> tensors
     const internal::AdamRange r{t.param, t.grad, t.exp_avg, t.exp_avg_sq, s.amsgrad ? t.max_exp_avg_sq : nullptr,
                                 t.param_copy, w.begin, w.end};
     table->adam(s, r, grad_kind, t.param_copy ? copy_kind : internal::kElemNone);
+  });
+  return Status();
+}
+
+std::string_view MomentFormatName(MomentFormat f) {
+  switch (f) {
+    case MomentFormat::kF32: return "f32";
+    case MomentFormat::kBf16: return "bf16";
+    case MomentFormat::kQ8: return "q8";
+  }
+  return "invalid";
+}
+
+Result<MomentFormat> ParseMomentFormat(std::string_view name) {
+  for (MomentFormat f : {MomentFormat::kF32, MomentFormat::kBf16, MomentFormat::kQ8}) {
+    if (name == MomentFormatName(f)) return f;
+  }
+  return InvalidArgumentError("moment format must be f32, bf16 or q8, got '", std::string(name), "'");
+}
+
+Status CheckCompactFormat(const CompactFormat& f) {
+  for (MomentFormat m : {f.exp_avg, f.exp_avg_sq}) {
+    if (m != MomentFormat::kF32 && m != MomentFormat::kBf16 && m != MomentFormat::kQ8) return InvalidArgumentError("invalid moment format");
+  }
+  if (f.block < 8 || f.block > kMaxQuantBlock || (f.block & (f.block - 1)) != 0) {
+    return InvalidArgumentError("q8 block must be a power of two in [8, ", kMaxQuantBlock, "], got ", f.block);
+  }
+  return Status();
+}
+
+namespace {
+
+Status CheckCompactArgs(const AdamCompactArgs& t, size_t i, DType copy_dtype) {
+  RETURN_IF_ERROR(CheckCompactFormat(t.format), "adam: tensor ", i);
+  const bool q8 = t.format.exp_avg == MomentFormat::kQ8 || t.format.exp_avg_sq == MomentFormat::kQ8;
+  if (t.numel < 0 || t.index < 0) return InvalidArgumentError("adam: tensor ", i, " has negative numel or index");
+  if (t.numel == 0) return Status();
+  if (!t.param || !t.grad || !t.exp_avg || !t.exp_avg_sq) return InvalidArgumentError("adam: tensor ", i, " has a null param, grad or moment");
+  if ((t.format.exp_avg == MomentFormat::kQ8 && !t.exp_avg_scale) || (t.format.exp_avg_sq == MomentFormat::kQ8 && !t.exp_avg_sq_scale)) {
+    return InvalidArgumentError("adam: tensor ", i, ": a q8 moment needs its scales");
+  }
+  if (q8 && t.index % t.format.block != 0) {
+    return InvalidArgumentError("adam: tensor ", i, ": index ", t.index, " is not a multiple of the q8 block ", t.format.block);
+  }
+  if (!t.format.master && t.param_copy) return InvalidArgumentError("adam: tensor ", i, ": without a master the parameters are updated in place (no copy)");
+  if (t.param_copy && copy_dtype != DType::kBF16 && copy_dtype != DType::kF16) {
+    return InvalidArgumentError("adam: parameter copy dtype ", DTypeName(copy_dtype), " unsupported (bf16 or f16)");
+  }
+  return Status();
+}
+
+// The work items of one tensor: chunks of whole blocks, cut where the global index crosses 2^32.
+void CompactItems(const AdamCompactArgs& t, int64_t tensor, int64_t chunk, std::vector<internal::WorkItem>& out) {
+  const int64_t step = (chunk + t.format.block - 1) / t.format.block * t.format.block;
+  for (int64_t b = 0; b < t.numel;) {
+    int64_t e = std::min(t.numel, b + step);
+    const int64_t wrap = ((t.index + b) >> 32) + 1;  // the next 2^32 boundary, as a local element
+    e = std::min(e, (wrap << 32) - t.index);
+    out.push_back({tensor, b, e});
+    b = e;
+  }
+}
+
+}  // namespace
+
+Status AdamCompactCpu(const AdamStepScalars& s, int64_t step, std::span<const AdamCompactArgs> tensors, DType grad_dtype,
+                      DType copy_dtype, const CpuKernelOptions& options) {
+  RETURN_IF_ERROR(internal::CheckOptions(options), "adam");
+  ASSIGN_OR_RETURN(const int grad_kind, internal::ElemKindOf(grad_dtype, "gradient"), "adam");
+  if (s.amsgrad) return InvalidArgumentError("adam: amsgrad needs f32 moments and a master (the compact step has no max_exp_avg_sq)");
+  if (step < 1) return InvalidArgumentError("adam: step must be >= 1, got ", step);
+  std::vector<internal::WorkItem> items;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    RETURN_IF_ERROR(CheckCompactArgs(tensors[i], i, copy_dtype));
+    CompactItems(tensors[i], static_cast<int64_t>(i), options.chunk, items);
+  }
+  const int copy_kind = copy_dtype == DType::kBF16 ? internal::kElemBf16 : copy_dtype == DType::kF16 ? internal::kElemF16 : internal::kElemNone;
+  ASSIGN_OR_RETURN(const internal::CpuKernelTable* table, internal::TableFor(options.isa), "adam");
+  internal::RunWork(options, static_cast<int64_t>(items.size()), [&](int64_t k) {
+    const internal::WorkItem& w = items[static_cast<size_t>(k)];
+    const AdamCompactArgs& t = tensors[static_cast<size_t>(w.tensor)];
+    const CompactFormat& f = t.format;
+    const auto global = static_cast<uint64_t>(t.index + w.begin);
+    const internal::CompactRange r{t.param, t.grad, t.exp_avg, t.exp_avg_scale, t.exp_avg_sq, t.exp_avg_sq_scale, t.param_copy,
+                                   w.begin, w.end, f.block, RoundingKey(f.seed, static_cast<uint64_t>(step), static_cast<uint32_t>(global >> 32)),
+                                   static_cast<uint32_t>(t.index)};
+    const internal::CompactKinds kinds{grad_kind, t.param_copy ? copy_kind : internal::kElemNone, static_cast<int>(f.exp_avg),
+                                       static_cast<int>(f.exp_avg_sq), !f.master};
+    table->adam_compact(s, r, kinds);
   });
   return Status();
 }

@@ -40,6 +40,62 @@ inline __m128i ToBf16(__m256 x) {
 }
 inline __m256 FromBf16(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
 
+// ---- compact state (quant_math.h): the scalar definitions' integer and float operations, 8 lanes ----
+inline __m256i Set(uint32_t x) { return _mm256_set1_epi32(static_cast<int>(x)); }
+inline __m256i Fmix32(__m256i h) {
+  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+  h = _mm256_mullo_epi32(h, Set(0x85ebca6bu));
+  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 13));
+  h = _mm256_mullo_epi32(h, Set(0xc2b2ae35u));
+  return _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+}
+template <bool kSigned>
+inline __m256 Q8Decode(__m256i c) {
+  constexpr int kBias = kSigned ? 15 : 31;
+  const __m256i f = _mm256_and_si256(c, Set(7));
+  __m256i e = _mm256_srli_epi32(c, 3);
+  if constexpr (kSigned) e = _mm256_and_si256(e, Set(15));
+  const __m256i normal = _mm256_or_si256(_mm256_slli_epi32(_mm256_add_epi32(e, Set(127 - kBias)), 23), _mm256_slli_epi32(f, 20));
+  const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(f), _mm256_set1_ps(kSigned ? 0x1p-17f : 0x1p-33f));
+  const __m256i e_zero = _mm256_cmpeq_epi32(e, _mm256_setzero_si256());
+  __m256 v = _mm256_blendv_ps(_mm256_castsi256_ps(normal), sub, _mm256_castsi256_ps(e_zero));
+  if constexpr (kSigned) v = _mm256_or_ps(v, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(c, Set(0x80)), 24)));
+  return v;
+}
+template <bool kSigned>
+inline __m256i Q8Encode(__m256 x, __m256 recip) {
+  constexpr uint32_t kBias = kSigned ? 15 : 31;
+  const __m256 ax = _mm256_and_ps(x, _mm256_castsi256_ps(Set(0x7fffffffu)));
+  const __m256 r = _mm256_min_ps(_mm256_mul_ps(ax, recip), _mm256_set1_ps(1.0f));
+  const __m256i sub = _mm256_cvtps_epi32(_mm256_mul_ps(r, _mm256_set1_ps(kSigned ? 0x1p17f : 0x1p33f)));
+  const __m256i u = _mm256_castps_si256(r);
+  const __m256i t = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, Set(0x7ffffu)), _mm256_and_si256(_mm256_srli_epi32(u, 20), Set(1))), 20);
+  const __m256i normal = _mm256_sub_epi32(t, Set((127u - kBias) << 3));
+  const __m256 is_sub = _mm256_cmp_ps(r, _mm256_set1_ps(kSigned ? 0x1p-14f : 0x1p-30f), _CMP_LT_OQ);
+  __m256i mag = _mm256_blendv_epi8(normal, sub, _mm256_castps_si256(is_sub));
+  if constexpr (kSigned) {
+    const __m256i neg = _mm256_srai_epi32(_mm256_castps_si256(x), 31);
+    const __m256i zero = _mm256_cmpeq_epi32(mag, _mm256_setzero_si256());
+    mag = _mm256_or_si256(mag, _mm256_andnot_si256(zero, _mm256_and_si256(neg, Set(0x80))));
+  }
+  return mag;
+}
+// The low byte of each 32-bit lane, in order.
+inline uint64_t LowBytes(__m256i v) {
+  const __m256i shuf = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                        0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i b = _mm256_shuffle_epi8(v, shuf);
+  return static_cast<uint64_t>(static_cast<uint32_t>(_mm256_cvtsi256_si32(b))) |
+         static_cast<uint64_t>(static_cast<uint32_t>(_mm256_extract_epi32(b, 4))) << 32;
+}
+// Stochastic rounding to bf16 of 8 elements whose indices' low halves start at lo.
+inline __m128i Bf16Stochastic(__m256 x, uint32_t key, uint32_t lo) {
+  const __m256i idx = _mm256_add_epi32(Set(lo), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const __m256i h = Fmix32(_mm256_xor_si256(Set(key), idx));
+  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_castps_si256(x), _mm256_srli_epi32(h, 16)), 16);
+  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08));
+}
+
 struct Isa {
   using V = Vec;
   static constexpr int kWidth = 8;
@@ -90,6 +146,42 @@ struct Isa {
     const size_t elem = (K == kElemBf16 || K == kElemF16) ? 2 : 4;
     std::memcpy(static_cast<char*>(base) + static_cast<size_t>(i) * elem, buf, static_cast<size_t>(t.n) * elem);
   }
+  static Vec Abs(Vec x) { return _mm256_and_ps(x.v, _mm256_castsi256_ps(Set(0x7fffffffu))); }
+  static float LaneMax(Vec x) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(x.v), _mm256_extractf128_ps(x.v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
+  }
+  template <bool kSigned>
+  static Vec DecodeQ8(const void* base, int64_t i, Full) {
+    return Q8Decode<kSigned>(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(base) + i))));
+  }
+  template <bool kSigned>
+  static Vec DecodeQ8(const void* base, int64_t i, Tail t) {
+    uint64_t buf = 0;
+    std::memcpy(&buf, static_cast<const uint8_t*>(base) + i, static_cast<size_t>(t.n));
+    return Q8Decode<kSigned>(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(buf))));
+  }
+  template <bool kSigned>
+  static void EncodeQ8(void* base, int64_t i, Vec x, Vec recip, Full) {
+    const uint64_t b = LowBytes(Q8Encode<kSigned>(x.v, recip.v));
+    std::memcpy(static_cast<uint8_t*>(base) + i, &b, 8);
+  }
+  template <bool kSigned>
+  static void EncodeQ8(void* base, int64_t i, Vec x, Vec recip, Tail t) {
+    const uint64_t b = LowBytes(Q8Encode<kSigned>(x.v, recip.v));
+    std::memcpy(static_cast<uint8_t*>(base) + i, &b, static_cast<size_t>(t.n));
+  }
+  static Vec ZeroUnlessAbove(Vec m, Vec r, float t) { return _mm256_and_ps(m.v, _mm256_cmp_ps(r.v, _mm256_set1_ps(t), _CMP_GT_OQ)); }
+  static void StoreBf16Stochastic(void* base, int64_t i, Vec x, uint32_t key, uint32_t lo, Full) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(base) + i), Bf16Stochastic(x.v, key, lo));
+  }
+  static void StoreBf16Stochastic(void* base, int64_t i, Vec x, uint32_t key, uint32_t lo, Tail t) {
+    alignas(16) uint16_t buf[8];
+    _mm_store_si128(reinterpret_cast<__m128i*>(buf), Bf16Stochastic(x.v, key, lo));
+    std::memcpy(static_cast<uint16_t*>(base) + i, buf, static_cast<size_t>(t.n) * 2);
+  }
+
   static double LaneSumF64(Vec x) {
     const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x.v));
     const __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(x.v, 1));

@@ -40,6 +40,53 @@ inline __m256i ToBf16(__m512 x) {
 }
 inline __m512 FromBf16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
 
+// ---- compact state (quant_math.h): the scalar definitions' integer and float operations, 16 lanes ----
+inline __m512i Set(uint32_t x) { return _mm512_set1_epi32(static_cast<int>(x)); }
+inline __m512i Fmix32(__m512i h) {
+  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+  h = _mm512_mullo_epi32(h, Set(0x85ebca6bu));
+  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
+  h = _mm512_mullo_epi32(h, Set(0xc2b2ae35u));
+  return _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+}
+template <bool kSigned>
+inline __m512 Q8Decode(__m512i c) {
+  constexpr int kBias = kSigned ? 15 : 31;
+  const __m512i f = _mm512_and_si512(c, Set(7));
+  __m512i e = _mm512_srli_epi32(c, 3);
+  if constexpr (kSigned) e = _mm512_and_si512(e, Set(15));
+  const __m512i normal = _mm512_or_si512(_mm512_slli_epi32(_mm512_add_epi32(e, Set(127 - kBias)), 23), _mm512_slli_epi32(f, 20));
+  const __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(f), _mm512_set1_ps(kSigned ? 0x1p-17f : 0x1p-33f));
+  const __mmask16 e_zero = _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512());
+  __m512 v = _mm512_mask_blend_ps(e_zero, _mm512_castsi512_ps(normal), sub);
+  if constexpr (kSigned) v = _mm512_or_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_and_si512(c, Set(0x80)), 24)));
+  return v;
+}
+template <bool kSigned>
+inline __m128i Q8Encode(__m512 x, __m512 recip) {
+  constexpr uint32_t kBias = kSigned ? 15 : 31;
+  const __m512 ax = _mm512_and_ps(x, _mm512_castsi512_ps(Set(0x7fffffffu)));
+  const __m512 r = _mm512_min_ps(_mm512_mul_ps(ax, recip), _mm512_set1_ps(1.0f));
+  const __m512i sub = _mm512_cvtps_epi32(_mm512_mul_ps(r, _mm512_set1_ps(kSigned ? 0x1p17f : 0x1p33f)));
+  const __m512i u = _mm512_castps_si512(r);
+  const __m512i t = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, Set(0x7ffffu)), _mm512_and_si512(_mm512_srli_epi32(u, 20), Set(1))), 20);
+  const __m512i normal = _mm512_sub_epi32(t, Set((127u - kBias) << 3));
+  const __mmask16 is_sub = _mm512_cmp_ps_mask(r, _mm512_set1_ps(kSigned ? 0x1p-14f : 0x1p-30f), _CMP_LT_OQ);
+  __m512i mag = _mm512_mask_blend_epi32(is_sub, normal, sub);
+  if constexpr (kSigned) {
+    const __mmask16 neg = _mm512_cmplt_epi32_mask(_mm512_castps_si512(x), _mm512_setzero_si512());
+    const __mmask16 nonzero = _mm512_cmpneq_epi32_mask(mag, _mm512_setzero_si512());
+    mag = _mm512_mask_or_epi32(mag, static_cast<__mmask16>(neg & nonzero), mag, Set(0x80));
+  }
+  return _mm512_cvtepi32_epi8(mag);
+}
+// Stochastic rounding to bf16 of 16 elements whose indices' low halves start at lo.
+inline __m256i Bf16Stochastic(__m512 x, uint32_t key, uint32_t lo) {
+  const __m512i idx = _mm512_add_epi32(Set(lo), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  const __m512i h = Fmix32(_mm512_xor_si512(Set(key), idx));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_add_epi32(_mm512_castps_si512(x), _mm512_srli_epi32(h, 16)), 16));
+}
+
 struct Isa {
   using V = Vec;
   static constexpr int kWidth = 16;
@@ -96,6 +143,32 @@ struct Isa {
       _mm512_mask_storeu_ps(static_cast<float*>(base) + i, t.m, x.v);
     }
   }
+  static Vec Abs(Vec x) { return _mm512_and_ps(x.v, _mm512_castsi512_ps(Set(0x7fffffffu))); }
+  static float LaneMax(Vec x) { return _mm512_reduce_max_ps(x.v); }
+  template <bool kSigned>
+  static Vec DecodeQ8(const void* base, int64_t i, Full) {
+    return Q8Decode<kSigned>(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(base) + i))));
+  }
+  template <bool kSigned>
+  static Vec DecodeQ8(const void* base, int64_t i, Tail t) {
+    return Q8Decode<kSigned>(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(t.m, static_cast<const uint8_t*>(base) + i)));
+  }
+  template <bool kSigned>
+  static void EncodeQ8(void* base, int64_t i, Vec x, Vec recip, Full) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint8_t*>(base) + i), Q8Encode<kSigned>(x.v, recip.v));
+  }
+  template <bool kSigned>
+  static void EncodeQ8(void* base, int64_t i, Vec x, Vec recip, Tail t) {
+    _mm_mask_storeu_epi8(static_cast<uint8_t*>(base) + i, t.m, Q8Encode<kSigned>(x.v, recip.v));
+  }
+  static Vec ZeroUnlessAbove(Vec m, Vec r, float t) { return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(r.v, _mm512_set1_ps(t), _CMP_GT_OQ), m.v); }
+  static void StoreBf16Stochastic(void* base, int64_t i, Vec x, uint32_t key, uint32_t lo, Full) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(base) + i), Bf16Stochastic(x.v, key, lo));
+  }
+  static void StoreBf16Stochastic(void* base, int64_t i, Vec x, uint32_t key, uint32_t lo, Tail t) {
+    _mm256_mask_storeu_epi16(static_cast<uint16_t*>(base) + i, t.m, Bf16Stochastic(x.v, key, lo));
+  }
+
   static double LaneSumF64(Vec x) {
     const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(x.v));
     const __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x.v), 1)));

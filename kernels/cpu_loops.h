@@ -12,6 +12,7 @@
 
 
 
+#include <algorithm>
 #include <cstdint>
 
 #include "zrt/kernels/adam_math.h"
@@ -155,7 +156,139 @@ struct Kernels {
     }
   }
 
-  static constexpr CpuKernelTable kTable = {&Adam, &SumSquares, &Cast};
+  // ---- Adam over compact state (quant_math.h) ----
+  // Moments are decoded to f32, updated by the same AdamElement, and stored back: f32 and bf16 (round
+  // to nearest even) at once; when a moment is q8, both are kept for the block in two stack buffers and
+  // stored after it (the block's scale is its largest magnitude, the coupling needs the second moment's
+  // codes before the first moment is stored).
+  template <int M, bool kSigned, class Tag>
+  static V LoadMoment(const void* base, float scale, int64_t i, Tag tag) {
+    if constexpr (M == kMomQ8) return Isa::template DecodeQ8<kSigned>(base, i, tag) * V(scale);
+    if constexpr (M == kMomBf16) return Isa::template Load<kElemBf16>(base, i, tag);
+    if constexpr (M == kMomF32) return Isa::template Load<kElemF32>(base, i, tag);
+  }
+  template <int M, class Tag>
+  static void StoreMoment(void* base, int64_t i, V x, Tag tag) {
+    Isa::template Store<M == kMomBf16 ? kElemBf16 : kElemF32>(base, i, x, tag);
+  }
+
+  template <int G, int C, bool kSr, int M1, int M2, class Tag>
+  static void CompactAt(const AdamStepScalars& s, const CompactRange& r, float ms, float vs, int64_t b0, float* mt, float* vt,
+                        int64_t i, Tag tag) {
+    V p = Isa::template Load<kSr ? kElemBf16 : kElemF32>(r.param, i, tag);
+    V g = Isa::template Load<G>(r.grad, i, tag);
+    V m = LoadMoment<M1, true>(r.exp_avg, ms, i, tag);
+    V v = LoadMoment<M2, false>(r.exp_avg_sq, vs, i, tag);
+    AdamElement<V>(s, p, g, m, v, nullptr);
+    if constexpr (kSr) {
+      Isa::StoreBf16Stochastic(r.param, i, p, r.key, r.index_lo + static_cast<uint32_t>(i), tag);
+    } else {
+      Isa::template Store<kElemF32>(r.param, i, p, tag);
+    }
+    if constexpr (C != kElemNone) Isa::template Store<C>(r.param_copy, i, p, tag);
+    if constexpr (M1 == kMomQ8 || M2 == kMomQ8) {
+      Isa::template Store<kElemF32>(mt, i - b0, m, tag);
+      Isa::template Store<kElemF32>(vt, i - b0, v, tag);
+    } else {
+      StoreMoment<M1>(r.exp_avg, i, m, tag);
+      StoreMoment<M2>(r.exp_avg_sq, i, v, tag);
+    }
+  }
+
+  template <class Tag>
+  static void AbsMaxAt(const float* t, int64_t j, V& acc, Tag tag) {
+    acc = Max(acc, Isa::Abs(Isa::template Load<kElemF32>(t, j, tag)));
+  }
+  template <int M1, int M2, class Tag>
+  static void EncodeAt(const CompactRange& r, const float* mt, const float* vt, int64_t b0, int64_t j, float mr, float vr, Tag tag) {
+    V m = Isa::template Load<kElemF32>(mt, j, tag);
+    const V v = Isa::template Load<kElemF32>(vt, j, tag);
+    if constexpr (M2 == kMomQ8) {
+      Isa::template EncodeQ8<false>(r.exp_avg_sq, b0 + j, v, V(vr), tag);
+      m = Isa::ZeroUnlessAbove(m, v * V(vr), kQ8UnsignedZero);
+    } else {
+      StoreMoment<M2>(r.exp_avg_sq, b0 + j, v, tag);
+    }
+    if constexpr (M1 == kMomQ8) {
+      Isa::template EncodeQ8<true>(r.exp_avg, b0 + j, m, V(mr), tag);
+    } else {
+      StoreMoment<M1>(r.exp_avg, b0 + j, m, tag);
+    }
+  }
+  // The q8 block [b0, b1) held in mt/vt: scales, then codes (and the other moment, coupled).
+  template <int M1, int M2>
+  static void StoreBlock(const CompactRange& r, const float* mt, const float* vt, int64_t b0, int64_t b1) {
+    const int64_t n = b1 - b0, q = b0 / r.block;
+    V am(0.0f), av(0.0f);
+    int64_t j = 0;
+    for (; j + W <= n; j += W) {
+      if constexpr (M1 == kMomQ8) AbsMaxAt(mt, j, am, typename Isa::Full{});
+      if constexpr (M2 == kMomQ8) AbsMaxAt(vt, j, av, typename Isa::Full{});
+    }
+    if (j < n) {
+      if constexpr (M1 == kMomQ8) AbsMaxAt(mt, j, am, Isa::MakeTail(n - j));
+      if constexpr (M2 == kMomQ8) AbsMaxAt(vt, j, av, Isa::MakeTail(n - j));
+    }
+    float mr = 0, vr = 0;
+    if constexpr (M1 == kMomQ8) mr = Q8Recip(r.exp_avg_scale[q] = Isa::LaneMax(am));
+    if constexpr (M2 == kMomQ8) vr = Q8Recip(r.exp_avg_sq_scale[q] = Isa::LaneMax(av));
+    for (j = 0; j + W <= n; j += W) EncodeAt<M1, M2>(r, mt, vt, b0, j, mr, vr, typename Isa::Full{});
+    if (j < n) EncodeAt<M1, M2>(r, mt, vt, b0, j, mr, vr, Isa::MakeTail(n - j));
+  }
+
+  template <int G, int C, bool kSr, int M1, int M2>
+  static void CompactLoop(const AdamStepScalars& s, const CompactRange& r) {
+    constexpr bool kQ = M1 == kMomQ8 || M2 == kMomQ8;
+    alignas(64) float mt[kQ ? kMaxQuantBlock : 1];
+    alignas(64) float vt[kQ ? kMaxQuantBlock : 1];
+    const int64_t blk = kQ ? r.block : r.end - r.begin;
+    for (int64_t b0 = r.begin; b0 < r.end; b0 += blk) {
+      const int64_t b1 = std::min(b0 + blk, r.end);
+      const float ms = M1 == kMomQ8 ? r.exp_avg_scale[b0 / blk] : 0.0f, vs = M2 == kMomQ8 ? r.exp_avg_sq_scale[b0 / blk] : 0.0f;
+      int64_t i = b0;
+      for (; i + W <= b1; i += W) {
+        Isa::template Prefetch<G>(r.grad, i + kPrefetchElements);
+        CompactAt<G, C, kSr, M1, M2>(s, r, ms, vs, b0, mt, vt, i, typename Isa::Full{});
+      }
+      if (i < b1) CompactAt<G, C, kSr, M1, M2>(s, r, ms, vs, b0, mt, vt, i, Isa::MakeTail(b1 - i));
+      if constexpr (kQ) StoreBlock<M1, M2>(r, mt, vt, b0, b1);
+    }
+  }
+
+  template <int G, int C, bool kSr, int M1>
+  static void CompactM2(const AdamStepScalars& s, const CompactRange& r, int m2) {
+    switch (m2) {
+      case kMomQ8: return CompactLoop<G, C, kSr, M1, kMomQ8>(s, r);
+      case kMomBf16: return CompactLoop<G, C, kSr, M1, kMomBf16>(s, r);
+      default: return CompactLoop<G, C, kSr, M1, kMomF32>(s, r);
+    }
+  }
+  template <int G, int C, bool kSr>
+  static void CompactM1(const AdamStepScalars& s, const CompactRange& r, const CompactKinds& k) {
+    switch (k.exp_avg) {
+      case kMomQ8: return CompactM2<G, C, kSr, kMomQ8>(s, r, k.exp_avg_sq);
+      case kMomBf16: return CompactM2<G, C, kSr, kMomBf16>(s, r, k.exp_avg_sq);
+      default: return CompactM2<G, C, kSr, kMomF32>(s, r, k.exp_avg_sq);
+    }
+  }
+  template <int G>
+  static void CompactCopy(const AdamStepScalars& s, const CompactRange& r, const CompactKinds& k) {
+    if (k.sr) return CompactM1<G, kElemNone, true>(s, r, k);
+    switch (k.copy) {
+      case kElemBf16: return CompactM1<G, kElemBf16, false>(s, r, k);
+      case kElemF16: return CompactM1<G, kElemF16, false>(s, r, k);
+      default: return CompactM1<G, kElemNone, false>(s, r, k);
+    }
+  }
+  static void AdamCompact(const AdamStepScalars& s, const CompactRange& r, const CompactKinds& k) {
+    switch (k.grad) {
+      case kElemBf16: return CompactCopy<kElemBf16>(s, r, k);
+      case kElemF16: return CompactCopy<kElemF16>(s, r, k);
+      default: return CompactCopy<kElemF32>(s, r, k);
+    }
+  }
+
+  static constexpr CpuKernelTable kTable = {&Adam, &SumSquares, &Cast, &AdamCompact};
 };
 
 }  // namespace zrt::kernels::internal

@@ -34,6 +34,20 @@ struct Isa {
     }
   }
   static double LaneSumF64(float x) { return x; }
+
+  // Compact state: the definitions of quant_math.h, one element at a time.
+  static float Abs(float x) { return BitsToFloat(FloatBits(x) & 0x7fffffffu); }
+  static float LaneMax(float x) { return x; }
+  template <bool kSigned>
+  static float DecodeQ8(const void* base, int64_t i, Full) { return Q8Value(static_cast<const uint8_t*>(base)[i], kSigned); }
+  template <bool kSigned>
+  static void EncodeQ8(void* base, int64_t i, float x, float recip, Full) {
+    static_cast<uint8_t*>(base)[i] = Q8Encode(x, recip, kSigned);
+  }
+  static float ZeroUnlessAbove(float m, float r, float t) { return r > t ? m : 0.0f; }
+  static void StoreBf16Stochastic(void* base, int64_t i, float x, uint32_t key, uint32_t lo, Full) {
+    static_cast<uint16_t*>(base)[i] = FloatToBf16Stochastic(x, key, lo);
+  }
 };
 
 }  // namespace

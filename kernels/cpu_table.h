@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "zrt/kernels/adam_math.h"
+#include "zrt/kernels/quant_math.h"
 
 namespace zrt::kernels::internal {
 
@@ -22,6 +23,29 @@ struct AdamRange {
   int64_t end;
 };
 
+// Compact state (quant_math.h): the moments' formats, and where a range's parameters and moments are.
+enum MomentKind : int { kMomF32 = 0, kMomBf16 = 1, kMomQ8 = 2 };
+
+struct CompactRange {
+  void* param;         // f32 master, or bf16 parameters rounded stochastically (sr)
+  const void* grad;
+  void* exp_avg;       // f32, bf16 or q8 codes, indexed by element
+  float* exp_avg_scale;  // q8: one per block, indexed by block (element / block)
+  void* exp_avg_sq;
+  float* exp_avg_sq_scale;
+  void* param_copy;    // null: no copy (always null with sr)
+  int64_t begin;       // a multiple of block when a moment is q8
+  int64_t end;
+  int64_t block;       // q8 block, <= kMaxQuantBlock
+  uint32_t key;        // stochastic rounding: RoundingKey(seed, step, global index >> 32) of [begin, end)
+  uint32_t index_lo;   // low 32 bits of element 0's global index (element i: index_lo + i, no wrap in [begin, end))
+};
+
+struct CompactKinds {
+  int grad, copy, exp_avg, exp_avg_sq;
+  bool sr;
+};
+
 struct CpuKernelTable {
   // Updates elements [begin, end) of one tensor.
   void (*adam)(const AdamStepScalars& s, const AdamRange& r, int grad_kind, int copy_kind);
@@ -29,6 +53,8 @@ struct CpuKernelTable {
   void (*sum_squares)(const void* g, int kind, int64_t begin, int64_t end, double* sum, bool* nonfinite);
   // dst[i] = src[i] for i in [begin, end), converted.
   void (*cast)(const void* src, int src_kind, void* dst, int dst_kind, int64_t begin, int64_t end);
+  // Adam over compact state: elements [begin, end) of one tensor.
+  void (*adam_compact)(const AdamStepScalars& s, const CompactRange& r, const CompactKinds& k);
 };
 
 const CpuKernelTable& ScalarKernels();

@@ -85,6 +85,79 @@ TEST(AdamCuda, MatchesCpuBitForBitOnManyTensors) {
   }
 }
 
+// Compact state (kernels/quant_math.h): every moment format, with and without a master, q8 blocks of
+// 64 and 4096, tails, a global index that crosses 2^32 inside the tensor: the CPU's bytes.
+TEST(AdamCompactCuda, MatchesCpuBitForBit) {
+  ZRT_REQUIRE_GPU();
+  std::mt19937_64 rng(testing::TestSeed());
+  const MomentFormat kinds[] = {MomentFormat::kF32, MomentFormat::kBf16, MomentFormat::kQ8};
+  for (bool master : {true, false}) {
+    for (MomentFormat mf : kinds) {
+      for (MomentFormat vf : kinds) {
+        for (int64_t block : {64, 4096}) {
+          const CompactFormat f{.exp_avg = mf, .exp_avg_sq = vf, .master = master, .block = block, .seed = 99};
+          const int64_t n = 3 * block + 17 + static_cast<int64_t>(rng() % 1000), index = (int64_t{1} << 32) - 2 * block;
+          auto bytes = [&](size_t count) {
+            std::vector<uint8_t> b(count);
+            for (auto& x : b) x = static_cast<uint8_t>(rng());
+            return b;
+          };
+          auto floats = [&](size_t count, float scale, bool positive) {
+            std::vector<uint8_t> b(count * 4);
+            for (size_t i = 0; i < count; ++i) {
+              float x = testing::RandomFloats(1, rng, scale)[0];
+              if (positive) x = std::abs(x);
+              std::memcpy(b.data() + i * 4, &x, 4);
+            }
+            return b;
+          };
+          auto moment = [&](MomentFormat k, bool is_signed) {
+            if (k == MomentFormat::kF32) return floats(static_cast<size_t>(n), 0.01f, !is_signed);
+            std::vector<uint8_t> b = k == MomentFormat::kBf16 ? std::vector<uint8_t>(static_cast<size_t>(n) * 2) : bytes(static_cast<size_t>(n));
+            if (k == MomentFormat::kBf16) {
+              const auto x = floats(static_cast<size_t>(n), 0.01f, !is_signed);
+              for (int64_t i = 0; i < n; ++i) {
+                float y;
+                std::memcpy(&y, x.data() + i * 4, 4);
+                const uint16_t h = FloatToBf16(y);
+                std::memcpy(b.data() + i * 2, &h, 2);
+              }
+            } else {
+              for (auto& c : b) c = static_cast<uint8_t>(is_signed ? (c & 0x80) | ((c & 0x7f) % 121) : c % 249);
+            }
+            return b;
+          };
+          std::vector<uint8_t> p = master ? floats(static_cast<size_t>(n), 1, false) : moment(MomentFormat::kBf16, true);
+          std::vector<uint8_t> g = floats(static_cast<size_t>(n), 0.1f, false), m = moment(mf, true), v = moment(vf, false);
+          std::vector<float> ms(static_cast<size_t>(Q8Blocks(n, block))), vs(ms.size());
+          for (size_t i = 0; i < ms.size(); ++i) ms[i] = 0.01f * (1 + i % 7), vs[i] = 1e-4f * (1 + i % 5);
+          std::vector<uint8_t> copy(static_cast<size_t>(n) * 2, 0);
+          DeviceArray<uint8_t> dp(p), dg(g), dm(m), dv(v), dc(copy);
+          DeviceArray<float> dms(ms), dvs(vs);
+          const AdamCompactArgs dev{dp.get(), dg.get(), dm.get(), dms.get(), dv.get(), dvs.get(), master ? dc.get() : nullptr, n, index, f};
+          const AdamCompactArgs cpu{p.data(), g.data(), m.data(), ms.data(), v.data(), vs.data(), master ? copy.data() : nullptr, n, index, f};
+          const auto s = *MakeAdamStepScalars(AdamConfig{}, 5, 0.25);
+          ASSERT_TRUE(AdamCompactCuda(s, 5, std::span(&dev, 1), DType::kF32, DType::kBF16).ok());
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          ASSERT_TRUE(AdamCompactCpu(s, 5, std::span(&cpu, 1), DType::kF32, DType::kBF16).ok());
+          const std::string what = std::string(MomentFormatName(mf)) + "/" + std::string(MomentFormatName(vf)) + (master ? " master" : "") +
+                                   " block " + std::to_string(block);
+          EXPECT_EQ(dp.Download(), p) << what;
+          EXPECT_EQ(dm.Download(), m) << what;
+          EXPECT_EQ(dv.Download(), v) << what;
+          if (mf == MomentFormat::kQ8) {
+            EXPECT_EQ(dms.Download(), ms) << what;
+          }
+          if (vf == MomentFormat::kQ8) {
+            EXPECT_EQ(dvs.Download(), vs) << what;
+          }
+          EXPECT_EQ(dc.Download(), copy) << what;
+        }
+      }
+    }
+  }
+}
+
 TEST(AdamCuda, SkipFlagLeavesStateUntouched) {
   ZRT_REQUIRE_GPU();
   std::vector<float> h(5000, 0.5f);

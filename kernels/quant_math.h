@@ -1,0 +1,106 @@
+// Compact optimizer state, one element at a time: the single definition of the 8-bit block-wise code
+// and of stochastic rounding that the scalar CPU kernel and the CUDA kernel share, and that the AVX2 and
+// AVX-512 kernels reproduce bit for bit (kernels/quant_test.cc checks every path against these and
+// against an independent NumPy implementation of the rule). docs/kernels.md "Compact state" says the
+// same in prose.
+//
+// 8-bit block-wise moments. A moment is cut into blocks of B elements (B a power of two, 256 by
+// default; the blocks of a tensor's shard start at its element 0, which lies at a multiple of B in the
+// group's flat buffer, so resharding moves whole blocks and never re-quantizes). A block is stored as B
+// one-byte codes and one f32 scale s: the largest magnitude in the block (0 for an all-zero block).
+// A code is a small floating-point number relative to s, non-linear as 8-bit Adam's (more codes near
+// zero), signed for the first moment and unsigned for the second:
+//   unsigned (exp_avg_sq): code = e << 3 | f, e in 0..31, f in 0..7
+//                          value = 2^(e - 31) (1 + f/8) for e >= 1, 2^-30 f/8 for e = 0
+//   signed   (exp_avg):    code = sign << 7 | e << 3 | f, e in 0..15, f in 0..7
+//                          value = (-1)^sign 2^(e - 15) (1 + f/8) for e >= 1, (-1)^sign 2^-14 f/8 for e = 0
+// (1.0, the block's largest magnitude, is code 248 resp. 120; larger codes are never written.)
+//   decode: x = value(code) * s, one f32 multiply.
+//   encode: r = min(|x| * (1 / s), 1) with 1/s one f32 division (r = 0 when s = 0); the code whose value
+//           is nearest r, ties to the even code: round to nearest even on 3 fraction bits (carrying into
+//           the exponent) at or above the smallest normal value (2^-30 resp. 2^-14), below it
+//           f = nearest even integer to r * 2^33 resp. r * 2^17. The sign bit is x's sign bit when the
+//           magnitude's code is not 0 (no negative zero).
+// A second moment that encodes to 0 cannot carry its element's update: that element's first moment is
+// stored as 0 too (in any format), so the next step does not divide a surviving first moment by eps.
+//
+// Stochastic rounding of a 16-bit (bf16) parameter updated without an fp32 master: the f32 result's
+// bits plus 16 random bits, truncated to the upper 16 (an unbiased rounding of the magnitude). The bits
+// come from a counter-based hash of (seed, step, global element index), so a resumed or resharded run
+// draws the very same bits: the 32-bit finalizer of MurmurHash3 (fmix32), keyed as
+//   key(seed, step, hi) = fmix32(fmix32(fmix32(fmix32(seed ^ 0x5bd1e995) ^ step_lo) ^ step_hi) ^ hi)
+//   bits(index)         = fmix32(key ^ lo) >> 16     (lo, hi: the index's low and high 32 bits)
+#pragma once
+
+#include <cstdint>
+
+#include "zrt/core/dtype.h"
+
+namespace zrt::kernels {
+
+// The largest elements in a q8 block (the CPU kernel keeps a block's moments in two stack buffers).
+inline constexpr int kMaxQuantBlock = 4096;
+// A second moment whose r is at most this encodes to 0 (r * 2^33 <= 1/2 rounds to the even 0).
+inline constexpr float kQ8UnsignedZero = 0x1p-34f;
+
+ZRT_HD float Q8Value(uint8_t code, bool is_signed) {
+  const uint32_t f = code & 7u;
+  const uint32_t e = is_signed ? (code >> 3) & 15u : code >> 3;
+  const int bias = is_signed ? 15 : 31;
+  float v;
+  if (e == 0) {
+    v = static_cast<float>(f) * (is_signed ? 0x1p-17f : 0x1p-33f);  // exact: f < 8
+  } else {
+    v = BitsToFloat((e + 127u - static_cast<uint32_t>(bias)) << 23 | f << 20);
+  }
+  return is_signed && (code & 0x80u) ? -v : v;
+}
+
+// The f32 multiplier of an encode: 1 / scale, or 0 for an all-zero block.
+ZRT_HD float Q8Recip(float scale) { return scale > 0.0f ? 1.0f / scale : 0.0f; }
+
+ZRT_HD uint8_t Q8Encode(float x, float recip, bool is_signed) {
+  float r = (x < 0.0f ? -x : x) * recip;
+  r = r < 1.0f ? r : 1.0f;
+  const int bias = is_signed ? 15 : 31;
+  const float smallest_normal = is_signed ? 0x1p-14f : 0x1p-30f;
+  uint32_t mag;
+  if (r < smallest_normal) {
+    // r * 2^k is exact; rint rounds to nearest even in the default rounding mode.
+#if defined(__CUDA_ARCH__)
+    mag = static_cast<uint32_t>(__float2int_rn(r * (is_signed ? 0x1p17f : 0x1p33f)));
+#else
+    mag = static_cast<uint32_t>(__builtin_rintf(r * (is_signed ? 0x1p17f : 0x1p33f)));
+#endif
+  } else {
+    const uint32_t u = FloatBits(r);
+    const uint32_t t = (u + 0x7ffffu + ((u >> 20) & 1u)) >> 20;  // exponent << 3 | 3 fraction bits, rounded
+    mag = t - ((127u - static_cast<uint32_t>(bias)) << 3);
+  }
+  const uint32_t sign = is_signed && mag != 0 && (FloatBits(x) >> 31) ? 0x80u : 0u;
+  return static_cast<uint8_t>(mag | sign);
+}
+
+ZRT_HD uint32_t Fmix32(uint32_t h) {
+  h ^= h >> 16;
+  h *= 0x85ebca6bu;
+  h ^= h >> 13;
+  h *= 0xc2b2ae35u;
+  h ^= h >> 16;
+  return h;
+}
+
+ZRT_HD uint32_t RoundingKey(uint32_t seed, uint64_t step, uint32_t index_hi) {
+  uint32_t k = Fmix32(seed ^ 0x5bd1e995u);
+  k = Fmix32(k ^ static_cast<uint32_t>(step));
+  k = Fmix32(k ^ static_cast<uint32_t>(step >> 32));
+  return Fmix32(k ^ index_hi);
+}
+
+// x rounded stochastically to bf16 with the bits of element `index_lo` under `key`.
+ZRT_HD uint16_t FloatToBf16Stochastic(float x, uint32_t key, uint32_t index_lo) {
+  const uint32_t u = FloatBits(x) + (Fmix32(key ^ index_lo) >> 16);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+}  // namespace zrt::kernels

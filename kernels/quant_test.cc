@@ -1,0 +1,373 @@
+// Compact optimizer state (kernels/quant_math.h): the 8-bit code, stochastic rounding and the fused
+// compact Adam step — every ISA bit for bit against the scalar path, the scalar path against an
+// independent NumPy implementation of the documented rule (kernels/quant_reference.py), and the
+// properties resharding relies on.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "zrt/core/thread_pool.h"
+#include "zrt/kernels/adam.h"
+
+namespace zrt::kernels {
+namespace {
+
+// The documented value of a code, computed independently (ldexp in double).
+double DocumentedValue(int c, bool is_signed) {
+  const int f = c & 7, e = is_signed ? (c >> 3) & 15 : c >> 3, bias = is_signed ? 15 : 31;
+  const double mag = e == 0 ? std::ldexp(f / 8.0, 1 - bias) : std::ldexp(1 + f / 8.0, e - bias);
+  return is_signed && (c & 0x80) ? -mag : mag;
+}
+
+TEST(Q8, CodesDecodeToTheDocumentedValuesAndEncodeBack) {
+  for (bool is_signed : {false, true}) {
+    const int top = is_signed ? 120 : 248;  // the code of 1.0
+    EXPECT_EQ(Q8Value(static_cast<uint8_t>(top), is_signed), 1.0f);
+    for (int c = 0; c < 256; ++c) {
+      const float v = Q8Value(static_cast<uint8_t>(c), is_signed);
+      EXPECT_EQ(static_cast<double>(v), DocumentedValue(c, is_signed)) << c;
+      const int mag = is_signed ? c & 0x7f : c;
+      if (mag > top || (is_signed && c == 0x80)) continue;  // never written
+      for (float scale : {1.0f, 0.37f, 3e-9f, 1e30f}) {
+        const float x = v * scale;
+        EXPECT_EQ(Q8Encode(x, Q8Recip(scale), is_signed), c) << "code " << c << " scale " << scale;
+      }
+    }
+    EXPECT_EQ(Q8Encode(5.0f, Q8Recip(0.0f), is_signed), 0);      // an all-zero block
+    EXPECT_EQ(Q8Encode(2.0f, Q8Recip(1.0f), is_signed), top);    // r clamps at 1
+    EXPECT_EQ(Q8Encode(NAN, Q8Recip(1.0f), is_signed), top);     // NaN: as the largest (min(NaN, 1) = 1)
+    EXPECT_EQ(Q8Encode(-0.0f, Q8Recip(1.0f), is_signed), 0);     // no negative zero
+  }
+  EXPECT_EQ(Q8Encode(-1.0f, 1.0f, true), 0x80 | 120);
+  EXPECT_EQ(Q8Encode(-1e-30f, 1.0f, true), 0);  // rounds to 0: unsigned zero
+}
+
+// Encoding picks the nearest code, ties to the even one: against a brute-force search in double.
+TEST(Q8, EncodeIsTheNearestCodeTiesToEven) {
+  std::mt19937 rng(std::random_device{}());
+  for (bool is_signed : {false, true}) {
+    const int top = is_signed ? 120 : 248;
+    std::vector<double> table;
+    for (int c = 0; c <= top; ++c) table.push_back(DocumentedValue(c, is_signed));
+    std::vector<float> rs;
+    std::uniform_real_distribution<double> log(-40, 0);
+    for (int i = 0; i < 200000; ++i) rs.push_back(static_cast<float>(std::exp2(log(rng))));
+    for (int c = 0; c < top; ++c) rs.push_back(static_cast<float>((table[c] + table[c + 1]) / 2));  // every tie
+    for (const float r : rs) {
+      int best = 0;
+      for (int c = 1; c <= top; ++c) {
+        const double d = std::fabs(table[c] - r), b = std::fabs(table[best] - r);
+        if (d < b || (d == b && c % 2 == 0)) best = c;
+      }
+      ASSERT_EQ(Q8Encode(r, 1.0f, is_signed), best) << "r = " << r;
+      if (is_signed && best != 0) {
+        ASSERT_EQ(Q8Encode(-r, 1.0f, true), 0x80 | best);
+      }
+    }
+  }
+}
+
+// Stochastic rounding: deterministic in (seed, step, index), a bf16 neighbour, unbiased on average.
+TEST(StochasticRounding, DeterministicNeighbourAndUnbiased) {
+  const float x = 1.0f + 0x1p-10f;  // 1/8 of the way from 1.0 to the next bf16 (1 + 2^-7)
+  double sum = 0;
+  const int n = 200000;
+  const uint32_t key = RoundingKey(7, 3, 0);
+  for (int i = 0; i < n; ++i) {
+    const uint16_t h = FloatToBf16Stochastic(x, key, static_cast<uint32_t>(i));
+    ASSERT_TRUE(h == 0x3f80 || h == 0x3f81) << h;
+    ASSERT_EQ(h, FloatToBf16Stochastic(x, key, static_cast<uint32_t>(i)));
+    sum += Bf16ToFloat(h);
+  }
+  EXPECT_NEAR(sum / n, x, 3e-5);  // 5 standard errors: 2^-7 sqrt(p (1 - p) / n) = 5.8e-6 with p = 1/8
+  EXPECT_NE(RoundingKey(7, 3, 0), RoundingKey(7, 4, 0));
+  EXPECT_NE(RoundingKey(7, 3, 0), RoundingKey(8, 3, 0));
+  EXPECT_NE(RoundingKey(7, 3, 0), RoundingKey(7, 3, 1));
+  EXPECT_EQ(FloatToBf16Stochastic(1.0f, key, 5), 0x3f80);  // bf16 values stay as they are
+}
+
+// ---- the compact step -------------------------------------------------------------------------------
+
+struct Buffers {
+  std::vector<uint8_t> p, g, m, v, copy;
+  std::vector<float> ms, vs;
+};
+
+size_t MomentBytes(MomentFormat f) { return f == MomentFormat::kF32 ? 4 : f == MomentFormat::kBf16 ? 2 : 1; }
+
+// Random state in the given formats: parameters ~ N(0, 1), gradients ~ N(0, 1) with a few blocks much
+// smaller, valid codes and positive scales for q8 moments.
+Buffers RandomState(const CompactFormat& f, int64_t n, DType grad, std::mt19937& rng) {
+  Buffers b;
+  std::normal_distribution<float> normal;
+  std::uniform_int_distribution<int> byte(0, 255);
+  auto fill_floats = [&](std::vector<uint8_t>& out, bool half, float scale, bool positive) {
+    out.resize(static_cast<size_t>(n) * (half ? 2 : 4));
+    for (int64_t i = 0; i < n; ++i) {
+      float x = normal(rng) * scale * ((i / 300) % 5 == 4 ? 1e-4f : 1.0f);
+      if (positive) x = x * x;
+      if (half) {
+        const uint16_t h = FloatToBf16(x);
+        std::memcpy(out.data() + i * 2, &h, 2);
+      } else {
+        std::memcpy(out.data() + i * 4, &x, 4);
+      }
+    }
+  };
+  auto moment = [&](std::vector<uint8_t>& out, std::vector<float>& scales, MomentFormat mf, bool is_signed, float scale) {
+    if (mf != MomentFormat::kQ8) return fill_floats(out, mf == MomentFormat::kBf16, scale, !is_signed);
+    out.resize(static_cast<size_t>(n));
+    for (auto& c : out) {
+      const int v = byte(rng);
+      c = static_cast<uint8_t>(is_signed ? (v & 0x80) | ((v & 0x7f) % 121) : v % 249);
+    }
+    scales.resize(static_cast<size_t>(Q8Blocks(n, f.block)));
+    for (float& s : scales) s = std::exp2(std::uniform_real_distribution<float>(-20, 0)(rng)) * scale;
+  };
+  fill_floats(b.p, !f.master, 1.0f, false);
+  fill_floats(b.g, grad == DType::kBF16, 1.0f, false);
+  moment(b.m, b.ms, f.exp_avg, true, 0.1f);
+  moment(b.v, b.vs, f.exp_avg_sq, false, 0.01f);
+  if (f.master) b.copy.assign(static_cast<size_t>(n) * 2, 0xab);
+  return b;
+}
+
+AdamCompactArgs ArgsOf(Buffers& b, const CompactFormat& f, int64_t n, int64_t index) {
+  AdamCompactArgs a;
+  a.param = b.p.data();
+  a.grad = b.g.data();
+  a.exp_avg = b.m.data();
+  a.exp_avg_scale = b.ms.empty() ? nullptr : b.ms.data();
+  a.exp_avg_sq = b.v.data();
+  a.exp_avg_sq_scale = b.vs.empty() ? nullptr : b.vs.data();
+  a.param_copy = b.copy.empty() ? nullptr : b.copy.data();
+  a.numel = n;
+  a.index = index;
+  a.format = f;
+  return a;
+}
+
+AdamStepScalars Scalars(bool l2, int64_t step) {
+  AdamConfig c;
+  c.lr = 1e-3;
+  c.weight_decay = 0.1;
+  c.mode = l2 ? AdamMode::kAdamL2 : AdamMode::kAdamW;
+  return MakeAdamStepScalars(c, step, 1.0 / 1024).value();
+}
+
+std::vector<CompactFormat> AllFormats() {
+  std::vector<CompactFormat> out;
+  for (bool master : {true, false}) {
+    for (MomentFormat m : {MomentFormat::kF32, MomentFormat::kBf16, MomentFormat::kQ8}) {
+      for (MomentFormat v : {MomentFormat::kF32, MomentFormat::kBf16, MomentFormat::kQ8}) {
+        out.push_back({.exp_avg = m, .exp_avg_sq = v, .master = master, .block = 256, .seed = 1234});
+      }
+    }
+  }
+  return out;
+}
+
+std::string Name(const CompactFormat& f) {
+  return std::string(MomentFormatName(f.exp_avg)) + "/" + std::string(MomentFormatName(f.exp_avg_sq)) + (f.master ? " master" : " no master");
+}
+
+// Every ISA this CPU has, every thread count and chunk: the same bytes as the scalar path.
+TEST(AdamCompact, EveryIsaThreadCountAndChunkGivesTheSameBytes) {
+  std::mt19937 rng(std::random_device{}());
+  ThreadPool pool(3, "test");
+  for (const CompactFormat& f : AllFormats()) {
+    for (DType grad : {DType::kF32, DType::kBF16}) {
+      const int64_t n = 5000 + static_cast<int64_t>(rng() % 3000);
+      const Buffers start = RandomState(f, n, grad, rng);
+      Buffers ref = start;
+      AdamCompactArgs a = ArgsOf(ref, f, n, 256 * 3);
+      ASSERT_TRUE(AdamCompactCpu(Scalars(false, 7), 7, {&a, 1}, grad, DType::kBF16, {.isa = CpuIsa::kScalar}).ok());
+      for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+        if (!CpuSupports(isa)) continue;
+        for (int64_t chunk : {int64_t{1} << 15, int64_t{100}}) {
+          Buffers b = start;
+          AdamCompactArgs t = ArgsOf(b, f, n, 256 * 3);
+          ASSERT_TRUE(AdamCompactCpu(Scalars(false, 7), 7, {&t, 1}, grad, DType::kBF16, {.pool = &pool, .isa = isa, .chunk = chunk}).ok());
+          const std::string what = Name(f) + " " + std::string(CpuIsaName(isa)) + " chunk " + std::to_string(chunk);
+          EXPECT_EQ(b.p, ref.p) << what;
+          EXPECT_EQ(b.m, ref.m) << what;
+          EXPECT_EQ(b.v, ref.v) << what;
+          EXPECT_EQ(b.ms, ref.ms) << what;
+          EXPECT_EQ(b.vs, ref.vs) << what;
+          EXPECT_EQ(b.copy, ref.copy) << what;
+        }
+      }
+    }
+  }
+}
+
+// f32 moments with a master are today's state: the compact step equals AdamCpu bit for bit.
+TEST(AdamCompact, F32StateWithAMasterIsTheUsualStep) {
+  std::mt19937 rng(std::random_device{}());
+  const CompactFormat f{};
+  const int64_t n = 3001;
+  for (bool l2 : {false, true}) {
+    Buffers a = RandomState(f, n, DType::kBF16, rng), b = a;
+    AdamCompactArgs ca = ArgsOf(a, f, n, 0);
+    ASSERT_TRUE(AdamCompactCpu(Scalars(l2, 3), 3, {&ca, 1}, DType::kBF16, DType::kBF16).ok());
+    AdamTensorArgs t{reinterpret_cast<float*>(b.p.data()), b.g.data(), reinterpret_cast<float*>(b.m.data()),
+                     reinterpret_cast<float*>(b.v.data()), nullptr, b.copy.data(), n};
+    ASSERT_TRUE(AdamCpu(Scalars(l2, 3), {&t, 1}, DType::kBF16, DType::kBF16).ok());
+    EXPECT_EQ(a.p, b.p);
+    EXPECT_EQ(a.m, b.m);
+    EXPECT_EQ(a.v, b.v);
+    EXPECT_EQ(a.copy, b.copy);
+  }
+}
+
+// Resharding moves whole blocks: a shard updated as two pieces (cut at a block boundary, each with
+// its own global index) ends in the very same bytes as updated whole.
+TEST(AdamCompact, APieceOfAShardUpdatesAsTheWholeDoes) {
+  std::mt19937 rng(std::random_device{}());
+  for (const CompactFormat& f : AllFormats()) {
+    const int64_t n = 256 * 11 + 77, cut = 256 * 4, base = 256 * 1000;
+    const Buffers start = RandomState(f, n, DType::kBF16, rng);
+    Buffers whole = start;
+    AdamCompactArgs w = ArgsOf(whole, f, n, base);
+    ASSERT_TRUE(AdamCompactCpu(Scalars(false, 9), 9, {&w, 1}, DType::kBF16, DType::kBF16).ok());
+    Buffers parts = start;
+    AdamCompactArgs a = ArgsOf(parts, f, cut, base), b = ArgsOf(parts, f, n - cut, base + cut);
+    const size_t pe = f.master ? 4 : 2, me = MomentBytes(f.exp_avg), ve = MomentBytes(f.exp_avg_sq);
+    b.param = parts.p.data() + cut * pe;
+    b.grad = parts.g.data() + cut * 2;
+    b.exp_avg = parts.m.data() + cut * me;
+    b.exp_avg_sq = parts.v.data() + cut * ve;
+    if (b.exp_avg_scale) b.exp_avg_scale += cut / 256;
+    if (b.exp_avg_sq_scale) b.exp_avg_sq_scale += cut / 256;
+    if (b.param_copy) b.param_copy = parts.copy.data() + cut * 2;
+    const AdamCompactArgs both[] = {b, a};
+    ASSERT_TRUE(AdamCompactCpu(Scalars(false, 9), 9, both, DType::kBF16, DType::kBF16).ok());
+    EXPECT_EQ(parts.p, whole.p) << Name(f);
+    EXPECT_EQ(parts.m, whole.m) << Name(f);
+    EXPECT_EQ(parts.v, whole.v) << Name(f);
+    EXPECT_EQ(parts.ms, whole.ms) << Name(f);
+    EXPECT_EQ(parts.vs, whole.vs) << Name(f);
+  }
+}
+
+// A second moment too small for its block's codes takes its first moment with it.
+TEST(AdamCompact, AnUnderflowingSecondMomentZeroesItsFirstMoment) {
+  const CompactFormat f{.exp_avg = MomentFormat::kBf16, .exp_avg_sq = MomentFormat::kQ8, .block = 8};
+  std::vector<float> p(8, 1.0f), g = {1e-20f, 1, 1, 1, 1, 1, 1, 1};
+  std::vector<uint16_t> m(8, FloatToBf16(0.5f));
+  std::vector<uint8_t> v(8, 0);
+  float vs = 0;
+  AdamCompactArgs a{p.data(), g.data(), m.data(), nullptr, v.data(), &vs, nullptr, 8, 0, f};
+  AdamConfig c;
+  ASSERT_TRUE(AdamCompactCpu(MakeAdamStepScalars(c, 1).value(), 1, {&a, 1}, DType::kF32, DType::kBF16).ok());
+  EXPECT_EQ(v[0], 0);
+  EXPECT_EQ(m[0], 0) << "the first moment of an element whose second moment encodes to 0";
+  EXPECT_EQ(v[1], 248);
+  EXPECT_NE(m[1], 0);
+}
+
+TEST(AdamCompact, NonsenseIsRejected) {
+  std::vector<float> p(16), g(16), m(16), v(16), s(2);
+  AdamCompactArgs a{p.data(), g.data(), m.data(), nullptr, v.data(), nullptr, nullptr, 16, 0, {}};
+  const AdamStepScalars sc = Scalars(false, 1);
+  auto run = [&](const AdamCompactArgs& t, int64_t step = 1) { return AdamCompactCpu(sc, step, {&t, 1}, DType::kF32, DType::kBF16).code(); };
+  EXPECT_EQ(run(a), StatusCode::kOk);
+  EXPECT_EQ(run(a, 0), StatusCode::kInvalidArgument);
+  AdamCompactArgs t = a;
+  t.format.exp_avg = MomentFormat::kQ8;
+  EXPECT_EQ(run(t), StatusCode::kInvalidArgument);  // no scales
+  t.exp_avg_scale = s.data();
+  t.format.block = 8;
+  EXPECT_EQ(run(t), StatusCode::kOk);
+  t.index = 4;
+  EXPECT_EQ(run(t), StatusCode::kInvalidArgument);  // blocks must start at a multiple of the block
+  t.index = 0;
+  for (int64_t bad : {0, 6, 12, 2 * kMaxQuantBlock}) {
+    t.format.block = bad;
+    EXPECT_EQ(run(t), StatusCode::kInvalidArgument) << bad;
+  }
+  t = a;
+  t.format.master = false;
+  t.param_copy = m.data();
+  EXPECT_EQ(run(t), StatusCode::kInvalidArgument);  // no copy without a master
+  AdamConfig ams;
+  ams.amsgrad = true;
+  EXPECT_EQ(AdamCompactCpu(MakeAdamStepScalars(ams, 1).value(), 1, {&a, 1}, DType::kF32, DType::kBF16).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseMomentFormat("q8").value(), MomentFormat::kQ8);
+  EXPECT_FALSE(ParseMomentFormat("int8").ok());
+}
+
+// ---- against NumPy ----------------------------------------------------------------------------------
+
+uint32_t Bits(float x) { return FloatBits(x); }
+
+void WriteRaw(const std::string& path, const void* data, size_t bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
+}
+
+// Every format, f32 and bf16 gradients, AdamW and L2: the inputs and the kernel's outputs go to files,
+// kernels/quant_reference.py recomputes the outputs from the rule in NumPy and compares every bit.
+TEST(AdamCompact, MatchesAnIndependentNumPyImplementationOfTheRule) {
+  if (std::system("/usr/bin/python3 -c 'import numpy' 2>/dev/null") != 0) GTEST_SKIP() << "no /usr/bin/python3 with numpy";
+  const std::string dir = ::testing::TempDir() + "quant_ref_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  std::mt19937 rng(std::random_device{}());
+  nlohmann::json cases = nlohmann::json::array();
+  int id = 0;
+  for (const CompactFormat& f0 : AllFormats()) {
+    for (DType grad : {DType::kF32, DType::kBF16}) {
+      for (bool l2 : {false, true}) {
+        CompactFormat f = f0;
+        f.block = (id % 3 == 0) ? 64 : 256;
+        f.seed = static_cast<uint32_t>(rng());
+        const int64_t n = 1000 + static_cast<int64_t>(rng() % 3000);
+        // Every fifth case crosses 2^32 in the global index, where the rounding key changes.
+        const int64_t index = id % 5 == 0 ? (int64_t{1} << 32) - 3 * f.block : f.block * static_cast<int64_t>(rng() % 100000);
+        const int64_t step = 1 + static_cast<int64_t>(rng() % 100000);
+        Buffers b = RandomState(f, n, grad, rng);
+        const std::string pre = dir + "/" + std::to_string(id) + ".";
+        auto dump = [&](const char* suffix) {
+          WriteRaw(pre + "p." + suffix, b.p.data(), b.p.size());
+          WriteRaw(pre + "g." + suffix, b.g.data(), b.g.size());
+          WriteRaw(pre + "m." + suffix, b.m.data(), b.m.size());
+          WriteRaw(pre + "v." + suffix, b.v.data(), b.v.size());
+          if (!b.ms.empty()) WriteRaw(pre + "m_scale." + suffix, b.ms.data(), b.ms.size() * 4);
+          if (!b.vs.empty()) WriteRaw(pre + "v_scale." + suffix, b.vs.data(), b.vs.size() * 4);
+          if (!b.copy.empty()) WriteRaw(pre + "copy." + suffix, b.copy.data(), b.copy.size());
+        };
+        dump("in");
+        const AdamStepScalars s = Scalars(l2, step);
+        AdamCompactArgs a = ArgsOf(b, f, n, index);
+        ASSERT_TRUE(AdamCompactCpu(s, step, {&a, 1}, grad, DType::kBF16).ok());
+        dump("out");
+        cases.push_back({{"id", id}, {"numel", n}, {"index", index}, {"block", f.block}, {"seed", f.seed}, {"step", step},
+                         {"m", MomentFormatName(f.exp_avg)}, {"v", MomentFormatName(f.exp_avg_sq)}, {"master", f.master},
+                         {"copy", f.master}, {"grad", grad == DType::kF32 ? "f32" : "bf16"},
+                         {"scalars", {{"beta1", Bits(s.beta1)}, {"beta2", Bits(s.beta2)}, {"omb1", Bits(s.one_minus_beta1)},
+                                      {"omb2", Bits(s.one_minus_beta2)}, {"eps", Bits(s.eps)}, {"l2", Bits(s.l2)}, {"decay", Bits(s.decay)},
+                                      {"nss", Bits(s.neg_step_size)}, {"bc2", Bits(s.bc2_sqrt)}, {"gs", Bits(s.grad_scale)},
+                                      {"use_l2", s.use_l2}, {"use_decay", s.use_decay}}}});
+        ++id;
+      }
+    }
+  }
+  std::ofstream(dir + "/cases.json") << cases.dump();
+  const std::string cmd = "/usr/bin/python3 " ZRT_KERNELS_DIR "/quant_reference.py " + dir;
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace zrt::kernels
