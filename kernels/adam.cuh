@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(kThreads) AdamCompactKernel(CompactTensor t, A
   const uint32_t hi0 = static_cast<uint32_t>(g0 >> 32);
   const uint32_t key0 = kSr ? RoundingKey(t.seed, step, hi0) : 0, key1 = kSr ? RoundingKey(t.seed, step, hi0 + 1) : 0;
   float mk[kPer], vk[kPer];
-  float am = 0.0f, av = 0.0f;
+  float av = 0.0f;
   for (int k = 0;; ++k) {
     const int64_t i = b0 + threadIdx.x + static_cast<int64_t>(k) * kThreads;
     if (i >= b0 + n || (q && k >= kPer)) break;
@@ -149,7 +149,6 @@ __global__ void __launch_bounds__(kThreads) AdamCompactKernel(CompactTensor t, A
     if (q) {
       mk[k] = m;
       vk[k] = v;
-      am = Max(am, fabsf(m));
       av = Max(av, fabsf(v));
     } else {
       StoreMoment(t.m, t.m_kind, i, m);
@@ -157,28 +156,35 @@ __global__ void __launch_bounds__(kThreads) AdamCompactKernel(CompactTensor t, A
     }
   }
   if (!q) return;
-  am = BlockMax(am);
+  // The second moment's scale and codes, the coupling, then the first moment's scale (of what is
+  // stored) and codes: the CPU's order.
   av = BlockMax(av);
-  if (threadIdx.x == 0) {
-    if (t.m_kind == 2) t.ms[blockIdx.x] = am;
-    if (t.v_kind == 2) t.vs[blockIdx.x] = av;
-  }
-  const float mr = Q8Recip(am), vr = Q8Recip(av);
+  const float vr = Q8Recip(av);
+  if (threadIdx.x == 0 && t.v_kind == 2) t.vs[blockIdx.x] = av;
+  float am = 0.0f;
   for (int k = 0; k < kPer; ++k) {
     const int64_t i = b0 + threadIdx.x + static_cast<int64_t>(k) * kThreads;
     if (i >= b0 + n) break;
-    float m = mk[k];
     if (t.v_kind == 2) {
       static_cast<uint8_t*>(t.v)[i] = Q8Encode(vk[k], vr, false);
-      m = vk[k] * vr > kQ8UnsignedZero ? m : 0.0f;
+      mk[k] = vk[k] * vr > kQ8UnsignedZero ? mk[k] : 0.0f;
     } else {
       StoreMoment(t.v, t.v_kind, i, vk[k]);
     }
     if (t.m_kind == 2) {
-      static_cast<uint8_t*>(t.m)[i] = Q8Encode(m, mr, true);
+      am = Max(am, fabsf(mk[k]));
     } else {
-      StoreMoment(t.m, t.m_kind, i, m);
+      StoreMoment(t.m, t.m_kind, i, mk[k]);
     }
+  }
+  if (t.m_kind != 2) return;
+  am = BlockMax(am);
+  if (threadIdx.x == 0) t.ms[blockIdx.x] = am;
+  const float mr = Q8Recip(am);
+  for (int k = 0; k < kPer; ++k) {
+    const int64_t i = b0 + threadIdx.x + static_cast<int64_t>(k) * kThreads;
+    if (i >= b0 + n) break;
+    static_cast<uint8_t*>(t.m)[i] = Q8Encode(mk[k], mr, true);
   }
 }
 

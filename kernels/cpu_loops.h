@@ -159,8 +159,8 @@ struct Kernels {
   // ---- Adam over compact state (quant_math.h) ----
   // Moments are decoded to f32, updated by the same AdamElement, and stored back: f32 and bf16 (round
   // to nearest even) at once; when a moment is q8, both are kept for the block in two stack buffers and
-  // stored after it (the block's scale is its largest magnitude, the coupling needs the second moment's
-  // codes before the first moment is stored).
+  // stored after it (a block's scale is its largest stored magnitude, and the coupling needs the second
+  // moment's codes before the first moment is stored).
   template <int M, bool kSigned, class Tag>
   static V LoadMoment(const void* base, float scale, int64_t i, Tag tag) {
     if constexpr (M == kMomQ8) return Isa::template DecodeQ8<kSigned>(base, i, tag) * V(scale);
@@ -199,8 +199,9 @@ struct Kernels {
   static void AbsMaxAt(const float* t, int64_t j, V& acc, Tag tag) {
     acc = Max(acc, Isa::Abs(Isa::template Load<kElemF32>(t, j, tag)));
   }
+  // The second moment stored; the first moment coupled to it and stored, or (q8) kept for its scale.
   template <int M1, int M2, class Tag>
-  static void EncodeAt(const CompactRange& r, const float* mt, const float* vt, int64_t b0, int64_t j, float mr, float vr, Tag tag) {
+  static void CoupleAt(const CompactRange& r, float* mt, const float* vt, int64_t b0, int64_t j, float vr, V& am, Tag tag) {
     V m = Isa::template Load<kElemF32>(mt, j, tag);
     const V v = Isa::template Load<kElemF32>(vt, j, tag);
     if constexpr (M2 == kMomQ8) {
@@ -210,30 +211,38 @@ struct Kernels {
       StoreMoment<M2>(r.exp_avg_sq, b0 + j, v, tag);
     }
     if constexpr (M1 == kMomQ8) {
-      Isa::template EncodeQ8<true>(r.exp_avg, b0 + j, m, V(mr), tag);
+      Isa::template Store<kElemF32>(mt, j, m, tag);
+      am = Max(am, Isa::Abs(m));  // a tail's missing lanes loaded as 0 and stay 0
     } else {
       StoreMoment<M1>(r.exp_avg, b0 + j, m, tag);
     }
   }
-  // The q8 block [b0, b1) held in mt/vt: scales, then codes (and the other moment, coupled).
+  template <class Tag>
+  static void EncodeFirstAt(const CompactRange& r, const float* mt, int64_t b0, int64_t j, float mr, Tag tag) {
+    Isa::template EncodeQ8<true>(r.exp_avg, b0 + j, Isa::template Load<kElemF32>(mt, j, tag), V(mr), tag);
+  }
+  // The q8 block [b0, b1) held in mt/vt: the second moment's scale and codes, the coupling, then the
+  // first moment's scale (of what is stored: the largest magnitude after the coupling) and codes.
   template <int M1, int M2>
-  static void StoreBlock(const CompactRange& r, const float* mt, const float* vt, int64_t b0, int64_t b1) {
+  static void StoreBlock(const CompactRange& r, float* mt, const float* vt, int64_t b0, int64_t b1) {
     const int64_t n = b1 - b0, q = b0 / r.block;
-    V am(0.0f), av(0.0f);
+    float vr = 0;
+    if constexpr (M2 == kMomQ8) {
+      V av(0.0f);
+      int64_t j = 0;
+      for (; j + W <= n; j += W) AbsMaxAt(vt, j, av, typename Isa::Full{});
+      if (j < n) AbsMaxAt(vt, j, av, Isa::MakeTail(n - j));
+      vr = Q8Recip(r.exp_avg_sq_scale[q] = Isa::LaneMax(av));
+    }
+    V am(0.0f);
     int64_t j = 0;
-    for (; j + W <= n; j += W) {
-      if constexpr (M1 == kMomQ8) AbsMaxAt(mt, j, am, typename Isa::Full{});
-      if constexpr (M2 == kMomQ8) AbsMaxAt(vt, j, av, typename Isa::Full{});
+    for (; j + W <= n; j += W) CoupleAt<M1, M2>(r, mt, vt, b0, j, vr, am, typename Isa::Full{});
+    if (j < n) CoupleAt<M1, M2>(r, mt, vt, b0, j, vr, am, Isa::MakeTail(n - j));
+    if constexpr (M1 == kMomQ8) {
+      const float mr = Q8Recip(r.exp_avg_scale[q] = Isa::LaneMax(am));
+      for (j = 0; j + W <= n; j += W) EncodeFirstAt(r, mt, b0, j, mr, typename Isa::Full{});
+      if (j < n) EncodeFirstAt(r, mt, b0, j, mr, Isa::MakeTail(n - j));
     }
-    if (j < n) {
-      if constexpr (M1 == kMomQ8) AbsMaxAt(mt, j, am, Isa::MakeTail(n - j));
-      if constexpr (M2 == kMomQ8) AbsMaxAt(vt, j, av, Isa::MakeTail(n - j));
-    }
-    float mr = 0, vr = 0;
-    if constexpr (M1 == kMomQ8) mr = Q8Recip(r.exp_avg_scale[q] = Isa::LaneMax(am));
-    if constexpr (M2 == kMomQ8) vr = Q8Recip(r.exp_avg_sq_scale[q] = Isa::LaneMax(av));
-    for (j = 0; j + W <= n; j += W) EncodeAt<M1, M2>(r, mt, vt, b0, j, mr, vr, typename Isa::Full{});
-    if (j < n) EncodeAt<M1, M2>(r, mt, vt, b0, j, mr, vr, Isa::MakeTail(n - j));
   }
 
   template <int G, int C, bool kSr, int M1, int M2>

@@ -23,6 +23,9 @@
 //           magnitude's code is not 0 (no negative zero).
 // A second moment that encodes to 0 cannot carry its element's update: that element's first moment is
 // stored as 0 too (in any format), so the next step does not divide a surviving first moment by eps.
+// The first moment's scale is then the largest magnitude of what is stored (after this coupling): a
+// block's scale is always the largest magnitude its codes decode to (divided by the scale: 1.0), so
+// decoding and encoding again gives back the very same codes and scale.
 //
 // Stochastic rounding of a 16-bit (bf16) parameter updated without an fp32 master: the f32 result's
 // bits plus 16 random bits, truncated to the upper 16 (an unbiased rounding of the magnitude). The bits

@@ -108,16 +108,18 @@ def store_moments(c, m, v):
     out = {}
     nb = (n + block - 1) // block
     pad = nb * block - n
+    def block_max(x):
+        return np.concatenate([np.abs(x), np.zeros(pad, F32)]).reshape(nb, block).max(axis=1).astype(F32)
+
     scale = {}
-    for name, x in (("m", m), ("v", v)):
-        if c[name] == "q8":
-            blocks = np.concatenate([np.abs(x), np.zeros(pad, F32)]).reshape(nb, block)
-            scale[name] = blocks.max(axis=1).astype(F32)
     if c["v"] == "q8":
+        scale["v"] = block_max(v)
         recip = np.where(scale["v"] > 0, F32(1) / np.where(scale["v"] > 0, scale["v"], F32(1)), F32(0)).astype(F32)
         codes = np.concatenate([encode(v[i * block:(i + 1) * block], recip[i], False) for i in range(nb)])
         out["v"], out["v_scale"] = codes, scale["v"]
         m = np.where(codes == 0, F32(0), m).astype(F32)
+    if c["m"] == "q8":
+        scale["m"] = block_max(m)  # of what is stored: after the coupling
     for name, x in (("m", m), ("v", v)):
         if name in out:
             continue

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -258,6 +259,32 @@ TEST(AdamCompact, APieceOfAShardUpdatesAsTheWholeDoes) {
     EXPECT_EQ(parts.v, whole.v) << Name(f);
     EXPECT_EQ(parts.ms, whole.ms) << Name(f);
     EXPECT_EQ(parts.vs, whole.vs) << Name(f);
+  }
+}
+
+// What a step stores decodes and encodes back to itself: a block's scale is the largest magnitude its
+// codes decode to, so f32 values of a q8 moment (a checkpoint's view) quantize back to the same bytes.
+TEST(AdamCompact, StoredBlocksDecodeAndEncodeBackToThemselves) {
+  std::mt19937 rng(std::random_device{}());
+  const CompactFormat f{.exp_avg = MomentFormat::kQ8, .exp_avg_sq = MomentFormat::kQ8, .block = 64};
+  const int64_t n = 64 * 50 + 13;
+  Buffers b = RandomState(f, n, DType::kF32, rng);
+  AdamCompactArgs a = ArgsOf(b, f, n, 0);
+  ASSERT_TRUE(AdamCompactCpu(Scalars(false, 2), 2, {&a, 1}, DType::kF32, DType::kBF16).ok());
+  for (const auto& [codes, scales, is_signed] : {std::tuple{&b.m, &b.ms, true}, std::tuple{&b.v, &b.vs, false}}) {
+    for (int64_t q = 0; q < Q8Blocks(n, 64); ++q) {
+      const int64_t lo = q * 64, hi = std::min(n, lo + 64);
+      std::vector<float> x;
+      float amax = 0;
+      for (int64_t i = lo; i < hi; ++i) {
+        x.push_back(Q8Value((*codes)[static_cast<size_t>(i)], is_signed) * (*scales)[static_cast<size_t>(q)]);
+        amax = std::max(amax, std::fabs(x.back()));
+      }
+      ASSERT_EQ(amax, (*scales)[static_cast<size_t>(q)]) << "block " << q;
+      for (int64_t i = lo; i < hi; ++i) {
+        ASSERT_EQ(Q8Encode(x[static_cast<size_t>(i - lo)], Q8Recip(amax), is_signed), (*codes)[static_cast<size_t>(i)]) << i;
+      }
+    }
   }
 }
 
