@@ -45,10 +45,6 @@ Status AdamCpu(const AdamStepScalars& s, std::span<const AdamTensorArgs> tensors
 // Each moment in f32, bf16 (round to nearest even) or 8-bit block-wise codes with an f32 scale per
 // block; the parameters updated through an fp32 master, or (bf16 models) directly, rounded
 // stochastically with bits keyed by (seed, step, global element index).
-enum class MomentFormat : uint8_t { kF32 = 0, kBf16 = 1, kQ8 = 2 };
-std::string_view MomentFormatName(MomentFormat f);  // "f32", "bf16", "q8"
-Result<MomentFormat> ParseMomentFormat(std::string_view name);
-
 struct CompactFormat {
   MomentFormat exp_avg = MomentFormat::kF32;
   MomentFormat exp_avg_sq = MomentFormat::kF32;

@@ -3,6 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
+
+#include "zrt/core/status.h"
 
 namespace zrt::kernels {
 
@@ -10,6 +13,13 @@ enum class AdamMode : uint8_t {
   kAdamW = 0,  // decoupled weight decay (Loshchilov & Hutter)
   kAdamL2 = 1,  // weight decay added to the gradient (torch.optim.Adam)
 };
+
+// How an Adam moment is stored (docs/kernels.md "Compact state"): f32, bf16 (round to nearest even) or
+// q8 (8-bit codes per block with an f32 scale; the rule is kernels/quant_math.h).
+enum class MomentFormat : uint8_t { kF32 = 0, kBf16 = 1, kQ8 = 2 };
+std::string_view MomentFormatName(MomentFormat f);  // "f32", "bf16", "q8"
+// The names above; InvalidArgument listing them otherwise.
+Result<MomentFormat> ParseMomentFormat(std::string_view name);
 
 // Hyperparameters, in double as the trainer states them (PyTorch keeps Python floats).
 struct AdamConfig {

@@ -32,6 +32,10 @@ class CpuCompute final : public Compute {
               DType copy_dtype) override {
     return kernels::AdamCpu(s, tensors, grad_dtype, copy_dtype, o_);
   }
+  Status AdamCompact(const kernels::AdamStepScalars& s, int64_t step, std::span<const kernels::AdamCompactArgs> tensors, DType grad_dtype,
+                     DType copy_dtype) override {
+    return kernels::AdamCompactCpu(s, step, tensors, grad_dtype, copy_dtype, o_);
+  }
   Status Synchronize() override { return Status(); }
   Status MarkUpdated() override { return Status(); }
   Status CopyToHost(void* host, const void* device, size_t bytes) override {

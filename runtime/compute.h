@@ -36,6 +36,9 @@ class Compute {
   // Adam/AdamW over state in this device's memory (as kernels::AdamCpu).
   virtual Status Adam(const kernels::AdamStepScalars& s, std::span<const kernels::AdamTensorArgs> tensors,
                       DType grad_dtype, DType copy_dtype) = 0;
+  // The same over compact state (as kernels::AdamCompactCpu; `step` keys stochastic rounding).
+  virtual Status AdamCompact(const kernels::AdamStepScalars& s, int64_t step, std::span<const kernels::AdamCompactArgs> tensors,
+                             DType grad_dtype, DType copy_dtype) = 0;
   // Waits until everything queued so far is done (no-op on CPU).
   virtual Status Synchronize() = 0;
 

@@ -84,6 +84,14 @@ class CudaCompute final : public Compute {
     return kernels::AdamCuda(s, tensors, grad_dtype, copy_dtype, o);
   }
 
+  Status AdamCompact(const kernels::AdamStepScalars& s, int64_t step, std::span<const kernels::AdamCompactArgs> tensors, DType grad_dtype,
+                     DType copy_dtype) override {
+    RETURN_IF_ERROR(d_->MakeCurrent());
+    kernels::AdamCudaOptions o;
+    o.stream = d_->stream();
+    return kernels::AdamCompactCuda(s, step, tensors, grad_dtype, copy_dtype, o);
+  }
+
   Status Synchronize() override {
     RETURN_IF_ERROR(d_->MakeCurrent());
     return CudaStatus(cudaStreamSynchronize(d_->stream()), "compute: synchronize");

@@ -69,6 +69,19 @@ Status ReadOffload(JsonReader& r, EngineConfig& c) {
   return Status();
 }
 
+// "state": {"exp_avg": "q8", "exp_avg_sq": "q8", "master": false, "q8_block": 256}
+Status ReadState(JsonReader& r, EngineConfig& c) {
+  ASSIGN_OR_RETURN(JsonReader st, r.Child("state"));
+  RETURN_IF_ERROR(st.Read<kernels::MomentFormat>("exp_avg", &c.state.exp_avg, kernels::ParseMomentFormat));
+  RETURN_IF_ERROR(st.Read<kernels::MomentFormat>("exp_avg_sq", &c.state.exp_avg_sq, kernels::ParseMomentFormat));
+  RETURN_IF_ERROR(st.Read("master", &c.state.master));
+  RETURN_IF_ERROR(st.Read("q8_block", &c.state.q8_block));
+  RETURN_IF_ERROR(st.Finish());
+  RETURN_IF_ERROR(kernels::CheckCompactFormat({c.state.exp_avg, c.state.exp_avg_sq, c.state.master, c.state.q8_block, 0}), st.path());
+  if (c.state.compact() && c.adam.amsgrad) return InvalidArgumentError(st.path(), ": amsgrad needs f32 moments and a master");
+  return Status();
+}
+
 Status ReadMetrics(JsonReader& r, EngineConfig& c) {
   ASSIGN_OR_RETURN(JsonReader m, r.Child("metrics"));
   RETURN_IF_ERROR(m.Read("tokens_per_step", &c.metrics.tokens_per_step));
@@ -103,6 +116,7 @@ Result<EngineConfig> EngineConfigFromJson(const nlohmann::json& j, const EngineC
   RETURN_IF_ERROR(ReadLrSchedule(r, c));
   RETURN_IF_ERROR(ReadLossScale(r, c));
   RETURN_IF_ERROR(ReadOffload(r, c));
+  RETURN_IF_ERROR(ReadState(r, c));
   RETURN_IF_ERROR(ReadMetrics(r, c));
   RETURN_IF_ERROR(r.Finish());
   // The rest of the checks are ZeroEngine::Create's; run them here so a bad file fails at parse time.

@@ -6,6 +6,20 @@
 namespace zrt {
 namespace {
 
+TEST(EngineConfigJson, StatePrecision) {
+  auto j = ParseJson(R"({"state": {"exp_avg": "q8", "exp_avg_sq": "bf16", "master": false, "q8_block": 128}})", "test");
+  ASSERT_TRUE(j.ok());
+  auto c = EngineConfigFromJson(*j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->state, (StatePrecision{kernels::MomentFormat::kQ8, kernels::MomentFormat::kBf16, false, 128}));
+  for (const char* bad : {R"({"state": {"exp_avg": "int8"}})", R"({"state": {"q8_block": 100}})", R"({"state": {"masters": true}})",
+                          R"({"adam": {"amsgrad": true}, "state": {"exp_avg": "bf16"}})"}) {
+    auto b = EngineConfigFromJson(*ParseJson(bad, "test"));
+    EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(b.status().message().find("state"), std::string::npos) << b.status();
+  }
+}
+
 TEST(EngineConfigJson, EveryFieldIsRead) {
   auto j = ParseJson(R"({
     "stage": 3, "reduce_dtype": "bf16", "bucket_bytes": 1048576, "alignment": 128,

@@ -23,6 +23,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <optional>
 
 #include "zrt/core/base.h"
@@ -43,9 +44,12 @@ uint64_t Fnv(uint64_t h, const void* data, size_t n) {
   return h;
 }
 
-uint64_t SpecHash(const TensorSpec& s, const std::string& group, double lr_scale, double weight_decay, char frozen) {
+uint64_t SpecHash(const TensorSpec& s, const std::string& group, double lr_scale, double weight_decay, char frozen,
+                  const StatePrecision& state) {
   uint64_t h = 1469598103934665603ull;
   h = Fnv(h, &frozen, 1);
+  const int64_t st[] = {static_cast<int64_t>(state.exp_avg), static_cast<int64_t>(state.exp_avg_sq), state.master ? 1 : 0, state.q8_block};
+  h = Fnv(h, st, sizeof(st));
   h = Fnv(h, s.name.data(), s.name.size());
   h = Fnv(h, s.shape.data(), s.shape.size() * sizeof(int64_t));
   h = Fnv(h, &s.dtype, sizeof(s.dtype));
@@ -56,6 +60,11 @@ uint64_t SpecHash(const TensorSpec& s, const std::string& group, double lr_scale
 
 
 }  // namespace
+
+std::string StatePrecisionName(const StatePrecision& p) {
+  return "exp_avg=" + std::string(kernels::MomentFormatName(p.exp_avg)) + " exp_avg_sq=" + std::string(kernels::MomentFormatName(p.exp_avg_sq)) +
+         " master=" + (p.master ? "yes" : "no") + " block=" + std::to_string(p.q8_block);
+}
 
 Result<OffloadTarget> ParseOffloadTarget(std::string_view s) {
   if (s == "none") return OffloadTarget::kNone;
@@ -183,6 +192,7 @@ Result<ParamHandle> EngineCore::AddParam(const std::string& name, const std::vec
   settings_.push_back(st);
   param_frozen_.push_back(o.frozen ? 1 : 0);
   param_groups_.push_back(o.group);
+  param_state_.push_back(o.state.value_or(config_.state));
   return ParamHandle{index};
 }
 
@@ -199,7 +209,8 @@ Status EngineCore::CheckRegistration() {
   }
   std::vector<uint64_t> mine(params_.size()), root(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
-    mine[i] = root[i] = SpecHash(params_[i], param_groups_[i], settings_[i].lr_scale, settings_[i].weight_decay, param_frozen_[i]);
+    mine[i] = root[i] = SpecHash(params_[i], param_groups_[i], settings_[i].lr_scale, settings_[i].weight_decay, param_frozen_[i],
+                                 param_state_[i]);
   }
   RETURN_IF_ERROR(comm_->Broadcast(root.data(), root.size() * sizeof(uint64_t), DType::kBytes, 0));
   size_t first = params_.size();
@@ -216,6 +227,7 @@ Status EngineCore::CheckRegistration() {
     return InvalidArgumentError("finalize: parameter #", f, " differs across ranks (rank ", comm_->rank(), " has ",
                                 params_[f].ToString(), " in group '", param_groups_[f], "' with lr_scale ", settings_[f].lr_scale,
                                 " and weight_decay ", settings_[f].weight_decay, param_frozen_[f] ? ", frozen" : "",
+                                ", state ", StatePrecisionName(param_state_[f]),
                                 mine[f] == root[f] ? ", as rank 0 does" : ", rank 0 has something else", ")");
   }
   return Status();
@@ -234,6 +246,7 @@ Status EngineCore::Finalize(const InitFn& init) {
       groups_.back()->dtype = params_[i].dtype;
       groups_.back()->grad_dtype = config_.fp32_grads ? DType::kF32 : params_[i].dtype;
       groups_.back()->frozen = param_frozen_[i] != 0;
+      groups_.back()->state = param_state_[i];
     }
     Group& g = *groups_[static_cast<size_t>(it->second)];
     if (g.dtype != params_[i].dtype) {
@@ -244,17 +257,47 @@ Status EngineCore::Finalize(const InitFn& init) {
       return InvalidArgumentError("finalize: group '", g.name, "' mixes frozen and trainable tensors ('", params_[i].name, "' is ",
                                   g.frozen ? "trainable" : "frozen", ", '", g.tensors[0].name, "' is not): frozen tensors go in groups of their own");
     }
+    if (!g.frozen && g.state != param_state_[i]) {
+      return InvalidArgumentError("finalize: parameter '", params_[i].name, "' has state ", StatePrecisionName(param_state_[i]), " but group '",
+                                  g.name, "' has ", StatePrecisionName(g.state), " (one state precision per group: give it a group of its own)");
+    }
     param_group_index_.push_back(it->second);
     param_pos_.push_back(static_cast<int64_t>(g.params.size()));
     g.params.push_back(static_cast<int64_t>(i));
     g.tensors.push_back(params_[i]);
   }
+  for (const auto& g : groups_) RETURN_IF_ERROR(CheckGroupState(*g));
   RETURN_IF_ERROR(Allocate(init));
   BuildSettingRuns();
   impl_->clock.Begin();
   finalized_ = true;
   return Status();
 }
+
+// A group's state precision against its dtype and the engine's settings.
+Status EngineCore::CheckGroupState(const Group& g) const {
+  const StatePrecision& st = g.state;
+  if (g.frozen || !st.compact()) return Status();
+  const std::string what = "finalize: group '" + g.name + "' (state " + StatePrecisionName(st) + ")";
+  RETURN_IF_ERROR(kernels::CheckCompactFormat({st.exp_avg, st.exp_avg_sq, st.master, st.q8_block, 0}), what);
+  if (!st.master && g.dtype != DType::kBF16) {
+    return InvalidArgumentError(what, ": no master needs bf16 parameters (", DTypeName(g.dtype), " has ",
+                                g.dtype == DType::kF32 ? "its parameters as its master" : "too few exponent bits for stochastic rounding", ")");
+  }
+  if (config_.adam.amsgrad) return InvalidArgumentError(what, ": amsgrad needs f32 moments and a master");
+  if (config_.offload.optimizer == OffloadTarget::kNvme) {
+    return InvalidArgumentError(what, ": compact state with offload.optimizer = nvme is not supported yet (host or none)");
+  }
+  return Status();
+}
+
+namespace {
+// The layout's alignment: q8 blocks must start at a multiple of the block in the group's flat buffer.
+int64_t GroupAlignment(int64_t alignment, const StatePrecision& st) {
+  const bool q8 = st.exp_avg == kernels::MomentFormat::kQ8 || st.exp_avg_sq == kernels::MomentFormat::kQ8;
+  return q8 ? std::lcm(alignment, st.q8_block) : alignment;
+}
+}  // namespace
 
 Status EngineCore::Allocate(const InitFn& init) {
   const int n = config_.stage == 0 ? 1 : comm_->size();
@@ -264,7 +307,8 @@ Status EngineCore::Allocate(const InitFn& init) {
   int64_t reduced = 0;  // per rank, everything a step reduces: the trained groups' shards
   for (auto& gp : groups_) {
     Group& g = *gp;
-    ASSIGN_OR_RETURN(g.layout, ShardLayout::Create(g.tensors, n, config_.alignment), "group '", g.name, "'");
+    ASSIGN_OR_RETURN(g.layout, ShardLayout::Create(g.tensors, n, g.frozen ? config_.alignment : GroupAlignment(config_.alignment, g.state)),
+                     "group '", g.name, "'");
     const auto P = static_cast<size_t>(g.layout.padded_size()), S = static_cast<size_t>(g.layout.shard_size());
     const std::string ctx = "allocating group '" + g.name + "'";
     if (config_.stage <= 2) {
@@ -284,6 +328,8 @@ Status EngineCore::Allocate(const InitFn& init) {
     sg.grad_dtype = g.grad_dtype;
     sg.elements = g.layout.shard_size();
     sg.frozen = g.frozen;
+    if (!g.frozen) sg.format = {g.state.exp_avg, g.state.exp_avg_sq, g.state.master, g.state.q8_block, 0};
+    sg.index = static_cast<int64_t>(rank) * g.layout.shard_size();
     sg.grads = g.frozen ? nullptr : GradShard(g);
     sg.params = OwnParams(g);
     // Initial values of shard elements [lo, lo + count): this rank's pieces only (padding stays zero).
@@ -556,6 +602,7 @@ Result<EngineCore::Scalars> EngineCore::StepScalars(double lr, float grad_multip
 Status EngineCore::AdamWindow(const OptimizerStore::Window& w, const Scalars& scalars, std::vector<kernels::AdamTensorArgs>* args) {
   const auto gi = static_cast<size_t>(w.group);
   const Group& g = *groups_[gi];
+  if (w.compact != nullptr) return AdamCompactWindow(w, scalars[gi]);
   const bool f32 = g.dtype == DType::kF32;
   const int64_t w0 = w.offset, w1 = w.offset + w.count;
   for (size_t c = 0; c < g.classes.size(); ++c) {
@@ -570,6 +617,41 @@ Status EngineCore::AdamWindow(const OptimizerStore::Window& w, const Scalars& sc
     }
     if (args->empty()) continue;
     RETURN_IF_ERROR(w.compute->Adam(scalars[gi][c], *args, g.grad_dtype, f32 ? DType::kBF16 : g.dtype), "step, group '", g.name, "'");
+  }
+  if (f32 && w.params != w.master) RETURN_IF_ERROR(w.compute->Move(w.params, w.master, static_cast<size_t>(w.count) * 4));
+  return Status();
+}
+
+// The same over compact state (StatePrecision): one call per settings class, each run its own tensor
+// argument with its global index (stochastic rounding, q8 blocks).
+Status EngineCore::AdamCompactWindow(const OptimizerStore::Window& w, const std::vector<kernels::AdamStepScalars>& scalars) {
+  const Group& g = *groups_[static_cast<size_t>(w.group)];
+  const OptimizerStore::CompactWindow& c = *w.compact;
+  const bool f32 = g.dtype == DType::kF32;
+  const int64_t w0 = w.offset, w1 = w.offset + w.count, block = c.format.block;
+  std::vector<kernels::AdamCompactArgs> args;
+  for (size_t k = 0; k < g.classes.size(); ++k) {
+    args.clear();
+    for (const Group::Run& run : g.runs) {
+      const int64_t a = std::max(run.begin, w0), b = std::min(run.end, w1);
+      if (run.cls != static_cast<int>(k) || a >= b) continue;
+      const auto d = static_cast<size_t>(a - w0);
+      kernels::AdamCompactArgs t;
+      t.param = c.format.master ? static_cast<void*>(w.master + d) : static_cast<char*>(w.params) + d * g.esize();
+      t.grad = static_cast<const char*>(w.grads) + d * g.gsize();
+      t.exp_avg = static_cast<char*>(c.exp_avg) + d * c.exp_avg_bytes;
+      t.exp_avg_sq = static_cast<char*>(c.exp_avg_sq) + d * c.exp_avg_sq_bytes;
+      t.exp_avg_scale = c.exp_avg_scale != nullptr ? c.exp_avg_scale + d / static_cast<size_t>(block) : nullptr;
+      t.exp_avg_sq_scale = c.exp_avg_sq_scale != nullptr ? c.exp_avg_sq_scale + d / static_cast<size_t>(block) : nullptr;
+      t.param_copy = c.format.master && !f32 ? static_cast<char*>(w.params) + d * g.esize() : nullptr;
+      t.numel = b - a;
+      t.index = c.index + static_cast<int64_t>(d);
+      t.format = c.format;
+      args.push_back(t);
+    }
+    if (args.empty()) continue;
+    RETURN_IF_ERROR(w.compute->AdamCompact(scalars[k], steps_ + 1, args, g.grad_dtype, f32 ? DType::kBF16 : g.dtype), "step, group '",
+                    g.name, "'");
   }
   if (f32 && w.params != w.master) RETURN_IF_ERROR(w.compute->Move(w.params, w.master, static_cast<size_t>(w.count) * 4));
   return Status();

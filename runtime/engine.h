@@ -83,6 +83,9 @@ struct ParamOptions {
   // with checkpoints (as "master"). A group is frozen or not: frozen tensors go in groups of their
   // own (as FSDP's flat parameters require).
   bool frozen = false;
+  // The optimizer state's precision (unset: config.state). Tensors of one group share it: put, say,
+  // the embeddings in a group of their own to keep their moments in f32 while the rest is q8.
+  std::optional<StatePrecision> state;
 };
 
 class ZeroEngine {

@@ -88,6 +88,24 @@ struct OffloadConfig {
   IoOptions io;                     // nvme: the I/O engine (backend, queue depth, block size)
 };
 
+// The optimizer state's precision (docs/configuration.md "State precision"): each Adam moment in f32,
+// bf16 or q8 (8-bit block-wise codes with an f32 scale per block of q8_block elements; the rule is
+// kernels/quant_math.h), and an fp32 master copy of the parameters, or none for bf16 models (their
+// updates rounded stochastically, keyed by step and element so a resumed or resharded run is
+// bitwise the same). A group's tensors share one; amsgrad needs the default.
+struct StatePrecision {
+  kernels::MomentFormat exp_avg = kernels::MomentFormat::kF32;
+  kernels::MomentFormat exp_avg_sq = kernels::MomentFormat::kF32;
+  bool master = true;
+  int64_t q8_block = 256;  // a power of two in [8, 4096]
+  bool compact() const {
+    return exp_avg != kernels::MomentFormat::kF32 || exp_avg_sq != kernels::MomentFormat::kF32 || !master;
+  }
+  friend bool operator==(const StatePrecision&, const StatePrecision&) = default;
+};
+// "exp_avg=q8 exp_avg_sq=q8 master=no block=256" (the short form the engine's messages use).
+std::string StatePrecisionName(const StatePrecision& p);
+
 struct EngineConfig {
   int stage = 2;                          // 0..3
   DType reduce_dtype = DType::kF32;       // gradient reductions: f32, or the model dtype (f32 accumulation)
@@ -102,6 +120,7 @@ struct EngineConfig {
   bool fp32_grads = false;
   LossScaleConfig loss_scale;             // fp16: dynamic; bf16/f32: none
   kernels::AdamConfig adam;               // lr = the peak; weight_decay = the default (ParamOptions overrides)
+  StatePrecision state;                   // the default; ParamOptions::state overrides per tensor
   LrSchedule lr_schedule;                 // lr at step t = adam.lr * lr_schedule.Factor(t)
   MetricsConfig metrics;                  // tokens/s, MFU and the JSON-lines log of StepResult
   int optimizer_threads = 0;              // CPU Adam threads (caller included); <= 0: this rank's share of its cores (its CPU affinity divided among the node's ranks that share it; getting-started.md)

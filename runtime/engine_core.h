@@ -78,6 +78,7 @@ class EngineCore {
   EngineCore(Communicator* comm, Device* device, const EngineConfig& config);
   Status CheckRegistration();
   Status Allocate(const InitFn& init);
+  Status CheckGroupState(const Group& g) const;
   // This rank's block of the group's model parameters (stage 3: the parameter shard; null when the
   // optimizer store holds it) and of its reduced gradient (stages 0-1: inside the full gradient; 2-3:
   // the gradient shard).
@@ -99,6 +100,7 @@ class EngineCore {
   Result<float> GlobalSumSquares();
   Result<Scalars> StepScalars(double lr, float grad_multiplier);
   Status AdamWindow(const OptimizerStore::Window& w, const Scalars& scalars, std::vector<kernels::AdamTensorArgs>* args);
+  Status AdamCompactWindow(const OptimizerStore::Window& w, const std::vector<kernels::AdamStepScalars>& scalars);
   Status Update(const Scalars& scalars);
   Status Report(StepResult& r);
   Result<Group*> Get(int group, const char* what);
@@ -123,6 +125,7 @@ class EngineCore {
   std::vector<int> param_group_index_;
   std::vector<int64_t> param_pos_;  // within its group
   std::vector<char> param_frozen_;
+  std::vector<StatePrecision> param_state_;
   std::vector<std::unique_ptr<Group>> groups_;
   // The trainer's settings a restore replaced, for UseTrainerSettings, and what differed.
   struct TrainerSettings {

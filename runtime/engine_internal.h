@@ -36,6 +36,7 @@ struct EngineCore::Group {
   std::vector<Run> runs;
   std::vector<Settings> classes;
   bool frozen = false;  // no gradients, no optimizer state (a store slot holding master only: its parameters)
+  StatePrecision state;  // of its optimizer state (trainable groups)
   DeviceBuffer full_param, param_shard, full_grad, grad_shard;
   bool gathered = false;      // stages 0-2 bookkeeping for Release
   bool grad_live = false;     // full gradient exists (and is zeroed) for this step

@@ -15,6 +15,8 @@
 //             in host memory per capture in flight, kept from the first capture on
 #include "zrt/runtime/optimizer_store.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <future>
 #include <utility>
@@ -186,7 +188,7 @@ Status OptimizerStore::Capture(std::shared_ptr<StateSink> sink) {
       deferred = true;
       continue;
     }
-    memory.push_back({g, s.in.elements, kinds(s), HostState(s, 0) == nullptr, std::move(read)});
+    memory.push_back({g, s.in.elements, kinds(s), HostState(s, 0) == nullptr || s.compact(), std::move(read)});
   }
   for (int g = 0; g < static_cast<int>(slots_.size()); ++g) {
     Slot& s = slots_[static_cast<size_t>(g)];
@@ -258,6 +260,7 @@ class ResidentStore final : public OptimizerStore {
 
   // Whole shards, or windows of the capture's part while a capture still reads the state.
   Status Update(const UpdateFn& fn) override {
+    for (Slot& s : slots_) RETURN_IF_ERROR(FlushStaged(s), "step");
     Copies copies(*this);
     Status st;
     const bool windows = capturing();
@@ -269,7 +272,8 @@ class ResidentStore final : public OptimizerStore {
       for (int64_t off = 0; off < s.in.elements && st.ok(); off += step) {
         const int64_t n = std::min(step, s.in.elements - off);
         WaitForCaptures(static_cast<int>(g), off + n);
-        st = fn(WindowAt(static_cast<int>(g), off, n));
+        CompactWindow cw{};
+        st = fn(WindowAt(static_cast<int>(g), off, n, &cw));
       }
     }
     return copies.Finish(std::move(st));
@@ -278,7 +282,8 @@ class ResidentStore final : public OptimizerStore {
   Status RefreshParams() override {
     Status st;
     for (size_t g = 0; g < slots_.size() && st.ok(); ++g) {
-      if (!slots_[g].in.frozen) st = RefreshParams(slots_[g]);
+      if (!slots_[g].in.frozen) st = FlushStaged(slots_[g]);
+      if (st.ok() && !slots_[g].in.frozen) st = RefreshParams(slots_[g]);
     }
     return AgreeOnStatus(comm_, st).WithContext("refreshing the parameters from the master weights");
   }
@@ -295,11 +300,25 @@ class ResidentStore final : public OptimizerStore {
   }
   // A state kind's memory: an f32 group's master is its parameters where Adam writes them.
   float* State(Slot& s, int kind) { return kind == 0 && s.master_is_params ? static_cast<float*>(HostParams(s)) : Buffer(s, kind).as<float>(); }
-  float* HostState(Slot& s, int kind) override { return state_dev_->host_accessible() ? State(s, kind) : nullptr; }
+  // Where a kind is f32 values in host memory (else null: device memory, or compact state).
+  float* HostState(Slot& s, int kind) override {
+    return state_dev_->host_accessible() && StoredF32(s, kind) ? State(s, kind) : nullptr;
+  }
+  static bool StoredF32(const Slot& s, int kind) {
+    if (!s.compact()) return true;
+    const kernels::CompactFormat& f = s.in.format;
+    return kind == 0 ? f.master : (kind == 1 ? f.exp_avg : f.exp_avg_sq) == kernels::MomentFormat::kF32;
+  }
 
   // Host memory is read where it is. Device memory is copied to the host on the snapshot stream, which
   // waits only for the last step's update; the next update waits for the capture (WaitForCaptures).
   std::function<Result<const float*>(int, int64_t, int64_t, float*)> CaptureRead(Slot& s) override {
+    if (s.compact()) {
+      return [this, &s](int k, int64_t off, int64_t n, float* bounce) -> Result<const float*> {
+        RETURN_IF_ERROR(Decode(s, k, off, n, bounce, true), "capturing group '", s.in.name, "'");
+        return bounce;
+      };
+    }
     if (state_dev_->host_accessible()) {
       return [this, &s](int k, int64_t off, int64_t, float*) -> Result<const float*> { return State(s, k) + off; };
     }
@@ -311,10 +330,101 @@ class ResidentStore final : public OptimizerStore {
   }
 
   Status ReadState(int g, int kind, int64_t offset, int64_t n, float* out) override {
-    return state_dev_->Copy(out, State(slots_[static_cast<size_t>(g)], kind) + offset, static_cast<size_t>(n) * 4);
+    Slot& s = slots_[static_cast<size_t>(g)];
+    if (s.compact()) return Decode(s, kind, offset, n, out, false);
+    return state_dev_->Copy(out, State(s, kind) + offset, static_cast<size_t>(n) * 4);
   }
   Status WriteState(int g, int kind, int64_t offset, int64_t n, const float* in) override {
-    return state_dev_->Copy(State(slots_[static_cast<size_t>(g)], kind) + offset, in, static_cast<size_t>(n) * 4);
+    Slot& s = slots_[static_cast<size_t>(g)];
+    if (!s.compact() || (kind == 0 && s.in.format.master)) {
+      return state_dev_->Copy(State(s, kind) + offset, in, static_cast<size_t>(n) * 4);
+    }
+    if (kind == 0) return WriteParams(s, offset, n, in);  // no master: the parameters, rounded to nearest
+    std::vector<float>& staged = s.staged[kind];
+    if (staged.empty()) {  // what is not written keeps its value (padding)
+      staged.resize(static_cast<size_t>(s.in.elements));
+      RETURN_IF_ERROR(Decode(s, kind, 0, s.in.elements, staged.data(), false));
+    }
+    std::memcpy(staged.data() + offset, in, static_cast<size_t>(n) * 4);
+    return Status();
+  }
+
+  // ---- compact state as f32 values (a checkpoint's view) ----
+  size_t KindBytes(const Slot& s, int kind) const {
+    if (kind == 0) return s.in.format.master ? 4 : esize(s);
+    const kernels::MomentFormat f = kind == 1 ? s.in.format.exp_avg : s.in.format.exp_avg_sq;
+    return f == kernels::MomentFormat::kF32 ? 4 : f == kernels::MomentFormat::kBf16 ? 2 : 1;
+  }
+  void* KindMemory(Slot& s, int kind) { return kind == 0 && !s.in.format.master ? HostParams(s) : static_cast<void*>(State(s, kind)); }
+  // Host <- the store's memory (on the capture thread: the snapshot stream, which waits for the step).
+  Status Fetch(void* dst, const void* src, size_t bytes, bool capture) {
+    if (state_dev_->host_accessible()) {
+      std::memcpy(dst, src, bytes);
+      return Status();
+    }
+    return capture ? compute_->CopyToHost(dst, src, bytes) : state_dev_->Copy(dst, src, bytes);
+  }
+  // Elements [off, off + n) of kind k as f32: decoded from bf16 or q8 codes and their blocks' scales.
+  Status Decode(Slot& s, int k, int64_t off, int64_t n, float* out, bool capture) {
+    if (n == 0) return Status();
+    if (!s.staged[k].empty()) {
+      std::memcpy(out, s.staged[k].data() + off, static_cast<size_t>(n) * 4);
+      return Status();
+    }
+    const size_t eb = KindBytes(s, k);
+    const char* src = static_cast<const char*>(KindMemory(s, k)) + static_cast<size_t>(off) * eb;
+    if (eb == 4) return Fetch(out, src, static_cast<size_t>(n) * 4, capture);
+    std::vector<uint8_t> raw(static_cast<size_t>(n) * eb);
+    RETURN_IF_ERROR(Fetch(raw.data(), src, raw.size(), capture));
+    if (eb == 2) return kernels::CastCpu(raw.data(), k == 0 ? s.in.dtype : DType::kBF16, out, DType::kF32, n);
+    const int64_t block = s.in.format.block, q0 = off / block, q1 = (off + n - 1) / block + 1;
+    std::vector<float> scales(static_cast<size_t>(q1 - q0));
+    const DeviceBuffer& sb = k == 1 ? s.exp_avg_scale : s.exp_avg_sq_scale;
+    RETURN_IF_ERROR(Fetch(scales.data(), sb.as<float>() + q0, scales.size() * 4, capture));
+    for (int64_t i = 0; i < n; ++i) {
+      out[i] = kernels::Q8Value(raw[static_cast<size_t>(i)], k == 1) * scales[static_cast<size_t>((off + i) / block - q0)];
+    }
+    return Status();
+  }
+  // Without a master the parameters are the state: f32 values rounded to nearest even.
+  Status WriteParams(Slot& s, int64_t off, int64_t n, const float* in) {
+    std::vector<uint8_t> raw(static_cast<size_t>(n) * esize(s));
+    RETURN_IF_ERROR(kernels::CastCpu(in, DType::kF32, raw.data(), s.in.dtype, n));
+    return state_dev_->Copy(static_cast<char*>(HostParams(s)) + static_cast<size_t>(off) * esize(s), raw.data(), raw.size());
+  }
+  // The moments a load wrote, encoded whole: bf16 rounded to nearest even, q8 block by block (the
+  // scale the block's largest magnitude). A block decoded from this format encodes back to itself.
+  Status FlushStaged(Slot& s) {
+    if (s.staged[1].empty() && s.staged[2].empty()) return Status();
+    RETURN_IF_ERROR(Settle());  // no capture reads the staged values while they go
+    for (int k = 1; k <= 2; ++k) {
+      std::vector<float>& v = s.staged[k];
+      if (v.empty()) continue;
+      const size_t eb = KindBytes(s, k);
+      const auto n = static_cast<int64_t>(v.size());
+      std::vector<uint8_t> raw(v.size() * eb);
+      if (eb == 4) std::memcpy(raw.data(), v.data(), raw.size());
+      if (eb == 2) RETURN_IF_ERROR(kernels::CastCpu(v.data(), DType::kF32, raw.data(), DType::kBF16, n));
+      if (eb == 1) {
+        const int64_t block = s.in.format.block;
+        std::vector<float> scales(static_cast<size_t>(kernels::Q8Blocks(n, block)));
+        for (size_t q = 0; q < scales.size(); ++q) {
+          float amax = 0;
+          for (int64_t i = static_cast<int64_t>(q) * block; i < std::min(n, static_cast<int64_t>(q + 1) * block); ++i) {
+            amax = std::max(amax, std::fabs(v[static_cast<size_t>(i)]));
+          }
+          scales[q] = amax;
+          const float r = kernels::Q8Recip(amax);
+          for (int64_t i = static_cast<int64_t>(q) * block; i < std::min(n, static_cast<int64_t>(q + 1) * block); ++i) {
+            raw[static_cast<size_t>(i)] = kernels::Q8Encode(v[static_cast<size_t>(i)], r, k == 1);
+          }
+        }
+        RETURN_IF_ERROR(state_dev_->Copy((k == 1 ? s.exp_avg_scale : s.exp_avg_sq_scale).data(), scales.data(), scales.size() * 4));
+      }
+      RETURN_IF_ERROR(state_dev_->Copy(KindMemory(s, k), raw.data(), raw.size()), "group '", s.in.name, "'");
+      std::vector<float>().swap(v);
+    }
+    return Status();
   }
 
   Status Allocate() override {
@@ -327,10 +437,17 @@ class ResidentStore final : public OptimizerStore {
       const bool params_here = state_dev_->host_accessible() ? (!s.host_params.empty() || !s.param_shard.empty() || device_->host_accessible())
                                                              : (s.host_params.empty() && s.param_shard.empty());
       s.master_is_params = s.in.dtype == DType::kF32 && params_here;
-      for (int k = s.master_is_params ? 1 : 0; k < kinds(s); ++k) {
+      const bool no_master = s.compact() && !s.in.format.master;  // the parameters are the state
+      for (int k = s.master_is_params || no_master ? 1 : 0; k < kinds(s); ++k) {
         DeviceBuffer& b = Buffer(s, k);
-        ASSIGN_OR_RETURN(b, state_dev_->Allocate(S * 4, MemCategory::kOptimizerState), ctx);
-        RETURN_IF_ERROR(state_dev_->Fill(b.data(), 0, S * 4), ctx);
+        const size_t bytes = S * (s.compact() ? KindBytes(s, k) : 4);
+        ASSIGN_OR_RETURN(b, state_dev_->Allocate(bytes, MemCategory::kOptimizerState), ctx);
+        RETURN_IF_ERROR(state_dev_->Fill(b.data(), 0, bytes), ctx);
+      }
+      RETURN_IF_ERROR(AllocateScales(s), ctx);
+      if (no_master) {
+        RETURN_IF_ERROR(InitParams(s), ctx);
+        continue;
       }
       if (s.master_is_params) RETURN_IF_ERROR(state_dev_->Fill(State(s, 0), 0, S * 4), ctx);  // padding: zero
       // Initial values, through host memory if need be (padding stays zero).
@@ -347,16 +464,47 @@ class ResidentStore final : public OptimizerStore {
     return Status();
   }
 
-  Window WindowAt(int g, int64_t off, int64_t n) {
+  Window WindowAt(int g, int64_t off, int64_t n, CompactWindow* cw) {
     Slot& s = slots_[static_cast<size_t>(g)];
+    const void* grads = static_cast<const char*>(HostGrads(s)) + static_cast<size_t>(off) * DTypeSize(s.in.grad_dtype);
+    void* params = static_cast<char*>(HostParams(s)) + static_cast<size_t>(off) * esize(s);
+    if (s.compact()) {
+      const kernels::CompactFormat& f = s.in.format;
+      const auto q = static_cast<size_t>(off / f.block);
+      auto scales = [q](DeviceBuffer& b) { return b.empty() ? nullptr : b.as<float>() + q; };
+      *cw = CompactWindow{f, static_cast<char*>(s.exp_avg.data()) + static_cast<size_t>(off) * KindBytes(s, 1),
+                          static_cast<char*>(s.exp_avg_sq.data()) + static_cast<size_t>(off) * KindBytes(s, 2), KindBytes(s, 1), KindBytes(s, 2),
+                          scales(s.exp_avg_scale), scales(s.exp_avg_sq_scale), s.in.index + off};
+      return Window{g, off, n, f.master ? State(s, 0) + off : nullptr, nullptr, nullptr, nullptr, grads, params, state_compute_, cw};
+    }
     auto at = [off](DeviceBuffer& b) { return b.empty() ? nullptr : b.as<float>() + off; };
-    return Window{g, off, n, State(s, 0) + off, at(s.exp_avg), at(s.exp_avg_sq), at(s.max_exp_avg_sq),
-                  static_cast<const char*>(HostGrads(s)) + static_cast<size_t>(off) * DTypeSize(s.in.grad_dtype),
-                  static_cast<char*>(HostParams(s)) + static_cast<size_t>(off) * esize(s), state_compute_};
+    return Window{g, off, n, State(s, 0) + off, at(s.exp_avg), at(s.exp_avg_sq), at(s.max_exp_avg_sq), grads, params, state_compute_};
   }
 
   Status RefreshParams(Slot& s) {
-    if (!s.master_is_params) RETURN_IF_ERROR(state_compute_->Cast(s.master.data(), DType::kF32, HostParams(s), s.in.dtype, s.in.elements));
+    const bool no_master = s.compact() && !s.in.format.master;
+    if (!s.master_is_params && !no_master) {
+      RETURN_IF_ERROR(state_compute_->Cast(s.master.data(), DType::kF32, HostParams(s), s.in.dtype, s.in.elements));
+    }
+    return ParamsUp(s);
+  }
+
+  Status AllocateScales(Slot& s) {
+    if (!s.compact()) return Status();
+    const kernels::CompactFormat& f = s.in.format;
+    const auto bytes = static_cast<size_t>(kernels::Q8Blocks(s.in.elements, f.block)) * 4;
+    for (auto [fmt, buf] : {std::pair{f.exp_avg, &s.exp_avg_scale}, std::pair{f.exp_avg_sq, &s.exp_avg_sq_scale}}) {
+      if (fmt != kernels::MomentFormat::kQ8) continue;
+      ASSIGN_OR_RETURN(*buf, state_dev_->Allocate(bytes, MemCategory::kOptimizerState));
+      RETURN_IF_ERROR(state_dev_->Fill(buf->data(), 0, bytes));
+    }
+    return Status();
+  }
+  // Without a master: the initial values rounded to nearest into the parameters (padding zero).
+  Status InitParams(Slot& s) {
+    std::vector<float> values(static_cast<size_t>(s.in.elements), 0.0f);
+    s.in.init(0, s.in.elements, values.data());
+    RETURN_IF_ERROR(WriteParams(s, 0, s.in.elements, values.data()));
     return ParamsUp(s);
   }
 
@@ -453,6 +601,9 @@ class SwappedStore final : public OptimizerStore {
   }
 
   Status Allocate() override {
+    for (const Slot& s : slots_) {
+      if (s.compact()) return InvalidArgumentError("group '", s.in.name, "': compact optimizer state is not supported with NVMe offload yet");
+    }
     std::vector<SwapStream> streams;
     master_ = AddStream(streams, "master", true);
     exp_avg_ = AddStream(streams, "exp_avg", true);

@@ -55,6 +55,10 @@ class OptimizerStore {
     // Writes the fp32 initial values of shard elements [offset, offset + count) into out (padding
     // elements are left as they are: zero). Used only during Init.
     std::function<void(int64_t offset, int64_t count, float* out)> init;
+    // How the trainable state is stored (kernels/adam.h; EngineConfig::state): compact() moments are
+    // bf16 or q8 codes with their scales, and without a master the parameters are the state.
+    kernels::CompactFormat format;
+    int64_t index = 0;  // shard element 0's index in the group's flat buffer (rank x shard size)
   };
 
   struct Options {
@@ -80,6 +84,18 @@ class OptimizerStore {
   // (no space on its disk) is every rank's error.
   Status Init(std::vector<Group> groups);
 
+  // A window of a slot with compact state: the moments as stored (bytes per element), their q8 scales
+  // from the window's first block, and the window's first global index. Window::master is null
+  // without a master: Window::params are updated in place.
+  struct CompactWindow {
+    kernels::CompactFormat format;
+    void* exp_avg;
+    void* exp_avg_sq;
+    size_t exp_avg_bytes, exp_avg_sq_bytes;
+    float* exp_avg_scale;     // null unless q8
+    float* exp_avg_sq_scale;
+    int64_t index;
+  };
   // A contiguous part of one slot's shard during Update: the state, the gradients and where the
   // updated parameters go, all at element `offset` of the shard and addressable by `compute`.
   struct Window {
@@ -93,6 +109,7 @@ class OptimizerStore {
     const void* grads;
     void* params;
     Compute* compute;
+    const CompactWindow* compact = nullptr;  // set for compact state (exp_avg... above are then null)
   };
   using UpdateFn = std::function<Status(const Window&)>;
   // Calls fn once for every part of every trainable slot, in slot order (whole shards when resident
@@ -142,6 +159,11 @@ class OptimizerStore {
     bool master_is_params = false;  // an f32 group's resident master: its parameters (HostParams), no copy
     DeviceBuffer host_grad, host_params;  // mirrors of device memory the host cannot address
     DeviceBuffer param_shard;             // held parameters in host memory
+    // Compact state: q8 scales, and the f32 values a checkpoint load wrote, encoded at the next
+    // RefreshParams or Update (a block is encoded whole).
+    DeviceBuffer exp_avg_scale, exp_avg_sq_scale;
+    std::vector<float> staged[3];
+    bool compact() const { return !in.frozen && in.format.compact(); }
   };
   OptimizerStore(Communicator* comm, Device* device, Compute* compute, HostMemory* host, Compute* host_compute,
                  const Options& o);

@@ -100,7 +100,7 @@ struct Args {
   zrt::tools::ExportArgs ea;
   zrt::tools::ImportArgs ia;
   zrt::tools::PlanInput pi;
-  std::string dtype = "bf16";
+  std::string dtype = "bf16", master = "yes";
   CLI::App *ls = nullptr, *inspect = nullptr, *verify = nullptr, *reshard = nullptr, *exp = nullptr, *imp = nullptr, *diff = nullptr,
            *plan = nullptr;
 };
@@ -209,6 +209,10 @@ void AddPlanCommand(CLI::App& app, Args& a) {
   plan->add_flag("--flash-attention", pi.flash_attention, "attention scores are never stored (FlashAttention)");
   plan->add_flag("--fp32-grads", pi.fp32_grads, "4-byte gradients (EngineConfig::fp32_grads)");
   plan->add_option("--prefetch", pi.prefetch_depth, "stage 3: layers gathered ahead (EngineConfig::prefetch_depth)")->capture_default_str();
+  plan->add_option("--moments", pi.moments, "Adam moments: f32, bf16 or q8 (8-bit block-wise; EngineConfig::state)")
+      ->check(CLI::IsMember({"f32", "bf16", "q8"}))->capture_default_str();
+  plan->add_option("--master", a.master, "an fp32 master copy of the parameters: yes, or no (bf16 models)")
+      ->check(CLI::IsMember({"yes", "no"}))->capture_default_str();
   plan->add_option("--dtype", a.dtype, "parameter dtype")->check(CLI::IsMember({"bf16", "f16", "fp16", "f32", "fp32"}))->capture_default_str();
   plan->add_option("--gpu-mem", pi.gpu_mem_gib, "device memory, GiB")->check(Positive())->capture_default_str();
   plan->add_option("--cpu-mem", pi.cpu_mem_gib, "host memory per node, GiB (0: not checked)")->capture_default_str();
@@ -251,6 +255,7 @@ int Dispatch(CLI::App& app, Args& a) {
   }
   if (*a.plan) {
     if (a.dtype == "f32" || a.dtype == "fp32") a.pi.param_bytes = 4;
+    a.pi.master = a.master == "yes";
     return Report(zrt::tools::Plan(a.pi, a.json, std::cout));
   }
   std::cout << app.help();

@@ -55,6 +55,9 @@ zrt::Result<std::string> ReadCorpus(const std::string& dir) {
 
 struct Options {
   std::string preset = "tiny", ckpt, dump, init, init_names, data = "/usr/share/games/fortunes", offload = "none", nvme_dir, reference, trace;
+  std::string moments = "f32";  // optimizer state precision (EngineConfig::state) of every group but the embeddings ...
+  bool no_master = false;
+  bool compact_embed = false;   // ... unless this (the 8-bit Adam paper keeps embeddings' state in 32 bits)
   int stage = 3, batch = 8, accum = 2, every = 50, keep_last = 2, print_every = 10, val_every = 100, sample = 120;
   int64_t steps = 200, warmup = 20;
   double lr = 1e-3, clip = 1.0, temperature = 0.8;
@@ -251,6 +254,9 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
   cfg.grad_accum_steps = o.accum;
   cfg.fp32_grads = true;
   cfg.bucket_bytes = 4 << 20;
+  ASSIGN_OR_RETURN(cfg.state.exp_avg, zrt::kernels::ParseMomentFormat(o.moments));
+  cfg.state.exp_avg_sq = cfg.state.exp_avg;
+  cfg.state.master = !o.no_master;
   ASSIGN_OR_RETURN(cfg.offload.optimizer, zrt::ParseOffloadTarget(o.offload));
   if (o.stage == 3) cfg.offload.params = cfg.offload.optimizer;
   cfg.offload.nvme_dir = o.nvme_dir;
@@ -273,6 +279,7 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
   for (const gpt::TensorDef& d : defs) {
     zrt::ParamOptions po{.group = d.group};
     if (!d.decay) po.weight_decay = 0;
+    if (d.group == "embed" && !o.compact_embed) po.state = zrt::StatePrecision{};
     ASSIGN_OR_RETURN(zrt::ParamHandle h, engine->AddParam(d.name, d.shape, zrt::DType::kBF16, po));
     handles.push_back(h);
   }
@@ -315,10 +322,11 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
     }
   }
   if (rank == 0) {
-    std::printf("gpt %s: %lld parameters, %d layers, dim %d, %d heads, context %d; %d ranks, stage %d, offload %s; %zu bytes of text; "
-                "GEMM peak %.1f GFLOP/s per core\n",
+    std::printf("gpt %s: %lld parameters, %d layers, dim %d, %d heads, context %d; %d ranks, stage %d, offload %s; state %s%s; %zu bytes "
+                "of text; GEMM peak %.1f GFLOP/s per core\n",
                 o.preset.c_str(), static_cast<long long>(c.num_params()), c.layers, c.dim, c.heads, c.context, world, o.stage,
-                o.offload.c_str(), text.size(), cfg.metrics.peak_flops / 1e9);
+                o.offload.c_str(), zrt::StatePrecisionName(cfg.state).c_str(), o.compact_embed ? "" : " (embeddings: f32 with a master)",
+                text.size(), cfg.metrics.peak_flops / 1e9);
   }
   if (!o.trace.empty()) RETURN_IF_ERROR(BeginTrace(c, o, comm, resumed_from != "-" || !o.init.empty()));
   gpt::Model model(c, o.batch);
@@ -439,9 +447,12 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
   }));
   if (rank == 0) {
     // Memory per rank: the engine's by category, beside the ZeRO paper's model-state formula
-    // (bf16 parameters and fp32 gradients here: 2 + 4 + 12 bytes per parameter before sharding).
+    // (bf16 parameters and fp32 gradients here: 2 + 4 + K bytes per parameter before sharding, K = 12
+    // for f32 state; the formula counts every tensor at --moments / --no-master).
+    const double mb = o.moments == "f32" ? 4 : o.moments == "bf16" ? 2 : 1 + 4.0 / cfg.state.q8_block;
+    const double k = 2 * mb + (o.no_master ? 0 : 4);
     const double psi = static_cast<double>(c.num_params()), n = o.stage == 0 ? 1 : world;
-    const double formula[] = {18 * psi, 6 * psi + 12 * psi / n, 2 * psi + 16 * psi / n, 18 * psi / n};
+    const double formula[] = {(6 + k) * psi, 6 * psi + k * psi / n, 2 * psi + (4 + k) * psi / n, (6 + k) * psi / n};
     const auto m = engine->memory();
     const double state = static_cast<double>(m.peak_of(zrt::MemCategory::kParameters) + m.peak_of(zrt::MemCategory::kGradients) +
                                              m.peak_of(zrt::MemCategory::kOptimizerState));
@@ -477,6 +488,9 @@ int main(int argc, char** argv) {
   app.add_option("--seed", o.seed, "initialisation and data order");
   app.add_option("--data", o.data, "directory of text files");
   app.add_option("--offload", o.offload, "none, host or nvme")->check(CLI::IsMember({"none", "host", "nvme"}));
+  app.add_option("--moments", o.moments, "Adam moments in f32, bf16 or q8 (8-bit block-wise)")->check(CLI::IsMember({"f32", "bf16", "q8"}));
+  app.add_flag("--no-master", o.no_master, "no fp32 master: bf16 parameters updated with stochastic rounding");
+  app.add_flag("--compact-embed", o.compact_embed, "the embeddings' state in --moments / --no-master too (default: f32 with a master)");
   app.add_option("--nvme-dir", o.nvme_dir, "swap directory for --offload nvme");
   app.add_option("--ckpt", o.ckpt, "checkpoint root (resumes from its newest complete checkpoint)");
   app.add_option("--every", o.every, "save every N steps");

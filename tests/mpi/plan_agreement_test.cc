@@ -1,5 +1,5 @@
 // `zrt plan` and the engine agree on the model state per rank: for every parameter dtype, stage and
-// placement of the optimizer state (and, at stage 3, of the parameters), what the planner counts
+// placement of the optimizer state (and, at stage 3, of the parameters) and every state precision, what the planner counts
 // (`model_state`: parameters, gradients, optimizer state, wherever they live) is what the engine
 // allocates (device and host memory, and the swap files on NVMe), to within the layout's padding.
 #include <gtest/gtest.h>
@@ -66,47 +66,64 @@ TEST(PlanAgreement, TheEngineAllocatesWhatThePlannerCounts) {
       }
     }
   }
+  // The state's precision (EngineConfig::state; `zrt plan --moments --master`): compact state lives in
+  // device or host memory, and only bf16 models go without a master.
+  struct State {
+    const char* moments;
+    bool master;
+  };
+  const State states[] = {{"f32", true}, {"bf16", true}, {"q8", true}, {"q8", false}, {"bf16", false}};
   for (DType dtype : {DType::kF32, DType::kBF16}) {
     for (const Placement& p : placements) {
-      SCOPED_TRACE(std::string(DTypeName(dtype)) + " stage " + std::to_string(p.stage) + " optimizer " + p.optimizer + " params " + p.params);
-      tools::PlanInput in;
-      in.params = psi;
-      in.largest_layer = static_cast<double>(sizes[0]);
-      in.gpus = n;
-      in.stage = p.stage;
-      in.offload = p.optimizer;
-      in.offload_params = p.params;
-      in.param_bytes = static_cast<int>(DTypeSize(dtype));
-      std::ostringstream os;
-      (void)tools::Plan(in, true, os);  // "nothing fits" is not this test's business
-      const nlohmann::json plan = nlohmann::json::parse(os.str());
-      const nlohmann::json& want = plan["model_state"];
+    for (const State& st : states) {
+        const bool compact = std::string(st.moments) != "f32" || !st.master;
+        if (compact && (std::string(p.optimizer) == "nvme" || std::string(p.params) == "nvme")) continue;
+        if (!st.master && dtype != DType::kBF16) continue;
+        SCOPED_TRACE(std::string(DTypeName(dtype)) + " stage " + std::to_string(p.stage) + " optimizer " + p.optimizer + " params " + p.params +
+                     " moments " + st.moments + (st.master ? "" : " no master"));
+        tools::PlanInput in;
+        in.moments = st.moments;
+        in.master = st.master;
+        in.params = psi;
+        in.largest_layer = static_cast<double>(sizes[0]);
+        in.gpus = n;
+        in.stage = p.stage;
+        in.offload = p.optimizer;
+        in.offload_params = p.params;
+        in.param_bytes = static_cast<int>(DTypeSize(dtype));
+        std::ostringstream os;
+        (void)tools::Plan(in, true, os);  // "nothing fits" is not this test's business
+        const nlohmann::json plan = nlohmann::json::parse(os.str());
+        const nlohmann::json& want = plan["model_state"];
 
-      EngineConfig cfg;
-      cfg.stage = p.stage;
-      cfg.offload.optimizer = Target(p.optimizer);
-      cfg.offload.params = Target(p.params);
-      cfg.offload.nvme_dir = swap;
-      CpuDevice device;
-      auto e = ZeroEngine::Create(comm->get(), &device, cfg);
-      ASSERT_TRUE(e.ok()) << e.status();
-      for (size_t i = 0; i < sizes.size(); ++i) {
-        ASSERT_TRUE((*e)->AddParam("w" + std::to_string(i), {sizes[i]}, dtype, {.group = "g" + std::to_string(i)}).ok());
-      }
-      ASSERT_TRUE((*e)->Finalize([](int64_t, int64_t, int64_t k, float* out) { std::fill(out, out + k, 0.5f); }).ok());
-      const auto dev = (*e)->memory();
-      const auto host = (*e)->host_memory();
-      const auto [swap_state, swap_params] = SwapBytes(swap, rank);
-      const double got[3] = {
-          static_cast<double>(dev.current_of(MemCategory::kParameters) + host.current_of(MemCategory::kParameters) + swap_params),
-          static_cast<double>(dev.current_of(MemCategory::kGradients) + host.current_of(MemCategory::kGradients)),
-          static_cast<double>(dev.current_of(MemCategory::kOptimizerState) + host.current_of(MemCategory::kOptimizerState) + swap_state)};
-      const char* names[3] = {"params", "grads", "optimizer"};
-      for (int k = 0; k < 3; ++k) {
-        const double w = want[names[k]].get<double>();
-        // Padding: each group's shard rounds up to the alignment (64 elements) per rank, and swap
-        // files to whole 4 KiB blocks.
-        EXPECT_NEAR(got[k], w, 0.01 * w + 4 * 8192.0 * 4) << names[k] << "\n" << dev.ToString() << host.ToString();
+        EngineConfig cfg;
+        cfg.stage = p.stage;
+        cfg.state.exp_avg = cfg.state.exp_avg_sq = kernels::ParseMomentFormat(st.moments).value();
+        cfg.state.master = st.master;
+        cfg.offload.optimizer = Target(p.optimizer);
+        cfg.offload.params = Target(p.params);
+        cfg.offload.nvme_dir = swap;
+        CpuDevice device;
+        auto e = ZeroEngine::Create(comm->get(), &device, cfg);
+        ASSERT_TRUE(e.ok()) << e.status();
+        for (size_t i = 0; i < sizes.size(); ++i) {
+          ASSERT_TRUE((*e)->AddParam("w" + std::to_string(i), {sizes[i]}, dtype, {.group = "g" + std::to_string(i)}).ok());
+        }
+        ASSERT_TRUE((*e)->Finalize([](int64_t, int64_t, int64_t k, float* out) { std::fill(out, out + k, 0.5f); }).ok());
+        const auto dev = (*e)->memory();
+        const auto host = (*e)->host_memory();
+        const auto [swap_state, swap_params] = SwapBytes(swap, rank);
+        const double got[3] = {
+            static_cast<double>(dev.current_of(MemCategory::kParameters) + host.current_of(MemCategory::kParameters) + swap_params),
+            static_cast<double>(dev.current_of(MemCategory::kGradients) + host.current_of(MemCategory::kGradients)),
+            static_cast<double>(dev.current_of(MemCategory::kOptimizerState) + host.current_of(MemCategory::kOptimizerState) + swap_state)};
+        const char* names[3] = {"params", "grads", "optimizer"};
+        for (int k = 0; k < 3; ++k) {
+          const double w = want[names[k]].get<double>();
+          // Padding: each group's shard rounds up to the alignment (64 elements) per rank, and swap
+          // files to whole 4 KiB blocks.
+          EXPECT_NEAR(got[k], w, 0.01 * w + 4 * 8192.0 * 4) << names[k] << "\n" << dev.ToString() << host.ToString();
+        }
       }
     }
   }

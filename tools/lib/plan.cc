@@ -6,7 +6,8 @@
 // counted); plus V*h (embedding; twice when untied) + s*h (learned positions, gpt only).
 // Model states per device, P = parameter bytes, G = gradient bytes (P, or 4 with fp32 gradients),
 // K = optimizer bytes per parameter (12 with 16-bit parameters: fp32 master + Adam moments; 8 for fp32
-// models), Psi parameters, N devices — Rajbhandari et al., "ZeRO", SC'20, section 5:
+// models; with compact state (--moments, --master) each moment 4, 2 or 1 + 4/block bytes and the master
+// 4 or 0), Psi parameters, N devices — Rajbhandari et al., "ZeRO", SC'20, section 5:
 //   stage 0: (P + G + K) Psi   stage 1: (P + G) Psi + K Psi/N   stage 2: P Psi + (G + K) Psi/N
 //   stage 3: (P + G + K) Psi / N
 // Offload (ZeRO-Offload / ZeRO-Infinity, stages 1-3): the optimizer's K Psi/N goes to host memory or
@@ -102,7 +103,9 @@ Memory MemoryFor(const PlanInput& in, const Model& m, const Config& c) {
   // Optimizer state per parameter: the moments, and an fp32 master for 16-bit models (an fp32 model's
   // parameters are its master, except on NVMe where the master streams beside the parameters).
   const double n = in.gpus, p = in.param_bytes, g = in.fp32_grads ? 4 : in.param_bytes;
-  const double k = c.offload == "nvme" || in.param_bytes == 2 ? 12.0 : 8.0;
+  const double moment = in.moments == "f32" ? 4 : in.moments == "bf16" ? 2 : 1 + 4.0 / in.q8_block;
+  const double master = !in.master || (in.param_bytes == 4 && c.offload != "nvme") ? 0 : 4;
+  const double k = 2 * moment + master;
   const double psi = m.psi;
   Memory mem;
   switch (c.stage) {
@@ -150,13 +153,14 @@ bool Fits(const PlanInput& in, const Memory& mem) {
 // Configurations cheapest first. Each step down the list costs time per token: stage 3's 1.5x
 // communication, recomputation's 4/3 compute, the optimizer on the CPU over PCIe, parameters fetched
 // from the host, then NVMe's bandwidth. Within a step the lower stage (equal cost, fewer collectives).
-std::vector<Config> Candidates() {
+std::vector<Config> Candidates(bool compact) {
   std::vector<Config> out;
   auto add = [&](int stage, const char* off, const char* off_params, bool rc) { out.push_back({stage, off, off_params, rc, 1}); };
   for (bool rc : {false, true}) {
     for (int s = 0; s <= 3; ++s) add(s, "none", "none", rc);
   }
   for (const char* dev : {"cpu", "nvme"}) {
+    if (compact && std::string(dev) == "nvme") break;  // the engine keeps compact state in device or host memory
     for (bool rc : {false, true}) {
       for (int s = 1; s <= 3; ++s) add(s, dev, "none", rc);
     }
@@ -218,6 +222,12 @@ Status CheckInput(const PlanInput& in) {
   if (in.offload != "none" && in.stage < 1) return InvalidArgumentError("plan: optimizer offload needs stage 1, 2 or 3 (the state is sharded)");
   if (in.offload_params != "none" && in.stage != 3) return InvalidArgumentError("plan: parameter offload needs stage 3");
   if (in.param_bytes != 2 && in.param_bytes != 4) return InvalidArgumentError("plan: parameter dtype must be 2 or 4 bytes");
+  if (in.moments != "f32" && in.moments != "bf16" && in.moments != "q8") return InvalidArgumentError("plan: --moments must be f32, bf16 or q8");
+  if (!in.master && in.param_bytes != 2) return InvalidArgumentError("plan: --master no needs 16-bit (bf16) parameters");
+  if (in.q8_block < 8 || in.q8_block > 4096 || (in.q8_block & (in.q8_block - 1)) != 0) return InvalidArgumentError("plan: --q8-block must be a power of two in [8, 4096]");
+  if ((in.moments != "f32" || !in.master) && (in.offload == "nvme" || in.offload_params == "nvme")) {
+    return InvalidArgumentError("plan: compact optimizer state (--moments, --master no) is kept in device or host memory, not on NVMe");
+  }
   if (in.gpu_mem_gib <= 0 || in.cpu_mem_gib < 0 || in.tokens < 0 || in.tflops < 0 || in.power_watts < 0 || in.step_seconds < 0 ||
       in.prefetch_depth < 0 || in.bucket_bytes <= 0 || in.gpus_per_node < 0) {
     return InvalidArgumentError("plan: --gpu-mem and bucket bytes must be > 0; --cpu-mem, --tokens, --tflops, --power, --step-time, "
@@ -250,7 +260,7 @@ Estimate EstimateFor(const PlanInput& in, const Model& m) {
   rc.recompute = true;
   e.mem_rc = MemoryFor(in, m, rc);
   // The cheapest configuration that fits, with the largest micro-batch up to --batch that does.
-  for (Config c : Candidates()) {
+  for (Config c : Candidates(in.moments != "f32" || !in.master)) {
     for (int64_t b = m.shape ? in.batch : 1; b >= 1 && !e.best; b /= 2) {
       c.batch = b;
       if (Fits(in, MemoryFor(in, m, c))) e.best = c;
@@ -274,6 +284,7 @@ Estimate EstimateFor(const PlanInput& in, const Model& m) {
       {"units", "bytes (GB = 1e9 bytes, GiB = 2^30 bytes); seconds"},
       {"params", m.psi}, {"largest_layer", m.largest}, {"gpus", in.gpus}, {"gpus_per_node", PerNode(in)}, {"stage", in.stage},
       {"offload", in.offload}, {"offload_params", in.offload_params}, {"micro_batch", in.batch}, {"recompute", in.recompute},
+      {"moments", in.moments}, {"master", in.master},
       {"device", MemoryJson(e.mem, cap)}, {"device_with_recompute", MemoryJson(e.mem_rc, cap)},
       {"host", e.mem.host}, {"host_per_node", e.mem.host * PerNode(in)}, {"nvme", e.mem.nvme},
       {"fits", Fits(in, e.mem)}, {"fits_with_recompute", Fits(in, e.mem_rc)},
@@ -410,7 +421,9 @@ void PrintPlan(const PlanInput& in, const Model& m, const Estimate& e, std::ostr
   const double flops = in.tflops * 1e12, n = in.gpus;
   auto b = [](double v) { return FormatBytes(static_cast<int64_t>(v)); };
   out << std::fixed << std::setprecision(3);
-  out << "model: " << m.psi / 1e9 << " B parameters (" << (in.param_bytes == 2 ? "16-bit" : "fp32") << " + Adam)";
+  out << "model: " << m.psi / 1e9 << " B parameters (" << (in.param_bytes == 2 ? "16-bit" : "fp32") << " + Adam";
+  if (in.moments != "f32" || !in.master) out << ", " << in.moments << " moments" << (in.master ? "" : ", no master");
+  out << ")";
   if (m.largest > 0) out << ", largest layer " << m.largest / 1e6 << " M";
   out << "; " << in.gpus << " device(s), ZeRO stage " << in.stage << ", offload " << in.offload;
   if (in.stage == 3) out << ", parameters offload " << in.offload_params;

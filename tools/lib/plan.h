@@ -31,6 +31,9 @@ struct PlanInput {
   bool recompute = false;               // full activation recomputation
   bool flash_attention = false;         // attention scores never stored (the 5 a s^2 b term goes)
   int param_bytes = 2;                  // bf16/f16 = 2, f32 = 4
+  std::string moments = "f32";          // EngineConfig::state: each Adam moment in f32, bf16 or q8 ...
+  bool master = true;                   // ... and an fp32 master (false: bf16 models only)
+  int q8_block = 256;
   bool fp32_grads = false;              // EngineConfig::fp32_grads: 4-byte gradients
   int prefetch_depth = 2;               // EngineConfig::prefetch_depth
   double bucket_bytes = 32 << 20;       // EngineConfig::bucket_bytes
