@@ -447,12 +447,17 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
   }));
   if (rank == 0) {
     // Memory per rank: the engine's by category, beside the ZeRO paper's model-state formula
-    // (bf16 parameters and fp32 gradients here: 2 + 4 + K bytes per parameter before sharding, K = 12
-    // for f32 state; the formula counts every tensor at --moments / --no-master).
+    // (bf16 parameters and fp32 gradients here: 2 + 4 + K bytes per parameter before sharding; K = 12
+    // for f32 state, the embeddings' unless --compact-embed, else two moments at --moments and a master
+    // unless --no-master).
     const double mb = o.moments == "f32" ? 4 : o.moments == "bf16" ? 2 : 1 + 4.0 / cfg.state.q8_block;
-    const double k = 2 * mb + (o.no_master ? 0 : 4);
+    double psi_embed = 0;
+    for (const gpt::TensorDef& d : defs) {
+      if (d.group == "embed" && !o.compact_embed) psi_embed += static_cast<double>(zrt::TensorSpec{d.name, d.shape, zrt::DType::kBF16}.numel());
+    }
     const double psi = static_cast<double>(c.num_params()), n = o.stage == 0 ? 1 : world;
-    const double formula[] = {(6 + k) * psi, 6 * psi + k * psi / n, 2 * psi + (4 + k) * psi / n, (6 + k) * psi / n};
+    const double K = 12 * psi_embed + (2 * mb + (o.no_master ? 0 : 4)) * (psi - psi_embed);  // optimizer bytes, all tensors
+    const double formula[] = {6 * psi + K, 6 * psi + K / n, 2 * psi + (4 * psi + K) / n, (6 * psi + K) / n};
     const auto m = engine->memory();
     const double state = static_cast<double>(m.peak_of(zrt::MemCategory::kParameters) + m.peak_of(zrt::MemCategory::kGradients) +
                                              m.peak_of(zrt::MemCategory::kOptimizerState));

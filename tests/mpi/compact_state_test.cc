@@ -10,6 +10,9 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "zrt/checkpoint/checkpointer.h"
 #include "zrt/checkpoint/load.h"
@@ -256,6 +259,12 @@ TEST_F(CompactStateTest, AnotherPrecisionLoadsConverted) {
   auto back = Make(comm_.get(), 1, {}).value();
   LoadInto(*back, root_ + "/q8/step-00000004");
   EXPECT_EQ(FullParams(*back), FullParams(*q8));
+  // The manifest says which groups kept compact state (the embeddings did not).
+  std::ifstream in(root_ + "/q8/step-00000004/manifest.json");
+  const auto m = nlohmann::json::parse(in);
+  const auto& st = m["engine"]["state"]["state"];
+  EXPECT_EQ(st["g1"], "exp_avg=q8 exp_avg_sq=q8 master=no block=256") << m["engine"].dump();
+  EXPECT_FALSE(st.contains("embed"));
 }
 
 TEST_F(CompactStateTest, WhatIsNotSupportedSaysSo) {
