@@ -4,7 +4,9 @@
 //
 // Buffers per group (S = shard elements, E = bytes per element of the group's dtype):
 //   resident: master, exp_avg, exp_avg_sq[, max_exp_avg_sq]: S x 4 each, in device memory (offload
-//             none) or host memory (offload host)
+//             none) or host memory (offload host); compact state (Group::format): each moment S x 4,
+//             2 or 1 plus S / block x 4 of q8 scales, no master without one (the parameters are the
+//             state), and while a checkpoint load writes a moment, S x 4 in host memory (staged)
 //   swapped:  the same as streams of preallocated swap files (offload/swapper.h), plus the parameter
 //             shard as a stream (offload.params = nvme); 3 host buffer sets of one sub-group
 //   mirrors:  host_grad S x E and host_params S x E in host memory, when the optimizer is offloaded and
