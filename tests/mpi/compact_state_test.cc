@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/support/scratch_root.h"
 #include "zrt/checkpoint/checkpointer.h"
 #include "zrt/checkpoint/load.h"
 #include "zrt/core/mpi_communicator.h"
@@ -46,19 +47,10 @@ class CompactStateTest : public ::testing::Test {
  protected:
   void SetUp() override {
     comm_ = MpiCommunicator::Create(MPI_COMM_WORLD).value();
-    char path[512] = {};
-    if (comm_->rank() == 0) {
-      const std::string p = (fs::temp_directory_path() / ("zrt_compact_" + std::to_string(::getpid()))).string();
-      fs::remove_all(p);
-      std::snprintf(path, sizeof(path), "%s", p.c_str());
-    }
-    ASSERT_TRUE(comm_->Broadcast(path, sizeof(path), DType::kBytes, 0).ok());
-    root_ = path;
+    root_ = testing::SharedScratchRoot(comm_.get(), "zrt_compact");
+    ASSERT_FALSE(root_.empty());
   }
-  void TearDown() override {
-    ASSERT_TRUE(comm_->Barrier().ok());
-    if (comm_->rank() == 0) fs::remove_all(root_);
-  }
+  void TearDown() override { ASSERT_TRUE(testing::RemoveSharedScratchRoot(comm_.get(), root_).ok()); }
 
   // The embedding keeps f32 moments with a master; the rest takes `state`.
   Result<std::unique_ptr<ZeroEngine>> Make(Communicator* comm, int stage, const StatePrecision& state, EngineConfig cfg = {}) {

@@ -15,6 +15,7 @@
 
 #include "tests/support/reference.h"
 #include "tests/support/state_values.h"
+#include "tests/support/scratch_root.h"
 #include "zrt/checkpoint/checkpointer.h"
 #include "zrt/checkpoint/files.h"
 #include "zrt/checkpoint/load.h"
@@ -38,19 +39,10 @@ class ResumeTest : public ::testing::Test {
     auto c = MpiCommunicator::Create(MPI_COMM_WORLD);
     ASSERT_TRUE(c.ok());
     comm_ = std::move(*c);
-    char path[512] = {};
-    if (comm_->rank() == 0) {
-      const std::string p = (fs::temp_directory_path() / ("zrt_resume_" + std::to_string(::getpid()))).string();
-      fs::remove_all(p);
-      std::snprintf(path, sizeof(path), "%s", p.c_str());
-    }
-    ASSERT_TRUE(comm_->Broadcast(path, sizeof(path), DType::kBytes, 0).ok());
-    root_ = path;
+    root_ = testing::SharedScratchRoot(comm_.get(), "zrt_resume");
+    ASSERT_FALSE(root_.empty());
   }
-  void TearDown() override {
-    ASSERT_TRUE(comm_->Barrier().ok());
-    if (comm_->rank() == 0) fs::remove_all(root_);
-  }
+  void TearDown() override { ASSERT_TRUE(testing::RemoveSharedScratchRoot(comm_.get(), root_).ok()); }
 
   // `w_rows`: another model when not 37 (w's shape differs).
   std::unique_ptr<ZeroEngine> Engine(int64_t w_rows = 37) {
