@@ -3,7 +3,7 @@
 // For each case (gradient dtype f32/bf16, with/without the bf16 parameter copy, 1 and 2 threads) it
 // times AdamCpu over one shard and a bandwidth probe that moves exactly the same bytes (reads p, g, m,
 // v; writes p, m, v and the copy) with trivial arithmetic. The ratio adam/probe says how close the
-// kernel is to the memory limit. Then the compact-state step (kernels/quant_math.h) per moment format,
+// kernel is to the memory limit. Then the compact-state step (core/quant_math.h) per moment format,
 // with and without a master, beside a probe of its own traffic and the f32-state step. The peer (torch.optim.AdamW, when Debian's python3-torch is
 // installed) is measured by bench/adam_peer.py and passed in with --peer-gelems.
 //

@@ -221,7 +221,7 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
   std::vector<std::vector<int64_t>> counts;
   for (const StateGroup& g : state.groups) {
     counts.emplace_back(g.buffers.size(), g.layout.shard_size());
-    for (const StateBuffer& b : g.buffers) c.stats.raw_bytes += b.count * 4;
+    for (const StateBuffer& b : g.buffers) c.stats.raw_bytes += StoredBytes(b.stored, b.count, b.block);
   }
   job->queue = std::make_shared<ChunkQueue>(std::move(counts), m.chunk_elements, c.o.staging_budget_bytes, c.device, std::move(c.staging));
   job->owner = state.owner;

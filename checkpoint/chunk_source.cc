@@ -61,7 +61,7 @@ Status ShardSource::ReadWhole(const std::vector<Whole>& targets) {
         s = DataLossError(r->index.data_file, ": ", ChunkName(m_, l, r->index, k), " outside the shard of ", w.count, " elements").WithContext(w.what);
         break;
       }
-      if (c.codec != Codec::kRaw) {
+      if (!ChunkInPlace(m_, c)) {
         while (!q.empty() && s.ok()) s = finish();
         if (s.ok()) s = ReadChunkInto(io_, r->file, m_, l, r->index, k, w.dst + c.elem_offset, &scratch_, &bytes_read_).WithContext(w.what);
         if (!s.ok()) break;
@@ -157,7 +157,7 @@ void ShardSource::Pump() {
     if (!data.ok()) return;
     a.data = std::move(*data);
     char* into = reinterpret_cast<char*>(a.data.get());
-    if (ce.codec != Codec::kRaw) {
+    if (!ChunkInPlace(m_, ce)) {
       auto stored = Buffer(static_cast<size_t>(ce.stored_bytes), &a.stored_capacity, r.index.data_file);
       if (!stored.ok()) return;
       a.stored = std::move(*stored);

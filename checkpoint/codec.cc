@@ -2,7 +2,12 @@
 
 #include <zstd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+
+#include "zrt/core/dtype.h"
+#include "zrt/core/quant_math.h"
 
 namespace zrt::ckpt {
 namespace {
@@ -98,6 +103,62 @@ Status DecodeChunk(Codec codec, const void* stored, size_t stored_bytes, void* r
     }
   }
   return DataLossError("unknown codec ", static_cast<int>(codec));
+}
+
+Status PackState(StoredAs s, bool is_signed, int64_t block, const float* in, int64_t n, char* out) {
+  if (s == StoredAs::kBF16) {
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t h = FloatToBf16(in[i]);
+      if (Bf16ToFloat(h) != in[i]) return InvalidArgumentError("element ", i, " (", in[i], ") is not a bf16 value");
+      std::memcpy(out + 2 * i, &h, 2);
+    }
+    return Status();
+  }
+  if (s != StoredAs::kQ8 || n % block != 0) return InternalError("PackState: ", n, " elements as ", static_cast<int>(s));
+  auto* codes = reinterpret_cast<uint8_t*>(out);
+  char* scales = out + n;
+  for (int64_t b = 0; b < n / block; ++b) {
+    const float* x = in + b * block;
+    const float scale = Q8EncodeBlock(x, block, is_signed, codes + b * block);
+    for (int64_t i = 0; i < block; ++i) {
+      if (Q8Value(codes[b * block + i], is_signed) * scale != x[i]) {
+        return InvalidArgumentError("element ", b * block + i, " (", x[i], ") is not what its q8 block decodes to");
+      }
+    }
+    std::memcpy(scales + 4 * b, &scale, 4);
+  }
+  return Status();
+}
+
+Status UnpackState(StoredAs s, bool is_signed, int64_t block, const char* in, int64_t n, float* out) {
+  if (s == StoredAs::kBF16) {
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t h;
+      std::memcpy(&h, in + 2 * i, 2);
+      out[i] = Bf16ToFloat(h);
+    }
+    return Status();
+  }
+  if (s != StoredAs::kQ8 || n % block != 0) return DataLossError("q8 state of ", n, " elements in blocks of ", block);
+  const auto* codes = reinterpret_cast<const uint8_t*>(in);
+  const uint8_t top = kQ8MaxCode[is_signed ? 1 : 0];
+  const uint8_t mag_mask = is_signed ? 0x7f : 0xff;
+  for (int64_t b = 0; b < n / block; ++b) {
+    float scale;
+    std::memcpy(&scale, in + n + 4 * b, 4);
+    if (!std::isfinite(scale) || !(scale >= 0)) return DataLossError("q8 block ", b, ": scale ", scale, " is not finite and >= 0");
+    uint8_t largest = 0;
+    for (int64_t i = b * block; i < (b + 1) * block; ++i) {
+      const uint8_t mag = codes[i] & mag_mask;
+      if (mag > top || (mag == 0 && codes[i] != 0)) return DataLossError("q8 block ", b, ": code ", int{codes[i]}, " is never written");
+      largest = std::max(largest, mag);
+      out[i] = Q8Value(codes[i], is_signed) * scale;
+    }
+    if (largest != (scale > 0 ? top : 0)) {
+      return DataLossError("q8 block ", b, ": its largest code ", int{largest}, " does not match its scale ", scale);
+    }
+  }
+  return Status();
 }
 
 }  // namespace zrt::ckpt

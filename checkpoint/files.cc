@@ -157,10 +157,16 @@ Result<char*> ThreadBuffer(size_t bytes) {
 
 }  // namespace
 
+bool ChunkInPlace(const Manifest& m, const ChunkEntry& c) {
+  return c.codec == Codec::kRaw && m.groups[static_cast<size_t>(c.group)].stored_as(static_cast<size_t>(c.kind)) == StoredAs::kF32;
+}
+
 Status CheckRawChunkSize(const IoFile& f, const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k) {
   const ChunkEntry& c = r.chunks[k];
-  if (c.codec == Codec::kRaw && c.stored_bytes != c.elements * 4) {  // before reading: `out` holds the elements
-    return DataLossError(f.path(), ": ", ChunkName(m, l, r, k), ": raw chunk of ", c.stored_bytes, " bytes, expected ", c.elements * 4);
+  const GroupEntry& ge = m.groups[static_cast<size_t>(c.group)];
+  const int64_t bytes = StoredBytes(ge.stored_as(static_cast<size_t>(c.kind)), c.elements, ge.block);
+  if (c.codec == Codec::kRaw && c.stored_bytes != bytes) {  // before reading: `out` holds the elements
+    return DataLossError(f.path(), ": ", ChunkName(m, l, r, k), ": raw chunk of ", c.stored_bytes, " bytes, expected ", bytes);
   }
   return Status();
 }
@@ -171,9 +177,29 @@ Status FinishChunkRead(const IoFile& f, const Manifest& m, const ShardLayout& l,
   if (Checksum(stored, static_cast<size_t>(c.stored_bytes)) != c.xxh3) {
     return DataLossError(f.path(), ": ", ChunkName(m, l, r, k), ": checksum mismatch (the data is corrupt)");
   }
-  if (c.codec == Codec::kRaw) return Status();
-  RETURN_IF_ERROR(DecodeChunk(c.codec, stored, static_cast<size_t>(c.stored_bytes), out, static_cast<size_t>(c.elements) * 4, 4, scratch),
-                  f.path(), ": ", ChunkName(m, l, r, k));
+  const GroupEntry& ge = m.groups[static_cast<size_t>(c.group)];
+  const StoredAs as = ge.stored_as(static_cast<size_t>(c.kind));
+  if (as == StoredAs::kF32) {
+    if (c.codec != Codec::kRaw) {
+      RETURN_IF_ERROR(DecodeChunk(c.codec, stored, static_cast<size_t>(c.stored_bytes), out, static_cast<size_t>(c.elements) * 4, 4, scratch),
+                      f.path(), ": ", ChunkName(m, l, r, k));
+    } else if (stored != reinterpret_cast<const char*>(out)) {
+      std::memcpy(out, stored, static_cast<size_t>(c.elements) * 4);
+    }
+    return Status();
+  }
+  // A compact kind (format.h StoredAs): its stored form, decompressed if need be, then decoded.
+  const char* packed = stored;
+  if (c.codec != Codec::kRaw) {
+    thread_local std::vector<char> unpacked;
+    unpacked.resize(static_cast<size_t>(StoredBytes(as, c.elements, ge.block)));
+    RETURN_IF_ERROR(DecodeChunk(c.codec, stored, static_cast<size_t>(c.stored_bytes), unpacked.data(), unpacked.size(),
+                                as == StoredAs::kBF16 ? 2 : 1, scratch),
+                    f.path(), ": ", ChunkName(m, l, r, k));
+    packed = unpacked.data();
+  }
+  RETURN_IF_ERROR(UnpackState(as, ge.kinds[static_cast<size_t>(c.kind)] == "exp_avg", ge.block, packed, c.elements, out), f.path(), ": ",
+                  ChunkName(m, l, r, k));
   return Status();
 }
 
@@ -181,8 +207,8 @@ Status ReadChunkInto(IoEngine& io, const IoFile& f, const Manifest& m, const Sha
                      float* out, std::vector<char>* scratch, int64_t* bytes_read) {
   const ChunkEntry& c = r.chunks[k];
   RETURN_IF_ERROR(CheckRawChunkSize(f, m, l, r, k));
-  char* buf = reinterpret_cast<char*>(out);  // raw: the stored bytes are the elements, read where they go
-  if (c.codec != Codec::kRaw) {
+  char* buf = reinterpret_cast<char*>(out);  // raw f32: the stored bytes are the elements, read where they go
+  if (!ChunkInPlace(m, c)) {
     ASSIGN_OR_RETURN(buf, ThreadBuffer(static_cast<size_t>(c.stored_bytes)), ChunkName(m, l, r, k));
   }
   RETURN_IF_ERROR(io.ReadSync(f, buf, static_cast<size_t>(c.stored_bytes), c.file_offset), ChunkName(m, l, r, k));
@@ -193,17 +219,12 @@ Status ReadChunkInto(IoEngine& io, const IoFile& f, const Manifest& m, const Sha
 Status ReadChunk(IoEngine& io, const IoFile& f, const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k,
                  std::vector<float>* out, std::vector<char>* scratch, int64_t* bytes_read) {
   const ChunkEntry& c = r.chunks[k];
+  RETURN_IF_ERROR(CheckRawChunkSize(f, m, l, r, k));
   ASSIGN_OR_RETURN(char* buf, ThreadBuffer(static_cast<size_t>(c.stored_bytes)), ChunkName(m, l, r, k));
   RETURN_IF_ERROR(io.ReadSync(f, buf, static_cast<size_t>(c.stored_bytes), c.file_offset), ChunkName(m, l, r, k));
   *bytes_read += c.stored_bytes;
-  if (Checksum(buf, static_cast<size_t>(c.stored_bytes)) != c.xxh3) {
-    return DataLossError(f.path(), ": ", ChunkName(m, l, r, k), ": checksum mismatch (the data is corrupt)");
-  }
   out->resize(static_cast<size_t>(c.elements));
-  RETURN_IF_ERROR(DecodeChunk(c.codec, buf, static_cast<size_t>(c.stored_bytes), out->data(), static_cast<size_t>(c.elements) * 4, 4,
-                              scratch),
-                  f.path(), ": ", ChunkName(m, l, r, k));
-  return Status();
+  return FinishChunkRead(f, m, l, r, k, buf, out->data(), scratch);
 }
 
 }  // namespace zrt::ckpt

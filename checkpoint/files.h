@@ -56,17 +56,22 @@ Result<RankIndex> ReadIndex(const CheckpointDir& dir, const Manifest& m, std::sp
 std::string ChunkName(const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k);
 
 // Reads chunk k of a rank's data file `f` (the index validated), checks its checksum and decodes it
-// into `out` (its elements, fp32). `scratch` is reused between calls; *bytes_read grows by the stored
+// into `out` (its elements, fp32; a bf16 or q8 kind's stored form checked and decoded: codec.h
+// UnpackState). `scratch` is reused between calls; *bytes_read grows by the stored
 // bytes.
 Status ReadChunk(IoEngine& io, const IoFile& f, const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k,
                  std::vector<float>* out, std::vector<char>* scratch, int64_t* bytes_read);
 // The same into `out`, kIoAlignment-aligned with room for max(elements * 4, stored bytes) rounded up
-// to kIoAlignment: a raw chunk is read straight into it (O_DIRECT) and checked in place, no copy.
+// to kIoAlignment: a raw f32 chunk (ChunkInPlace) is read straight into it (O_DIRECT) and checked in
+// place, no copy.
 Status ReadChunkInto(IoEngine& io, const IoFile& f, const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k,
                      float* out, std::vector<char>* scratch, int64_t* bytes_read);
+// Whether a chunk's stored bytes are its f32 elements (raw and an f32 kind): read where they go.
+bool ChunkInPlace(const Manifest& m, const ChunkEntry& c);
 // The halves of ReadChunkInto for a caller that issues the read itself (Load's read-ahead): a raw
-// chunk's stored size must be its elements' (checked before reading into `out`); then `stored` (chunk
-// k's bytes as read: `out` itself for a raw chunk) is checked against its checksum and decoded into out.
+// chunk's stored size must be its stored form's (checked before reading into `out`); then `stored`
+// (chunk k's bytes as read: `out` itself for a chunk read in place) is checked against its checksum
+// and decoded into out.
 Status CheckRawChunkSize(const IoFile& f, const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k);
 Status FinishChunkRead(const IoFile& f, const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k, const char* stored,
                        float* out, std::vector<char>* scratch);

@@ -1,6 +1,7 @@
 #include "zrt/checkpoint/format.h"
 
 #include "zrt/checkpoint/codec.h"
+#include "zrt/core/quant_math.h"
 
 #include <algorithm>
 #include <climits>
@@ -23,7 +24,32 @@ std::string Hex(uint64_t v) {
 
 using internal::Seal;
 
-// The manifest's own rules (docs/checkpoint-format.md "Rules", M1-M5).
+// M6: how a group's kinds are stored. q8 blocks never straddle a chunk or a shard (both multiples
+// of the block), so every chunk decodes on its own and resharding moves whole blocks.
+Status ValidateStored(const Manifest& m, const GroupEntry& g) {
+  if (!g.stored.empty() && g.stored.size() != g.kinds.size()) {
+    return DataLossError("group '", g.name, "': ", g.stored.size(), " stored types for ", g.kinds.size(), " kinds");
+  }
+  bool q8 = false;
+  for (size_t k = 0; k < g.stored.size(); ++k) {
+    if (g.stored[k] == StoredAs::kQ8 && g.kinds[k] != "exp_avg" && g.kinds[k] != "exp_avg_sq") {
+      return DataLossError("group '", g.name, "': ", g.kinds[k], " cannot be stored as q8 (only exp_avg and exp_avg_sq)");
+    }
+    q8 = q8 || g.stored[k] == StoredAs::kQ8;
+  }
+  if (!q8) {
+    if (g.block != 0) return DataLossError("group '", g.name, "': a block size without a q8 kind");
+    return Status();
+  }
+  if (g.block < 8 || g.block > kMaxQuantBlock || (g.block & (g.block - 1)) != 0 || g.alignment % g.block != 0 ||
+      m.chunk_elements % g.block != 0) {
+    return DataLossError("group '", g.name, "': q8 block ", g.block, " is not a power of two in [8, ", kMaxQuantBlock,
+                         "] dividing the alignment (", g.alignment, ") and chunk_elements (", m.chunk_elements, ")");
+  }
+  return Status();
+}
+
+// The manifest's own rules (docs/checkpoint-format.md "Rules", M1-M6).
 Status ValidateManifest(const Manifest& m) {
   if (m.shards < 1 || m.shards > kMaxShards || m.world_size < 1 || m.world_size > kMaxShards) {
     return DataLossError("shards ", m.shards, " / world_size ", m.world_size, " outside [1, ", kMaxShards, "]");
@@ -55,6 +81,7 @@ Status ValidateManifest(const Manifest& m) {
       if (!kinds.insert(k).second) return DataLossError("group '", g.name, "': state kind '", k, "' repeated");
     }
     if (!kinds.contains("master")) return DataLossError("group '", g.name, "' has no master weights");
+    RETURN_IF_ERROR(ValidateStored(m, g));
     if (g.tensors.empty()) return DataLossError("group '", g.name, "' has no tensors");
     for (const TensorEntry& te : g.tensors) {
       if (te.name.empty() || !tensor_names.insert(te.name).second) {
@@ -214,8 +241,12 @@ json ManifestJson(const Manifest& m) {
     for (const TensorEntry& t : g.tensors) {
       tensors.push_back({{"name", t.name}, {"shape", t.shape}, {"dtype", DTypeName(t.dtype)}, {"offset", t.offset}, {"numel", t.numel}});
     }
-    groups.push_back({{"name", g.name}, {"lr", g.lr}, {"weight_decay", g.weight_decay}, {"alignment", g.alignment},
-                      {"kinds", g.kinds}, {"tensors", std::move(tensors)}});
+    json& o = groups.emplace_back(json{{"name", g.name}, {"lr", g.lr}, {"weight_decay", g.weight_decay}, {"alignment", g.alignment},
+                                       {"kinds", g.kinds}, {"tensors", std::move(tensors)}});
+    if (std::any_of(g.stored.begin(), g.stored.end(), [](StoredAs a) { return a != StoredAs::kF32; })) {  // else as before it existed
+      for (StoredAs a : g.stored) o["stored"].push_back(StoredAsName(a));
+      if (g.block != 0) o["block"] = g.block;
+    }
   }
   j["groups"] = std::move(groups);
   return j;
@@ -251,6 +282,14 @@ Result<Manifest> DecodeManifest(std::string_view text, const std::string& where)
       ge.weight_decay = F64(At(g, "weight_decay"), "weight_decay");
       ge.alignment = I64(At(g, "alignment"), "alignment");
       for (const json& k : Arr(At(g, "kinds"), "kinds")) ge.kinds.push_back(Str(k, "kind"));
+      if (g.contains("stored")) {
+        for (const json& k : Arr(g["stored"], "stored")) {
+          const std::string t = Str(k, "stored");
+          if (t != "f32" && t != "bf16" && t != "q8") throw FieldError("group '" + ge.name + "': unknown stored type '" + t + "' (f32, bf16, q8)");
+          ge.stored.push_back(t == "f32" ? StoredAs::kF32 : t == "bf16" ? StoredAs::kBF16 : StoredAs::kQ8);
+        }
+      }
+      if (g.contains("block")) ge.block = I64(g["block"], "block");
       for (const json& t : Arr(At(g, "tensors"), "tensors")) {
         TensorEntry te;
         te.name = Str(At(t, "name"), "tensor name");
@@ -359,9 +398,14 @@ Status ValidateIndex(const Manifest& m, std::span<const ShardLayout> layouts, co
       return DataLossError(where, ": chunk ", k, " (elements ", c.elem_offset, "+", c.elements, ") lies outside the shard of ",
                            shard, " elements of group '", ge.name, "' (chunks hold at most ", m.chunk_elements, ")");
     }
-    if (c.codec == Codec::kRaw ? c.stored_bytes != c.elements * 4 : (c.stored_bytes < 1 || c.stored_bytes >= c.elements * 4)) {
+    const StoredAs as = ge.stored_as(static_cast<size_t>(c.kind));
+    if (as == StoredAs::kQ8 && (c.elem_offset % ge.block != 0 || c.elements % ge.block != 0)) {
+      return DataLossError(where, ": chunk ", k, " (elements ", c.elem_offset, "+", c.elements, ") of q8 state splits a block of ", ge.block);
+    }
+    const int64_t bytes = StoredBytes(as, c.elements, ge.block);
+    if (c.codec == Codec::kRaw ? c.stored_bytes != bytes : (c.stored_bytes < 1 || c.stored_bytes >= bytes)) {
       return DataLossError(where, ": chunk ", k, " stores ", c.stored_bytes, " bytes for ", c.elements, " elements (",
-                           CodecName(c.codec), ")");
+                           CodecName(c.codec), ", ", StoredAsName(as), ")");
     }
     cover[static_cast<size_t>(c.group)][static_cast<size_t>(c.kind)].emplace_back(c.elem_offset, c.elements);
     spans.emplace_back(c.file_offset, c.stored_bytes);
@@ -392,6 +436,24 @@ Status ValidateIndex(const Manifest& m, std::span<const ShardLayout> layouts, co
     }
   }
   return Status();
+}
+
+std::string_view StoredAsName(StoredAs s) {
+  switch (s) {
+    case StoredAs::kF32: return "f32";
+    case StoredAs::kBF16: return "bf16";
+    case StoredAs::kQ8: return "q8";
+  }
+  return "invalid";
+}
+
+int64_t StoredBytes(StoredAs s, int64_t elements, int64_t block) {
+  switch (s) {
+    case StoredAs::kF32: return elements * 4;
+    case StoredAs::kBF16: return elements * 2;
+    case StoredAs::kQ8: return elements + 4 * (elements / block);
+  }
+  return 0;
 }
 
 Result<ShardLayout> SavedLayout(const Manifest& m, int group) {

@@ -21,6 +21,7 @@
 #include "zrt/checkpoint/options.h"
 #include "zrt/core/dtype.h"
 #include "zrt/core/shard_layout.h"
+#include "zrt/core/state_view.h"
 
 namespace zrt::ckpt {
 
@@ -51,7 +52,17 @@ struct GroupEntry {
   int64_t alignment = 1;
   std::vector<TensorEntry> tensors;
   std::vector<std::string> kinds;  // state kinds saved: "master", "exp_avg", "exp_avg_sq", ...
+  // How each kind's chunks store it (kinds' order; "stored" in the file, all f32 when absent) and,
+  // with a q8 kind, its elements per block.
+  std::vector<StoredAs> stored;
+  int64_t block = 0;
+  StoredAs stored_as(size_t kind) const { return kind < stored.size() ? stored[kind] : StoredAs::kF32; }
 };
+
+std::string_view StoredAsName(StoredAs s);  // "f32", "bf16", "q8"
+// The bytes `elements` elements of a kind stored as `s` take before compression (q8: whole blocks'
+// codes, then their f32 scales).
+int64_t StoredBytes(StoredAs s, int64_t elements, int64_t block);
 
 struct Manifest {
   std::string nonce;  // shared by the manifest and every index of one save

@@ -2,11 +2,15 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
+#include <functional>
 #include <random>
 
 #include <xxhash.h>
 
 #include "zrt/checkpoint/codec.h"
+#include "zrt/core/quant_math.h"
 #include "tests/support/reference.h"
 
 namespace zrt::ckpt {
@@ -42,6 +46,100 @@ TEST(Format, EngineStateIsOptionalAndMustBeAnObject) {
   auto bad = DecodeManifest(internal::Seal(j), "manifest.json");
   EXPECT_EQ(bad.status().code(), StatusCode::kDataLoss) << bad.status();
   EXPECT_NE(bad.status().message().find("engine.state"), std::string_view::npos) << bad.status();
+}
+
+// A group's kinds stored compact ("stored", "block"; M6): round trip, an f32 manifest written as before
+// the member existed, and every rule refused as DataLoss naming the group.
+TEST(Format, StoredTypesRoundTripAndTheirRulesAreChecked) {
+  Manifest m = Sample();
+  m.chunk_elements = 4096;
+  EXPECT_EQ(nlohmann::json::parse(EncodeManifest(m))["groups"][0].count("stored"), 0u) << "all f32: written as before";
+  m.groups[0].alignment = 256;
+  m.groups[0].tensors[1].offset = 256;
+  m.groups[0].stored = {StoredAs::kBF16, StoredAs::kQ8, StoredAs::kQ8};
+  m.groups[0].block = 128;
+  auto back = DecodeManifest(EncodeManifest(m), "manifest.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->groups[0].stored, m.groups[0].stored);
+  EXPECT_EQ(back->groups[0].block, 128);
+  EXPECT_EQ(back->groups[0].stored_as(2), StoredAs::kQ8);
+  EXPECT_EQ(StoredBytes(StoredAs::kQ8, 1024, 128), 1024 + 8 * 4);
+  EXPECT_EQ(StoredBytes(StoredAs::kBF16, 1024, 0), 2048);
+  const nlohmann::json good = nlohmann::json::parse(EncodeManifest(m));
+  const std::vector<std::pair<const char*, std::function<void(nlohmann::json&)>>> bad = {
+      {"stored types for", [](nlohmann::json& j) { j["groups"][0]["stored"].erase(2); }},
+      {"unknown stored type", [](nlohmann::json& j) { j["groups"][0]["stored"][1] = "q4"; }},
+      {"master cannot be stored as q8", [](nlohmann::json& j) { j["groups"][0]["stored"][0] = "q8"; }},
+      {"not a power of two", [](nlohmann::json& j) { j["groups"][0]["block"] = 96; }},
+      {"not a power of two", [](nlohmann::json& j) { j["groups"][0]["block"] = 512; }},  // > alignment
+      {"not a power of two", [](nlohmann::json& j) { j["groups"][0].erase("block"); }},
+      {"not a power of two", [](nlohmann::json& j) { j["chunk_elements"] = 1000; }},
+      {"a block size without a q8 kind", [](nlohmann::json& j) { j["groups"][0]["stored"] = {"f32", "bf16", "bf16"}; }},
+  };
+  for (const auto& [what, forge] : bad) {
+    nlohmann::json j = good;
+    j.erase("checksum");
+    forge(j);
+    auto r = DecodeManifest(internal::Seal(j), "manifest.json");
+    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << what;
+    EXPECT_NE(r.status().message().find(what), std::string_view::npos) << r.status();
+    EXPECT_NE(r.status().message().find("layer0"), std::string_view::npos) << r.status();
+  }
+}
+
+// The stored forms (codec.h PackState / UnpackState): bf16 values and q8 blocks come back bit for bit;
+// a value the form cannot hold is refused at the save; a stored form PackState never writes is DataLoss.
+TEST(Codec, StoredStateRoundTripsAndHostileFormsAreRefused) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> d(0, 1e-3f);
+  const int64_t block = 64, n = 4 * block;
+  for (const bool is_signed : {true, false}) {
+    std::vector<float> x(static_cast<size_t>(n)), kept(x.size());
+    for (float& v : x) v = is_signed ? d(rng) : d(rng) * d(rng);
+    std::fill(x.begin() + block, x.begin() + 2 * block, 0.0f);  // an all-zero block: scale 0
+    std::vector<uint8_t> codes(x.size());
+    for (int64_t b = 0; b < n / block; ++b) {  // what the optimizer keeps: values its blocks decode to
+      const float s = Q8EncodeBlock(x.data() + b * block, block, is_signed, codes.data() + b * block);
+      for (int64_t i = b * block; i < (b + 1) * block; ++i) kept[static_cast<size_t>(i)] = Q8Value(codes[static_cast<size_t>(i)], is_signed) * s;
+    }
+    std::vector<char> packed(static_cast<size_t>(StoredBytes(StoredAs::kQ8, n, block)));
+    ASSERT_TRUE(PackState(StoredAs::kQ8, is_signed, block, kept.data(), n, packed.data()).ok());
+    EXPECT_EQ(0, std::memcmp(packed.data(), codes.data(), codes.size())) << "the codes are stored as they are";
+    std::vector<float> back(x.size());
+    ASSERT_TRUE(UnpackState(StoredAs::kQ8, is_signed, block, packed.data(), n, back.data()).ok());
+    EXPECT_EQ(0, std::memcmp(back.data(), kept.data(), kept.size() * 4));
+    x[5] = kept[5] * 1.0001f + 1e-9f;  // not what its block decodes to
+    kept[5] = x[5];
+    EXPECT_EQ(PackState(StoredAs::kQ8, is_signed, block, kept.data(), n, packed.data()).code(), StatusCode::kInvalidArgument);
+    ASSERT_TRUE(PackState(StoredAs::kQ8, is_signed, block, back.data(), n, packed.data()).ok());
+    auto refused = [&](const char* what, const std::function<void(std::vector<char>&)>& forge) {
+      std::vector<char> p = packed;
+      forge(p);
+      const Status s = UnpackState(StoredAs::kQ8, is_signed, block, p.data(), n, back.data());
+      EXPECT_EQ(s.code(), StatusCode::kDataLoss) << what;
+      EXPECT_NE(s.message().find(what), std::string_view::npos) << s;
+    };
+    auto scale = [&](std::vector<char>& p, int64_t b, float v) { std::memcpy(p.data() + n + 4 * b, &v, 4); };
+    refused("scale nan", [&](std::vector<char>& p) { scale(p, 0, std::nanf("")); });
+    refused("scale inf", [&](std::vector<char>& p) { scale(p, 2, INFINITY); });
+    refused("scale -", [&](std::vector<char>& p) { scale(p, 3, -1.0f); });
+    refused("does not match its scale", [&](std::vector<char>& p) { scale(p, 1, 1.0f); });  // zeros with a scale
+    refused("is never written", [&](std::vector<char>& p) { p[7] = static_cast<char>(is_signed ? 121 : 249); });
+    if (is_signed) refused("is never written", [&](std::vector<char>& p) { p[block + 1] = static_cast<char>(0x80); });  // -0
+    refused("does not match its scale", [&](std::vector<char>& p) {  // the largest code lowered
+      for (int64_t i = 0; i < block; ++i) p[static_cast<size_t>(i)] = static_cast<char>(std::min<int>(static_cast<uint8_t>(p[static_cast<size_t>(i)]) & 0x7f, 64));
+    });
+  }
+  const std::vector<float> h = {1.0f, -0.5f, 3.140625f, 0.0f};
+  std::vector<char> p(8);
+  std::vector<float> back(4);
+  ASSERT_TRUE(PackState(StoredAs::kBF16, false, 0, h.data(), 4, p.data()).ok());
+  ASSERT_TRUE(UnpackState(StoredAs::kBF16, false, 0, p.data(), 4, back.data()).ok());
+  EXPECT_EQ(back, h);
+  const std::vector<float> not_bf16 = {1.0f, 0.1f};
+  const Status s = PackState(StoredAs::kBF16, false, 0, not_bf16.data(), 2, p.data());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("element 1"), std::string_view::npos) << s;
 }
 
 TEST(Format, ManifestRoundTripAndLayout) {

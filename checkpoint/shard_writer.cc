@@ -45,6 +45,15 @@ Result<Manifest> ManifestFor(const StateView& state, const nlohmann::json& train
     for (const StateBuffer& b : g.buffers) {
       if (b.dtype != DType::kF32) return InvalidArgumentError("checkpoint: state '", b.kind, "' must be f32");
       ge.kinds.push_back(b.kind);
+      ge.stored.push_back(b.stored);
+      if (b.stored == StoredAs::kQ8) {
+        if (b.block < 1 || ge.alignment % b.block != 0) {
+          return InvalidArgumentError("checkpoint: group '", g.name, "': q8 blocks of ", b.block, " do not divide its alignment ", ge.alignment);
+        }
+        if (ge.block != 0 && ge.block != b.block) return InvalidArgumentError("checkpoint: group '", g.name, "' has q8 kinds of two block sizes");
+        ge.block = b.block;
+        m.chunk_elements = (m.chunk_elements + b.block - 1) / b.block * b.block;  // chunks hold whole blocks
+      }
     }
     m.groups.push_back(std::move(ge));
   }
@@ -59,7 +68,9 @@ struct ShardWriter::InFlight {
   ChunkEntry entry;
   const char* raw = nullptr;
   std::function<void()> release;
+  std::vector<char> packed;     // a bf16 or q8 kind's stored form (before compression)
   std::vector<char> buf;        // the encoded bytes (compressed chunks)
+  const char* stored = nullptr; // what is written: raw, packed or buf
   std::future<Status> encoded;  // with encoders
   IoHandle handle;
   ~InFlight() {
@@ -87,11 +98,21 @@ Result<std::unique_ptr<ShardWriter>> ShardWriter::Open(IoEngine& io, const std::
 }
 
 Status ShardWriter::Encode(InFlight& w, std::vector<char>* scratch) const {
-  const size_t raw_bytes = static_cast<size_t>(w.entry.elements) * 4;
-  ASSIGN_OR_RETURN(w.entry.codec, EncodeChunk(w.raw, raw_bytes, 4, o_.compression, scratch, &w.buf));
-  const char* stored = w.entry.codec == Codec::kRaw ? w.raw : w.buf.data();
+  const GroupEntry& ge = m_.groups[static_cast<size_t>(w.entry.group)];
+  const std::string& kind = ge.kinds[static_cast<size_t>(w.entry.kind)];
+  const StoredAs as = ge.stored_as(static_cast<size_t>(w.entry.kind));
+  const char* raw = w.raw;
+  const auto raw_bytes = static_cast<size_t>(StoredBytes(as, w.entry.elements, ge.block));
+  if (as != StoredAs::kF32) {  // the owner's compact state, stored as it keeps it
+    w.packed.resize(raw_bytes);
+    RETURN_IF_ERROR(PackState(as, kind == "exp_avg", ge.block, reinterpret_cast<const float*>(w.raw), w.entry.elements, w.packed.data()),
+                    "shard ", index_.rank, ", group '", ge.name, "' ", kind, " at element ", w.entry.elem_offset);
+    raw = w.packed.data();
+  }
+  ASSIGN_OR_RETURN(w.entry.codec, EncodeChunk(raw, raw_bytes, as == StoredAs::kF32 ? 4 : as == StoredAs::kBF16 ? 2 : 1, o_.compression, scratch, &w.buf));
+  w.stored = w.entry.codec == Codec::kRaw ? raw : w.buf.data();
   w.entry.stored_bytes = static_cast<int64_t>(w.entry.codec == Codec::kRaw ? raw_bytes : w.buf.size());
-  w.entry.xxh3 = Checksum(stored, static_cast<size_t>(w.entry.stored_bytes));
+  w.entry.xxh3 = Checksum(w.stored, static_cast<size_t>(w.entry.stored_bytes));
   return Status();
 }
 
@@ -136,8 +157,7 @@ Status ShardWriter::Issue(size_t in_flight) {
   if (c.codec == Codec::kRaw) file_offset_ = AlignUp(file_offset_, static_cast<int64_t>(kIoAlignment));  // raw chunks stay O_DIRECT-able
   c.file_offset = file_offset_;
   index_.chunks.push_back(c);
-  const char* stored = c.codec == Codec::kRaw ? w->raw : w->buf.data();
-  ASSIGN_OR_RETURN(w->handle, io_.Write(file_, stored, static_cast<size_t>(c.stored_bytes), file_offset_));
+  ASSIGN_OR_RETURN(w->handle, io_.Write(file_, w->stored, static_cast<size_t>(c.stored_bytes), file_offset_));
   window_.push_back(std::move(w));
   file_offset_ += c.stored_bytes;
   stored_bytes_ += c.stored_bytes;

@@ -10,7 +10,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -19,7 +22,9 @@
 
 #include "tests/support/io_hooks.h"
 #include "zrt/checkpoint/files.h"
+#include "zrt/checkpoint/codec.h"
 #include "zrt/checkpoint/fs_util.h"
+#include "zrt/core/quant_math.h"
 
 namespace zrt::ckpt {
 namespace {
@@ -252,6 +257,109 @@ TEST_P(ShardWriterTest, ADeliveryWaitingForBuffersStopsWithTheSave) {
   owner.join();
   EXPECT_EQ(put.code(), StatusCode::kIo) << put;
   EXPECT_EQ(queue.Next(true).status().code(), StatusCode::kIo);
+}
+
+// Compact kinds (format.h StoredAs) are stored as their owner keeps them: bf16 master, q8 moments of
+// 64-element blocks; every chunk reads back bit for bit from fewer bytes; a value the form cannot hold
+// fails the save naming it; a corrupt scale is caught by its checksum and, with the checksum forged
+// to match, by the form's own rules, naming the chunk.
+TEST_P(ShardWriterTest, CompactKindsAreStoredAsKeptAndReadBackBitForBit) {
+  const int64_t block = 64;
+  m_.groups[0].alignment = block;
+  m_.groups[0].kinds = {"master", "exp_avg", "exp_avg_sq"};
+  m_.groups[0].stored = {StoredAs::kBF16, StoredAs::kQ8, StoredAs::kQ8};
+  m_.groups[0].block = block;
+  layout_ = *SavedLayout(m_, 0);
+  const int64_t n = layout_.shard_size();
+  ASSERT_EQ(n % block, 0);
+  std::vector<std::vector<float>> kept(3, std::vector<float>(static_cast<size_t>(n), 0.0f));
+  std::vector<uint8_t> codes(static_cast<size_t>(block));
+  for (int64_t i = 0; i < 2500; ++i) {
+    kept[0][static_cast<size_t>(i)] = Bf16ToFloat(FloatToBf16(std::sin(0.01f * static_cast<float>(i))));
+    kept[1][static_cast<size_t>(i)] = 1e-3f * std::cos(0.37f * static_cast<float>(i));
+    kept[2][static_cast<size_t>(i)] = 1e-6f * std::exp(-static_cast<float>(i % 300) / 20.0f);
+  }
+  for (int k = 1; k <= 2; ++k) {  // the moments as the optimizer keeps them: what their blocks decode to
+    for (int64_t b = 0; b < n / block; ++b) {
+      float* x = kept[static_cast<size_t>(k)].data() + b * block;
+      const float sc = Q8EncodeBlock(x, block, k == 1, codes.data());
+      for (int64_t i = 0; i < block; ++i) x[i] = Q8Value(codes[static_cast<size_t>(i)], k == 1) * sc;
+    }
+  }
+  StateView v;
+  v.owner = &streamed_;
+  v.groups.push_back({"g", {}, layout_, {}});
+  for (int k = 0; k < 3; ++k) v.groups[0].buffers.push_back({m_.groups[0].kinds[static_cast<size_t>(k)], DType::kF32, kept[static_cast<size_t>(k)].data(), n});
+  auto io = IoEngine::Create();
+  ASSERT_TRUE(io.ok());
+  ShardWriteStats stats;
+  ASSERT_TRUE(WriteShard(**io, dir_.string(), m_, 0, v, {.compression = {GetParam(), 1}}, &stats).ok());
+  const int64_t form = 2 * n + 2 * (n + 4 * (n / block));  // against 12 n for f32
+  if (GetParam() == Codec::kRaw) {
+    EXPECT_EQ(stats.stored_bytes, form);
+  }
+  EXPECT_LE(stats.stored_bytes, form);
+  ReadBack([&](const ChunkEntry& c, const std::vector<float>& out) {
+    EXPECT_EQ(0, std::memcmp(out.data(), kept[static_cast<size_t>(c.kind)].data() + c.elem_offset, static_cast<size_t>(c.elements) * 4))
+        << "kind " << c.kind << " at " << c.elem_offset;
+  });
+
+  // A value its form cannot hold: the save fails, naming the group, kind and place.
+  kept[0][17] = 0.1f;
+  fs::remove_all(dir_);
+  fs::create_directories(dir_);
+  Status s = WriteShard(**io, dir_.string(), m_, 0, v, {.compression = {GetParam(), 1}});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("group 'g' master"), std::string::npos) << s;
+  kept[0][17] = 0.0f;
+  fs::remove_all(dir_);
+  fs::create_directories(dir_);
+  ASSERT_TRUE(WriteShard(**io, dir_.string(), m_, 0, v, {.compression = {GetParam(), 1}}).ok());
+  if (GetParam() != Codec::kRaw) return;  // the forgeries below edit raw stored forms
+
+  // exp_avg_sq's first chunk: a scale set to NaN. Its checksum catches it; with the checksum (and the
+  // index's) forged to match, the q8 form's rules do.
+  const fs::path index_path = dir_ / IndexFileName(0), data_path = dir_ / DataFileName(0);
+  std::ifstream in(index_path);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  RankIndex idx = *DecodeIndex(text, "index");
+  const auto c = std::find_if(idx.chunks.begin(), idx.chunks.end(), [](const ChunkEntry& e) { return e.kind == 2 && e.elem_offset == 0; });
+  ASSERT_NE(c, idx.chunks.end());
+  std::vector<char> bytes(static_cast<size_t>(c->stored_bytes));
+  {
+    std::fstream f(data_path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(c->file_offset);
+    f.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    const float nan = std::nanf("");
+    std::memcpy(bytes.data() + c->elements + 4 * 3, &nan, 4);  // block 3's scale
+    f.seekp(c->file_offset);
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  auto read_error = [&]() -> std::string {
+    auto f = IoFile::Open(data_path.string(), IoFile::Mode::kRead);
+    auto cd = CheckpointDir::Open(dir_.string());
+    const std::vector<ShardLayout> layouts = {layout_};
+    auto ri = ReadIndex(*cd, m_, layouts, 0);
+    if (!f.ok() || !ri.ok()) return std::string(f.ok() ? ri.status().message() : f.status().message());
+    std::vector<float> out;
+    std::vector<char> scratch;
+    int64_t read = 0;
+    const size_t k = static_cast<size_t>(c - idx.chunks.begin());
+    Status st = ReadChunk(**io, *f, m_, layout_, *ri, k, &out, &scratch, &read);
+    EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st;
+    return std::string(st.message());
+  };
+  std::string e = read_error();
+  EXPECT_NE(e.find("checksum mismatch"), std::string::npos) << e;
+  EXPECT_NE(e.find("exp_avg_sq, elements 0.."), std::string::npos) << e;
+  c->xxh3 = Checksum(bytes.data(), bytes.size());
+  {
+    std::ofstream out(index_path, std::ios::trunc);
+    out << EncodeIndex(idx);
+  }
+  e = read_error();
+  EXPECT_NE(e.find("q8 block 3: scale nan"), std::string::npos) << e;
+  EXPECT_NE(e.find("exp_avg_sq, elements 0.."), std::string::npos) << e;
 }
 
 INSTANTIATE_TEST_SUITE_P(Codecs, ShardWriterTest, ::testing::Values(Codec::kRaw, Codec::kZstd, Codec::kByteGroupZstd),

@@ -28,11 +28,18 @@ namespace zrt {
 // `data`: host memory that loads write and captures read directly (resident); null: the state lives
 // elsewhere (device memory, NVMe swap files, a cast of the parameters) and is reached through the
 // view's owner.
+// How the owner keeps a kind, and so how a disk checkpoint stores it: f32 values, bf16 values, or q8
+// (8-bit codes per block of `block` elements with an f32 scale; core/quant_math.h). The view's values
+// are f32 either way; a bf16 or q8 kind's are exactly what its stored form decodes to.
+enum class StoredAs : uint8_t { kF32, kBF16, kQ8 };
+
 struct StateBuffer {
   std::string kind;  // "master" (fp32 weights), "exp_avg", "exp_avg_sq", "max_exp_avg_sq"
   DType dtype = DType::kF32;
   void* data = nullptr;
   int64_t count = 0;
+  StoredAs stored = StoredAs::kF32;
+  int64_t block = 0;  // q8: elements per block (a power of two dividing the layout's alignment)
   bool resident() const { return data != nullptr || count == 0; }
 };
 

@@ -4,7 +4,7 @@
 
 #include "zrt/kernels/adam_math.h"
 #include "zrt/kernels/cuda_common.cuh"
-#include "zrt/kernels/quant_math.h"
+#include "zrt/core/quant_math.h"
 
 namespace zrt::kernels::cuda {
 
@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(kThreads) AdamKernel(AdamBatch b, AdamStepScal
 
 }  // namespace zrt::kernels::cuda
 
-// ---- Adam over compact state (kernels/quant_math.h) ----------------------------------------------
+// ---- Adam over compact state (core/quant_math.h) ----------------------------------------------
 namespace zrt::kernels::cuda {
 
 struct CompactTensor {

@@ -14,7 +14,7 @@
 #include "zrt/core/status.h"
 #include "zrt/kernels/adam_math.h"
 #include "zrt/kernels/cpu.h"
-#include "zrt/kernels/quant_math.h"
+#include "zrt/core/quant_math.h"
 
 namespace zrt::kernels {
 
@@ -41,7 +41,7 @@ struct AdamTensorArgs {
 Status AdamCpu(const AdamStepScalars& s, std::span<const AdamTensorArgs> tensors, DType grad_dtype,
                DType copy_dtype, const CpuKernelOptions& options = {});
 
-// ---- compact state (docs/kernels.md "Compact state"; kernels/quant_math.h has the exact rule) ----
+// ---- compact state (docs/kernels.md "Compact state"; core/quant_math.h has the exact rule) ----
 // Each moment in f32, bf16 (round to nearest even) or 8-bit block-wise codes with an f32 scale per
 // block; the parameters updated through an fp32 master, or (bf16 models) directly, rounded
 // stochastically with bits keyed by (seed, step, global element index).

@@ -15,7 +15,7 @@ enum class AdamMode : uint8_t {
 };
 
 // How an Adam moment is stored (docs/kernels.md "Compact state"): f32, bf16 (round to nearest even) or
-// q8 (8-bit codes per block with an f32 scale; the rule is kernels/quant_math.h).
+// q8 (8-bit codes per block with an f32 scale; the rule is core/quant_math.h).
 enum class MomentFormat : uint8_t { kF32 = 0, kBf16 = 1, kQ8 = 2 };
 std::string_view MomentFormatName(MomentFormat f);  // "f32", "bf16", "q8"
 // The names above; InvalidArgument listing them otherwise.

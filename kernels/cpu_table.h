@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "zrt/kernels/adam_math.h"
-#include "zrt/kernels/quant_math.h"
+#include "zrt/core/quant_math.h"
 
 namespace zrt::kernels::internal {
 

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""An independent NumPy (float32) implementation of the compact Adam step (kernels/quant_math.h,
+"""An independent NumPy (float32) implementation of the compact Adam step (core/quant_math.h,
 docs/kernels.md "Compact state"), for kernels/quant_test.cc: reads the cases the test wrote (inputs and
 the kernel's outputs as raw bytes, cases.json), recomputes each output from the documented rule and
 exits 1 naming the first element that differs by a single bit.

@@ -1,4 +1,4 @@
-// Compact optimizer state (kernels/quant_math.h): the 8-bit code, stochastic rounding and the fused
+// Compact optimizer state (core/quant_math.h): the 8-bit code, stochastic rounding and the fused
 // compact Adam step — every ISA bit for bit against the scalar path, the scalar path against an
 // independent NumPy implementation of the documented rule (kernels/quant_reference.py), and the
 // properties resharding relies on.

@@ -90,7 +90,7 @@ struct OffloadConfig {
 
 // The optimizer state's precision (docs/configuration.md "State precision"): each Adam moment in f32,
 // bf16 or q8 (8-bit block-wise codes with an f32 scale per block of q8_block elements; the rule is
-// kernels/quant_math.h), and an fp32 master copy of the parameters, or none for bf16 models (their
+// core/quant_math.h), and an fp32 master copy of the parameters, or none for bf16 models (their
 // updates rounded stochastically, keyed by step and element so a resumed or resharded run is
 // bitwise the same). A group's tensors share one; amsgrad needs the default.
 struct StatePrecision {

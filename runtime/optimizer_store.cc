@@ -167,7 +167,13 @@ std::vector<StateBuffer> OptimizerStore::StateBuffers(int group) {
   Slot& s = slots_[static_cast<size_t>(group)];
   std::vector<StateBuffer> out;
   for (int k = 0; k < kinds(s); ++k) {
-    out.push_back({kKinds[k], DType::kF32, s.in.frozen ? nullptr : HostState(s, k), s.in.elements});
+    StateBuffer& b = out.emplace_back(StateBuffer{kKinds[k], DType::kF32, s.in.frozen ? nullptr : HostState(s, k), s.in.elements});
+    if (!s.compact() || k > 2) continue;  // a checkpoint stores the compact kinds as they are
+    const kernels::CompactFormat& f = s.in.format;
+    const kernels::MomentFormat m = k == 1 ? f.exp_avg : f.exp_avg_sq;
+    if (k == 0) b.stored = f.master ? StoredAs::kF32 : StoredAs::kBF16;  // without a master: the bf16 parameters
+    if (k > 0) b.stored = m == kernels::MomentFormat::kF32 ? StoredAs::kF32 : m == kernels::MomentFormat::kBf16 ? StoredAs::kBF16 : StoredAs::kQ8;
+    if (b.stored == StoredAs::kQ8) b.block = f.block;
   }
   return out;
 }
@@ -384,7 +390,7 @@ class ResidentStore final : public OptimizerStore {
     const DeviceBuffer& sb = k == 1 ? s.exp_avg_scale : s.exp_avg_sq_scale;
     RETURN_IF_ERROR(Fetch(scales.data(), sb.as<float>() + q0, scales.size() * 4, capture));
     for (int64_t i = 0; i < n; ++i) {
-      out[i] = kernels::Q8Value(raw[static_cast<size_t>(i)], k == 1) * scales[static_cast<size_t>((off + i) / block - q0)];
+      out[i] = Q8Value(raw[static_cast<size_t>(i)], k == 1) * scales[static_cast<size_t>((off + i) / block - q0)];
     }
     return Status();
   }
@@ -411,15 +417,8 @@ class ResidentStore final : public OptimizerStore {
         const int64_t block = s.in.format.block;
         std::vector<float> scales(static_cast<size_t>(kernels::Q8Blocks(n, block)));
         for (size_t q = 0; q < scales.size(); ++q) {
-          float amax = 0;
-          for (int64_t i = static_cast<int64_t>(q) * block; i < std::min(n, static_cast<int64_t>(q + 1) * block); ++i) {
-            amax = std::max(amax, std::fabs(v[static_cast<size_t>(i)]));
-          }
-          scales[q] = amax;
-          const float r = kernels::Q8Recip(amax);
-          for (int64_t i = static_cast<int64_t>(q) * block; i < std::min(n, static_cast<int64_t>(q + 1) * block); ++i) {
-            raw[static_cast<size_t>(i)] = kernels::Q8Encode(v[static_cast<size_t>(i)], r, k == 1);
-          }
+          const int64_t at = static_cast<int64_t>(q) * block;
+          scales[q] = Q8EncodeBlock(v.data() + at, std::min(block, n - at), k == 1, raw.data() + at);
         }
         RETURN_IF_ERROR(state_dev_->Copy((k == 1 ? s.exp_avg_scale : s.exp_avg_sq_scale).data(), scales.data(), scales.size() * 4));
       }

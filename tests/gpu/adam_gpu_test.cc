@@ -85,7 +85,7 @@ TEST(AdamCuda, MatchesCpuBitForBitOnManyTensors) {
   }
 }
 
-// Compact state (kernels/quant_math.h): every moment format, with and without a master, q8 blocks of
+// Compact state (core/quant_math.h): every moment format, with and without a master, q8 blocks of
 // 64 and 4096, tails, a global index that crosses 2^32 inside the tensor: the CPU's bytes.
 TEST(AdamCompactCuda, MatchesCpuBitForBit) {
   ZRT_REQUIRE_GPU();

@@ -1,4 +1,4 @@
-// Compact optimizer state (EngineConfig::state, kernels/quant_math.h) in the engine at 1..4 ranks:
+// Compact optimizer state (EngineConfig::state, core/quant_math.h) in the engine at 1..4 ranks:
 // every precision trains at every stage with the ranks in agreement, close to the f32-state run; a
 // resume continues bit for bit; a checkpoint saved by K ranks and loaded by M (another stage, another
 // layout) holds the very same state; a checkpoint of another precision loads (converted); what the
@@ -16,7 +16,10 @@
 
 #include "tests/support/scratch_root.h"
 #include "zrt/checkpoint/checkpointer.h"
+#include "zrt/checkpoint/format.h"
+#include "zrt/checkpoint/interchange/interchange.h"
 #include "zrt/checkpoint/load.h"
+#include "zrt/checkpoint/tensor_reader.h"
 #include "zrt/core/mpi_communicator.h"
 #include "zrt/runtime/engine.h"
 
@@ -125,6 +128,22 @@ class CompactStateTest : public ::testing::Test {
     ASSERT_TRUE(e.Restore(r->counters).ok());
   }
 
+  // Every buffer's f32 view of the checkpoint `dir` loaded by a stage-0 engine of `comm` (one rank).
+  std::vector<float> LoadedState(Communicator* comm, const StatePrecision& st, const std::string& dir) {
+    auto e = Make(comm, 0, st).value();
+    LoadInto(*e, dir);
+    std::vector<float> all;
+    const StateView view = e->state_view();
+    for (size_t g = 0; g < view.groups.size(); ++g) {
+      for (size_t b = 0; b < view.groups[g].buffers.size(); ++b) {
+        std::vector<float> v(static_cast<size_t>(view.groups[g].buffers[b].count));
+        EXPECT_TRUE(view.owner->Read(static_cast<int>(g), static_cast<int>(b), 0, view.groups[g].buffers[b].count, v.data()).ok());
+        all.insert(all.end(), v.begin(), v.end());
+      }
+    }
+    return all;
+  }
+
   CpuDevice device_;
   std::unique_ptr<MpiCommunicator> comm_;
   std::string root_;
@@ -208,27 +227,85 @@ TEST_F(CompactStateTest, AnyNToAnyMKeepsTheState) {
       ASSERT_TRUE(comm_->Barrier().ok());
       auto self = comm_->Split(comm_->rank() == 0 ? 0 : -1, 0).value();
       if (self) {
-        auto state = [&](const std::string& dir) {
-          auto e = Make(self.get(), 0, pr.state).value();
-          LoadInto(*e, dir);
-          std::vector<float> all;
-          const StateView view = e->state_view();
-          for (size_t g = 0; g < view.groups.size(); ++g) {
-            for (size_t b = 0; b < view.groups[g].buffers.size(); ++b) {
-              std::vector<float> v(static_cast<size_t>(view.groups[g].buffers[b].count));
-              EXPECT_TRUE(view.owner->Read(static_cast<int>(g), static_cast<int>(b), 0, view.groups[g].buffers[b].count, v.data()).ok());
-              all.insert(all.end(), v.begin(), v.end());
-            }
-          }
-          return all;
-        };
-        const auto want = state(root_ + "/orig" + std::to_string(k) + "/step-00000003");
-        const auto got = state(root_ + "/re" + std::to_string(k) + "/step-00000003");
+        const auto want = LoadedState(self.get(), pr.state, root_ + "/orig" + std::to_string(k) + "/step-00000003");
+        const auto got = LoadedState(self.get(), pr.state, root_ + "/re" + std::to_string(k) + "/step-00000003");
         ASSERT_EQ(got.size(), want.size());
         EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4)) << k << " -> " << m << " ranks changed the state";
       }
       ASSERT_TRUE(comm_->Barrier().ok());
     }
+  }
+}
+
+// A disk checkpoint stores the compact state as it is kept (the manifest's "stored" and "block"; the
+// embeddings' f32 state as before) in the bytes its formats take; `zrt ckpt reshard` to 3, 2, then 1
+// ranks keeps every stored byte's meaning: each resharded checkpoint loads the very same state.
+TEST_F(CompactStateTest, CheckpointsStoreTheCompactFormAndReshardBitExactly) {
+  auto stored_bytes = [](const std::string& dir) {  // the chunks' (data files also hold alignment gaps)
+    auto reader = ckpt::TensorReader::Open(dir);
+    EXPECT_TRUE(reader.ok()) << reader.status();
+    const auto stored = reader.ok() ? (*reader)->StoredBytes() : Result<ckpt::TensorReader::Stored>(reader.status());
+    int64_t n = 0;
+    if (stored.ok()) {
+      for (const auto& [kind, rs] : stored->bytes) n += rs.second;
+    }
+    return n;
+  };
+  for (const Precision& pr : kPrecisions) {
+    SCOPED_TRACE(pr.name);
+    const std::string sub = "form" + std::to_string(&pr - kPrecisions);
+    auto e = Make(comm_.get(), 3, pr.state).value();
+    for (int s = 1; s <= 3; ++s) Train(*e, s);
+    ckpt::CheckpointOptions o;
+    o.root = root_ + "/" + sub;
+    o.chunk_elements = 1024;
+    o.compression.codec = ckpt::Codec::kRaw;  // the stored forms' own sizes
+    auto ck = ckpt::Checkpointer::Create(comm_.get(), &device_, o).value();
+    ASSERT_TRUE(ck->SaveAsync(e->state_view()).ok());
+    ASSERT_TRUE(ck->Wait().ok());
+    const std::string dir = root_ + "/" + sub + "/step-00000003";
+    auto self = comm_->Split(comm_->rank() == 0 ? 0 : -1, 0).value();
+    if (self) {
+      auto m = ckpt::ReadManifest(dir).value();
+      for (const ckpt::GroupEntry& ge : m.groups) {
+        const bool compact = ge.name != "embed" && &pr != kPrecisions;
+        ASSERT_EQ(ge.stored.empty(), !compact) << ge.name;
+        if (!compact) continue;
+        EXPECT_EQ(ge.stored[0], pr.state.master ? StoredAs::kF32 : StoredAs::kBF16) << ge.name;
+        auto as = [](MomentFormat f) { return f == MomentFormat::kQ8 ? StoredAs::kQ8 : f == MomentFormat::kBf16 ? StoredAs::kBF16 : StoredAs::kF32; };
+        EXPECT_EQ(ge.stored[1], as(pr.state.exp_avg)) << ge.name;
+        EXPECT_EQ(ge.stored[2], as(pr.state.exp_avg_sq)) << ge.name;
+        const bool q8 = pr.state.exp_avg == MomentFormat::kQ8 || pr.state.exp_avg_sq == MomentFormat::kQ8;
+        EXPECT_EQ(ge.block, q8 ? pr.state.q8_block : 0) << ge.name;
+      }
+      // Exactly each kind's form over the padded group (raw chunks): 4 bytes per element for f32, 2
+      // for bf16, 1 and a scale per block for q8.
+      int64_t expected = 0;
+      for (int g = 0; g < static_cast<int>(m.groups.size()); ++g) {
+        const ckpt::GroupEntry& ge = m.groups[static_cast<size_t>(g)];
+        for (size_t k = 0; k < ge.kinds.size(); ++k) expected += ckpt::StoredBytes(ge.stored_as(k), ckpt::SavedLayout(m, g)->padded_size(), ge.block);
+      }
+      const int64_t bytes = stored_bytes(dir);
+      EXPECT_EQ(bytes, expected);
+
+      const auto want = LoadedState(self.get(), pr.state, dir);
+      std::string from = dir;
+      for (int n : {3, 2, 1}) {
+        const std::string out_root = root_ + "/" + sub + "-to" + std::to_string(n);
+        auto r = ckpt::Reshard(from, out_root, {.world_size = n, .stage = 3});
+        ASSERT_TRUE(r.ok()) << r.status();
+        const auto rm = ckpt::ReadManifest(*r).value();
+        for (size_t g = 0; g < m.groups.size(); ++g) {
+          EXPECT_EQ(rm.groups[g].stored, m.groups[g].stored) << "resharded to " << n;
+          EXPECT_EQ(rm.groups[g].block, m.groups[g].block) << "resharded to " << n;
+        }
+        const auto got = LoadedState(self.get(), pr.state, *r);
+        ASSERT_EQ(got.size(), want.size());
+        EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4)) << "resharded to " << n << " ranks";
+        from = *r;
+      }
+    }
+    ASSERT_TRUE(comm_->Barrier().ok());
   }
 }
 

@@ -113,6 +113,12 @@ void PrintGroup(const json& jg, int shards, std::ostream& out) {
   out << "  group '" << jg["name"].get<std::string>() << "': lr " << jg["lr"].get<double>() << ", " << jg["tensors"].size()
       << " tensor(s), padded " << jg["padded_size"].get<int64_t>() << " elements, " << shards << " x " << jg["shard_size"].get<int64_t>()
       << " per shard\n";
+  if (jg.contains("stored")) {  // compact state (checkpoint-format.md "Stored state")
+    out << "    stored:";
+    for (size_t k = 0; k < jg["kinds"].size(); ++k) out << " " << jg["kinds"][k].get<std::string>() << "=" << jg["stored"][k].get<std::string>();
+    if (jg.contains("block")) out << " (q8 blocks of " << jg["block"].get<int64_t>() << ")";
+    out << "\n";
+  }
   for (const json& jr : jg["ranks"]) {
     out << "    rank " << jr["rank"].get<int>() << ": [" << jr["begin"].get<int64_t>() << ", " << jr["end"].get<int64_t>() << ")";
     for (const json& p : jr["pieces"]) {

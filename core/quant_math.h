@@ -39,7 +39,7 @@
 
 #include "zrt/core/dtype.h"
 
-namespace zrt::kernels {
+namespace zrt {
 
 // The largest elements in a q8 block (the CPU kernel keeps a block's moments in two stack buffers).
 inline constexpr int kMaxQuantBlock = 4096;
@@ -84,6 +84,22 @@ ZRT_HD uint8_t Q8Encode(float x, float recip, bool is_signed) {
   return static_cast<uint8_t>(mag | sign);
 }
 
+// A whole q8 block of n (<= its block size) f32 values: their codes and the scale (the largest
+// magnitude). What a load's values and a checkpoint's stored form go through.
+ZRT_HD float Q8EncodeBlock(const float* x, int64_t n, bool is_signed, uint8_t* codes) {
+  float amax = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = x[i] < 0 ? -x[i] : x[i];
+    amax = amax < a ? a : amax;
+  }
+  const float r = Q8Recip(amax);
+  for (int64_t i = 0; i < n; ++i) codes[i] = Q8Encode(x[i], r, is_signed);
+  return amax;
+}
+
+// The largest code a q8 block holds (value 1.0: the block's largest magnitude), per signedness.
+inline constexpr uint8_t kQ8MaxCode[2] = {248, 120};  // [unsigned, signed]
+
 ZRT_HD uint32_t Fmix32(uint32_t h) {
   h ^= h >> 16;
   h *= 0x85ebca6bu;
@@ -106,4 +122,4 @@ ZRT_HD uint16_t FloatToBf16Stochastic(float x, uint32_t key, uint32_t index_lo) 
   return static_cast<uint16_t>(u >> 16);
 }
 
-}  // namespace zrt::kernels
+}  // namespace zrt
