@@ -17,7 +17,7 @@ namespace zrt {
 namespace {
 
 constexpr int64_t kAlign = static_cast<int64_t>(kIoAlignment);
-constexpr int64_t kSubGroupQuantum = 4096;  // elements: every sub-group starts 4 KiB-aligned for any element size
+constexpr int64_t kSubGroupQuantum = 4096;  // elements: every sub-group starts 4 KiB-aligned for any element size (x Per)
 
 
 
@@ -66,30 +66,39 @@ void RemoveVanishedRanks(const std::string& dir, int world_size) {
 
 }  // namespace
 
-// Streams and regions checked; per stream the widest element over the regions (each stream's buffer
-// fits it); *largest: the largest region, rounded up to the quantum.
-Result<std::vector<int64_t>> StateSwapper::Widest(int64_t* largest) const {
+// Streams and regions checked; per stream the most bytes per region element over the regions,
+// rounded up (what sizes the sub-group; the buffers are sized exactly); *largest: the largest region,
+// rounded up to the quantum (4096 elements x the largest Per: sub-groups then start 4 KiB-aligned in
+// every file).
+Result<std::vector<int64_t>> StateSwapper::Widest(int64_t* largest) {
   for (const SwapStream& st : streams_) {
     if (st.element_bytes == 0 || kAlign % static_cast<int64_t>(st.element_bytes) != 0) {
       return InvalidArgumentError("swapper: stream '", st.name, "' has element size ", st.element_bytes);
     }
   }
-  *largest = kSubGroupQuantum;
+  quantum_ = kSubGroupQuantum;
   std::vector<int64_t> widest(streams_.size(), 0);
   for (size_t r = 0; r < regions_.size(); ++r) {
     const SwapRegion& reg = regions_[r];
     if (reg.elements < 0) return InvalidArgumentError("swapper: region '", reg.name, "' has ", reg.elements, " elements");
-    if (!reg.element_bytes.empty() && reg.element_bytes.size() != streams_.size()) {
-      return InvalidArgumentError("swapper: region '", reg.name, "' gives ", reg.element_bytes.size(), " element sizes for ",
-                                  streams_.size(), " streams");
+    for (const size_t given : {reg.element_bytes.size(), reg.elements_per.size()}) {
+      if (given != 0 && given != streams_.size()) {
+        return InvalidArgumentError("swapper: region '", reg.name, "' gives ", given, " element sizes for ", streams_.size(), " streams");
+      }
     }
     for (size_t k = 0; k < streams_.size(); ++k) {
-      const int64_t es = Es(r, k);
-      if (es <= 0 || kAlign % es != 0) return InvalidArgumentError("swapper: region '", reg.name, "' has element size ", es);
-      widest[k] = std::max(widest[k], es);
+      const int64_t es = Es(r, k), per = Per(r, k);
+      if (es == 0) continue;  // absent
+      if (es < 0 || kAlign % es != 0) return InvalidArgumentError("swapper: region '", reg.name, "' has element size ", es);
+      if (per < 1 || per > kSubGroupQuantum || (per & (per - 1)) != 0 || reg.elements % per != 0) {
+        return InvalidArgumentError("swapper: region '", reg.name, "' stores one element per ", per, " of its ", reg.elements);
+      }
+      widest[k] = std::max(widest[k], (es + per - 1) / per);
+      quantum_ = std::max(quantum_, kSubGroupQuantum * per);
     }
-    *largest = std::max(*largest, AlignUp(reg.elements, kSubGroupQuantum));
   }
+  *largest = quantum_;
+  for (const SwapRegion& reg : regions_) *largest = std::max(*largest, AlignUp(reg.elements, quantum_));
   for (size_t k = 0; k < streams_.size(); ++k) {
     if (widest[k] == 0) widest[k] = static_cast<int64_t>(streams_[k].element_bytes);  // no regions
   }
@@ -99,22 +108,22 @@ Result<std::vector<int64_t>> StateSwapper::Widest(int64_t* largest) const {
 namespace {
 
 // The sub-group size: asked for (rounded up to the quantum), or the largest the budget allows.
-Result<int64_t> SubGroupSize(const SwapperOptions& o, const HostMemory& host, int64_t bytes_per_element, int64_t largest) {
+Result<int64_t> SubGroupSize(const SwapperOptions& o, const HostMemory& host, int64_t bytes_per_element, int64_t largest, int64_t quantum) {
   const int64_t per_sub_group_element = bytes_per_element * o.buffer_sets;
   int64_t sg = 0;
   if (o.sub_group_elements > 0) {
-    sg = std::min(AlignUp(o.sub_group_elements, kSubGroupQuantum), largest);
+    sg = std::min(AlignUp(o.sub_group_elements, quantum), largest);
   } else {
-    sg = std::min(SwapperOptions::kMaxAutoSubGroup, largest);
-    if (host.budget() > 0) sg = std::min(sg, (host.budget() - host.used()) / per_sub_group_element / kSubGroupQuantum * kSubGroupQuantum);
+    sg = std::min(std::max(SwapperOptions::kMaxAutoSubGroup, quantum), largest);
+    if (host.budget() > 0) sg = std::min(sg, (host.budget() - host.used()) / per_sub_group_element / quantum * quantum);
   }
-  if (sg < kSubGroupQuantum || !host.Fits(sg * per_sub_group_element)) {
-    const int64_t shown = std::max(sg, kSubGroupQuantum);
+  if (sg < quantum || !host.Fits(sg * per_sub_group_element)) {
+    const int64_t shown = std::max(sg, quantum);
     return InvalidArgumentError(host.setting(), " = ", FormatBytes(host.budget()), " (", FormatBytes(host.used()),
                                 " already used) cannot hold ", o.buffer_sets, " buffer sets of one sub-group: ",
                                 "offload.sub_group_elements = ", shown, " x ", bytes_per_element, " bytes per element x ",
                                 o.buffer_sets, " = ", FormatBytes(shown * per_sub_group_element),
-                                "; raise the budget or lower the sub-group size (at least ", kSubGroupQuantum, " elements)");
+                                "; raise the budget or lower the sub-group size (at least ", quantum, " elements)");
   }
   return sg;
 }
@@ -196,14 +205,16 @@ Result<std::unique_ptr<StateSwapper>> StateSwapper::Create(const SwapperOptions&
   ASSIGN_OR_RETURN(const std::vector<int64_t> widest, s->Widest(&largest));
   int64_t bytes_per_element = 0;  // of one buffer set
   for (int64_t w : widest) bytes_per_element += w;
-  ASSIGN_OR_RETURN(s->sub_group_, SubGroupSize(o, *host, bytes_per_element, largest));
+  ASSIGN_OR_RETURN(s->sub_group_, SubGroupSize(o, *host, bytes_per_element, largest, s->quantum_));
   RETURN_IF_ERROR(s->OpenRankDir(o));
   ASSIGN_OR_RETURN(const int64_t need, s->CreateFiles());
   // Buffer sets, zeroed (the rounded-up tails of the last sub-groups are written as they are).
   s->sets_.resize(static_cast<size_t>(o.buffer_sets));
   for (auto& set : s->sets_) {
     for (size_t k = 0; k < s->streams_.size(); ++k) {
-      const auto bytes = static_cast<size_t>(s->sub_group_ * widest[k]);
+      int64_t most = s->regions_.empty() ? s->sub_group_ * widest[k] : 0;  // a sub-group's bytes in the widest region
+      for (size_t r = 0; r < s->regions_.size(); ++r) most = std::max(most, s->Bytes(r, k, s->sub_group_));
+      const auto bytes = static_cast<size_t>(AlignUp(std::max<int64_t>(most, 1), kAlign));
       ASSIGN_OR_RETURN(DeviceBuffer b, host->Allocate(bytes, MemCategory::kStaging, kIoAlignment), "offload buffer sets");
       RETURN_IF_ERROR(host->Fill(b.data(), 0, bytes));
       set.push_back(std::move(b));
@@ -233,9 +244,14 @@ int64_t StateSwapper::Es(size_t region, size_t stream) const {
   return static_cast<int64_t>(r.element_bytes.empty() ? streams_[stream].element_bytes : r.element_bytes[stream]);
 }
 
+int64_t StateSwapper::Per(size_t region, size_t stream) const {
+  const SwapRegion& r = regions_[region];
+  return r.elements_per.empty() ? 1 : r.elements_per[stream];
+}
+
 size_t StateSwapper::RegionBytes(int region, int stream) const {
   const auto r = static_cast<size_t>(region), k = static_cast<size_t>(stream);
-  return static_cast<size_t>(AlignUp(regions_[r].elements * Es(r, k), kAlign));
+  return static_cast<size_t>(AlignUp(Bytes(r, k, regions_[r].elements), kAlign));
 }
 
 int64_t StateSwapper::host_bytes() const {
@@ -273,26 +289,27 @@ Status StateSwapper::CheckFiles() const {
 Status StateSwapper::CheckRange(int region, int stream, int64_t offset, int64_t count) const {
   if (region < 0 || region >= static_cast<int>(regions_.size())) return InvalidArgumentError("swapper: no region ", region);
   if (stream < 0 || stream >= static_cast<int>(streams_.size())) return InvalidArgumentError("swapper: no stream ", stream);
-  const int64_t n = regions_[static_cast<size_t>(region)].elements;
-  if (offset < 0 || count < 0 || offset > n || count > n - offset) {
+  const int64_t n = regions_[static_cast<size_t>(region)].elements, per = Per(static_cast<size_t>(region), static_cast<size_t>(stream));
+  if (offset < 0 || count < 0 || offset > n || count > n - offset || offset % per != 0 || count % per != 0) {
     return InvalidArgumentError("swapper: elements [", offset, ", ", offset + count, ") outside region '",
-                                regions_[static_cast<size_t>(region)].name, "' of ", n);
+                                regions_[static_cast<size_t>(region)].name, "' of ", n, " or not in whole units of ", per);
+  }
+  if (Es(static_cast<size_t>(region), static_cast<size_t>(stream)) == 0) {
+    return InvalidArgumentError("swapper: region '", regions_[static_cast<size_t>(region)].name, "' has no ", streams_[static_cast<size_t>(stream)].name);
   }
   return Status();
 }
 
 Status StateSwapper::Read(int region, int stream, int64_t offset, int64_t count, void* out) {
   RETURN_IF_ERROR(CheckRange(region, stream, offset, count));
-  const int64_t es = Es(static_cast<size_t>(region), static_cast<size_t>(stream));
-  const IoFile& f = File(static_cast<size_t>(region), static_cast<size_t>(stream));
-  return io_->ReadSync(f, out, static_cast<size_t>(count * es), offset * es);
+  const auto r = static_cast<size_t>(region), k = static_cast<size_t>(stream);
+  return io_->ReadSync(File(r, k), out, static_cast<size_t>(Bytes(r, k, count)), Bytes(r, k, offset));
 }
 
 Status StateSwapper::Write(int region, int stream, int64_t offset, int64_t count, const void* in) {
   RETURN_IF_ERROR(CheckRange(region, stream, offset, count));
-  const int64_t es = Es(static_cast<size_t>(region), static_cast<size_t>(stream));
-  const IoFile& f = File(static_cast<size_t>(region), static_cast<size_t>(stream));
-  return io_->WriteSync(f, in, static_cast<size_t>(count * es), offset * es);
+  const auto r = static_cast<size_t>(region), k = static_cast<size_t>(stream);
+  return io_->WriteSync(File(r, k), in, static_cast<size_t>(Bytes(r, k, count)), Bytes(r, k, offset));
 }
 
 Result<IoHandle> StateSwapper::ReadRegionAsync(int region, int stream, void* out) {
@@ -343,12 +360,12 @@ class StateSwapper::Pass {
     for (size_t k = 0; k < s_.streams_.size(); ++k) {
       const SwapAccess a = access_[k];
       const bool want = write ? (a == SwapAccess::kWrite || a == SwapAccess::kReadWrite) : (a == SwapAccess::kRead || a == SwapAccess::kReadWrite);
-      if (!want) continue;
-      const int64_t es = s_.Es(static_cast<size_t>(it.region), k);
-      const IoFile& f = s_.File(static_cast<size_t>(it.region), k);
-      const auto len = static_cast<size_t>(AlignUp(it.count * es, kAlign));
+      const auto r = static_cast<size_t>(it.region);
+      if (!want || s_.Es(r, k) == 0) continue;
+      const IoFile& f = s_.File(r, k);
+      const auto len = static_cast<size_t>(AlignUp(s_.Bytes(r, k, it.count), kAlign));
       void* buf = s_.sets_[set][k].data();
-      auto h = write ? s_.io_->Write(f, buf, len, it.offset * es) : s_.io_->Read(f, buf, len, it.offset * es);
+      auto h = write ? s_.io_->Write(f, buf, len, s_.Bytes(r, k, it.offset)) : s_.io_->Read(f, buf, len, s_.Bytes(r, k, it.offset));
       if (!h.ok()) return h.status().WithContext(std::string(write ? "offload: writing " : "offload: reading ") + f.path());
       (write ? writes_ : reads_)[set].push_back(std::move(*h));
       (write ? stats.bytes_written : stats.bytes_read) += static_cast<int64_t>(len);
@@ -378,7 +395,9 @@ Status StateSwapper::Pass::Run(const UpdateFn& fn) {
     RETURN_IF_ERROR(WaitAll(writes_[set]));  // one buffer set: its previous write
     const double tu = SteadySeconds();
     stats.wait_seconds += tu - tw;
-    for (size_t k = 0; k < s_.streams_.size(); ++k) data[k] = access_[k] == SwapAccess::kNone ? nullptr : s_.sets_[set][k].data();
+    for (size_t k = 0; k < s_.streams_.size(); ++k) {
+      data[k] = access_[k] == SwapAccess::kNone || s_.Es(static_cast<size_t>(items_[i].region), k) == 0 ? nullptr : s_.sets_[set][k].data();
+    }
     RETURN_IF_ERROR(fn(Window{items_[i].region, items_[i].offset, items_[i].count, data}));
     stats.update_seconds += SteadySeconds() - tu;
     RETURN_IF_ERROR(Issue(i, true));

@@ -36,7 +36,13 @@ namespace zrt {
 struct SwapRegion {
   std::string name;  // for errors ("group 'layer0'")
   int64_t elements = 0;
-  std::vector<size_t> element_bytes;  // per stream, where it differs from the stream's (e.g. a bf16 group's params)
+  // Per stream, where it differs from the stream's (e.g. a bf16 group's params); 0: the stream has
+  // nothing of this region (no file bytes, no transfers, a null window pointer).
+  std::vector<size_t> element_bytes;
+  // Per stream, where not 1: region elements per stored element (a q8 moment's scales: one per block
+  // of `block` elements; a power of two <= 4096 dividing `elements`). Sub-groups, windows and the
+  // random-access ranges of such a region are then whole multiples of it.
+  std::vector<int64_t> elements_per;
 };
 
 struct SwapStream {
@@ -97,17 +103,21 @@ class StateSwapper {
  private:
   class Pass;  // one Stream
   StateSwapper() = default;
-  Result<std::vector<int64_t>> Widest(int64_t* largest) const;  // Create's steps
+  Result<std::vector<int64_t>> Widest(int64_t* largest);  // Create's steps (sets quantum_)
   Status OpenRankDir(const SwapperOptions& o);
   Result<int64_t> CreateFiles();
-  Status CheckRange(int region, int stream, int64_t offset, int64_t count) const;
-  int64_t Es(size_t region, size_t stream) const;  // element size
+  Status CheckRange(int region, int stream, int64_t offset, int64_t count) const;  // and the stream present
+  int64_t Es(size_t region, size_t stream) const;   // element size (0: absent)
+  int64_t Per(size_t region, size_t stream) const;  // region elements per stored element
+  // Bytes of `count` region elements of a stream (count a multiple of Per).
+  int64_t Bytes(size_t region, size_t stream, int64_t count) const { return count / Per(region, stream) * Es(region, stream); }
   const IoFile& File(size_t region, size_t stream) const { return files_[region * streams_.size() + stream]; }
 
   IoEngine* io_ = nullptr;
   std::vector<SwapRegion> regions_;
   std::vector<SwapStream> streams_;
   int64_t sub_group_ = 0;
+  int64_t quantum_ = 0;  // sub-groups are multiples of it: each starts 4 KiB-aligned in every file
   std::string rank_dir_;
   UniqueFd lock_;
   std::vector<IoFile> files_;  // region-major

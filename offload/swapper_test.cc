@@ -14,6 +14,7 @@
 #include <fstream>
 
 #include "tests/support/io_hooks.h"
+#include "zrt/core/base.h"
 
 namespace zrt {
 namespace {
@@ -113,6 +114,43 @@ TEST_P(SwapperTest, StreamsEverySubGroupOnceAndPersistsUpdates) {
   ASSERT_TRUE(sw.Read(3, 0, 12300, 3, out.data()).ok());
   EXPECT_EQ(out, in);
   EXPECT_FALSE(sw.Read(3, 0, 12300, 1000, out.data()).ok());  // past the region
+}
+
+// A stream absent from a region (0 bytes: no file bytes, a null window) and one storing an element
+// per 64 of the region's (q8 scales): sub-groups are whole multiples of 4096 x 64 elements, each unit
+// lands where its elements are, and random access takes whole units only.
+TEST_P(SwapperTest, AbsentStreamsAndOneElementPerBlock) {
+  const int64_t per = 64, n = 600 * 1024;  // 3 sub-groups of 256K elements (the last one short)
+  SwapRegion dense{"dense", n, {4, 0, 2}, {1, 1, per}};  // "b" absent, "h" one 2-byte element per 64
+  SwapRegion plain{"plain", 5000, {4, 4, 2}, {}};
+  auto s = Make({dense, plain});
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ((*s)->sub_group_elements(), 4096 * per);
+  EXPECT_EQ((*s)->RegionBytes(0, 1), 0u);
+  EXPECT_EQ((*s)->RegionBytes(0, 2), static_cast<size_t>(AlignUp(n / per * 2, 4096)));
+  const std::vector<SwapAccess> write(3, SwapAccess::kWrite);
+  int windows = 0;
+  ASSERT_TRUE((*s)->Stream(write, [&](const StateSwapper::Window& w) {
+    ++windows;
+    if (w.region == 0) {
+      EXPECT_EQ(w.data[1], nullptr) << "an absent stream has no window";
+      EXPECT_EQ(w.offset % (4096 * per), 0);
+      for (int64_t i = 0; i < w.count / per; ++i) static_cast<uint16_t*>(w.data[2])[i] = static_cast<uint16_t>((w.offset / per + i) * 7);
+      for (int64_t i = 0; i < w.count; ++i) static_cast<float*>(w.data[0])[i] = static_cast<float>(w.offset + i);
+    }
+    return Status();
+  }).ok());
+  EXPECT_EQ(windows, 4);
+  std::vector<uint16_t> h(10);
+  ASSERT_TRUE((*s)->Read(0, 2, 300 * per, 10 * per, h.data()).ok());
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(h[static_cast<size_t>(i)], static_cast<uint16_t>((300 + i) * 7)) << i;
+  std::vector<float> a(3);
+  ASSERT_TRUE((*s)->Read(0, 0, 262143, 3, a.data()).ok());
+  EXPECT_EQ(a, (std::vector<float>{262143, 262144, 262145}));
+  EXPECT_EQ((*s)->Read(0, 2, 10, per, h.data()).code(), StatusCode::kInvalidArgument) << "not a whole unit";
+  EXPECT_EQ((*s)->Read(0, 1, 0, 4, h.data()).code(), StatusCode::kInvalidArgument) << "absent";
+  SwapRegion odd{"odd", 100, {4, 4, 2}, {1, 1, 64}};  // 100 elements are not whole blocks of 64
+  EXPECT_EQ(Make({odd}).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST_P(SwapperTest, FilesAreScratchAndTheDirectoryIsExclusive) {

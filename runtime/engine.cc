@@ -285,9 +285,6 @@ Status EngineCore::CheckGroupState(const Group& g) const {
                                 g.dtype == DType::kF32 ? "its parameters as its master" : "too few exponent bits for stochastic rounding", ")");
   }
   if (config_.adam.amsgrad) return InvalidArgumentError(what, ": amsgrad needs f32 moments and a master");
-  if (config_.offload.optimizer == OffloadTarget::kNvme) {
-    return InvalidArgumentError(what, ": compact state with offload.optimizer = nvme is not supported yet (host or none)");
-  }
   return Status();
 }
 

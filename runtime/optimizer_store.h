@@ -169,6 +169,14 @@ class OptimizerStore {
                  const Options& o);
   virtual Status Allocate() = 0;  // the trainable slots' state, after the mirrors and held parameters exist
   size_t esize(const Slot& s) const { return DTypeSize(s.in.dtype); }
+  // Bytes per element of a kind as the slot keeps it: 4 for f32; compact: 2 (bf16), 1 (q8 codes), and
+  // without a master the parameters' for kind 0.
+  size_t KindBytes(const Slot& s, int kind) const;
+  // n elements of a compact kind from the form the slot keeps it in (`raw` at shard element `off`; q8:
+  // `scales` from the block holding `off`) into f32, and back (whole blocks: `off` and, but at the end
+  // of the shard, `n` multiples of the block). Kind 0 without a master: the parameters.
+  Status DecodeKind(const Slot& s, int kind, const void* raw, const float* scales, int64_t off, int64_t n, float* out) const;
+  Status EncodeKind(const Slot& s, int kind, const float* in, int64_t n, void* raw, float* scales) const;
   int kinds(const Slot& s) const { return s.in.frozen ? 1 : (o_.amsgrad ? 4 : 3); }
   // The gradient shard and the parameters where the CPU (offloaded optimizer) reads and writes them.
   const void* HostGrads(const Slot& s) const;

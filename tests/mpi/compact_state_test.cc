@@ -150,14 +150,16 @@ class CompactStateTest : public ::testing::Test {
 };
 
 TEST_F(CompactStateTest, EveryPrecisionTrainsAtEveryStageCloseToF32State) {
-  for (int run = 0; run < 7; ++run) {  // stages 0-3, then 1-3 with the optimizer offloaded to the host
-    const bool host = run >= 4;
-    const int stage = host ? run - 3 : run;
+  for (int run = 0; run < 10; ++run) {  // stages 0-3, then 1-3 with the optimizer offloaded to the host, then to NVMe
+    const OffloadTarget where = run < 4 ? OffloadTarget::kNone : run < 7 ? OffloadTarget::kHost : OffloadTarget::kNvme;
+    const int stage = run < 4 ? run : run < 7 ? run - 3 : run - 6;
     EngineConfig cfg;
-    if (host) cfg.offload.optimizer = OffloadTarget::kHost;
+    cfg.offload.optimizer = where;
+    cfg.offload.nvme_dir = root_ + "/swap";
+    fs::create_directories(cfg.offload.nvme_dir);
     std::vector<float> f32;
     for (const Precision& pr : kPrecisions) {
-      SCOPED_TRACE(std::string(pr.name) + ", stage " + std::to_string(stage) + (host ? ", optimizer on the host" : ""));
+      SCOPED_TRACE(std::string(pr.name) + ", stage " + std::to_string(stage) + ", optimizer offloaded to " + std::string(OffloadTargetName(where)));
       auto e = Make(comm_.get(), stage, pr.state, cfg);
       ASSERT_TRUE(e.ok()) << e.status();
       for (int s = 1; s <= 8; ++s) Train(**e, s);
@@ -306,6 +308,119 @@ TEST_F(CompactStateTest, CheckpointsStoreTheCompactFormAndReshardBitExactly) {
       }
     }
     ASSERT_TRUE(comm_->Barrier().ok());
+  }
+}
+
+// NVMe offload streams the compact form (moments as kept, q8 scales in a file of their own, no master
+// file without a master) in windows of whole blocks: a 2.5M-element group in ~10 sub-groups, params
+// on NVMe too, trains bit for bit as the host-offloaded store does; a save taken from NVMe loads into
+// the host store with the very same state; and an f32 checkpoint saved by other ranks at another
+// alignment (pieces that split q8 blocks) loads into both with the very same codes.
+TEST_F(CompactStateTest, NvmeOffloadStreamsTheCompactFormBitForBit) {
+  const int64_t numel = 2'500'003;
+  int engines = 0;
+  auto make = [&](Communicator* comm, const StatePrecision& st, OffloadTarget where, int64_t alignment) {
+    EngineConfig cfg;
+    cfg.stage = 3;
+    cfg.alignment = alignment;
+    cfg.adam.lr = 1e-2;
+    cfg.state = st;
+    cfg.offload.optimizer = where;
+    cfg.offload.params = where;
+    cfg.offload.nvme_dir = root_ + "/swap" + std::to_string(engines++);  // one directory per live engine
+    fs::create_directories(cfg.offload.nvme_dir);
+    cfg.offload.sub_group_elements = 4096;  // rounded up to whole 4 KiB of scales: 256K elements with blocks of 64
+    auto e = ZeroEngine::Create(comm, &device_, cfg).value();
+    Status made = e->AddParam("w", {numel}, DType::kBF16).status();
+    if (made.ok()) {
+      made = e->Finalize([](int64_t, int64_t off, int64_t n, float* out) {
+        for (int64_t i = 0; i < n; ++i) out[i] = 0.2f * std::sin(0.001f * static_cast<float>(off + i));
+      });
+    }
+    if (!made.ok()) {
+      ADD_FAILURE() << made;
+      std::abort();  // the ranks cannot go on apart
+    }
+    return e;
+  };
+  auto step = [](ZeroEngine& e, int64_t t) {
+    ASSERT_TRUE(e.Gather(0).ok());
+    auto w = e.Param(ParamHandle{0}).value();
+    auto g = e.Grad(ParamHandle{0}).value();
+    for (int64_t i = 0; i < w.numel(); ++i) {
+      StoreFromFloat(g.data, i, g.dtype, LoadAsFloat(w.data, i, w.dtype) - std::cos(0.003f * static_cast<float>(i + 17 * t)));
+    }
+    ASSERT_TRUE(e.Release(0).ok());
+    ASSERT_TRUE(e.GradsReady(0).ok());
+    ASSERT_TRUE(e.Step().ok());
+  };
+  auto params = [](ZeroEngine& e) {
+    EXPECT_TRUE(e.Gather(0).ok());
+    auto w = e.Param(ParamHandle{0}).value();
+    std::vector<uint16_t> out(static_cast<size_t>(w.numel()));
+    std::memcpy(out.data(), w.data, out.size() * 2);
+    EXPECT_TRUE(e.Release(0).ok());
+    return out;
+  };
+  // f32 state saved at alignment 4 by every rank: its pieces split this run's q8 blocks.
+  auto f32 = make(comm_.get(), {}, OffloadTarget::kHost, 4);
+  for (int t = 1; t <= 2; ++t) step(*f32, t);
+  auto ckf = Checkpointer(comm_.get(), "nvme-f32");
+  ASSERT_TRUE(ckf->SaveAsync(f32->state_view()).ok());
+  ASSERT_TRUE(ckf->Wait().ok());
+  for (const StatePrecision& st : {StatePrecision{MomentFormat::kQ8, MomentFormat::kQ8, true, 64},
+                                   StatePrecision{MomentFormat::kBf16, MomentFormat::kQ8, false, 128}}) {
+    SCOPED_TRACE(StatePrecisionName(st));
+    auto nvme = make(comm_.get(), st, OffloadTarget::kNvme, 8);
+    auto host = make(comm_.get(), st, OffloadTarget::kHost, 8);
+    for (int t = 1; t <= 3; ++t) {
+      step(*nvme, t);
+      step(*host, t);
+    }
+    EXPECT_EQ(params(*nvme), params(*host)) << "NVMe and host offload differ";
+    const std::string sub = std::string("nvme-") + (st.master ? "m" : "nm");
+    auto ck = Checkpointer(comm_.get(), sub);
+    ASSERT_TRUE(ck->SaveAsync(nvme->state_view()).ok());  // streamed by the next step
+    step(*nvme, 4);
+    ASSERT_TRUE(ck->Wait().ok());
+    auto from_nvme = make(comm_.get(), st, OffloadTarget::kHost, 8);
+    LoadInto(*from_nvme, root_ + "/" + sub + "/step-00000003");
+    step(*from_nvme, 4);
+    EXPECT_EQ(params(*from_nvme), params(*nvme)) << "the save from NVMe resumes on the host store differently";
+    from_nvme.reset();
+    auto again = make(comm_.get(), st, OffloadTarget::kNvme, 8);
+    LoadInto(*again, root_ + "/" + sub + "/step-00000003");
+    step(*again, 4);
+    EXPECT_EQ(params(*again), params(*nvme)) << "the save from NVMe resumes on NVMe differently";
+    // The f32 checkpoint into both stores: quantized on load, the same codes.
+    auto a = make(comm_.get(), st, OffloadTarget::kNvme, 8);
+    auto b = make(comm_.get(), st, OffloadTarget::kHost, 8);
+    LoadInto(*a, root_ + "/nvme-f32/step-00000002");
+    LoadInto(*b, root_ + "/nvme-f32/step-00000002");
+    for (int t = 3; t <= 4; ++t) {
+      step(*a, t);
+      step(*b, t);
+    }
+    EXPECT_EQ(params(*a), params(*b)) << "the f32 checkpoint loaded into NVMe and host stores differs";
+    // Writes through the view that split blocks (the NVMe store keeps such blocks as values until the
+    // next step encodes each once, as the host store does with its staged values).
+    const StateView va = a->state_view(), vb = b->state_view();
+    const int64_t shard = va.groups[0].buffers[1].count;
+    std::vector<float> m(static_cast<size_t>(shard));
+    for (int64_t i = 0; i < shard; ++i) m[static_cast<size_t>(i)] = 1e-4f * std::sin(0.37f * static_cast<float>(i + comm_->rank()));
+    for (const auto& [lo, hi] : {std::pair<int64_t, int64_t>{0, 1000}, {1000, 70001}, {70001, shard}}) {
+      ASSERT_TRUE(va.owner->Write(0, 1, lo, hi - lo, m.data() + lo).ok());
+      ASSERT_TRUE(vb.owner->Write(0, 1, lo, hi - lo, m.data() + lo).ok());
+    }
+    step(*a, 5);
+    step(*b, 5);
+    EXPECT_EQ(params(*a), params(*b)) << "after writes that split blocks";
+    for (int k = 0; k < 3; ++k) {
+      std::vector<float> xa(static_cast<size_t>(va.groups[0].buffers[static_cast<size_t>(k)].count)), xb(xa.size());
+      ASSERT_TRUE(va.owner->Read(0, k, 0, static_cast<int64_t>(xa.size()), xa.data()).ok());
+      ASSERT_TRUE(vb.owner->Read(0, k, 0, static_cast<int64_t>(xb.size()), xb.data()).ok());
+      EXPECT_EQ(0, std::memcmp(xa.data(), xb.data(), xa.size() * 4)) << "state kind " << k;
+    }
   }
 }
 

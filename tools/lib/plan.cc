@@ -153,14 +153,13 @@ bool Fits(const PlanInput& in, const Memory& mem) {
 // Configurations cheapest first. Each step down the list costs time per token: stage 3's 1.5x
 // communication, recomputation's 4/3 compute, the optimizer on the CPU over PCIe, parameters fetched
 // from the host, then NVMe's bandwidth. Within a step the lower stage (equal cost, fewer collectives).
-std::vector<Config> Candidates(bool compact) {
+std::vector<Config> Candidates() {
   std::vector<Config> out;
   auto add = [&](int stage, const char* off, const char* off_params, bool rc) { out.push_back({stage, off, off_params, rc, 1}); };
   for (bool rc : {false, true}) {
     for (int s = 0; s <= 3; ++s) add(s, "none", "none", rc);
   }
   for (const char* dev : {"cpu", "nvme"}) {
-    if (compact && std::string(dev) == "nvme") break;  // the engine keeps compact state in device or host memory
     for (bool rc : {false, true}) {
       for (int s = 1; s <= 3; ++s) add(s, dev, "none", rc);
     }
@@ -225,9 +224,6 @@ Status CheckInput(const PlanInput& in) {
   if (in.moments != "f32" && in.moments != "bf16" && in.moments != "q8") return InvalidArgumentError("plan: --moments must be f32, bf16 or q8");
   if (!in.master && in.param_bytes != 2) return InvalidArgumentError("plan: --master no needs 16-bit (bf16) parameters");
   if (in.q8_block < 8 || in.q8_block > 4096 || (in.q8_block & (in.q8_block - 1)) != 0) return InvalidArgumentError("plan: --q8-block must be a power of two in [8, 4096]");
-  if ((in.moments != "f32" || !in.master) && (in.offload == "nvme" || in.offload_params == "nvme")) {
-    return InvalidArgumentError("plan: compact optimizer state (--moments, --master no) is kept in device or host memory, not on NVMe");
-  }
   if (in.gpu_mem_gib <= 0 || in.cpu_mem_gib < 0 || in.tokens < 0 || in.tflops < 0 || in.power_watts < 0 || in.step_seconds < 0 ||
       in.prefetch_depth < 0 || in.bucket_bytes <= 0 || in.gpus_per_node < 0) {
     return InvalidArgumentError("plan: --gpu-mem and bucket bytes must be > 0; --cpu-mem, --tokens, --tflops, --power, --step-time, "
@@ -260,7 +256,7 @@ Estimate EstimateFor(const PlanInput& in, const Model& m) {
   rc.recompute = true;
   e.mem_rc = MemoryFor(in, m, rc);
   // The cheapest configuration that fits, with the largest micro-batch up to --batch that does.
-  for (Config c : Candidates(in.moments != "f32" || !in.master)) {
+  for (Config c : Candidates()) {
     for (int64_t b = m.shape ? in.batch : 1; b >= 1 && !e.best; b /= 2) {
       c.batch = b;
       if (Fits(in, MemoryFor(in, m, c))) e.best = c;
