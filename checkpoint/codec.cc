@@ -106,6 +106,10 @@ Status DecodeChunk(Codec codec, const void* stored, size_t stored_bytes, void* r
 }
 
 Status PackState(StoredAs s, bool is_signed, int64_t block, const float* in, int64_t n, char* out) {
+  return PackStateInto(s, is_signed, block, in, n, out, s == StoredAs::kQ8 ? out + n : nullptr);
+}
+
+Status PackStateInto(StoredAs s, bool is_signed, int64_t block, const float* in, int64_t n, char* out, char* scales) {
   if (s == StoredAs::kBF16) {
     for (int64_t i = 0; i < n; ++i) {
       const uint16_t h = FloatToBf16(in[i]);
@@ -116,7 +120,6 @@ Status PackState(StoredAs s, bool is_signed, int64_t block, const float* in, int
   }
   if (s != StoredAs::kQ8 || n % block != 0) return InternalError("PackState: ", n, " elements as ", static_cast<int>(s));
   auto* codes = reinterpret_cast<uint8_t*>(out);
-  char* scales = out + n;
   for (int64_t b = 0; b < n / block; ++b) {
     const float* x = in + b * block;
     const float scale = Q8EncodeBlock(x, block, is_signed, codes + b * block);

@@ -27,6 +27,9 @@ Status DecodeChunk(Codec codec, const void* stored, size_t stored_bytes, void* r
 // such a form decodes to (the owner keeps its state so): InvalidArgument naming the element otherwise,
 // so a save never changes a value. `out` holds StoredBytes(s, n, block) bytes.
 Status PackState(StoredAs s, bool is_signed, int64_t block, const float* in, int64_t n, char* out);
+// The same with a q8 form's codes and scales in places of their own (`scales` unused for bf16): a
+// chunk filled part by part.
+Status PackStateInto(StoredAs s, bool is_signed, int64_t block, const float* in, int64_t n, char* values, char* scales);
 // The values a stored form decodes to, after checking that it is one PackState writes: q8 scales
 // finite and >= 0, codes no larger than 1.0's, a block with a positive scale holding 1.0's code and
 // one with a zero scale only zeros. DataLoss naming the element or block otherwise.
@@ -44,6 +47,9 @@ namespace generic {
 // such a form decodes to (the owner keeps its state so): InvalidArgument naming the element otherwise,
 // so a save never changes a value. `out` holds StoredBytes(s, n, block) bytes.
 Status PackState(StoredAs s, bool is_signed, int64_t block, const float* in, int64_t n, char* out);
+// The same with a q8 form's codes and scales in places of their own (`scales` unused for bf16): a
+// chunk filled part by part.
+Status PackStateInto(StoredAs s, bool is_signed, int64_t block, const float* in, int64_t n, char* values, char* scales);
 // The values a stored form decodes to, after checking that it is one PackState writes: q8 scales
 // finite and >= 0, codes no larger than 1.0's, a block with a positive scale holding 1.0's code and
 // one with a zero scale only zeros. DataLoss naming the element or block otherwise.
@@ -59,6 +65,9 @@ namespace avx2 {
 // such a form decodes to (the owner keeps its state so): InvalidArgument naming the element otherwise,
 // so a save never changes a value. `out` holds StoredBytes(s, n, block) bytes.
 Status PackState(StoredAs s, bool is_signed, int64_t block, const float* in, int64_t n, char* out);
+// The same with a q8 form's codes and scales in places of their own (`scales` unused for bf16): a
+// chunk filled part by part.
+Status PackStateInto(StoredAs s, bool is_signed, int64_t block, const float* in, int64_t n, char* values, char* scales);
 // The values a stored form decodes to, after checking that it is one PackState writes: q8 scales
 // finite and >= 0, codes no larger than 1.0's, a block with a positive scale holding 1.0's code and
 // one with a zero scale only zeros. DataLoss naming the element or block otherwise.

@@ -350,10 +350,6 @@ Status MemoryTier::Save(const StateView& state, const nlohmann::json& trainer_st
                    "memory tier");
   if (start.skip) return Status();
   const double t0 = SteadySeconds();  // the stall, from the agreement on (snapshot.h)
-  for (GroupEntry& ge : start.manifest.groups) {  // the tier keeps the values as the capture streams them: f32
-    ge.stored.clear();
-    ge.block = 0;
-  }
   RETURN_IF_ERROR(t.Begin(std::move(start.manifest), t0));
   Impl::Gen& gen = *t.gen;
   gen.owner = state.owner;

@@ -18,7 +18,7 @@ namespace {
 template <typename F>
 void ForEachChunk(const Manifest& m, const std::vector<Piece>& plan, F&& f) {
   for (const Piece& p : plan) {
-    for (int64_t e = 0; e < p.count; e += m.chunk_elements) f(p, e, std::min(m.chunk_elements, p.count - e), p.offset + e * 4);
+    for (int64_t e = 0; e < p.count; e += m.chunk_elements) f(p, e, std::min(m.chunk_elements, p.count - e), p.offset + p.Bytes(e));
   }
 }
 
@@ -28,7 +28,7 @@ RankIndex IndexFor(const Manifest& m, const std::vector<Piece>& plan, int shard,
   RankIndex idx = IndexOf(m, shard);
   idx.data_bytes = total;
   ForEachChunk(m, plan, [&](const Piece& p, int64_t e, int64_t n, int64_t at) {
-    idx.chunks.push_back(ChunkEntry{p.group, p.kind, e, n, at, n * 4, Codec::kRaw, sums[idx.chunks.size()]});
+    idx.chunks.push_back(ChunkEntry{p.group, p.kind, e, n, at, p.Bytes(n), Codec::kRaw, sums[idx.chunks.size()]});
   });
   return idx;
 }
@@ -53,12 +53,13 @@ Result<std::vector<Piece>> PlanFile(const Manifest& m, int64_t* total) {
   int64_t off = 0;
   for (size_t g = 0; g < m.groups.size(); ++g) {
     for (size_t k = 0; k < m.groups[g].kinds.size(); ++k) {
-      const int64_t count = layouts[g].shard_size();
-      plan.push_back({static_cast<int>(g), static_cast<int>(k), count, off});
-      off = AlignUp(off + count * 4);
+      const GroupEntry& ge = m.groups[g];
+      const Piece& p = plan.emplace_back(Piece{static_cast<int>(g), static_cast<int>(k), layouts[g].shard_size(), off, ge.stored_as(k), ge.block,
+                                               ge.kinds[k] == "exp_avg"});
+      off = AlignUp(off + p.Bytes(p.count));
     }
   }
-  *total = plan.empty() ? 0 : plan.back().offset + plan.back().count * 4;
+  *total = plan.empty() ? 0 : plan.back().offset + plan.back().Bytes(plan.back().count);
   return plan;
 }
 
@@ -92,6 +93,7 @@ TierSink::TierSink(const Manifest& m, std::vector<Piece> plan, std::string path,
 // Whole chunks from a chunk boundary are copied and hashed in one pass; the rest is copied, and each
 // chunk hashed once its last part is there.
 Status TierSink::Copy(const Piece& p, Part& part, int64_t offset, int64_t n, const float* data) {
+  if (p.stored != StoredAs::kF32) return Pack(p, part, offset, n, data);
   char* base = into_.data() + p.offset;
   const size_t first = first_[static_cast<size_t>(&p - plan_.data())];
   int64_t done = 0;
@@ -107,6 +109,33 @@ Status TierSink::Copy(const Piece& p, Part& part, int64_t offset, int64_t n, con
   while (part.hashed < part.filled && (part.filled - part.hashed >= chunk_ || part.filled == p.count)) {
     const int64_t c = std::min(chunk_, p.count - part.hashed);
     sums_[first + static_cast<size_t>(part.hashed / chunk_)] = Checksum(base + part.hashed * 4, static_cast<size_t>(c) * 4);
+    part.hashed += c;
+  }
+  return Status();
+}
+
+// Compact state, packed chunk by chunk as in a disk checkpoint (each chunk's values or codes, then a
+// q8 chunk's scales); each chunk hashed once its last part is there.
+Status TierSink::Pack(const Piece& p, Part& part, int64_t offset, int64_t n, const float* data) {
+  if (p.stored == StoredAs::kQ8 && (offset % p.block != 0 || n % p.block != 0)) {
+    return InternalError("memory tier: q8 state arrived at elements [", offset, ", ", offset + n, "), not whole blocks of ", p.block);
+  }
+  char* base = into_.data() + p.offset;
+  const size_t first = first_[static_cast<size_t>(&p - plan_.data())];
+  for (int64_t done = 0; done < n;) {
+    const int64_t c0 = (offset + done) / chunk_ * chunk_, cn = std::min(chunk_, p.count - c0), at = offset + done - c0;
+    const int64_t take = std::min(n - done, cn - at);
+    char* chunk = base + p.Bytes(c0);
+    const bool q8 = p.stored == StoredAs::kQ8;
+    RETURN_IF_ERROR(PackStateInto(p.stored, p.is_signed, p.block, data + done, take, chunk + (q8 ? at : p.Bytes(at)),
+                                  q8 ? chunk + cn + 4 * (at / p.block) : nullptr),
+                    "memory tier: group ", p.group, " kind ", p.kind);
+    done += take;
+  }
+  part.filled = offset + n;
+  while (part.hashed < part.filled && (part.filled - part.hashed >= chunk_ || part.filled == p.count)) {
+    const int64_t c = std::min(chunk_, p.count - part.hashed);
+    sums_[first + static_cast<size_t>(part.hashed / chunk_)] = Checksum(base + p.Bytes(part.hashed), static_cast<size_t>(p.Bytes(c)));
     part.hashed += c;
   }
   return Status();

@@ -113,6 +113,10 @@ class Mapping {
 struct Piece {
   int group, kind;
   int64_t count, offset;
+  StoredAs stored = StoredAs::kF32;  // compact state: stored as kept (format.h), packed as it arrives
+  int64_t block = 0;
+  bool is_signed = false;  // q8 exp_avg
+  int64_t Bytes(int64_t elements) const { return StoredBytes(stored, elements, block); }
 };
 Result<std::vector<Piece>> PlanFile(const Manifest& m, int64_t* total);
 
@@ -151,6 +155,7 @@ class TierSink final : public StateSink {
     int64_t filled = 0, hashed = 0;
   };
   Status Copy(const Piece& p, Part& part, int64_t offset, int64_t n, const float* data);
+  Status Pack(const Piece& p, Part& part, int64_t offset, int64_t n, const float* data);  // compact pieces
   const std::vector<Piece> plan_;
   const std::vector<size_t> first_;  // per piece: its first chunk's checksum
   std::vector<size_t> piece_of_group_;  // group g's buffer b is piece piece_of_group_[g] + b

@@ -64,7 +64,7 @@ struct Receipt {
 Receipt PrepareReceipt(const StateView& target, const int64_t in[3], const std::string& tmp, int rank) {
   int64_t expected = 0;
   for (const StateGroup& g : target.groups) {
-    for (const StateBuffer& b : g.buffers) expected = AlignUp(expected) + b.count * 4;
+    for (const StateBuffer& b : g.buffers) expected = AlignUp(expected) + StoredBytes(b.stored, b.count, b.block);  // PlanFile's layout
   }
   Receipt rc;
   rc.receiving = in[2] == expected && expected > 0 && in[0] > 0 && in[0] <= kMaxJsonBytes && in[1] > 0 && in[1] <= kMaxJsonBytes;

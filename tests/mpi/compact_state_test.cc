@@ -20,6 +20,7 @@
 #include "zrt/checkpoint/interchange/interchange.h"
 #include "zrt/checkpoint/load.h"
 #include "zrt/checkpoint/tensor_reader.h"
+#include "zrt/checkpoint/tier/memory_tier.h"
 #include "zrt/core/mpi_communicator.h"
 #include "zrt/runtime/engine.h"
 
@@ -420,6 +421,68 @@ TEST_F(CompactStateTest, NvmeOffloadStreamsTheCompactFormBitForBit) {
       ASSERT_TRUE(va.owner->Read(0, k, 0, static_cast<int64_t>(xa.size()), xa.data()).ok());
       ASSERT_TRUE(vb.owner->Read(0, k, 0, static_cast<int64_t>(xb.size()), xb.data()).ok());
       EXPECT_EQ(0, std::memcmp(xa.data(), xb.data(), xa.size() * 4)) << "state kind " << k;
+    }
+  }
+}
+
+// The memory tier holds the compact form as a disk checkpoint does (bytes as kept, each chunk
+// checksummed): a restart from its own copy, then from the peer's replica after the node's memory is
+// lost, continues bit for bit; a snapshot of q8 state without a master takes fewer bytes than f32's.
+TEST_F(CompactStateTest, TheMemoryTierHoldsTheCompactFormAndRestartsBitForBit) {
+  ckpt::MemoryTierOptions tier;
+  tier.dir = root_ + "/shm";
+  tier.ranks_per_node = comm_->size() == 4 ? 2 : 1;
+  fs::create_directories(tier.dir);
+  auto ck_for = [&](const std::string& sub) {
+    ckpt::CheckpointOptions o;
+    o.root = root_ + "/" + sub;
+    o.chunk_elements = 1024;
+    o.memory = tier;
+    return ckpt::Checkpointer::Create(comm_.get(), &device_, o).value();
+  };
+  int64_t f32_bytes = 0;
+  for (const Precision& pr : kPrecisions) {
+    SCOPED_TRACE(pr.name);
+    const std::string sub = "tier" + std::to_string(&pr - kPrecisions);
+    {
+      auto e = Make(comm_.get(), 3, pr.state).value();
+      auto ck = ck_for(sub);
+      for (int s = 1; s <= 3; ++s) Train(*e, s);
+      ASSERT_TRUE(ck->SaveToMemory(e->state_view()).ok());
+      ASSERT_TRUE(ck->Wait().ok());
+      const int64_t bytes = ck->memory_stats()->snapshot_bytes;
+      int64_t expected = 0;  // each buffer's stored form, 4 KiB-aligned
+      for (const StateGroup& g : e->state_view().groups) {
+        for (const StateBuffer& b : g.buffers) expected = (expected + 4095) / 4096 * 4096 + ckpt::StoredBytes(b.stored, b.count, b.block);
+      }
+      EXPECT_EQ(bytes, expected);
+      if (f32_bytes == 0) f32_bytes = bytes;
+      if (!pr.state.master && pr.state.exp_avg == MomentFormat::kQ8) {
+        EXPECT_LT(bytes, f32_bytes) << "a snapshot of q8 state, no master";
+      }
+    }
+    auto want_engine = Make(comm_.get(), 3, pr.state).value();
+    for (int s = 1; s <= 5; ++s) Train(*want_engine, s);
+    const auto want = FullParams(*want_engine);
+    for (const char* from : {"memory", "peer"}) {
+      if (std::string(from) == "peer") {
+        if (comm_->size() == 1) break;  // no other node
+        if (comm_->rank() == 0) {
+          for (int r = 0; r < tier.ranks_per_node; ++r) fs::remove_all(ckpt::MemoryTier::RankDir(root_ + "/" + sub, tier, r));
+        }
+        ASSERT_TRUE(comm_->Barrier().ok());
+      }
+      auto e = Make(comm_.get(), 3, pr.state).value();
+      auto ck = ck_for(sub);
+      auto r = ck->Resume(e->state_view());
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->step, 3);
+      const bool lost = std::string(from) == "peer" && comm_->rank() < tier.ranks_per_node;
+      EXPECT_EQ(r->source, lost ? "peer" : "memory") << from;
+      Train(*e, 4);
+      Train(*e, 5);
+      EXPECT_EQ(FullParams(*e), want) << "restarted from " << r->source;
+      ASSERT_TRUE(ck->Wait().ok());
     }
   }
 }
