@@ -99,11 +99,14 @@ struct Memory {
   double states() const { return params + grads + optim; }
 };
 
+// Bytes of one Adam moment per parameter as the state keeps it (--moments).
+double MomentBytes(const PlanInput& in) { return in.moments == "f32" ? 4 : in.moments == "bf16" ? 2 : 1 + 4.0 / in.q8_block; }
+
 Memory MemoryFor(const PlanInput& in, const Model& m, const Config& c) {
   // Optimizer state per parameter: the moments, and an fp32 master for 16-bit models (an fp32 model's
   // parameters are its master, except on NVMe where the master streams beside the parameters).
   const double n = in.gpus, p = in.param_bytes, g = in.fp32_grads ? 4 : in.param_bytes;
-  const double moment = in.moments == "f32" ? 4 : in.moments == "bf16" ? 2 : 1 + 4.0 / in.q8_block;
+  const double moment = MomentBytes(in);
   const double master = !in.master || (in.param_bytes == 4 && c.offload != "nvme") ? 0 : 4;
   const double k = 2 * moment + master;
   const double psi = m.psi;
@@ -317,7 +320,9 @@ struct Failures {
 Result<Failures> FailuresFor(const PlanInput& in, const Model& m, const Estimate& e) {
   Failures f;
   f.mtbf = in.mtbf_hours > 0 ? in.mtbf_hours * 3600 : in.mttf_hours * 3600 / in.gpus;
-  f.bytes = 12 * m.psi / in.gpus;
+  // A checkpoint stores the state as it is kept: the two moments and the master (without one, the
+  // parameters in their dtype).
+  f.bytes = (2 * MomentBytes(in) + (in.master ? 4 : in.param_bytes)) * m.psi / in.gpus;
   BenchRates r{.disk_snapshot = in.snapshot_gbps * 1e9, .disk_write = in.disk_write_gbps * 1e9, .disk_read = in.disk_read_gbps * 1e9,
                .tier_snapshot = in.snapshot_gbps * 1e9, .tier_replica = in.peer_gbps * 1e9, .own_load = in.snapshot_gbps * 1e9,
                .replica_load = in.peer_gbps * 1e9};

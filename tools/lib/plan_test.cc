@@ -174,5 +174,20 @@ TEST(Plan, RecommendsTheCheapestThatFitsOrSaysNothingDoes) {
   EXPECT_FALSE(none["fits"].get<bool>());
 }
 
+// A checkpoint holds the state as it is kept: 12 bytes per parameter of f32 state, two q8 moments
+// and the 2-byte parameters without a master.
+TEST(Plan, CheckpointBytesFollowTheStatePrecision) {
+  PlanInput in;
+  in.params = 8e9;
+  in.gpus = 8;
+  EXPECT_NEAR(PlanJson(in)["failures"]["checkpoint_bytes_per_device"].get<double>(), 12 * 1e9, 1);
+  in.moments = "q8";
+  in.master = false;
+  EXPECT_NEAR(PlanJson(in)["failures"]["checkpoint_bytes_per_device"].get<double>(), (2 * (1 + 4.0 / 256) + 2) * 1e9, 1);
+  in.moments = "bf16";
+  in.master = true;
+  EXPECT_NEAR(PlanJson(in)["failures"]["checkpoint_bytes_per_device"].get<double>(), 8 * 1e9, 1);
+}
+
 }  // namespace
 }  // namespace zrt::tools
