@@ -23,11 +23,13 @@ inline double SumOverRanks(double v) {
   return v;
 }
 
-// `nvme_dir` set: the optimizer state and (stage 3) the parameter shards live in swap files there.
+// `nvme_dir` set: the optimizer state and (stage 3) the parameter shards live in swap files there;
+// `state`: its precision.
 inline std::unique_ptr<ZeroEngine> MakeEngine(Communicator* comm, Device* dev, int stage, int64_t params, int groups,
-                                              const std::string& nvme_dir = "") {
+                                              const std::string& nvme_dir = "", const StatePrecision& state = {}) {
   EngineConfig cfg;
   cfg.stage = stage;
+  cfg.state = state;
   cfg.optimizer_threads = 1;
   if (!nvme_dir.empty()) {
     cfg.offload.optimizer = OffloadTarget::kNvme;

@@ -6,6 +6,9 @@
 //         step's time splits (CPU Adam in the callback vs waiting for the disk).
 //   host: in host memory; figure = parameters updated per second beside the same engine without
 //         offload (on CPU-only builds both are host memory, so the ratio shows the offload path's cost).
+//   nvme per state precision (EngineConfig::state): the same NVMe step with q8 moments and an fp32
+//         master, and q8 moments without one; figure = step time beside the f32 state's, with the
+//         bytes each moves.
 //
 //   offload_step_bench --params P --dir D [--budget BYTES] [--steps S] [--host-params H] [--fio-mixed-mbps M]
 #include <CLI/CLI.hpp>
@@ -29,11 +32,13 @@ struct Figures {
   int64_t host_peak = 0;
 };
 
-Result<Figures> Run(Communicator* comm, int64_t params, OffloadTarget where, const std::string& dir, int64_t budget, int steps) {
+Result<Figures> Run(Communicator* comm, int64_t params, OffloadTarget where, const std::string& dir, int64_t budget, int steps,
+                    const StatePrecision& state = {}) {
   constexpr int kGroups = 16;
   CpuDevice dev;
   EngineConfig cfg;
   cfg.stage = 3;
+  cfg.state = state;
   cfg.offload.optimizer = where;
   cfg.offload.params = where;
   cfg.offload.nvme_dir = dir;
@@ -117,6 +122,22 @@ int main(int argc, char** argv) {
   bench::PrintResult("offload_step", "nvme disk MB/s, " + std::to_string(params / 1000000) + "M params", mbps, "MB/s",
                      fio_mixed, "fio mixed r/w");
   bench::PrintResult("offload_step", "nvme step: Adam share", n.swap.update_seconds / n.swap.seconds, "fraction", 1, "whole step");
+
+  // The same step with compact state: fewer bytes through the disk.
+  using kernels::MomentFormat;
+  for (const StatePrecision& st : {StatePrecision{MomentFormat::kQ8, MomentFormat::kQ8, true, 256},
+                                   StatePrecision{MomentFormat::kQ8, MomentFormat::kQ8, false, 256}}) {
+    auto c = Run(comm->get(), params, OffloadTarget::kNvme, dir, budget, steps, st);
+    if (!c.ok()) {
+      std::fprintf(stderr, "nvme %s: %s\n", StatePrecisionName(st).c_str(), c.status().ToString().c_str());
+      return 1;
+    }
+    const double cm = static_cast<double>(c->swap.bytes_read + c->swap.bytes_written) / (steps > 1 ? steps - 1 : 1);
+    std::printf("nvme, %s: step %.2f s (f32 state %.2f s), %.2f GB read + written per step = %.0f MB/s\n", StatePrecisionName(st).c_str(),
+                c->step_seconds, n.step_seconds, cm / 1e9, cm / c->step_seconds / 1e6);
+    bench::PrintResult("offload_step", "nvme step s, " + std::string(st.master ? "q8 moments" : "q8 moments no master"), c->step_seconds, "s",
+                       n.step_seconds, "f32 state");
+  }
 
   const int64_t hp = std::min(params, host_params);
   auto host = Run(comm->get(), hp, OffloadTarget::kHost, dir, 0, steps);
