@@ -120,11 +120,12 @@ Status PackStateInto(StoredAs s, bool is_signed, int64_t block, const float* in,
   }
   if (s != StoredAs::kQ8 || n % block != 0) return InternalError("PackState: ", n, " elements as ", static_cast<int>(s));
   auto* codes = reinterpret_cast<uint8_t*>(out);
+  const float* value = Q8Table(is_signed);
   for (int64_t b = 0; b < n / block; ++b) {
     const float* x = in + b * block;
     const float scale = Q8EncodeBlock(x, block, is_signed, codes + b * block);
     for (int64_t i = 0; i < block; ++i) {
-      if (Q8Value(codes[b * block + i], is_signed) * scale != x[i]) {
+      if (value[codes[b * block + i]] * scale != x[i]) {
         return InvalidArgumentError("element ", b * block + i, " (", x[i], ") is not what its q8 block decodes to");
       }
     }
@@ -146,6 +147,7 @@ Status UnpackState(StoredAs s, bool is_signed, int64_t block, const char* in, in
   const auto* codes = reinterpret_cast<const uint8_t*>(in);
   const uint8_t top = kQ8MaxCode[is_signed ? 1 : 0];
   const uint8_t mag_mask = is_signed ? 0x7f : 0xff;
+  const float* value = Q8Table(is_signed);
   for (int64_t b = 0; b < n / block; ++b) {
     float scale;
     std::memcpy(&scale, in + n + 4 * b, 4);
@@ -155,7 +157,7 @@ Status UnpackState(StoredAs s, bool is_signed, int64_t block, const char* in, in
       const uint8_t mag = codes[i] & mag_mask;
       if (mag > top || (mag == 0 && codes[i] != 0)) return DataLossError("q8 block ", b, ": code ", int{codes[i]}, " is never written");
       largest = std::max(largest, mag);
-      out[i] = Q8Value(codes[i], is_signed) * scale;
+      out[i] = value[codes[i]] * scale;
     }
     if (largest != (scale > 0 ? top : 0)) {
       return DataLossError("q8 block ", b, ": its largest code ", int{largest}, " does not match its scale ", scale);

@@ -97,6 +97,25 @@ ZRT_HD float Q8EncodeBlock(const float* x, int64_t n, bool is_signed, uint8_t* c
   return amax;
 }
 
+#if !defined(__CUDA_ARCH__)
+// Q8Value of every code, for host loops that decode many (one load instead of the bit work). Internal
+// linkage, as ZRT_HD's: no TU built with other -m flags lends its copy.
+static inline const float* Q8Table(bool is_signed) {
+  struct Tables {
+    float v[2][256];
+  };
+  static const Tables t = [] {
+    Tables x{};
+    for (int c = 0; c < 256; ++c) {
+      x.v[0][c] = Q8Value(static_cast<uint8_t>(c), false);
+      x.v[1][c] = Q8Value(static_cast<uint8_t>(c), true);
+    }
+    return x;
+  }();
+  return t.v[is_signed ? 1 : 0];
+}
+#endif
+
 // The largest code a q8 block holds (value 1.0: the block's largest magnitude), per signedness.
 inline constexpr uint8_t kQ8MaxCode[2] = {248, 120};  // [unsigned, signed]
 

@@ -195,8 +195,13 @@ Status OptimizerStore::DecodeKind(const Slot& s, int k, const void* raw, const f
   }
   if (eb == 2) return kernels::CastCpu(raw, k == 0 ? s.in.dtype : DType::kBF16, out, DType::kF32, n);
   const auto* codes = static_cast<const uint8_t*>(raw);
-  const int64_t block = s.in.format.block, q0 = off / block;
-  for (int64_t i = 0; i < n; ++i) out[i] = Q8Value(codes[i], k == 1) * scales[(off + i) / block - q0];
+  const float* value = Q8Table(k == 1);
+  const int64_t block = s.in.format.block;
+  for (int64_t i = 0; i < n;) {  // block by block from `off` (which may start inside one)
+    const int64_t end = std::min(n, (off + i) / block * block + block - off);
+    const float scale = scales[(off + i) / block - off / block];
+    for (; i < end; ++i) out[i] = value[codes[i]] * scale;
+  }
   return Status();
 }
 
@@ -413,16 +418,14 @@ class ResidentStore final : public OptimizerStore {
     const size_t eb = KindBytes(s, k);
     const char* src = static_cast<const char*>(KindMemory(s, k)) + static_cast<size_t>(off) * eb;
     if (eb == 4) return Fetch(out, src, static_cast<size_t>(n) * 4, capture);
+    const int64_t q0 = eb == 1 ? off / s.in.format.block : 0, blocks = eb == 1 ? (off + n - 1) / s.in.format.block + 1 - q0 : 0;
+    const float* scales = eb == 1 ? (k == 1 ? s.exp_avg_scale : s.exp_avg_sq_scale).as<float>() + q0 : nullptr;
+    if (state_dev_->host_accessible()) return DecodeKind(s, k, src, scales, off, n, out);  // read where it is
     std::vector<uint8_t> raw(static_cast<size_t>(n) * eb);
+    std::vector<float> host_scales(static_cast<size_t>(blocks));
     RETURN_IF_ERROR(Fetch(raw.data(), src, raw.size(), capture));
-    std::vector<float> scales;
-    if (eb == 1) {
-      const int64_t block = s.in.format.block, q0 = off / block;
-      scales.resize(static_cast<size_t>((off + n - 1) / block + 1 - q0));
-      const DeviceBuffer& sb = k == 1 ? s.exp_avg_scale : s.exp_avg_sq_scale;
-      RETURN_IF_ERROR(Fetch(scales.data(), sb.as<float>() + q0, scales.size() * 4, capture));
-    }
-    return DecodeKind(s, k, raw.data(), scales.data(), off, n, out);
+    if (eb == 1) RETURN_IF_ERROR(Fetch(host_scales.data(), scales, host_scales.size() * 4, capture));
+    return DecodeKind(s, k, raw.data(), host_scales.data(), off, n, out);
   }
   // Without a master the parameters are the state: f32 values rounded to nearest even.
   Status WriteParams(Slot& s, int64_t off, int64_t n, const float* in) {
