@@ -51,6 +51,38 @@ void DropCaches(Communicator& comm) {
   }
   comm.Barrier().IgnoreError();
 }
+// Per state precision (EngineConfig::state): a save's bytes on disk, stored as the state is kept,
+// and its time (SaveAsync to the commit), each under a root of its own.
+void SavePerPrecision(Communicator* comm, Device* dev, const CheckpointOptions& co, const std::string& dir, int64_t params, int groups) {
+  using kernels::MomentFormat;
+  const std::pair<const char*, StatePrecision> precisions[] = {
+      {"f32 state", {}},
+      {"bf16 moments", {MomentFormat::kBf16, MomentFormat::kBf16, true, 256}},
+      {"q8 moments", {MomentFormat::kQ8, MomentFormat::kQ8, true, 256}},
+      {"q8 moments, no master", {MomentFormat::kQ8, MomentFormat::kQ8, false, 256}}};
+  double f32_per_param = 0, f32_save = 0;
+  for (const auto& [name, st] : precisions) {
+    auto ep = MakeEngine(comm, dev, 3, params, groups, "", st);
+    Step(*ep, params / groups);
+    CheckpointOptions po = co;
+    po.root = dir + "/" + name;  // a root each: a step already saved under a root is not saved again
+    po.keep_last = 1;
+    auto pk = Checkpointer::Create(comm, dev, po).value();
+    comm->Barrier().IgnoreError();
+    const double t = Now();
+    const Status done = pk->SaveAsync(ep->state_view()).ok() ? pk->Wait() : InternalError("SaveAsync failed");
+    const double save_s = bench::MaxOverRanks(Now() - t);
+    const double per_param = bench::SumOverRanks(static_cast<double>(pk->last_stats().stored_bytes)) / static_cast<double>(params);
+    if (f32_per_param == 0) f32_per_param = per_param, f32_save = save_s;
+    if (comm->rank() == 0) {
+      std::printf("  %-22s %6.2f bytes per parameter on disk, save %.3f s (f32 state: %.2f, %.3f s)%s\n", name, per_param, save_s,
+                  f32_per_param, f32_save, done.ok() ? "" : "  [save FAILED]");
+      bench::PrintResult("checkpoint", std::string("bytes on disk per parameter, ") + name, per_param, "B/param", f32_per_param, "f32 state");
+      bench::PrintResult("checkpoint", std::string("save s, ") + name, save_s, "s", f32_save, "f32 state s");
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -283,35 +315,7 @@ int main(int argc, char** argv) {
     std::filesystem::remove_all(dir);
   }
 
-  // Per state precision (EngineConfig::state): a save's bytes on disk, stored as the state is kept,
-  // and its time (SaveAsync to the commit).
-  using kernels::MomentFormat;
-  const std::pair<const char*, StatePrecision> precisions[] = {
-      {"f32 state", {}},
-      {"bf16 moments", {MomentFormat::kBf16, MomentFormat::kBf16, true, 256}},
-      {"q8 moments", {MomentFormat::kQ8, MomentFormat::kQ8, true, 256}},
-      {"q8 moments, no master", {MomentFormat::kQ8, MomentFormat::kQ8, false, 256}}};
-  double f32_per_param = 0, f32_save = 0;
-  for (const auto& [name, st] : precisions) {
-    auto ep = MakeEngine(comm.get(), &dev, 3, params, groups, "", st);
-    Step(*ep, per_group);
-    CheckpointOptions po = co;
-    po.root = dir + "/" + name;  // a root each: a step already saved under a root is not saved again
-    po.keep_last = 1;
-    auto pk = Checkpointer::Create(comm.get(), &dev, po).value();
-    comm->Barrier().IgnoreError();
-    t = Now();
-    const Status done = pk->SaveAsync(ep->state_view()).ok() ? pk->Wait() : InternalError("SaveAsync failed");
-    const double save_s = bench::MaxOverRanks(Now() - t);
-    const double per_param = bench::SumOverRanks(static_cast<double>(pk->last_stats().stored_bytes)) / static_cast<double>(params);
-    if (f32_per_param == 0) f32_per_param = per_param, f32_save = save_s;
-    if (rank == 0) {
-      std::printf("  %-22s %6.2f bytes per parameter on disk, save %.3f s (f32 state: %.2f, %.3f s)%s\n", name, per_param, save_s,
-                  f32_per_param, f32_save, done.ok() ? "" : "  [save FAILED]");
-      bench::PrintResult("checkpoint", std::string("bytes on disk per parameter, ") + name, per_param, "B/param", f32_per_param, "f32 state");
-      bench::PrintResult("checkpoint", std::string("save s, ") + name, save_s, "s", f32_save, "f32 state s");
-    }
-  }
+  SavePerPrecision(comm.get(), &dev, co, dir, params, groups);
   if (rank == 0) std::filesystem::remove_all(dir);
   return 0;
 }
