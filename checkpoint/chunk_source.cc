@@ -2,10 +2,27 @@
 #include "zrt/checkpoint/chunk_source.h"
 #include "zrt/core/base.h"
 
+#include <linux/magic.h>
+#include <sys/mman.h>
+#include <sys/vfs.h>
+
 #include <algorithm>
 #include <cstring>
 
 namespace zrt::ckpt::internal {
+
+ShardSource::InMemory::~InMemory() {
+  if (p_ != nullptr) ::munmap(const_cast<char*>(p_), n_);
+}
+
+void ShardSource::InMemory::MapIfInMemory(const IoFile& f, int64_t bytes) {
+  struct statfs fs {};
+  if (bytes <= 0 || ::fstatfs(f.fd(), &fs) != 0 || (fs.f_type != TMPFS_MAGIC && fs.f_type != RAMFS_MAGIC)) return;
+  void* p = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ, MAP_SHARED | MAP_POPULATE, f.fd(), 0);
+  if (p == MAP_FAILED) return;  // read through the I/O engine instead
+  p_ = static_cast<const char*>(p);
+  n_ = static_cast<size_t>(bytes);
+}
 
 Status ShardSource::Plan(int rank, int group, int kind, int64_t begin, int64_t count) {
   ASSIGN_OR_RETURN(Rank * r, Open(rank));
@@ -68,6 +85,12 @@ Status ShardSource::ReadWhole(const std::vector<Whole>& targets) {
         continue;
       }
       if (!(s = CheckRawChunkSize(r->file, m_, l, r->index, k).WithContext(w.what)).ok()) break;
+      if (r->memory.data() != nullptr) {  // copied out of the mapping and hashed in one pass
+        s = FinishChunkRead(r->file, m_, l, r->index, k, r->memory.data() + c.file_offset, w.dst + c.elem_offset, &scratch_).WithContext(w.what);
+        if (!s.ok()) break;
+        bytes_read_ += c.stored_bytes;
+        continue;
+      }
       auto h = io_.Read(r->file, w.dst + c.elem_offset, static_cast<size_t>(c.stored_bytes), c.file_offset);
       if (!h.ok()) {
         s = h.status().WithContext(ChunkName(m_, l, r->index, k)).WithContext(w.what);
@@ -110,6 +133,7 @@ Result<ShardSource::Rank*> ShardSource::Open(int rank) {
   auto r = std::make_unique<Rank>();
   ASSIGN_OR_RETURN(r->index, ReadIndex(dir_, m_, layouts_, rank));
   ASSIGN_OR_RETURN(r->file, dir_.OpenData(r->index.data_file, r->index.data_bytes));
+  r->memory.MapIfInMemory(r->file, r->index.data_bytes);
   for (size_t k = 0; k < r->index.chunks.size(); ++k) r->by_kind[{r->index.chunks[k].group, r->index.chunks[k].kind}].push_back(k);
   for (auto& [key, v] : r->by_kind) {
     std::sort(v.begin(), v.end(), [&](size_t a, size_t b) { return r->index.chunks[a].elem_offset < r->index.chunks[b].elem_offset; });
@@ -151,7 +175,9 @@ void ShardSource::Pump() {
     const ChunkEntry& ce = r.index.chunks[k];
     bool cached = false;
     for (const Cached& c : cache_) cached = cached || (c.rank == rank && c.chunk == k);
-    if (cached || !CheckRawChunkSize(r.file, m_, layouts_[static_cast<size_t>(ce.group)], r.index, k).ok()) continue;  // read (and refused) in order
+    if (cached || r.memory.data() != nullptr || !CheckRawChunkSize(r.file, m_, layouts_[static_cast<size_t>(ce.group)], r.index, k).ok()) {
+      continue;  // read (and refused) in order; a mapped file needs no read
+    }
     Ahead a{rank, k, nullptr, 0, nullptr, 0, IoHandle()};
     auto data = Buffer(Need(ce), &a.capacity, r.index.data_file);
     if (!data.ok()) return;
@@ -204,7 +230,14 @@ Result<const float*> ShardSource::Decoded(Rank& r, size_t k) {
     c.capacity = a.capacity;
   } else {
     ASSIGN_OR_RETURN(c.data, Buffer(Need(ce), &c.capacity, r.index.data_file));
-    RETURN_IF_ERROR(ReadChunkInto(io_, r.file, m_, layouts_[static_cast<size_t>(g)], r.index, k, c.data.get(), &scratch_, &bytes_read_));
+    const ShardLayout& l = layouts_[static_cast<size_t>(g)];
+    if (r.memory.data() != nullptr) {
+      RETURN_IF_ERROR(CheckRawChunkSize(r.file, m_, l, r.index, k));
+      RETURN_IF_ERROR(FinishChunkRead(r.file, m_, l, r.index, k, r.memory.data() + ce.file_offset, c.data.get(), &scratch_));
+      bytes_read_ += ce.stored_bytes;
+    } else {
+      RETURN_IF_ERROR(ReadChunkInto(io_, r.file, m_, l, r.index, k, c.data.get(), &scratch_, &bytes_read_));
+    }
     Pump();
   }
   cache_.push_front(std::move(c));

@@ -3,7 +3,10 @@
 // (group, kind) exactly once) before any of its chunks is read; whole buffers read in place through
 // one pipeline of reads; ranges read through a small cache of decoded chunks, with a read-ahead of
 // the chunks planned in the order they will be asked for. Every chunk is checked (checksum, decode)
-// before a byte of it is used. Internal to zrt_checkpoint; not thread-safe.
+// before a byte of it is used. A data file that lives in memory (tmpfs: the memory tier's copies) is
+// not read through the I/O engine: it is mapped, and each chunk copied out of the mapping and hashed
+// in one pass (a read would copy it from the same pages, then the check read it again).
+// Internal to zrt_checkpoint; not thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -58,9 +61,25 @@ class ShardSource {
   Status Read(int rank, int group, int kind, int64_t begin, int64_t count, float* dst);
 
  private:
+  // A read-only mapping of a data file that lives in memory, its pages mapped at once.
+  class InMemory {
+   public:
+    InMemory() = default;
+    InMemory(const InMemory&) = delete;
+    InMemory& operator=(const InMemory&) = delete;
+    ~InMemory();
+    // Maps `f` (`bytes` long: its size, checked) when its filesystem keeps it in memory; else nothing.
+    void MapIfInMemory(const IoFile& f, int64_t bytes);
+    const char* data() const { return p_; }
+
+   private:
+    const char* p_ = nullptr;
+    size_t n_ = 0;
+  };
   struct Rank {
     RankIndex index;
     IoFile file;
+    InMemory memory;  // data() null: read through the I/O engine
     std::map<std::pair<int, int>, std::vector<size_t>> by_kind;
   };
   Result<Rank*> Open(int rank);

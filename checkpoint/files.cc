@@ -174,17 +174,16 @@ Status CheckRawChunkSize(const IoFile& f, const Manifest& m, const ShardLayout& 
 Status FinishChunkRead(const IoFile& f, const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k, const char* stored,
                        float* out, std::vector<char>* scratch) {
   const ChunkEntry& c = r.chunks[k];
-  if (Checksum(stored, static_cast<size_t>(c.stored_bytes)) != c.xxh3) {
-    return DataLossError(f.path(), ": ", ChunkName(m, l, r, k), ": checksum mismatch (the data is corrupt)");
-  }
   const GroupEntry& ge = m.groups[static_cast<size_t>(c.group)];
   const StoredAs as = ge.stored_as(static_cast<size_t>(c.kind));
+  // A raw f32 chunk stored elsewhere (a mapped file) is copied and hashed in one pass.
+  const bool copy = ChunkInPlace(m, c) && stored != reinterpret_cast<const char*>(out);
+  const uint64_t sum = copy ? CopyAndChecksum(out, stored, static_cast<size_t>(c.stored_bytes)) : Checksum(stored, static_cast<size_t>(c.stored_bytes));
+  if (sum != c.xxh3) return DataLossError(f.path(), ": ", ChunkName(m, l, r, k), ": checksum mismatch (the data is corrupt)");
   if (as == StoredAs::kF32) {
     if (c.codec != Codec::kRaw) {
       RETURN_IF_ERROR(DecodeChunk(c.codec, stored, static_cast<size_t>(c.stored_bytes), out, static_cast<size_t>(c.elements) * 4, 4, scratch),
                       f.path(), ": ", ChunkName(m, l, r, k));
-    } else if (stored != reinterpret_cast<const char*>(out)) {
-      std::memcpy(out, stored, static_cast<size_t>(c.elements) * 4);
     }
     return Status();
   }

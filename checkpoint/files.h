@@ -70,8 +70,9 @@ Status ReadChunkInto(IoEngine& io, const IoFile& f, const Manifest& m, const Sha
 bool ChunkInPlace(const Manifest& m, const ChunkEntry& c);
 // The halves of ReadChunkInto for a caller that issues the read itself (Load's read-ahead): a raw
 // chunk's stored size must be its stored form's (checked before reading into `out`); then `stored`
-// (chunk k's bytes as read: `out` itself for a chunk read in place) is checked against its checksum
-// and decoded into out.
+// (chunk k's bytes as read: `out` itself for a chunk read in place, or anywhere else, such as a mapped
+// file) is checked against its checksum and decoded into out (a raw f32 chunk stored elsewhere: copied
+// and hashed in one pass, so `out` holds the bytes even when they fail the check).
 Status CheckRawChunkSize(const IoFile& f, const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k);
 Status FinishChunkRead(const IoFile& f, const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k, const char* stored,
                        float* out, std::vector<char>* scratch);

@@ -1,6 +1,8 @@
 // Load on in-process ranks: a checkpoint saved by N ranks (1-4) at any alignment loads into M ranks
 // (1-4) at another alignment and grouping, every element in place and padding zero; params_only
-// loads master alone; a tensor the checkpoint lacks or with another size is an error naming it.
+// loads master alone; a tensor the checkpoint lacks or with another size is an error naming it. Each
+// on disk and in memory (tmpfs, where data files are mapped instead of read: chunk_source.h), a
+// corrupt chunk named by both.
 #include "zrt/checkpoint/load.h"
 
 #include <gtest/gtest.h>
@@ -8,6 +10,9 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+
+#include <linux/magic.h>
+#include <sys/vfs.h>
 
 #include "tests/support/synthetic_state.h"
 #include "zrt/checkpoint/catalog.h"
@@ -38,11 +43,21 @@ std::string Save(const fs::path& root, int ranks, int64_t alignment, const testi
   return dir.ok() ? *dir : "";
 }
 
-class LoadTest : public ::testing::TestWithParam<std::tuple<int, int>> {
+// Where a suite's checkpoints go: the temporary directory (disk), or /dev/shm (memory: tmpfs), or ""
+// when this machine has no tmpfs there.
+fs::path Scratch(bool in_memory) {
+  if (!in_memory) return fs::temp_directory_path();
+  struct statfs st {};
+  return ::statfs("/dev/shm", &st) == 0 && st.f_type == TMPFS_MAGIC ? fs::path("/dev/shm") : fs::path();
+}
+
+class LoadTest : public ::testing::TestWithParam<std::tuple<int, int, bool>> {
  protected:
   void SetUp() override {
-    root_ = fs::temp_directory_path() / ("zrt_load_" + std::to_string(::getpid()) + "_" + std::to_string(std::get<0>(GetParam())) + "_" +
-                                         std::to_string(std::get<1>(GetParam())));
+    const fs::path at = Scratch(std::get<2>(GetParam()));
+    if (at.empty()) GTEST_SKIP() << "/dev/shm is not a tmpfs here: the in-memory load is not exercised";
+    root_ = at / ("zrt_load_" + std::to_string(::getpid()) + "_" + std::to_string(std::get<0>(GetParam())) + "_" +
+                  std::to_string(std::get<1>(GetParam())) + (std::get<2>(GetParam()) ? "_mem" : ""));
     fs::remove_all(root_);
   }
   void TearDown() override { fs::remove_all(root_); }
@@ -50,7 +65,7 @@ class LoadTest : public ::testing::TestWithParam<std::tuple<int, int>> {
 };
 
 TEST_P(LoadTest, AnyRanksToAnyRanksAtAnotherAlignmentAndGrouping) {
-  const auto [saved, loaded] = GetParam();
+  const auto [saved, loaded, in_memory] = GetParam();
   const std::string dir = Save(root_, saved, 16);
   // Another grouping: every tensor in one group, at another alignment.
   testing::GroupShapes merged = {{"all", {}}};
@@ -69,12 +84,14 @@ TEST_P(LoadTest, AnyRanksToAnyRanksAtAnotherAlignmentAndGrouping) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, LoadTest, ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values(1, 3, 4)));
+INSTANTIATE_TEST_SUITE_P(Ranks, LoadTest, ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values(1, 3, 4), ::testing::Bool()));
 
-class LoadErrorTest : public ::testing::Test {
+class LoadErrorTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
-    root_ = fs::temp_directory_path() / ("zrt_load_err_" + std::to_string(::getpid()));
+    const fs::path at = Scratch(GetParam());
+    if (at.empty()) GTEST_SKIP() << "/dev/shm is not a tmpfs here: the in-memory load is not exercised";
+    root_ = at / ("zrt_load_err_" + std::to_string(::getpid()) + (GetParam() ? "_mem" : ""));
     fs::remove_all(root_);
     dir_ = Save(root_, 2, 16);
   }
@@ -83,7 +100,7 @@ class LoadErrorTest : public ::testing::Test {
   std::string dir_;
 };
 
-TEST_F(LoadErrorTest, ParamsOnlyLoadsMasterAndZerosTheMoments) {
+TEST_P(LoadErrorTest, ParamsOnlyLoadsMasterAndZerosTheMoments) {
   testing::SyntheticState target(testing::SmallModel(), 3, 1, 8, false);
   LoadOptions o;
   o.params_only = true;
@@ -91,7 +108,7 @@ TEST_F(LoadErrorTest, ParamsOnlyLoadsMasterAndZerosTheMoments) {
   target.ExpectValues({"master"});
 }
 
-TEST_F(LoadErrorTest, AMissingOrResizedTensorIsAnErrorNamingIt) {
+TEST_P(LoadErrorTest, AMissingOrResizedTensorIsAnErrorNamingIt) {
   testing::GroupShapes extra = testing::SmallModel();
   extra[1].second.push_back({"w3", {4}});
   testing::SyntheticState a(extra, 1, 0, 8, false);
@@ -108,8 +125,10 @@ TEST_F(LoadErrorTest, AMissingOrResizedTensorIsAnErrorNamingIt) {
 
 // A same-layout load reads every buffer in place in one pipeline: a chunk failing its checksum
 // anywhere in it (here the last of rank 1's file, read while the others are in flight) fails the load
-// naming its group and kind; the other rank's file loads exactly.
-TEST_F(LoadErrorTest, ACorruptChunkInTheInPlacePipelineIsNamedAndTheOtherRankLoads) {
+// naming its group and kind; the other rank's file loads exactly; a resharding load (one rank at
+// another alignment: every chunk through the cache of decoded chunks) fails on a corrupt chunk of the
+// first tensor, naming its file.
+TEST_P(LoadErrorTest, ACorruptChunkInTheInPlacePipelineIsNamedAndTheOtherRankLoads) {
   auto text = [](const std::string& path) {
     std::ifstream in(path);
     std::stringstream ss;
@@ -123,15 +142,16 @@ TEST_F(LoadErrorTest, ACorruptChunkInTheInPlacePipelineIsNamedAndTheOtherRankLoa
   ASSERT_GE(idx->chunks.size(), 4u);
   const ChunkEntry last = *std::max_element(idx->chunks.begin(), idx->chunks.end(),
                                             [](const ChunkEntry& a, const ChunkEntry& b) { return a.file_offset < b.file_offset; });
-  {
-    std::fstream f(dir_ + "/" + DataFileName(1), std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(last.file_offset + 1);
+  auto flip = [&](int rank, int64_t at) {
+    std::fstream f(dir_ + "/" + DataFileName(rank), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(at);
     char c = 0;
     f.read(&c, 1);
     c ^= 0x20;
-    f.seekp(last.file_offset + 1);
+    f.seekp(at);
     f.write(&c, 1);
-  }
+  };
+  flip(1, last.file_offset + 1);
   testing::SyntheticState t1(testing::SmallModel(), 2, 1, 16, false);
   Status s = Load(dir_, t1.view).status();
   EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
@@ -143,7 +163,16 @@ TEST_F(LoadErrorTest, ACorruptChunkInTheInPlacePipelineIsNamedAndTheOtherRankLoa
   Status ok = Load(dir_, t0.view).status();
   ASSERT_TRUE(ok.ok()) << ok;
   t0.ExpectValues();
+  // Rank 0's first chunk (the first tensor's first elements) read by a resharding load.
+  flip(0, 3);
+  testing::SyntheticState whole(testing::SmallModel(), 1, 0, 8, false);
+  s = Load(dir_, whole.view).status();
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("checksum"), std::string_view::npos) << s;
+  EXPECT_NE(s.message().find(DataFileName(0)), std::string_view::npos) << s;
 }
+
+INSTANTIATE_TEST_SUITE_P(Where, LoadErrorTest, ::testing::Bool(), [](const auto& i) { return i.param ? "Memory" : "Disk"; });
 
 }  // namespace
 }  // namespace zrt::ckpt
