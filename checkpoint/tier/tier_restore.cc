@@ -1,14 +1,24 @@
 // The memory tier's side of a resume (memory_tier.h TierCandidates, LoadFromTier):
 //   candidates   every rank lists the generations it holds (own copy, and the replica it keeps for
 //                its source); the steps every rank can restore, one way or the other, are agreed.
-//   restore      every rank loads its own copy; the ranks agree who needs its replica; each holder
-//                offers the replica it keeps (manifest, index, the data file mapped) to its source;
-//                a rank takes only what its own shard's file must be (sizes checked before anything
-//                is allocated); three shifts move the files; the receiver places them as its own copy
-//                again (temp directory, durable files, rename) and loads it, checked like any.
+//   restore      every rank loads its own copy (a mapped tmpfs file: chunk_source.h); the ranks agree
+//                who needs its replica; each holder offers the replica it keeps (manifest, index, the
+//                data file mapped) to its source; two shifts move the manifest and the index, checked
+//                by the receiver (bounded sizes, the format's rules, the step); then one shift per piece
+//                of the data file (a (group, kind) of PlanFile's layout) moves the data:
+//                  direct   where every target buffer is host f32 memory laid out as its piece (the
+//                           same engine restarted: the usual case), each piece lands in its buffer
+//                           and each chunk is checked there against the index: the restore costs the
+//                           transfer and one hash pass, and allocates nothing;
+//                  file     else (compact or device state, a load that is not strict) into a file
+//                           of the size the target's shard must be (checked before it is allocated),
+//                           placed as the rank's own copy again and loaded, checked like any.
+//                A rank that cannot take what its holder offers posts nothing: the sizes disagree,
+//                the shift fails on every rank and so does the candidate.
 #include <algorithm>
 #include <set>
 
+#include "zrt/checkpoint/codec.h"
 #include "zrt/checkpoint/files.h"
 #include "zrt/checkpoint/fs_util.h"
 #include "zrt/checkpoint/tier/memory_tier.h"
@@ -24,10 +34,12 @@ using namespace internal;
 namespace {
 
 // The replica a holder keeps of its source's generation `step`, offered back: manifest, index and the
-// data file mapped, with their sizes; all zero when it cannot (said in the log).
+// data file mapped, with their sizes, and the data file's pieces; all empty when it cannot (said in
+// the log).
 struct Offer {
   std::string files[2];
   Mapping data;
+  std::vector<Piece> plan;
   int64_t sizes[3] = {0, 0, 0};
 };
 Offer OfferReplica(const std::string& rep, int source, int64_t step) {
@@ -38,7 +50,9 @@ Offer OfferReplica(const std::string& rep, int source, int64_t step) {
     ASSIGN_OR_RETURN(Manifest m, DecodeManifest(o.files[0], cd.PathOf(kManifestFile)));
     const int shard = m.shards == 1 ? 0 : source;
     ASSIGN_OR_RETURN(o.files[1], cd.ReadFile(IndexFileName(shard)));
-    ASSIGN_OR_RETURN(o.data, Mapping::Map(cd.PathOf(DataFileName(shard)), -1, false));
+    int64_t total = 0;
+    ASSIGN_OR_RETURN(o.plan, PlanFile(m, &total));
+    ASSIGN_OR_RETURN(o.data, Mapping::Map(cd.PathOf(DataFileName(shard)), total, false));
     return Status();
   }();
   if (s.ok()) {
@@ -51,43 +65,115 @@ Offer OfferReplica(const std::string& rep, int source, int64_t step) {
   return Offer{};
 }
 
-// Where a replica is received: the files' buffers and the data file's mapping in `tmp`, taken only
-// when the offered sizes are what this rank's shard must be (PlanFile's layout): a bad file on the
-// holder cannot make this rank allocate what it likes.
+// What a rank receives from its holder: the manifest and index (taken when their sizes are within the
+// format's bounds), then, once they are checked, where each piece of the data goes.
 struct Receipt {
   std::string got[2];
-  Mapping into;
-  bool receiving = false;  // the offer fits
-  Status prepared;
+  bool receiving = false;  // the manifest and index are taken
+  Manifest m;
+  RankIndex index;
+  std::vector<Piece> plan;
+  std::vector<char*> into;  // per piece: its target buffer (direct) or its place in `file`
+  Mapping file;             // not direct: the data file in the temp directory
+  Status prepared = InternalError("memory tier: nothing offered");
+  bool direct() const { return prepared.ok() && !file.data(); }
   bool take() const { return receiving && prepared.ok(); }
 };
-Receipt PrepareReceipt(const StateView& target, const int64_t in[3], const std::string& tmp, int rank) {
+
+// Each piece's target buffer when every one is host f32 memory laid out as the replica's (the same
+// tensors, offsets, shard size and kinds, in order), else empty.
+std::vector<char*> DirectTargets(const Manifest& m, const std::vector<Piece>& plan, const StateView& target, const LoadOptions& load) {
+  auto layouts = SavedLayouts(m);
+  if (!load.strict || load.params_only || !layouts.ok() || m.groups.size() != target.groups.size()) return {};
+  std::vector<char*> into;
+  for (const Piece& p : plan) {
+    const GroupEntry& ge = m.groups[static_cast<size_t>(p.group)];
+    const StateGroup& tg = target.groups[static_cast<size_t>(p.group)];
+    const auto k = static_cast<size_t>(p.kind);
+    if (ge.name != tg.name || ge.tensors.size() != tg.tensors.size() || k >= tg.buffers.size() || ge.kinds.size() != tg.buffers.size()) return {};
+    const ShardLayout& l = (*layouts)[static_cast<size_t>(p.group)];
+    if (l.shard_size() != tg.layout.shard_size() || l.world_size() != tg.layout.world_size()) return {};
+    for (size_t t = 0; t < tg.tensors.size(); ++t) {
+      const TensorEntry& te = ge.tensors[t];
+      const TensorSpec& spec = tg.tensors[t];
+      if (te.name != spec.name || te.shape != spec.shape || te.dtype != spec.dtype || te.offset != tg.layout.tensor_offset(static_cast<int64_t>(t))) return {};
+    }
+    const StateBuffer& b = tg.buffers[k];
+    if (b.kind != ge.kinds[k] || b.dtype != DType::kF32 || b.data == nullptr || b.stored != StoredAs::kF32 || p.stored != StoredAs::kF32 ||
+        b.count != p.count) {
+      return {};
+    }
+    into.push_back(static_cast<char*>(b.data));
+  }
+  return into;
+}
+
+// The manifest and index received (`in`: the offered sizes), checked as a load checks them, and where
+// the data's pieces go: straight into the target, else into a file in `tmp` of the size this rank's
+// shard must be (PlanFile's layout of the target): a bad file on the holder cannot make this rank
+// allocate what it likes.
+Status PlanReceipt(Receipt& rc, const StateView& target, const LoadOptions& load, const int64_t in[3], int64_t step, const std::string& tmp,
+                   const std::string& what) {
+  ASSIGN_OR_RETURN(rc.m, DecodeManifest(rc.got[0], what + ": manifest"));
+  if (rc.m.step != step) return DataLossError(what, ": its manifest is of step ", rc.m.step);
+  ASSIGN_OR_RETURN(const std::vector<ShardLayout> layouts, SavedLayouts(rc.m), what);
+  const int shard = rc.m.shards == 1 ? 0 : target.rank;
+  ASSIGN_OR_RETURN(rc.index, DecodeIndex(rc.got[1], what + ": index"));
+  RETURN_IF_ERROR(ValidateIndex(rc.m, layouts, rc.index, shard, what + ": index"));
+  int64_t total = 0;
+  ASSIGN_OR_RETURN(rc.plan, PlanFile(rc.m, &total), what);
+  if (total != in[2] || rc.index.data_bytes != total) {
+    return DataLossError(what, ": ", in[2], " bytes of data offered, its manifest lays out ", total, " and its index says ", rc.index.data_bytes);
+  }
+  rc.into = DirectTargets(rc.m, rc.plan, target, load);
+  if (!rc.into.empty()) return target.Settle();  // a capture still reading the buffers ends before they change
   int64_t expected = 0;
   for (const StateGroup& g : target.groups) {
     for (const StateBuffer& b : g.buffers) expected = AlignUp(expected) + StoredBytes(b.stored, b.count, b.block);  // PlanFile's layout
   }
-  Receipt rc;
-  rc.receiving = in[2] == expected && expected > 0 && in[0] > 0 && in[0] <= kMaxJsonBytes && in[1] > 0 && in[1] <= kMaxJsonBytes;
-  if (!rc.receiving) return rc;
-  rc.got[0].resize(static_cast<size_t>(in[0]));
-  rc.got[1].resize(static_cast<size_t>(in[1]));
-  rc.prepared = [&]() -> Status {
-    RETURN_IF_ERROR(RemoveTree(tmp));
-    RETURN_IF_ERROR(MakeTierDir(tmp));
-    const int shard = target.groups.empty() || target.groups[0].layout.world_size() == 1 ? 0 : rank;
-    ASSIGN_OR_RETURN(rc.into, Mapping::Map(tmp + "/" + DataFileName(shard), in[2], true));
-    return Status();
-  }();
-  return rc;
+  if (expected != total) return DataLossError(what, ": ", total, " bytes of data, this rank's shard is ", expected);
+  RETURN_IF_ERROR(RemoveTree(tmp));
+  RETURN_IF_ERROR(MakeTierDir(tmp));
+  ASSIGN_OR_RETURN(rc.file, Mapping::Map(tmp + "/" + DataFileName(shard), total, true));
+  for (const Piece& p : rc.plan) rc.into.push_back(rc.file.data() + p.offset);
+  return Status();
 }
 
-// The received files become this rank's own copy of the generation: durable files, then the rename.
+// Direct: every chunk of the index checked where it landed (raw f32 at its piece's place: anything
+// else in the index is refused), and the outcome a load would give.
+Result<LoadResult> CheckDirect(const Receipt& rc, const std::string& what) {
+  std::vector<size_t> piece_of(rc.m.groups.size() + 1, 0);  // group g's kind k is piece piece_of[g] + k
+  for (size_t g = 0; g < rc.m.groups.size(); ++g) piece_of[g + 1] = piece_of[g] + rc.m.groups[g].kinds.size();
+  for (size_t k = 0; k < rc.index.chunks.size(); ++k) {
+    const ChunkEntry& c = rc.index.chunks[k];
+    const size_t i = piece_of[static_cast<size_t>(c.group)] + static_cast<size_t>(c.kind);
+    const Piece& p = rc.plan[i];
+    const char* at = rc.into[i] + c.elem_offset * 4;
+    if (c.codec != Codec::kRaw || c.stored_bytes != c.elements * 4 || c.file_offset != p.offset + c.elem_offset * 4) {
+      return DataLossError(what, ": chunk ", k, " is not where the replica's layout puts it");
+    }
+    if (Checksum(at, static_cast<size_t>(c.stored_bytes)) != c.xxh3) {
+      return DataLossError(what, ": chunk ", k, " (group '", rc.m.groups[static_cast<size_t>(c.group)].name, "', ",
+                           rc.m.groups[static_cast<size_t>(c.group)].kinds[static_cast<size_t>(c.kind)], ", elements ", c.elem_offset, "..",
+                           c.elem_offset + c.elements, "): checksum mismatch (the data is corrupt)");
+    }
+  }
+  LoadResult r;
+  r.counters = {rc.m.step, rc.m.loss_scale, rc.m.scaler_good_steps, rc.m.scaler_hysteresis_left, rc.m.engine_state.dump()};
+  r.trainer_state = rc.m.trainer_state;
+  r.saved_world_size = rc.m.world_size;
+  r.saved_stage = rc.m.stage;
+  r.bytes_read = rc.index.data_bytes;
+  return r;
+}
+
+// Not direct: the received files become this rank's own copy of the generation: durable files, then
+// the rename.
 Status PlaceReplica(Receipt& rc, const std::string& tmp, const std::string& own, int rank) {
   ASSIGN_OR_RETURN(std::unique_ptr<IoEngine> io, IoEngine::Create(IoOptions{}));
   RETURN_IF_ERROR(WriteFileDurably(*io, tmp, std::string(kManifestFile), rc.got[0], kPrivateFileMode));
-  ASSIGN_OR_RETURN(Manifest m, DecodeManifest(rc.got[0], tmp + "/" + std::string(kManifestFile)));
-  RETURN_IF_ERROR(WriteFileDurably(*io, tmp, IndexFileName(m.shards == 1 ? 0 : rank), rc.got[1], kPrivateFileMode));
-  rc.into.Reset();
+  RETURN_IF_ERROR(WriteFileDurably(*io, tmp, IndexFileName(rc.m.shards == 1 ? 0 : rank), rc.got[1], kPrivateFileMode));
+  rc.file.Reset();
   RETURN_IF_ERROR(RemoveTree(own));
   return RenamePath(tmp, own);
 }
@@ -134,33 +220,48 @@ Result<LoadResult> LoadFromTier(Communicator* comm, const std::string& root, con
   // Some rank's own copy is gone or bad: its holder sends the replica.
   const int holder = (p.rank + p.d) % p.n;
   const std::string rep = StepPath(p.replica_dir, step);
+  const std::string what = "memory tier: rank " + std::to_string(p.rank) + "'s replica of step " + std::to_string(step) + " from rank " +
+                           std::to_string(holder);
   Offer offer = needs[static_cast<size_t>(p.source)] != 0 && Exists(rep) ? OfferReplica(rep, p.source, step) : Offer{};
   int64_t in[3] = {0, 0, 0};
   RETURN_IF_ERROR(comm->Shift(offer.sizes, sizeof(offer.sizes), in, sizeof(in), -p.d), "memory tier: restoring step ", step);
-  const std::string tmp = own + ".tmp";
-  Receipt rc = need != 0 ? PrepareReceipt(target, in, tmp, p.rank) : Receipt{};
-  // Three shifts toward the rank each holder serves. A rank that cannot take what its holder offers
-  // posts nothing: the sizes disagree, the shift fails on every rank and so does this candidate.
-  const bool take = rc.take();
+  Receipt rc;
+  rc.receiving = need != 0 && in[2] > 0 && in[0] > 0 && in[0] <= kMaxJsonBytes && in[1] > 0 && in[1] <= kMaxJsonBytes;
   for (int i = 0; i < 2; ++i) {
-    RETURN_IF_ERROR(comm->Shift(offer.files[i].data(), static_cast<size_t>(offer.sizes[i]), take ? rc.got[i].data() : nullptr,
-                                take ? rc.got[i].size() : 0, -p.d),
+    if (rc.receiving) rc.got[i].resize(static_cast<size_t>(in[i]));
+    RETURN_IF_ERROR(comm->Shift(offer.files[i].data(), static_cast<size_t>(offer.sizes[i]), rc.receiving ? rc.got[i].data() : nullptr,
+                                rc.receiving ? rc.got[i].size() : 0, -p.d),
                     "memory tier: restoring step ", step);
   }
-  RETURN_IF_ERROR(comm->Shift(offer.data.data(), static_cast<size_t>(offer.sizes[2]), take ? rc.into.data() : nullptr, take ? rc.into.size() : 0, -p.d),
-                  "memory tier: restoring step ", step);
+  const std::string tmp = own + ".tmp";
+  if (rc.receiving) rc.prepared = PlanReceipt(rc, target, load, in, step, tmp, what);
+  // One shift per piece (as many on every rank: the most any rank sends or takes).
+  const bool take = rc.take();
+  float pieces = static_cast<float>(std::max(offer.plan.size(), take ? rc.plan.size() : size_t{0}));  // exact: a few per group
+  RETURN_IF_ERROR(comm->AllReduce(&pieces, &pieces, 1, DType::kF32, ReduceOp::kMax), "memory tier: restoring step ", step);
+  for (size_t i = 0; i < static_cast<size_t>(pieces); ++i) {
+    const bool sends = i < offer.plan.size(), takes = take && i < rc.plan.size();
+    const Piece* out = sends ? &offer.plan[i] : nullptr;
+    RETURN_IF_ERROR(comm->Shift(sends ? offer.data.data() + out->offset : nullptr, sends ? static_cast<size_t>(out->Bytes(out->count)) : 0,
+                                takes ? rc.into[i] : nullptr, takes ? static_cast<size_t>(rc.plan[i].Bytes(rc.plan[i].count)) : 0, -p.d),
+                    "memory tier: restoring step ", step);
+  }
   if (need == 0) return res;
   const std::string why = std::string(res.status().message());
   if (!take) {
     return DataLossError("memory tier: rank ", p.rank, "'s copy of step ", step, " is unusable (", why, ") and its replica on rank ", holder,
                          rc.receiving ? " could not be received: " + std::string(rc.prepared.message()) : std::string(" is not there"));
   }
-  RETURN_IF_ERROR(PlaceReplica(rc, tmp, own, p.rank), "memory tier: rank ", p.rank, " placing its replica of step ", step);
   ZRT_LOG(kInfo) << "memory tier: rank " << p.rank << "'s copy of step " << step << " unusable (" << why
-                 << "); restoring from its replica on rank " << holder;
+                 << "); restored from its replica on rank " << holder << (rc.direct() ? "" : " (kept as its own copy again)");
   *from_peer = true;
+  if (rc.direct()) {
+    *dir = StepPath(PlaceOf(root, o, p.n, holder).replica_dir, step);  // on the holder
+    return CheckDirect(rc, what);
+  }
+  RETURN_IF_ERROR(PlaceReplica(rc, tmp, own, p.rank), "memory tier: rank ", p.rank, " placing its replica of step ", step);
   auto again = Load(own, target, load);
-  if (!again.ok()) return again.status().WithContext("memory tier: the replica of rank " + std::to_string(p.rank) + " from rank " + std::to_string(holder));
+  if (!again.ok()) return again.status().WithContext(what);
   return again;
 }
 

@@ -430,7 +430,7 @@ TEST_F(CompactStateTest, NvmeOffloadStreamsTheCompactFormBitForBit) {
 // lost, continues bit for bit; a snapshot of q8 state without a master takes fewer bytes than f32's.
 TEST_F(CompactStateTest, TheMemoryTierHoldsTheCompactFormAndRestartsBitForBit) {
   ckpt::MemoryTierOptions tier;
-  tier.dir = root_ + "/shm";
+  tier.dir = testing::TierScratchDir(root_);
   tier.ranks_per_node = comm_->size() == 4 ? 2 : 1;
   fs::create_directories(tier.dir);
   auto ck_for = [&](const std::string& sub) {

@@ -24,6 +24,7 @@
 #include "zrt/checkpoint/tier/memory_tier.h"
 #include "zrt/core/mpi_communicator.h"
 #include "zrt/runtime/engine.h"
+#include "tests/support/scratch_root.h"
 #include "tests/support/state_values.h"
 
 namespace zrt::ckpt {
@@ -49,7 +50,6 @@ class TierTest : public ::testing::TestWithParam<Case> {
     if (comm_->rank() == 0) {
       const std::string p = (fs::temp_directory_path() / ("zrt_tier_" + std::to_string(::getpid()))).string();
       fs::remove_all(p);
-      fs::create_directories(p + "/shm");
       fs::create_directories(p + "/swap");
       std::snprintf(path, sizeof(path), "%s", p.c_str());
     }
@@ -57,12 +57,20 @@ class TierTest : public ::testing::TestWithParam<Case> {
     base_ = path;
     root_ = base_ + "/ckpt";
     // Two emulated nodes at 4 ranks; one rank per node below.
-    tier_.dir = base_ + "/shm";
+    tier_.dir = testing::TierScratchDir(base_);
+    if (comm_->rank() == 0) {
+      fs::remove_all(tier_.dir);
+      fs::create_directories(tier_.dir);
+    }
+    ASSERT_TRUE(comm_->Barrier().ok());
     tier_.ranks_per_node = n() == 4 ? 2 : 1;
   }
   void TearDown() override {
     ASSERT_TRUE(comm_->Barrier().ok());
-    if (comm_->rank() == 0) fs::remove_all(base_);
+    if (comm_->rank() == 0) {
+      fs::remove_all(tier_.dir);
+      fs::remove_all(base_);
+    }
   }
   int n() const { return comm_->size(); }
   int rank() const { return comm_->rank(); }
@@ -290,6 +298,48 @@ TEST_P(TierTest, AReplicaThatIsNotWhatItsRankNeedsIsRefusedAndEveryRankUsesDisk)
   for (const std::string& s : sources) EXPECT_EQ(s, "disk");
 }
 
+// Rank 0's own copy gone and a byte of the replica its holder sends flipped: the replica is received
+// (straight into the state where it is host memory, else as a file) and fails its check there; every
+// rank falls back to disk together. The same with the replica's index naming another checksum.
+TEST_P(TierTest, ACorruptReplicaIsCaughtWhereItLandsAndEveryRankUsesDisk) {
+  if (n() == 1) GTEST_SKIP() << "replicas need a peer";
+  for (const bool in_index : {false, true}) {
+    SCOPED_TRACE(in_index ? "index" : "data");
+    reference_ = Reference(8);
+    RunAndDie();
+    OnRank0([&] {
+      fs::remove_all(fs::path(OwnData(0, 5)).parent_path());
+      std::string index, data;
+      for (const auto& f : fs::directory_iterator(ReplicaOf(0, 5))) {
+        if (f.path().extension() == ".data") data = f.path().string();
+        if (f.path().filename().string().starts_with("rank-") && f.path().extension() == ".json") index = f.path().string();
+      }
+      std::ifstream in(index);
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      auto idx = DecodeIndex(text, index);
+      ASSERT_TRUE(idx.ok()) << idx.status();
+      ChunkEntry& c = idx->chunks.back();
+      if (in_index) {
+        c.xxh3 ^= 1;
+        std::ofstream(index, std::ios::trunc) << EncodeIndex(*idx);
+      } else {  // a byte inside the last chunk's data
+        std::fstream d(data, std::ios::in | std::ios::out | std::ios::binary);
+        d.seekg(c.file_offset + c.stored_bytes / 2);
+        const char flipped = static_cast<char>(d.get() ^ 0x01);
+        d.seekp(c.file_offset + c.stored_bytes / 2);
+        d.put(flipped);
+      }
+    });
+    const auto sources = Gather(ResumeAndFinish(4));
+    for (const std::string& s : sources) EXPECT_EQ(s, "disk");
+    OnRank0([&] {
+      fs::remove_all(root_);
+      fs::remove_all(tier_.dir);
+      fs::create_directories(tier_.dir);
+    });
+  }
+}
+
 TEST_P(TierTest, BudgetsSupersedingAndCleanup) {
   {  // a budget below two generations is refused at the first snapshot, on every rank, naming the sizes
     MemoryTierOptions small = tier_;
@@ -436,6 +486,7 @@ TEST_P(TierTest, ItsDirectoriesAndFilesAreTheUsersAlone) {
       for (const auto& f : fs::directory_iterator(swap)) EXPECT_EQ(mode(f.path()), 0600u) << f.path();
     }
   }
+  ASSERT_TRUE(comm_->Barrier().ok());  // every rank's tier gone (the last of a node removes the job's directory) before the plant
   // Planted before the job starts: a directory of the tier's name that another user owns (as root),
   // or that others may write. Every rank refuses it, and writes nothing into it.
   OnRank0([&] {
