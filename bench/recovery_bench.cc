@@ -11,8 +11,11 @@
 //                            or fio's sequential read (c)
 //   work lost per failure    steps since the newest state each tier held, and the expected value for a
 //                            kill at a random moment (K/2 + the commit's step; disk: its interval / 2)
+//   ratios                   own copy / memcpy, own copy / disk and peer / disk restore rates, and the
+//                            K = 1 step / the step without a tier (the tier's targets, docs/resume.md)
+// The state's bytes are as stored (--state: f32, bf16 moments, q8 moments, q8 without a master).
 //
-//   mpirun -n 4 recovery_bench --dir DIR --shm DIR [--params P] [--disk-every D] [--fio-read-mbps R] [--device-ms M]
+//   mpirun -n 4 recovery_bench --dir DIR --shm DIR [--params P] [--state S] [--disk-every D] [--fio-read-mbps R] [--device-ms M]
 #include <CLI/CLI.hpp>
 
 #include <mpi.h>
@@ -28,6 +31,7 @@
 #include "bench/bench_engine.h"
 #include "bench/bench_util.h"
 #include "zrt/checkpoint/checkpointer.h"
+#include "zrt/checkpoint/format.h"
 #include "zrt/checkpoint/tier/memory_tier.h"
 #include "zrt/core/mpi_communicator.h"
 #include "zrt/runtime/engine.h"
@@ -49,7 +53,7 @@ int main(int argc, char** argv) {
   int64_t params = 25'000'000;
   int groups = 8, disk_every = 10, ranks_per_node = 0, steps = 20;
   double fio_r = -1, torch_load = -1, device_ms = 0;
-  std::string dir, shm = "/dev/shm";
+  std::string dir, shm = "/dev/shm", state_name = "f32";
   CLI::App app{"recovery_bench: the memory tier's cost per step and the time from a restart to the first step, by tier"};
   app.add_option("--dir", dir, "disk checkpoint root (written only here, and removed)")->required();
   app.add_option("--shm", shm, "node-local memory for the tier (tmpfs)")->capture_default_str();
@@ -60,7 +64,14 @@ int main(int argc, char** argv) {
   app.add_option("--fio-read-mbps", fio_r, "fio's sequential read rate on the disk's filesystem");
   app.add_option("--device-ms", device_ms, "also time steps whose forward/backward takes this long on an emulated device (the host sleeps)");
   app.add_option("--torch-load-mbps", torch_load, "torch.load's rate for the same bytes, caches dropped (the disk restart's peer)");
+  app.add_option("--state", state_name, "optimizer state precision: f32, bf16 (moments), q8 (moments), q8-no-master")
+      ->check(CLI::IsMember({"f32", "bf16", "q8", "q8-no-master"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  using kernels::MomentFormat;
+  const MomentFormat moments = state_name == "f32" ? MomentFormat::kF32 : state_name == "bf16" ? MomentFormat::kBf16 : MomentFormat::kQ8;
+  const StatePrecision precision{moments, moments, state_name != "q8-no-master", 256};
+  auto make_engine = [&](Communicator* c, Device* d) { return MakeEngine(c, d, 3, params, groups, "", precision); };
   auto session = MpiSession::Init(&argc, &argv).value();
   auto comm = MpiCommunicator::Create().value();
   const int rank = comm->rank(), n = comm->size();
@@ -70,23 +81,19 @@ int main(int argc, char** argv) {
   CpuDevice dev;
   MemoryTierOptions tier{.dir = shm, .ranks_per_node = ranks_per_node};
 
-  // The tier's limit: memcpy of this rank's state into touched memory.
-  auto e = MakeEngine(comm.get(), &dev, 3, params, groups);
+  // The tier's limit: memcpy of this rank's state (its bytes as stored) between touched buffers.
+  auto e = make_engine(comm.get(), &dev);
   int64_t bytes = 0;
   for (const StateGroup& g : e->state_view().groups) {
-    for (const StateBuffer& b : g.buffers) bytes += b.count * 4;
+    for (const StateBuffer& b : g.buffers) bytes += StoredBytes(b.stored, b.count, b.block);
   }
-  std::vector<char> sink(static_cast<size_t>(bytes), 1);
+  std::vector<char> from(static_cast<size_t>(bytes), 2), sink(static_cast<size_t>(bytes), 1);
+  comm->Barrier().IgnoreError();  // every rank copies at once, as every rank restores at once
   double t = Now();
-  int64_t off = 0;
-  for (const StateGroup& g : e->state_view().groups) {
-    for (const StateBuffer& b : g.buffers) {
-      std::memcpy(sink.data() + off, b.data, static_cast<size_t>(b.count) * 4);
-      off += b.count * 4;
-    }
-  }
+  std::memcpy(sink.data(), from.data(), sink.size());
   const double memcpy_s = bench::MaxOverRanks(Now() - t);
   std::vector<char>().swap(sink);
+  std::vector<char>().swap(from);
   const double mem_mbps = static_cast<double>(bytes) / memcpy_s / 1e6;
 
   // Overhead per step: no tier, K = 1, K = 10 (the same engine, a fresh checkpointer each); then,
@@ -144,7 +151,7 @@ int main(int argc, char** argv) {
   // A run that dies at step X: tier every step, disk every `disk_every`, X not on a disk step.
   const int64_t die_at = 2 * disk_every + disk_every / 2;
   {
-    auto e1 = MakeEngine(comm.get(), &dev, 3, params, groups);
+    auto e1 = make_engine(comm.get(), &dev);
     auto ck = Checkpointer::Create(comm.get(), &dev, {.root = dir + "/run", .memory = tier}).value();
     while (e1->steps() < die_at) {
       Step(*e1, params / groups);
@@ -161,7 +168,7 @@ int main(int argc, char** argv) {
   };
   auto restart = [&](bool with_tier) {
     Restart r;
-    auto e2 = MakeEngine(comm.get(), &dev, 3, params, groups);
+    auto e2 = make_engine(comm.get(), &dev);
     CheckpointOptions co{.root = dir + "/run"};
     if (with_tier) co.memory = tier;
     auto ck = Checkpointer::Create(comm.get(), &dev, co).value();
@@ -182,6 +189,16 @@ int main(int argc, char** argv) {
     // ck's destructor keeps the tier: it holds step X, newer than the disk's
   };
   const Restart local = restart(true);
+  // The own copy's state fill alone: ckpt::Load of this rank's copy (no agreement, no parameter refresh).
+  double fill_s = 0;
+  {
+    auto e2 = make_engine(comm.get(), &dev);
+    const std::string own = MemoryTier::RankDir(dir + "/run", tier, rank) + "/own/" + StepDirName(die_at);
+    comm->Barrier().IgnoreError();
+    const double t0 = Now();
+    const bool ok = Load(own, e2->state_view()).ok();
+    fill_s = bench::MaxOverRanks(ok ? Now() - t0 : 1e9);
+  }
   // Node 0 lost: its ranks' tier directories (own copies and the replicas they held) gone.
   if (rank == 0) {
     for (int r = 0; r < ranks_per_node && r < n; ++r) std::filesystem::remove_all(MemoryTier::RankDir(dir + "/run", tier, r));
@@ -193,7 +210,7 @@ int main(int argc, char** argv) {
   std::snprintf(src_peer, sizeof(src_peer), "%s", peer.source.c_str());
   // Clean up: a final disk save supersedes the tier.
   {
-    auto e3 = MakeEngine(comm.get(), &dev, 3, params, groups);
+    auto e3 = make_engine(comm.get(), &dev);
     auto ck = Checkpointer::Create(comm.get(), &dev, {.root = dir + "/run", .memory = tier}).value();
     (void)ck->Resume(e3->state_view());
     (void)ck->SaveAsync(e3->state_view());
@@ -202,9 +219,9 @@ int main(int argc, char** argv) {
   if (rank == 0) std::filesystem::remove_all(dir);
 
   if (rank == 0) {
-    const double snap_mbps = static_cast<double>(bytes) / stall / 1e6;
-    std::printf("bench/recovery: %.0fM bf16 parameters + Adam, stage 3, %d ranks (nodes of %d emulated), %s of fp32 state per rank\n",
-                params / 1e6, n, ranks_per_node, FormatBytes(bytes).c_str());
+    const double snap_mbps = static_cast<double>(bytes) / alone / 1e6;
+    std::printf("bench/recovery: %.0fM bf16 parameters + Adam, stage 3, %d ranks (nodes of %d emulated), %s of %s state per rank (as stored)\n",
+                params / 1e6, n, ranks_per_node, FormatBytes(bytes).c_str(), state_name.c_str());
     std::printf("  step time           %8.1f ms no tier   %8.1f ms tier K=1 (+%.1f ms)   %8.1f ms tier K=10 (+%.1f ms)\n",
                 per_step[0] * 1e3, per_step[1] * 1e3, (per_step[1] - per_step[0]) * 1e3, per_step[2] * 1e3,
                 (per_step[2] - per_step[0]) * 1e3);
@@ -212,30 +229,39 @@ int main(int argc, char** argv) {
       std::printf("  step, device %4.0f ms %7.1f ms no tier   %8.1f ms tier K=1 (+%.1f ms); training waited %.1f ms for the snapshot\n", device_ms,
                   per_step[3] * 1e3, per_step[4] * 1e3, (per_step[4] - per_step[3]) * 1e3, dev_stall * 1e3);
     }
-    std::printf("  snapshot stall      %8.1f ms (training waited; state bytes / that = %6.0f MB/s per rank, memcpy %6.0f MB/s, ratio %.2f); replica whole after %.1f ms\n",
-                stall * 1e3, snap_mbps, mem_mbps, snap_mbps / mem_mbps, replica_s * 1e3);
-    std::printf("  tier's work alone   %8.1f ms (snapshot + replica + commit, no step beside it): K=1 costs %.2fx that\n", alone * 1e3,
-                (per_step[1] - per_step[0]) / alone);
+    std::printf("  snapshot stall      %8.1f ms (training waited); replica whole after %.1f ms\n", stall * 1e3, replica_s * 1e3);
+    std::printf("  tier's work alone   %8.1f ms (snapshot + replica + commit, no step beside it: %6.0f MB/s per rank, memcpy %6.0f MB/s): K=1 costs %.2fx that\n",
+                alone * 1e3, snap_mbps, mem_mbps, (per_step[1] - per_step[0]) / alone);
     const double all_mem = mem_mbps * n;
     std::printf("  restart, rank killed  (own copy)  %7.3f s to resume (%6.0f MB/s, memcpy %6.0f), %7.3f s to the first step; %lld steps lost here, %.1f expected\n",
                 local.seconds, local.mbps, all_mem, local.first_step, static_cast<long long>(local.lost), 1.5);
+    std::printf("  own copy, fill alone  %7.3f s (%6.0f MB/s per rank, memcpy %6.0f: %.2fx; the rest of the resume is agreement and the engine's parameter refresh)\n",
+                fill_s, static_cast<double>(bytes) / fill_s / 1e6, mem_mbps, memcpy_s / fill_s);
     std::printf("  restart, node lost    (%-8s)  %7.3f s to resume (%6.0f MB/s, memcpy %6.0f), %7.3f s to the first step; %lld steps lost here, %.1f expected\n",
                 src_peer, peer.seconds, peer.mbps, all_mem, peer.first_step, static_cast<long long>(peer.lost), 1.5);
     std::printf("  restart, disk only    (%-8s)  %7.3f s to resume (%6.0f MB/s, fio read %6.0f, torch.load %6.0f), %7.3f s to the first step; "
                 "%lld steps lost here, %.1f expected\n",
                 disk.source.c_str(), disk.seconds, disk.mbps, fio_r, torch_load, disk.first_step, static_cast<long long>(disk.lost),
                 disk_every / 2.0 + 1);
+    std::printf("  ratios              own/memcpy %.2f (fill %.2f)   own/disk %.2fx faster   peer/disk %.2fx faster   first step own/disk %.2f   K=1 step / no tier %.2f\n",
+                local.mbps / all_mem, memcpy_s / fill_s, disk.seconds / local.seconds, disk.seconds / peer.seconds, local.first_step / disk.first_step,
+                per_step[1] / per_step[0]);
     bench::PrintResult("recovery", "step, tier K=1", per_step[1] * 1e3, "ms", per_step[0] * 1e3, "step without tier ms");
     bench::PrintResult("recovery", "K=1 cost per step", (per_step[1] - per_step[0]) * 1e3, "ms", alone * 1e3, "tier work alone ms");
     if (device_ms > 0) {
       bench::PrintResult("recovery", "step beside a device, tier K=1", per_step[4] * 1e3, "ms", per_step[3] * 1e3, "step without tier ms");
     }
     bench::PrintResult("recovery", "step, tier K=10", per_step[2] * 1e3, "ms", per_step[0] * 1e3, "step without tier ms");
-    bench::PrintResult("recovery", "snapshot rate", snap_mbps, "MB/s", mem_mbps, "memcpy MB/s");
+    // The planner's (zrt plan --bench) rate of a save's stall: state bytes / training's wait.
+    bench::PrintResult("recovery", "snapshot rate", static_cast<double>(bytes) / stall / 1e6, "MB/s", mem_mbps, "memcpy MB/s");
+    bench::PrintResult("recovery", "tier work rate", snap_mbps, "MB/s", mem_mbps, "memcpy MB/s");
     bench::PrintResult("recovery", "replica rate", static_cast<double>(bytes) / replica_s / 1e6, "MB/s", mem_mbps, "memcpy MB/s");
     bench::PrintResult("recovery", "resume, rank killed", local.mbps, "MB/s", all_mem, "memcpy MB/s");
+    bench::PrintResult("recovery", "own copy fill", static_cast<double>(bytes) / fill_s / 1e6, "MB/s", mem_mbps, "memcpy MB/s");
     bench::PrintResult("recovery", "resume, node lost", peer.mbps, "MB/s", all_mem, "memcpy MB/s");
     bench::PrintResult("recovery", "resume, disk", disk.mbps, "MB/s", fio_r, "fio seq read MB/s", torch_load, "torch.load MB/s");
+    bench::PrintResult("recovery", "resume, rank killed vs disk", local.mbps, "MB/s", disk.mbps, "disk MB/s");
+    bench::PrintResult("recovery", "resume, node lost vs disk", peer.mbps, "MB/s", disk.mbps, "disk MB/s");
     bench::PrintResult("recovery", "restart to first step, rank killed", local.first_step, "s", disk.first_step, "disk only s");
     bench::PrintResult("recovery", "restart to first step, node lost", peer.first_step, "s", disk.first_step, "disk only s");
   }
