@@ -107,6 +107,23 @@ Status ShardSource::ReadWhole(const std::vector<Whole>& targets) {
   return s;
 }
 
+Status ShardSource::ForEachStored(int rank, int group, int kind, int64_t count,
+                                  const std::function<Status(int64_t begin, int64_t n, const char* stored)>& fn) {
+  ASSIGN_OR_RETURN(Rank * r, Open(rank));
+  const ShardLayout& l = layouts_[static_cast<size_t>(group)];
+  std::vector<char> unpacked;
+  for (size_t k : r->by_kind[{group, kind}]) {  // sorted by elem_offset; they tile the shard (ReadIndex)
+    const ChunkEntry& c = r->index.chunks[k];
+    if (c.elem_offset < 0 || c.elem_offset + c.elements > count) {
+      return DataLossError(r->index.data_file, ": ", ChunkName(m_, l, r->index, k), " outside the shard of ", count, " elements");
+    }
+    const char* mapped = r->memory.data() != nullptr ? r->memory.data() + c.file_offset : nullptr;
+    ASSIGN_OR_RETURN(const char* stored, StoredChunk(io_, r->file, m_, l, r->index, k, mapped, &unpacked, &scratch_, &bytes_read_));
+    RETURN_IF_ERROR(fn(c.elem_offset, c.elements, stored), ChunkName(m_, l, r->index, k));
+  }
+  return Status();
+}
+
 Status ShardSource::Read(int rank, int group, int kind, int64_t begin, int64_t count, float* dst) {
   ASSIGN_OR_RETURN(Rank * r, Open(rank));
   const auto& list = r->by_kind[{group, kind}];  // chunk indices sorted by elem_offset

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <deque>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -56,6 +57,11 @@ class ShardSource {
     std::string what;  // the error's context
   };
   Status ReadWhole(const std::vector<Whole>& targets);
+
+  // The whole of saved rank `rank`'s (group, kind), a compact kind of `count` elements, chunk by chunk
+  // in its stored form, each checked (StoredChunk): fn(first element, elements, stored form).
+  Status ForEachStored(int rank, int group, int kind, int64_t count,
+                       const std::function<Status(int64_t begin, int64_t n, const char* stored)>& fn);
 
   // Copies elements [begin, begin+count) of saved rank `rank`'s shard of (group, kind) into dst.
   Status Read(int rank, int group, int kind, int64_t begin, int64_t count, float* dst);

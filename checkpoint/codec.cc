@@ -134,7 +134,38 @@ Status PackStateInto(StoredAs s, bool is_signed, int64_t block, const float* in,
   return Status();
 }
 
+Status CheckStoredState(StoredAs s, bool is_signed, int64_t block, const char* in, int64_t n) {
+  if (s == StoredAs::kBF16) return Status();  // every bf16 value is one
+  if (s != StoredAs::kQ8 || block <= 0 || n % block != 0) return DataLossError("q8 state of ", n, " elements in blocks of ", block);
+  const auto* codes = reinterpret_cast<const uint8_t*>(in);
+  const uint8_t top = kQ8MaxCode[is_signed ? 1 : 0];
+  const uint8_t mag_mask = is_signed ? 0x7f : 0xff;
+  for (int64_t b = 0; b < n / block; ++b) {
+    float scale;
+    std::memcpy(&scale, in + n + 4 * b, 4);
+    if (!std::isfinite(scale) || !(scale >= 0)) return DataLossError("q8 block ", b, ": scale ", scale, " is not finite and >= 0");
+    uint8_t largest = 0;
+    bool negative_zero = false;
+    for (int64_t i = b * block; i < (b + 1) * block; ++i) {
+      const uint8_t mag = codes[i] & mag_mask;
+      negative_zero |= mag == 0 && codes[i] != 0;
+      largest = std::max(largest, mag);
+    }
+    if (largest > top || negative_zero) {
+      for (int64_t i = b * block; i < (b + 1) * block; ++i) {
+        const uint8_t mag = codes[i] & mag_mask;
+        if (mag > top || (mag == 0 && codes[i] != 0)) return DataLossError("q8 block ", b, ": code ", int{codes[i]}, " is never written");
+      }
+    }
+    if (largest != (scale > 0 ? top : 0)) {
+      return DataLossError("q8 block ", b, ": its largest code ", int{largest}, " does not match its scale ", scale);
+    }
+  }
+  return Status();
+}
+
 Status UnpackState(StoredAs s, bool is_signed, int64_t block, const char* in, int64_t n, float* out) {
+  RETURN_IF_ERROR(CheckStoredState(s, is_signed, block, in, n));
   if (s == StoredAs::kBF16) {
     for (int64_t i = 0; i < n; ++i) {
       uint16_t h;
@@ -143,25 +174,12 @@ Status UnpackState(StoredAs s, bool is_signed, int64_t block, const char* in, in
     }
     return Status();
   }
-  if (s != StoredAs::kQ8 || n % block != 0) return DataLossError("q8 state of ", n, " elements in blocks of ", block);
   const auto* codes = reinterpret_cast<const uint8_t*>(in);
-  const uint8_t top = kQ8MaxCode[is_signed ? 1 : 0];
-  const uint8_t mag_mask = is_signed ? 0x7f : 0xff;
   const float* value = Q8Table(is_signed);
   for (int64_t b = 0; b < n / block; ++b) {
     float scale;
     std::memcpy(&scale, in + n + 4 * b, 4);
-    if (!std::isfinite(scale) || !(scale >= 0)) return DataLossError("q8 block ", b, ": scale ", scale, " is not finite and >= 0");
-    uint8_t largest = 0;
-    for (int64_t i = b * block; i < (b + 1) * block; ++i) {
-      const uint8_t mag = codes[i] & mag_mask;
-      if (mag > top || (mag == 0 && codes[i] != 0)) return DataLossError("q8 block ", b, ": code ", int{codes[i]}, " is never written");
-      largest = std::max(largest, mag);
-      out[i] = value[codes[i]] * scale;
-    }
-    if (largest != (scale > 0 ? top : 0)) {
-      return DataLossError("q8 block ", b, ": its largest code ", int{largest}, " does not match its scale ", scale);
-    }
+    for (int64_t i = b * block; i < (b + 1) * block; ++i) out[i] = value[codes[i]] * scale;
   }
   return Status();
 }

@@ -34,6 +34,8 @@ Status PackStateInto(StoredAs s, bool is_signed, int64_t block, const float* in,
 // finite and >= 0, codes no larger than 1.0's, a block with a positive scale holding 1.0's code and
 // one with a zero scale only zeros. DataLoss naming the element or block otherwise.
 Status UnpackState(StoredAs s, bool is_signed, int64_t block, const char* in, int64_t n, float* out);
+// UnpackState's check alone: the form is one PackState writes (a load that keeps it as stored).
+Status CheckStoredState(StoredAs s, bool is_signed, int64_t block, const char* in, int64_t n);
 
 uint64_t Checksum(const void* data, size_t bytes);  // xxh3-64 (with AVX2 where the CPU has it)
 // Copies `bytes` from `from` to `to` and returns Checksum(to, bytes), reading memory once.

@@ -215,6 +215,35 @@ Status ReadChunkInto(IoEngine& io, const IoFile& f, const Manifest& m, const Sha
   return FinishChunkRead(f, m, l, r, k, buf, out, scratch);
 }
 
+Result<const char*> StoredChunk(IoEngine& io, const IoFile& f, const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k,
+                                const char* mapped, std::vector<char>* unpacked, std::vector<char>* scratch, int64_t* bytes_read) {
+  const ChunkEntry& c = r.chunks[k];
+  const GroupEntry& ge = m.groups[static_cast<size_t>(c.group)];
+  const StoredAs as = ge.stored_as(static_cast<size_t>(c.kind));
+  if (as == StoredAs::kF32) return InvalidArgumentError(f.path(), ": ", ChunkName(m, l, r, k), " is f32 values, not a compact form");
+  RETURN_IF_ERROR(CheckRawChunkSize(f, m, l, r, k));
+  const char* stored = mapped;
+  if (stored == nullptr) {
+    ASSIGN_OR_RETURN(char* buf, ThreadBuffer(static_cast<size_t>(c.stored_bytes)), ChunkName(m, l, r, k));
+    RETURN_IF_ERROR(io.ReadSync(f, buf, static_cast<size_t>(c.stored_bytes), c.file_offset), ChunkName(m, l, r, k));
+    stored = buf;
+  }
+  if (Checksum(stored, static_cast<size_t>(c.stored_bytes)) != c.xxh3) {
+    return DataLossError(f.path(), ": ", ChunkName(m, l, r, k), ": checksum mismatch (the data is corrupt)");
+  }
+  *bytes_read += c.stored_bytes;
+  if (c.codec != Codec::kRaw) {
+    unpacked->resize(static_cast<size_t>(StoredBytes(as, c.elements, ge.block)));
+    RETURN_IF_ERROR(DecodeChunk(c.codec, stored, static_cast<size_t>(c.stored_bytes), unpacked->data(), unpacked->size(), as == StoredAs::kBF16 ? 2 : 1,
+                                scratch),
+                    f.path(), ": ", ChunkName(m, l, r, k));
+    stored = unpacked->data();
+  }
+  RETURN_IF_ERROR(CheckStoredState(as, ge.kinds[static_cast<size_t>(c.kind)] == "exp_avg", ge.block, stored, c.elements), f.path(), ": ",
+                  ChunkName(m, l, r, k));
+  return stored;
+}
+
 Status ReadChunk(IoEngine& io, const IoFile& f, const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k,
                  std::vector<float>* out, std::vector<char>* scratch, int64_t* bytes_read) {
   const ChunkEntry& c = r.chunks[k];

@@ -74,6 +74,12 @@ bool ChunkInPlace(const Manifest& m, const ChunkEntry& c);
 // file) is checked against its checksum and decoded into out (a raw f32 chunk stored elsewhere: copied
 // and hashed in one pass, so `out` holds the bytes even when they fail the check).
 Status CheckRawChunkSize(const IoFile& f, const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k);
+// Chunk k of a compact kind as it is stored (bf16 values, or q8 codes then their blocks' scales):
+// read (or, `mapped` not null, its bytes there), checked against its checksum, decompressed into
+// `unpacked` where compressed, and checked to be a form encoding writes (codec.h CheckStoredState).
+// Returns where the form is, valid until the next call on this thread or `unpacked` changes.
+Result<const char*> StoredChunk(IoEngine& io, const IoFile& f, const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k,
+                                const char* mapped, std::vector<char>* unpacked, std::vector<char>* scratch, int64_t* bytes_read);
 Status FinishChunkRead(const IoFile& f, const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k, const char* stored,
                        float* out, std::vector<char>* scratch);
 

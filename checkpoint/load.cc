@@ -30,9 +30,12 @@ struct Copy {
   int rank, group, kind;
   int64_t src, count;
 };
-// One target buffer: read whole from saved (group, kind) (whole_group >= 0), or through `copies`.
+// One target buffer: read whole from saved (group, kind) (whole_group >= 0), or through `copies`; a
+// compact buffer the owner keeps in the same stored form as saved (stored_group >= 0) is handed its
+// stored form, copies only where the owner takes f32 values alone.
 struct BufferPlan {
   int whole_group = -1, whole_kind = -1;
+  int stored_group = -1, stored_kind = -1;
   std::vector<Copy> copies;
 };
 using Where = std::map<std::string, std::pair<int, int>>;  // tensor name -> (saved group, tensor)
@@ -96,12 +99,20 @@ Result<BufferPlan> PlanBuffer(const std::string& dir, const Manifest& m, const s
                               const StateGroup& tg, const StateBuffer& b, int rank, int same, const LoadOptions& o, LoadResult* r) {
   BufferPlan plan;
   if (o.params_only && b.kind != "master") return plan;  // stays zero
-  if (same >= 0 && b.data != nullptr) {
+  if (same >= 0) {
     const GroupEntry& ge = m.groups[static_cast<size_t>(same)];
     if (const auto k = std::find(ge.kinds.begin(), ge.kinds.end(), b.kind); k != ge.kinds.end()) {
-      plan.whole_group = same;
-      plan.whole_kind = static_cast<int>(k - ge.kinds.begin());
-      return plan;
+      const int kind = static_cast<int>(k - ge.kinds.begin());
+      if (b.data != nullptr) {
+        plan.whole_group = same;
+        plan.whole_kind = kind;
+        return plan;
+      }
+      const StoredAs as = ge.stored_as(static_cast<size_t>(kind));
+      if (as != StoredAs::kF32 && as == b.stored && (as != StoredAs::kQ8 || ge.block == b.block)) {
+        plan.stored_group = same;
+        plan.stored_kind = kind;
+      }
     }
   }
   for (const ShardPiece& p : tg.layout.RankPieces(rank)) {
@@ -125,6 +136,24 @@ Result<BufferPlan> PlanBuffer(const std::string& dir, const Manifest& m, const s
     }
   }
   return plan;
+}
+
+// Hands buffer (gi, bi) of `target` its stored form, chunk by chunk (each checked first); false in
+// `taken` where the owner keeps it as f32 values only (nothing was written).
+Status FillStored(const std::string& dir, const StateView& target, int gi, int bi, const BufferPlan& bp, ShardSource& src, bool* taken) {
+  const StateGroup& tg = target.groups[static_cast<size_t>(gi)];
+  const StateBuffer& b = tg.buffers[static_cast<size_t>(bi)];
+  *taken = true;
+  const int64_t unit = b.stored == StoredAs::kQ8 ? b.block : 1;
+  Status s = src.ForEachStored(tg.layout.world_size() == 1 ? 0 : target.rank, bp.stored_group, bp.stored_kind, b.count,
+                               [&](int64_t begin, int64_t n, const char* stored) -> Status {
+                                 if (begin % unit != 0) return DataLossError("a q8 chunk starts inside a block of ", unit);
+                                 Status w = target.WriteStored(gi, bi, begin, n, stored, reinterpret_cast<const float*>(stored + n));
+                                 if (w.code() == StatusCode::kUnavailable && begin == 0) *taken = false;
+                                 return w;
+                               });
+  if (!*taken) return Status();
+  return s.WithContext("loading group '" + tg.name + "' (" + b.kind + ") from " + dir);
 }
 
 // Fills buffer (gi, bi) of `target` from its copies (sorted by dst), window by window where it is not
@@ -205,6 +234,16 @@ Result<LoadResult> PreparedLoad::Fill() {
   const StateView& target = *p.target;
   RETURN_IF_ERROR(target.Settle(), "loading checkpoint");  // a capture still reading the buffers ends before they change
   ShardSource src(p.cd, p.m, p.saved, *p.io);
+  // Compact buffers kept as saved: their stored forms first; copies planned for any the owner refuses.
+  for (size_t gi = 0; gi < p.plan.size(); ++gi) {
+    for (size_t bi = 0; bi < p.plan[gi].size(); ++bi) {
+      BufferPlan& bp = p.plan[gi][bi];
+      if (bp.stored_group < 0) continue;
+      bool taken = false;
+      RETURN_IF_ERROR(FillStored(p.dir, target, static_cast<int>(gi), static_cast<int>(bi), bp, src, &taken));
+      if (taken) bp.copies.clear();
+    }
+  }
   std::vector<ShardSource::Whole> wholes;  // the buffers read in place, all in one pipeline
   for (size_t gi = 0; gi < p.plan.size(); ++gi) {
     const StateGroup& tg = target.groups[gi];
@@ -222,7 +261,8 @@ Result<LoadResult> PreparedLoad::Fill() {
   RETURN_IF_ERROR(src.ReadWhole(wholes));
   for (size_t gi = 0; gi < p.plan.size(); ++gi) {
     for (size_t bi = 0; bi < p.plan[gi].size(); ++bi) {
-      if (p.plan[gi][bi].whole_group < 0) RETURN_IF_ERROR(FillBuffer(p.dir, target, static_cast<int>(gi), static_cast<int>(bi), p.plan[gi][bi].copies, src));
+      const BufferPlan& bp = p.plan[gi][bi];
+      if (bp.whole_group < 0 && !(bp.stored_group >= 0 && bp.copies.empty())) RETURN_IF_ERROR(FillBuffer(p.dir, target, static_cast<int>(gi), static_cast<int>(bi), p.plan[gi][bi].copies, src));
     }
   }
   LoadResult& r = p.result;

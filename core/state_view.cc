@@ -61,6 +61,11 @@ Status StateView::Write(int group, int buffer, int64_t offset, int64_t n, const 
   return Status();
 }
 
+Status StateView::WriteStored(int group, int buffer, int64_t offset, int64_t n, const void* values, const float* scales) const {
+  if (owner != nullptr) return owner->WriteStored(group, buffer, offset, n, values, scales);
+  return UnavailableError("a view without an owner holds f32 values only");
+}
+
 Status StateView::Restore(const StateCounters& saved) const { return owner != nullptr ? owner->Restore(saved) : Status(); }
 
 }  // namespace zrt

@@ -96,6 +96,15 @@ class StateOwner {
   // Random access for loads and queries, synchronous; Write settles first.
   virtual Status Read(int group, int buffer, int64_t offset, int64_t n, float* out) = 0;
   virtual Status Write(int group, int buffer, int64_t offset, int64_t n, const float* in) = 0;
+  // A compact buffer's elements [offset, offset + n) as they are stored (StateBuffer::stored): bf16
+  // values, or q8 codes of whole blocks from a block boundary (n: whole blocks, or up to the end of
+  // the shard) with their blocks' scales; the form already checked by the caller (a load: it is one
+  // that encoding writes). Restored as stored: nothing decoded or encoded again. Settles first.
+  // Unavailable where the owner (or this part of its state) takes f32 values only: use Write.
+  virtual Status WriteStored(int /*group*/, int /*buffer*/, int64_t /*offset*/, int64_t /*n*/, const void* /*values*/,
+                             const float* /*scales*/) {
+    return UnavailableError("the state's owner takes f32 values only");
+  }
   // After a load wrote the buffers: takes the saved counters and re-derives what depends on the state
   // (the parameters, from master). Collective.
   virtual Status Restore(const StateCounters& saved) = 0;
@@ -120,6 +129,8 @@ struct StateView {
   Status Settle() const;
   Status Read(int group, int buffer, int64_t offset, int64_t n, float* out) const;
   Status Write(int group, int buffer, int64_t offset, int64_t n, const float* in) const;
+  // The owner's WriteStored; Unavailable without an owner (resident buffers hold f32 values).
+  Status WriteStored(int group, int buffer, int64_t offset, int64_t n, const void* values, const float* scales) const;
   Status Restore(const StateCounters& saved) const;
 };
 

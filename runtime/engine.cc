@@ -111,6 +111,10 @@ class EngineStateOwner final : public StateOwner {
     RETURN_IF_ERROR(e_->Settle());
     return e_->impl_->store->Write(group, buffer, offset, n, in);
   }
+  Status WriteStored(int group, int buffer, int64_t offset, int64_t n, const void* values, const float* scales) override {
+    RETURN_IF_ERROR(e_->Settle());
+    return e_->impl_->store->WriteStored(group, buffer, offset, n, values, scales);
+  }
   Status Restore(const StateCounters& saved) override { return e_->Restore(saved); }
   void Stalled(double seconds) override { e_->impl_->clock.Charge(&StepTimes::checkpoint_stall, seconds); }
 

@@ -294,6 +294,23 @@ Status OptimizerStore::Write(int group, int kind, int64_t offset, int64_t n, con
   return s.in.frozen ? FrozenWrite(s, offset, n, in) : WriteState(group, kind, offset, n, in);
 }
 
+Status OptimizerStore::WriteStored(int group, int kind, int64_t offset, int64_t n, const void* values, const float* scales) {
+  if (group < 0 || static_cast<size_t>(group) >= slots_.size()) return InvalidArgumentError("optimizer store: no group ", group);
+  Slot& s = slots_[static_cast<size_t>(group)];
+  if (kind < 0 || kind >= kinds(s) || offset < 0 || n < 0 || offset > s.in.elements - n) {
+    return InvalidArgumentError("optimizer store: kind ", kind, " elements [", offset, ", ", offset + n, ") of group '", s.in.name, "'");
+  }
+  if (!TakesStored(s, kind)) return UnavailableError("optimizer store: group '", s.in.name, "' keeps kind ", kind, " as f32 values");
+  const int64_t block = KindBytes(s, kind) == 1 ? s.in.format.block : 1;
+  if (offset % block != 0 || (n % block != 0 && offset + n != s.in.elements)) {
+    return InvalidArgumentError("optimizer store: q8 state of group '", s.in.name, "' written at elements [", offset, ", ", offset + n,
+                                "), not whole blocks of ", block);
+  }
+  RETURN_IF_ERROR(Settle());  // a capture still reading (or owed) the state gets it as it was
+  if (n == 0) return Status();
+  return WriteStoredState(group, kind, offset, n, values, scales);
+}
+
 // ---- resident: device or host memory ---------------------------------------------------------------
 namespace {
 
@@ -396,6 +413,18 @@ class ResidentStore final : public OptimizerStore {
     }
     std::memcpy(staged.data() + offset, in, static_cast<size_t>(n) * 4);
     return Status();
+  }
+  // As stored: the codes (values) and scales copied into place; f32 values a load staged before are
+  // encoded first, so the later write wins.
+  Status WriteStoredState(int g, int kind, int64_t offset, int64_t n, const void* values, const float* scales) override {
+    Slot& s = slots_[static_cast<size_t>(g)];
+    if (kind > 0 && !s.staged[kind].empty()) RETURN_IF_ERROR(FlushStaged(s));
+    const size_t eb = KindBytes(s, kind);
+    RETURN_IF_ERROR(state_dev_->Copy(static_cast<char*>(KindMemory(s, kind)) + static_cast<size_t>(offset) * eb, values, static_cast<size_t>(n) * eb));
+    if (eb != 1) return Status();
+    const int64_t block = s.in.format.block;
+    return state_dev_->Copy((kind == 1 ? s.exp_avg_scale : s.exp_avg_sq_scale).as<float>() + offset / block, scales,
+                            static_cast<size_t>((n + block - 1) / block) * 4);
   }
 
   // ---- compact state as f32 values (a checkpoint's view) ----
@@ -699,15 +728,26 @@ class SwappedStore final : public OptimizerStore {
   }
   Status WriteEncoded(int g, int kind, int64_t offset, int64_t n, const float* in) {
     Slot& s = slots_[static_cast<size_t>(g)];
+    std::vector<char> raw(static_cast<size_t>(n) * KindBytes(s, kind));
+    std::vector<float> scales(StoredStreams(s, kind).second >= 0 ? static_cast<size_t>(n / s.in.format.block) : 0);
+    RETURN_IF_ERROR(EncodeKind(s, kind, in, n, raw.data(), scales.data()));
+    return WriteRaw(g, kind, offset, n, raw.data(), scales.data());
+  }
+  // A compact kind's stored form into its streams (kind 0 without a master: the parameters).
+  Status WriteRaw(int g, int kind, int64_t offset, int64_t n, const void* raw, const float* scales) {
+    Slot& s = slots_[static_cast<size_t>(g)];
     const int region = slot_region_[static_cast<size_t>(g)];
     const auto [stream, scale_stream] = StoredStreams(s, kind);
-    std::vector<char> raw(static_cast<size_t>(n) * KindBytes(s, kind));
-    std::vector<float> scales(scale_stream >= 0 ? static_cast<size_t>(n / s.in.format.block) : 0);
-    RETURN_IF_ERROR(EncodeKind(s, kind, in, n, raw.data(), scales.data()));
-    if (scale_stream >= 0) RETURN_IF_ERROR(swapper_->Write(region, scale_stream, offset, n, scales.data()));
-    if (stream >= 0) return swapper_->Write(region, stream, offset, n, raw.data());
-    std::memcpy(static_cast<char*>(HostParams(s)) + static_cast<size_t>(offset) * esize(s), raw.data(), raw.size());
+    if (scale_stream >= 0) RETURN_IF_ERROR(swapper_->Write(region, scale_stream, offset, n, scales));
+    if (stream >= 0) return swapper_->Write(region, stream, offset, n, raw);
+    std::memcpy(static_cast<char*>(HostParams(s)) + static_cast<size_t>(offset) * esize(s), raw, static_cast<size_t>(n) * esize(s));
     return Status();  // RefreshParams, which follows a load, brings them to the device
+  }
+  // As stored: straight into the streams (q8 blocks a load wrote in part are encoded first, so the
+  // later write wins).
+  Status WriteStoredState(int g, int kind, int64_t offset, int64_t n, const void* values, const float* scales) override {
+    RETURN_IF_ERROR(FlushPending());
+    return WriteRaw(g, kind, offset, n, values, scales);
   }
   // The q8 blocks a load wrote in part, encoded now (each with every value it was given).
   Status FlushPending() {

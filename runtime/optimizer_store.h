@@ -134,6 +134,9 @@ class OptimizerStore {
   // Elements [offset, offset + n) of slot g's buffer `kind` (StateBuffers' order). Write settles first.
   Status Read(int group, int kind, int64_t offset, int64_t n, float* out);
   Status Write(int group, int kind, int64_t offset, int64_t n, const float* in);
+  // A compact kind's elements as stored (StateOwner::WriteStored): copied as they are. Unavailable for
+  // f32 kinds, frozen groups and parameters of another dtype than the stored bf16.
+  Status WriteStored(int group, int kind, int64_t offset, int64_t n, const void* values, const float* scales);
   // Seconds Update and Settle waited for captures since the last call (the engine's checkpoint stall).
   double TakeCaptureWait();
 
@@ -198,6 +201,11 @@ class OptimizerStore {
   virtual Status Deliver() { return Status(); }
   virtual Status ReadState(int g, int kind, int64_t offset, int64_t n, float* out) = 0;
   virtual Status WriteState(int g, int kind, int64_t offset, int64_t n, const float* in) = 0;
+  virtual Status WriteStoredState(int g, int kind, int64_t offset, int64_t n, const void* values, const float* scales) = 0;
+  // Whether WriteStored can take slot s's kind as stored (a compact kind; the bf16 parameters without a master).
+  bool TakesStored(const Slot& s, int kind) const {
+    return s.compact() && KindBytes(s, kind) != 4 && (kind != 0 || s.in.dtype == DType::kBF16);
+  }
   // Waits for the captures reading slot g's elements [0, end) (the next change of them).
   void WaitForCaptures(int g, int64_t end);
   bool capturing() const;

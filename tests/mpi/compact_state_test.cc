@@ -1,12 +1,14 @@
 // Compact optimizer state (EngineConfig::state, core/quant_math.h) in the engine at 1..4 ranks:
 // every precision trains at every stage with the ranks in agreement, close to the f32-state run; a
 // resume continues bit for bit; a checkpoint saved by K ranks and loaded by M (another stage, another
-// layout) holds the very same state; a checkpoint of another precision loads (converted); what the
-// engine cannot do yet is an error that says so; the state takes the bytes it should.
+// layout) holds the very same state, a load into the same precision taking it as stored; a stored
+// form encoding never writes is refused; a checkpoint of another precision loads (converted); what
+// the engine cannot do yet is an error that says so; the state takes the bytes it should.
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -16,6 +18,7 @@
 
 #include "tests/support/scratch_root.h"
 #include "zrt/checkpoint/checkpointer.h"
+#include "zrt/checkpoint/codec.h"
 #include "zrt/checkpoint/format.h"
 #include "zrt/checkpoint/interchange/interchange.h"
 #include "zrt/checkpoint/load.h"
@@ -512,6 +515,58 @@ TEST_F(CompactStateTest, AnotherPrecisionLoadsConverted) {
   const auto& st = m["engine"]["state"]["state"];
   EXPECT_EQ(st["g1"], "exp_avg=q8 exp_avg_sq=q8 master=no block=256") << m["engine"].dump();
   EXPECT_FALSE(st.contains("embed"));
+}
+
+// A load into the same precision hands the owner each compact chunk as stored (nothing decoded and
+// encoded again), each chunk checked first: a q8 code that encoding never writes, under a checksum
+// that matches, is refused naming the chunk, as the decoding load (into f32 state) refuses it; the
+// other ranks' files load (at the same layout).
+TEST_F(CompactStateTest, AStoredFormEncodingNeverWritesIsRefusedAsStoredAndDecoded) {
+  const StatePrecision q8 = kPrecisions[2].state;
+  auto e = Make(comm_.get(), 3, q8).value();
+  for (int s = 1; s <= 3; ++s) Train(*e, s);
+  auto ck = Checkpointer(comm_.get(), "bad");
+  ASSERT_TRUE(ck->SaveAsync(e->state_view()).ok());
+  ASSERT_TRUE(ck->Wait().ok());
+  const std::string dir = root_ + "/bad/step-00000003";
+  if (comm_->rank() == 0) {  // rank 0's first q8 exp_avg chunk: its first code a negative zero
+    std::ifstream in(dir + "/" + ckpt::IndexFileName(0));
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto idx = ckpt::DecodeIndex(text, "index");
+    ASSERT_TRUE(idx.ok()) << idx.status();
+    std::ifstream min(dir + "/manifest.json");
+    const std::string mtext((std::istreambuf_iterator<char>(min)), std::istreambuf_iterator<char>());
+    auto m = ckpt::DecodeManifest(mtext, "manifest");
+    ASSERT_TRUE(m.ok()) << m.status();
+    auto c = std::find_if(idx->chunks.begin(), idx->chunks.end(), [&](const ckpt::ChunkEntry& entry) {
+      const ckpt::GroupEntry& g = m->groups[static_cast<size_t>(entry.group)];
+      return g.stored_as(static_cast<size_t>(entry.kind)) == StoredAs::kQ8 && g.kinds[static_cast<size_t>(entry.kind)] == "exp_avg";
+    });
+    ASSERT_NE(c, idx->chunks.end());
+    std::fstream d(dir + "/" + idx->data_file, std::ios::in | std::ios::out | std::ios::binary);
+    std::vector<char> bytes(static_cast<size_t>(c->stored_bytes));
+    d.seekg(c->file_offset);
+    d.read(bytes.data(), c->stored_bytes);
+    bytes[0] = static_cast<char>(0x80);
+    d.seekp(c->file_offset);
+    d.write(bytes.data(), c->stored_bytes);
+    c->xxh3 = ckpt::Checksum(bytes.data(), bytes.size());
+    std::ofstream(dir + "/" + ckpt::IndexFileName(0), std::ios::trunc) << ckpt::EncodeIndex(*idx);
+  }
+  ASSERT_TRUE(comm_->Barrier().ok());
+  for (const StatePrecision& into : {q8, StatePrecision{}}) {
+    auto e2 = Make(comm_.get(), 3, into).value();
+    Status s = ckpt::Load(dir, e2->state_view()).status();
+    // Rank 0 reads its own file's chunk; the others read only theirs at the same layout (the f32
+    // engine lays its groups out otherwise and may read that chunk too).
+    if (comm_->rank() == 0 || (!s.ok() && !(into == q8))) {
+      EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+      EXPECT_NE(s.message().find("never written"), std::string_view::npos) << s;
+      EXPECT_NE(s.message().find("rank-00000.data chunk"), std::string_view::npos) << s;
+    } else {
+      EXPECT_TRUE(s.ok()) << s;
+    }
+  }
 }
 
 TEST_F(CompactStateTest, WhatIsNotSupportedSaysSo) {
