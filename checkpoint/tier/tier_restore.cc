@@ -13,8 +13,8 @@
 //                  file     else (compact or device state, a load that is not strict) into a file
 //                           of the size the target's shard must be (checked before it is allocated),
 //                           placed as the rank's own copy again and loaded, checked like any.
-//                A rank that cannot take what its holder offers posts nothing: the sizes disagree,
-//                the shift fails on every rank and so does the candidate.
+//                A rank that cannot take what its holder offers says why (agreed) before the data
+//                moves, and every rank drops the candidate with that reason.
 #include <algorithm>
 #include <set>
 
@@ -227,6 +227,14 @@ Result<LoadResult> LoadFromTier(Communicator* comm, const std::string& root, con
   RETURN_IF_ERROR(comm->Shift(offer.sizes, sizeof(offer.sizes), in, sizeof(in), -p.d), "memory tier: restoring step ", step);
   Receipt rc;
   rc.receiving = need != 0 && in[2] > 0 && in[0] > 0 && in[0] <= kMaxJsonBytes && in[1] > 0 && in[1] <= kMaxJsonBytes;
+  // A rank that cannot take its replica says why before anything (more) moves, and every rank drops
+  // this candidate with that reason.
+  const std::string why = std::string(res.status().message());
+  auto unusable = [&](const std::string& detail) {
+    return DataLossError("memory tier: rank ", p.rank, "'s copy of step ", step, " is unusable (", why, ") and its replica on rank ", holder, detail);
+  };
+  RETURN_IF_ERROR(AgreeOnStatus(comm, need != 0 && !rc.receiving ? unusable(in[2] > 0 ? " is offered with sizes out of bounds" : " is not there")
+                                                                 : Status()));
   for (int i = 0; i < 2; ++i) {
     if (rc.receiving) rc.got[i].resize(static_cast<size_t>(in[i]));
     RETURN_IF_ERROR(comm->Shift(offer.files[i].data(), static_cast<size_t>(offer.sizes[i]), rc.receiving ? rc.got[i].data() : nullptr,
@@ -235,6 +243,8 @@ Result<LoadResult> LoadFromTier(Communicator* comm, const std::string& root, con
   }
   const std::string tmp = own + ".tmp";
   if (rc.receiving) rc.prepared = PlanReceipt(rc, target, load, in, step, tmp, what);
+  RETURN_IF_ERROR(AgreeOnStatus(comm, rc.receiving && !rc.prepared.ok() ? unusable(" could not be received: " + std::string(rc.prepared.message()))
+                                                                      : Status()));
   // One shift per piece (as many on every rank: the most any rank sends or takes).
   const bool take = rc.take();
   float pieces = static_cast<float>(std::max(offer.plan.size(), take ? rc.plan.size() : size_t{0}));  // exact: a few per group
@@ -247,13 +257,8 @@ Result<LoadResult> LoadFromTier(Communicator* comm, const std::string& root, con
                     "memory tier: restoring step ", step);
   }
   if (need == 0) return res;
-  const std::string why = std::string(res.status().message());
-  if (!take) {
-    return DataLossError("memory tier: rank ", p.rank, "'s copy of step ", step, " is unusable (", why, ") and its replica on rank ", holder,
-                         rc.receiving ? " could not be received: " + std::string(rc.prepared.message()) : std::string(" is not there"));
-  }
   ZRT_LOG(kInfo) << "memory tier: rank " << p.rank << "'s copy of step " << step << " unusable (" << why
-                 << "); restored from its replica on rank " << holder << (rc.direct() ? "" : " (kept as its own copy again)");
+                 << "); restoring from its replica on rank " << holder << (rc.direct() ? "" : " (kept as its own copy again)");
   *from_peer = true;
   if (rc.direct()) {
     *dir = StepPath(PlaceOf(root, o, p.n, holder).replica_dir, step);  // on the holder
