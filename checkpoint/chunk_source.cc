@@ -4,7 +4,9 @@
 
 #include <linux/magic.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/vfs.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -18,6 +20,10 @@ ShardSource::InMemory::~InMemory() {
 void ShardSource::InMemory::MapIfInMemory(const IoFile& f, int64_t bytes) {
   struct statfs fs {};
   if (bytes <= 0 || ::fstatfs(f.fd(), &fs) != 0 || (fs.f_type != TMPFS_MAGIC && fs.f_type != RAMFS_MAGIC)) return;
+  // Only a file no one else may shorten: a mapped file truncated under the reader kills it (SIGBUS),
+  // where a read would only come up short.
+  struct stat st {};
+  if (::fstat(f.fd(), &st) != 0 || st.st_uid != ::geteuid() || (st.st_mode & (S_IWGRP | S_IWOTH)) != 0) return;
   void* p = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ, MAP_SHARED | MAP_POPULATE, f.fd(), 0);
   if (p == MAP_FAILED) return;  // read through the I/O engine instead
   p_ = static_cast<const char*>(p);

@@ -74,7 +74,8 @@ class ShardSource {
     InMemory(const InMemory&) = delete;
     InMemory& operator=(const InMemory&) = delete;
     ~InMemory();
-    // Maps `f` (`bytes` long: its size, checked) when its filesystem keeps it in memory; else nothing.
+    // Maps `f` (`bytes` long: its size, checked) when its filesystem keeps it in memory and it is this
+    // user's alone to change (owned, not group- or world-writable); else nothing.
     void MapIfInMemory(const IoFile& f, int64_t bytes);
     const char* data() const { return p_; }
 

@@ -13,6 +13,7 @@
 
 #include <linux/magic.h>
 #include <sys/vfs.h>
+#include <unistd.h>
 
 #include "tests/support/synthetic_state.h"
 #include "zrt/checkpoint/catalog.h"
@@ -82,6 +83,34 @@ TEST_P(LoadTest, AnyRanksToAnyRanksAtAnotherAlignmentAndGrouping) {
       target.ExpectValues();
     }
   }
+}
+
+// In memory, data files another user owns (as root) or others may write are read, not mapped (a
+// mapped file its owner truncates would kill the reader): they load exactly all the same.
+TEST(LoadInMemory, FilesOthersMayChangeAreReadNotMappedAndLoadTheSame) {
+  const fs::path at = Scratch(true);
+  if (at.empty()) GTEST_SKIP() << "/dev/shm is not a tmpfs here";
+  const fs::path root = at / ("zrt_load_others_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  const std::string dir = Save(root, 2, 16);
+  for (int r = 0; r < 2; ++r) {
+    const std::string data = dir + "/" + DataFileName(r);
+    if (::geteuid() == 0) {
+      ASSERT_EQ(::chown(data.c_str(), 65534, 65534), 0);
+    } else {
+      fs::permissions(data, fs::perms::group_write | fs::perms::others_write, fs::perm_options::add);
+    }
+  }
+  for (int r = 0; r < 2; ++r) {
+    testing::SyntheticState target(testing::SmallModel(), 2, r, 16, false);
+    auto res = Load(dir, target.view);
+    ASSERT_TRUE(res.ok()) << res.status();
+    target.ExpectValues();
+  }
+  testing::SyntheticState whole(testing::SmallModel(), 1, 0, 8, false);
+  ASSERT_TRUE(Load(dir, whole.view).ok());
+  whole.ExpectValues();
+  fs::remove_all(root);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, LoadTest, ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values(1, 3, 4), ::testing::Bool()));
