@@ -2,6 +2,10 @@
 #include "zrt/core/state_view.h"
 
 #include <cstring>
+#include <vector>
+
+#include "zrt/core/dtype.h"
+#include "zrt/core/quant_math.h"
 
 namespace zrt {
 
@@ -59,6 +63,23 @@ Status StateView::Write(int group, int buffer, int64_t offset, int64_t n, const 
   ASSIGN_OR_RETURN(const StateBuffer* b, Resident(*this, group, buffer, offset, n));
   if (n > 0) std::memcpy(static_cast<float*>(b->data) + offset, in, static_cast<size_t>(n) * 4);
   return Status();
+}
+
+Status StateSink::PutStored(int group, int buffer, int64_t offset, int64_t n, StoredAs stored, int64_t block, bool is_signed,
+                            const void* values, const float* scales) {
+  thread_local std::vector<float> decoded;
+  decoded.resize(static_cast<size_t>(n));
+  if (stored == StoredAs::kBF16) {
+    const auto* h = static_cast<const uint16_t*>(values);
+    for (int64_t i = 0; i < n; ++i) decoded[static_cast<size_t>(i)] = Bf16ToFloat(h[i]);
+  } else if (stored == StoredAs::kQ8 && block > 0) {
+    const auto* codes = static_cast<const uint8_t*>(values);
+    const float* table = Q8Table(is_signed);
+    for (int64_t i = 0; i < n; ++i) decoded[static_cast<size_t>(i)] = table[codes[i]] * scales[i / block];
+  } else {
+    return InvalidArgumentError("state sink: a part stored as ", static_cast<int>(stored), " in blocks of ", block);
+  }
+  return Put(group, buffer, offset, n, decoded.data());
 }
 
 Status StateView::WriteStored(int group, int buffer, int64_t offset, int64_t n, const void* values, const float* scales) const {

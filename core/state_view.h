@@ -63,6 +63,16 @@ struct StateCounters {
   std::string engine_state = "{}";
 };
 
+// Where a part of a compact buffer is, as its owner keeps it: bf16 values, or q8 codes of whole blocks
+// of `block` (`is_signed`: the first moment's code) and their blocks' scales.
+struct StoredPart {
+  StoredAs as = StoredAs::kF32;
+  int64_t block = 0;
+  bool is_signed = false;
+  const void* values = nullptr;
+  const float* scales = nullptr;
+};
+
 // Receives one capture: the state as it was when Capture was called.
 // Threading: Put and Close come from one thread at a time, but not always the same one (the owner's
 // capture thread, or its training thread as a step streams NVMe state); Waited from any thread.
@@ -73,6 +83,12 @@ class StateSink {
   // once, in order of offset (parts of different buffers interleave). `data` is valid during the call
   // only. An error ends the delivery to this sink: no more Put, and Close gets the error.
   virtual Status Put(int group, int buffer, int64_t offset, int64_t n, const float* data) = 0;
+  // The same part of a compact buffer as the owner keeps it (StateBuffer::stored, `stored` here):
+  // bf16 values, or q8 codes of whole blocks of `block` from a block boundary (`is_signed`: the first
+  // moment's code) with their blocks' scales. The default decodes them and puts the values; a sink
+  // that stores the form (the memory tier) takes it as it is, nothing decoded and encoded again.
+  virtual Status PutStored(int group, int buffer, int64_t offset, int64_t n, StoredAs stored, int64_t block, bool is_signed,
+                           const void* values, const float* scales);
   // The owner's thread waited `seconds` for this capture before changing its state (what the capture
   // cost training beyond the Capture call itself).
   virtual void Waited(double /*seconds*/) {}

@@ -16,6 +16,16 @@ Status CaptureJob::Put(int group, int buffer, int64_t offset, int64_t n, const f
   return s;
 }
 
+Status CaptureJob::PutStored(int group, int buffer, int64_t offset, int64_t n, StoredAs stored, int64_t block, bool is_signed,
+                             const void* values, const float* scales) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!status_.ok()) return status_;
+  if (closed_) return FailedPreconditionError("capture: a part came after the sink was closed");
+  Status s = sink_->PutStored(group, buffer, offset, n, stored, block, is_signed, values, scales);
+  if (!s.ok()) status_ = s;
+  return s;
+}
+
 void CaptureJob::Waited(double seconds) {
   std::lock_guard<std::mutex> lock(mu_);
   if (sink_) sink_->Waited(seconds);
@@ -106,6 +116,18 @@ void Captures::Stream(Running& r) {
     for (int64_t off = 0; off < sl.elements && s.ok(); off += part_) {
       const int64_t n = std::min(part_, sl.elements - off);
       for (int k = 0; k < sl.kinds && s.ok(); ++k) {
+        if (sl.read_stored) {  // a compact kind as kept
+          Result<std::optional<StoredPart>> st = sl.read_stored(k, off, n);
+          if (!st.ok()) {
+            s = st.status();
+            break;
+          }
+          if (*st) {
+            const StoredPart& f = **st;
+            s = r.job->PutStored(sl.group, k, off, n, f.as, f.block, f.is_signed, f.values, f.scales);
+            continue;
+          }
+        }
         Result<const float*> p = sl.read(k, off, n, r.bounce.as<float>());
         s = p.ok() ? r.job->Put(sl.group, k, off, n, *p) : p.status();
       }

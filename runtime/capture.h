@@ -21,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "zrt/core/device.h"
@@ -34,6 +35,8 @@ class CaptureJob {
   CaptureJob(std::shared_ptr<StateSink> sink, int producers) : sink_(std::move(sink)), producers_(producers) {}
   // The sink's Put, one producer at a time; after the first error nothing more is put.
   Status Put(int group, int buffer, int64_t offset, int64_t n, const float* data);
+  Status PutStored(int group, int buffer, int64_t offset, int64_t n, StoredAs stored, int64_t block, bool is_signed, const void* values,
+                   const float* scales);
   void Waited(double seconds);
   // A producer finished (`status`: its outcome); the last one closes the sink with the first error
   // and lets it go (its receiver decides how long it lives from then on).
@@ -60,6 +63,9 @@ class Captures {
     int kinds = 0;
     bool bounces = false;  // read() needs the bounce buffer
     std::function<Result<const float*>(int kind, int64_t offset, int64_t n, float* bounce)> read;
+    // Set for a compact slot whose kinds the thread may stream as stored: where kind k's part is kept
+    // (codes or bf16 values and q8 scales), or nullopt to stream it through `read` as f32 values.
+    std::function<Result<std::optional<StoredPart>>(int kind, int64_t offset, int64_t n)> read_stored;
   };
   // `allocate(bytes)`: host memory for bounce buffers (pinned where the store has it); they are kept
   // for the next captures.

@@ -237,7 +237,7 @@ Status OptimizerStore::Capture(std::shared_ptr<StateSink> sink) {
       deferred = true;
       continue;
     }
-    memory.push_back({g, s.in.elements, kinds(s), HostState(s, 0) == nullptr || s.compact(), std::move(read)});
+    memory.push_back({g, s.in.elements, kinds(s), HostState(s, 0) == nullptr || s.compact(), std::move(read), CaptureStored(s)});
   }
   for (int g = 0; g < static_cast<int>(slots_.size()); ++g) {
     Slot& s = slots_[static_cast<size_t>(g)];
@@ -376,6 +376,25 @@ class ResidentStore final : public OptimizerStore {
     return kind == 0 ? f.master : (kind == 1 ? f.exp_avg : f.exp_avg_sq) == kernels::MomentFormat::kF32;
   }
 
+  // Compact kinds in host memory stream as kept (codes, scales, bf16 values), where the store keeps
+  // them: a sink that stores the form takes them as they are. Staged values (a load's, not encoded
+  // yet) and f32 kinds go as values.
+  std::function<Result<std::optional<StoredPart>>(int, int64_t, int64_t)> CaptureStored(Slot& s) override {
+    if (!s.compact() || !state_dev_->host_accessible()) return {};
+    return [this, &s](int k, int64_t off, int64_t) -> Result<std::optional<StoredPart>> {
+      if (!TakesStored(s, k) || (k > 0 && !s.staged[k].empty())) return std::nullopt;
+      const size_t eb = KindBytes(s, k);
+      StoredPart st;
+      st.as = eb == 1 ? StoredAs::kQ8 : StoredAs::kBF16;
+      st.values = static_cast<const char*>(KindMemory(s, k)) + static_cast<size_t>(off) * eb;
+      if (eb == 1) {
+        st.block = s.in.format.block;
+        st.is_signed = k == 1;
+        st.scales = (k == 1 ? s.exp_avg_scale : s.exp_avg_sq_scale).as<float>() + off / st.block;
+      }
+      return std::optional<StoredPart>(st);
+    };
+  }
   // Host memory is read where it is. Device memory is copied to the host on the snapshot stream, which
   // waits only for the last step's update; the next update waits for the capture (WaitForCaptures).
   std::function<Result<const float*>(int, int64_t, int64_t, float*)> CaptureRead(Slot& s) override {

@@ -19,6 +19,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -196,6 +197,10 @@ class OptimizerStore {
   // How the capture thread reads a trainable slot's kind (host memory, or device memory into the
   // bounce buffer); an empty function: the slot is on NVMe and comes with the next Update (Defer).
   virtual std::function<Result<const float*>(int kind, int64_t offset, int64_t n, float* bounce)> CaptureRead(Slot& s) = 0;
+  // How it reads a compact slot's kinds as kept, where it can (host memory); empty: as f32 values only.
+  virtual std::function<Result<std::optional<StoredPart>>(int kind, int64_t offset, int64_t n)> CaptureStored(Slot&) {
+    return {};
+  }
   // The NVMe part of a capture: delivered during the next Update, or now by Deliver.
   virtual void Defer(std::shared_ptr<internal::CaptureJob> /*job*/) {}
   virtual Status Deliver() { return Status(); }

@@ -105,12 +105,7 @@ Status TierSink::Copy(const Piece& p, Part& part, int64_t offset, int64_t n, con
     part.hashed = offset + done;
   }
   if (done < n) std::memcpy(base + (offset + done) * 4, data + done, static_cast<size_t>(n - done) * 4);
-  part.filled = offset + n;
-  while (part.hashed < part.filled && (part.filled - part.hashed >= chunk_ || part.filled == p.count)) {
-    const int64_t c = std::min(chunk_, p.count - part.hashed);
-    sums_[first + static_cast<size_t>(part.hashed / chunk_)] = Checksum(base + part.hashed * 4, static_cast<size_t>(c) * 4);
-    part.hashed += c;
-  }
+  HashFilled(p, part, offset + n);
   return Status();
 }
 
@@ -121,7 +116,6 @@ Status TierSink::Pack(const Piece& p, Part& part, int64_t offset, int64_t n, con
     return InternalError("memory tier: q8 state arrived at elements [", offset, ", ", offset + n, "), not whole blocks of ", p.block);
   }
   char* base = into_.data() + p.offset;
-  const size_t first = first_[static_cast<size_t>(&p - plan_.data())];
   for (int64_t done = 0; done < n;) {
     const int64_t c0 = (offset + done) / chunk_ * chunk_, cn = std::min(chunk_, p.count - c0), at = offset + done - c0;
     const int64_t take = std::min(n - done, cn - at);
@@ -132,17 +126,22 @@ Status TierSink::Pack(const Piece& p, Part& part, int64_t offset, int64_t n, con
                     "memory tier: group ", p.group, " kind ", p.kind);
     done += take;
   }
-  part.filled = offset + n;
+  HashFilled(p, part, offset + n);
+  return Status();
+}
+
+void TierSink::HashFilled(const Piece& p, Part& part, int64_t filled) {
+  const char* base = into_.data() + p.offset;
+  const size_t first = first_[static_cast<size_t>(&p - plan_.data())];
+  part.filled = filled;
   while (part.hashed < part.filled && (part.filled - part.hashed >= chunk_ || part.filled == p.count)) {
     const int64_t c = std::min(chunk_, p.count - part.hashed);
     sums_[first + static_cast<size_t>(part.hashed / chunk_)] = Checksum(base + p.Bytes(part.hashed), static_cast<size_t>(p.Bytes(c)));
     part.hashed += c;
   }
-  return Status();
 }
 
-Status TierSink::Put(int group, int buffer, int64_t offset, int64_t n, const float* data) {
-  std::lock_guard<std::mutex> lock(mu_);
+Result<size_t> TierSink::Arriving(int group, int buffer, int64_t offset, int64_t n) {
   if (abandoned_) return FailedPreconditionError("memory tier: the snapshot no longer takes state");
   if (closed_) return FailedPreconditionError("memory tier: a part came after the snapshot's delivery ended");
   const size_t piece = group >= 0 && static_cast<size_t>(group) < piece_of_group_.size() ? piece_of_group_[static_cast<size_t>(group)] + static_cast<size_t>(buffer) : plan_.size();
@@ -150,15 +149,46 @@ Status TierSink::Put(int group, int buffer, int64_t offset, int64_t n, const flo
     return InternalError("memory tier: state arrived for group ", group, " buffer ", buffer, ", which the snapshot does not have");
   }
   const Piece& p = plan_[piece];
-  Part& part = parts_[piece];
-  if (offset != part.filled || n <= 0 || n > p.count - offset) {
+  if (offset != parts_[piece].filled || n <= 0 || n > p.count - offset) {
     return InternalError("memory tier: state of group ", group, " buffer ", buffer, " arrived at elements [", offset, ", ", offset + n,
-                         "); expected from ", part.filled, " of ", p.count);
+                         "); expected from ", parts_[piece].filled, " of ", p.count);
   }
   if (into_.data() == nullptr && bytes_ > 0) {
     ASSIGN_OR_RETURN(into_, Mapping::Map(path_, bytes_, true));
   }
-  RETURN_IF_ERROR(Copy(p, part, offset, n, data));
+  return piece;
+}
+
+Status TierSink::Put(int group, int buffer, int64_t offset, int64_t n, const float* data) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(const size_t piece, Arriving(group, buffer, offset, n));
+  RETURN_IF_ERROR(Copy(plan_[piece], parts_[piece], offset, n, data));
+  left_ -= n;
+  return Status();
+}
+
+// Each chunk of a compact piece holds its values or codes, then (q8) its blocks' scales: the part's
+// codes and scales are copied to their places in the chunks they fall in.
+Status TierSink::PutStored(int group, int buffer, int64_t offset, int64_t n, StoredAs stored, int64_t block, bool is_signed,
+                           const void* values, const float* scales) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(const size_t piece, Arriving(group, buffer, offset, n));
+  const Piece& p = plan_[piece];
+  const bool q8 = p.stored == StoredAs::kQ8;
+  if (stored != p.stored || (q8 && (block != p.block || is_signed != p.is_signed || offset % block != 0 || (n % block != 0 && offset + n != p.count)))) {
+    return InternalError("memory tier: group ", group, " buffer ", buffer, " arrived stored otherwise than the snapshot keeps it");
+  }
+  char* base = into_.data() + p.offset;
+  const size_t eb = q8 ? 1 : 2;
+  for (int64_t done = 0; done < n;) {
+    const int64_t c0 = (offset + done) / chunk_ * chunk_, cn = std::min(chunk_, p.count - c0), at = offset + done - c0;
+    const int64_t take = std::min(n - done, cn - at);
+    char* chunk = base + p.Bytes(c0);
+    std::memcpy(chunk + at * static_cast<int64_t>(eb), static_cast<const char*>(values) + done * static_cast<int64_t>(eb), static_cast<size_t>(take) * eb);
+    if (q8) std::memcpy(chunk + cn + 4 * (at / block), scales + done / block, static_cast<size_t>((take + block - 1) / block) * 4);
+    done += take;
+  }
+  HashFilled(p, parts_[piece], offset + n);
   left_ -= n;
   return Status();
 }

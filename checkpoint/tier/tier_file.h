@@ -139,6 +139,9 @@ class TierSink final : public StateSink {
   TierSink(const Manifest& m, std::vector<Piece> plan, std::string path, int64_t bytes);
 
   Status Put(int group, int buffer, int64_t offset, int64_t n, const float* data) override;
+  // Compact state as the owner keeps it: copied into its chunks as they are stored (nothing encoded).
+  Status PutStored(int group, int buffer, int64_t offset, int64_t n, StoredAs stored, int64_t block, bool is_signed, const void* values,
+                   const float* scales) override;
   void Waited(double seconds) override;
   void Close(const Status& status) override;
   void Abandon();
@@ -156,6 +159,10 @@ class TierSink final : public StateSink {
   };
   Status Copy(const Piece& p, Part& part, int64_t offset, int64_t n, const float* data);
   Status Pack(const Piece& p, Part& part, int64_t offset, int64_t n, const float* data);  // compact pieces
+  // The piece a part of (group, buffer) at [offset, offset + n) fills, checked (the mapping made at the first part).
+  Result<size_t> Arriving(int group, int buffer, int64_t offset, int64_t n);
+  // The piece filled up to `filled`: each chunk not hashed yet hashed once its last part is there.
+  void HashFilled(const Piece& p, Part& part, int64_t filled);
   const std::vector<Piece> plan_;
   const std::vector<size_t> first_;  // per piece: its first chunk's checksum
   std::vector<size_t> piece_of_group_;  // group g's buffer b is piece piece_of_group_[g] + b
