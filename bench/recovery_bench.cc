@@ -47,6 +47,138 @@ void DropCaches() {
   std::ofstream f("/proc/sys/vm/drop_caches");
   if (f) f << "3\n";
 }
+
+struct Overhead {
+  double per_step[5] = {0, 0, 0, 0, 0};  // no tier, K = 1, K = 10; with a device: no tier, K = 1
+  double stall = 0, replica_s = 0, alone = 0, dev_stall = 0;
+};
+// Overhead per step: no tier, K = 1, K = 10 (the same engine, a fresh checkpointer each); then,
+// with --device-ms, no tier and K = 1 again with the emulated device's forward/backward in each step.
+// Poll comes between the backward pass and Step (where a trainer calls it: a snapshot copied in the
+// background and whose replica waits for Poll starts it there).
+Overhead MeasureOverhead(Communicator* comm, Device* dev, ZeroEngine& e, const std::string& root, const MemoryTierOptions& tier,
+                         int64_t per_group, int steps, double device_ms) {
+  Overhead o;
+  const int ks[5] = {0, 1, 10, 0, 1};
+  for (int c = 0; c < (device_ms > 0 ? 5 : 3); ++c) {
+    const int k = ks[c];
+    const double sleep_ms = c >= 3 ? device_ms : 0;
+    CheckpointOptions co{.root = root};
+    if (k > 0) co.memory = tier;
+    auto ck = Checkpointer::Create(comm, dev, co).value();
+    auto poll = [&] { (void)ck->Poll(); };
+    Step(e, per_group);
+    if (k > 0) (void)ck->SaveToMemory(e.state_view());  // warm-up: the tier's files exist once
+    (void)ck->Wait();
+    comm->Barrier().IgnoreError();
+    const double t = Now();
+    const int timed = std::max(steps, 2 * k);
+    for (int s = 0; s < timed; ++s) {
+      // The device's forward/backward (the host waits on it), then the host's part of the step.
+      if (sleep_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(sleep_ms));
+      Step(e, per_group, poll);
+      if (k > 0 && e.steps() % k == 0) (void)ck->SaveToMemory(e.state_view());
+    }
+    (void)ck->Wait();
+    o.per_step[c] = bench::MaxOverRanks(Now() - t) / timed;
+    if (c == 4) o.dev_stall = bench::MaxOverRanks(ck->memory_stats()->stall_seconds);
+    if (c == 1) {
+      o.stall = bench::MaxOverRanks(ck->memory_stats()->stall_seconds);
+      o.replica_s = bench::MaxOverRanks(ck->memory_stats()->replica_seconds);
+      // The tier's work with nothing beside it (a snapshot, its replica, the commit): K = 1's floor
+      // on these ranks, where the tier and the step share the same cores and memory.
+      constexpr int kAlone = 3;
+      for (int r = 0; r < kAlone; ++r) {
+        Step(e, per_group);
+        comm->Barrier().IgnoreError();
+        const double t0 = Now();
+        (void)ck->SaveToMemory(e.state_view());
+        (void)ck->Wait();
+        o.alone += bench::MaxOverRanks(Now() - t0) / kAlone;
+      }
+    }
+    if (k > 0) {
+      (void)ck->SaveAsync(e.state_view());  // supersedes the tier: it cleans up
+      (void)ck->Wait();
+    }
+  }
+  return o;
+}
+
+struct Restart {
+  double seconds = 0, first_step = 0, mbps = 0;
+  int64_t lost = 0;
+  std::string source;
+};
+
+// Every figure of a run, printed on rank 0: the lines a reader reads, then the RESULT rows.
+struct Report {
+  int64_t params = 0, bytes = 0;
+  int n = 0, ranks_per_node = 0, disk_every = 0;
+  std::string state_name;
+  double device_ms = 0, fio_r = -1, torch_load = -1, memcpy_s = 0, mem_mbps = 0, fill_s = 0;
+  Overhead ov;
+  Restart local, peer, disk;
+};
+
+void PrintReport(const Report& r) {
+  const int64_t params = r.params, bytes = r.bytes;
+  const int n = r.n, ranks_per_node = r.ranks_per_node, disk_every = r.disk_every;
+  const std::string& state_name = r.state_name;
+  const double device_ms = r.device_ms, fio_r = r.fio_r, torch_load = r.torch_load, memcpy_s = r.memcpy_s, mem_mbps = r.mem_mbps,
+               fill_s = r.fill_s;
+  const double* per_step = r.ov.per_step;
+  const double stall = r.ov.stall, replica_s = r.ov.replica_s, alone = r.ov.alone, dev_stall = r.ov.dev_stall;
+  const Restart &local = r.local, &peer = r.peer, &disk = r.disk;
+  const double all_mem = mem_mbps * n;
+  char src_peer[16] = {};
+  std::snprintf(src_peer, sizeof(src_peer), "%s", peer.source.c_str());
+  const double snap_mbps = static_cast<double>(bytes) / alone / 1e6;
+  std::printf("bench/recovery: %.0fM bf16 parameters + Adam, stage 3, %d ranks (nodes of %d emulated), %s of %s state per rank (as stored)\n",
+              params / 1e6, n, ranks_per_node, FormatBytes(bytes).c_str(), state_name.c_str());
+  std::printf("  step time           %8.1f ms no tier   %8.1f ms tier K=1 (+%.1f ms)   %8.1f ms tier K=10 (+%.1f ms)\n",
+              per_step[0] * 1e3, per_step[1] * 1e3, (per_step[1] - per_step[0]) * 1e3, per_step[2] * 1e3,
+              (per_step[2] - per_step[0]) * 1e3);
+  if (device_ms > 0) {
+    std::printf("  step, device %4.0f ms %7.1f ms no tier   %8.1f ms tier K=1 (+%.1f ms); training waited %.1f ms for the snapshot\n", device_ms,
+                per_step[3] * 1e3, per_step[4] * 1e3, (per_step[4] - per_step[3]) * 1e3, dev_stall * 1e3);
+  }
+  std::printf("  snapshot stall      %8.1f ms (training waited); replica whole after %.1f ms\n", stall * 1e3, replica_s * 1e3);
+  std::printf("  tier's work alone   %8.1f ms (snapshot + replica + commit, no step beside it: %6.0f MB/s per rank, memcpy %6.0f MB/s): K=1 costs %.2fx that\n",
+              alone * 1e3, snap_mbps, mem_mbps, (per_step[1] - per_step[0]) / alone);
+  std::printf("  restart, rank killed  (own copy)  %7.3f s to resume (%6.0f MB/s, memcpy %6.0f), %7.3f s to the first step; %lld steps lost here, %.1f expected\n",
+              local.seconds, local.mbps, all_mem, local.first_step, static_cast<long long>(local.lost), 1.5);
+  std::printf("  own copy, fill alone  %7.3f s (%6.0f MB/s per rank, memcpy %6.0f: %.2fx; the rest of the resume is agreement and the engine's parameter refresh)\n",
+              fill_s, static_cast<double>(bytes) / fill_s / 1e6, mem_mbps, memcpy_s / fill_s);
+  std::printf("  restart, node lost    (%-8s)  %7.3f s to resume (%6.0f MB/s, memcpy %6.0f), %7.3f s to the first step; %lld steps lost here, %.1f expected\n",
+              src_peer, peer.seconds, peer.mbps, all_mem, peer.first_step, static_cast<long long>(peer.lost), 1.5);
+  std::printf("  restart, disk only    (%-8s)  %7.3f s to resume (%6.0f MB/s, fio read %6.0f, torch.load %6.0f), %7.3f s to the first step; "
+              "%lld steps lost here, %.1f expected\n",
+              disk.source.c_str(), disk.seconds, disk.mbps, fio_r, torch_load, disk.first_step, static_cast<long long>(disk.lost),
+              disk_every / 2.0 + 1);
+  std::printf("  ratios              own/memcpy %.2f (fill %.2f)   own/disk %.2fx faster   peer/disk %.2fx faster   first step own/disk %.2f   K=1 step / no tier %.2f\n",
+              local.mbps / all_mem, memcpy_s / fill_s, disk.seconds / local.seconds, disk.seconds / peer.seconds, local.first_step / disk.first_step,
+              per_step[1] / per_step[0]);
+  bench::PrintResult("recovery", "step, tier K=1", per_step[1] * 1e3, "ms", per_step[0] * 1e3, "step without tier ms");
+  bench::PrintResult("recovery", "K=1 cost per step", (per_step[1] - per_step[0]) * 1e3, "ms", alone * 1e3, "tier work alone ms");
+  if (device_ms > 0) {
+    bench::PrintResult("recovery", "step beside a device, tier K=1", per_step[4] * 1e3, "ms", per_step[3] * 1e3, "step without tier ms");
+  }
+  bench::PrintResult("recovery", "step, tier K=10", per_step[2] * 1e3, "ms", per_step[0] * 1e3, "step without tier ms");
+  // The planner's (zrt plan --bench) rate of a save's stall: state bytes / training's wait.
+  bench::PrintResult("recovery", "snapshot rate", static_cast<double>(bytes) / stall / 1e6, "MB/s", mem_mbps, "memcpy MB/s");
+  bench::PrintResult("recovery", "tier work rate", snap_mbps, "MB/s", mem_mbps, "memcpy MB/s");
+  bench::PrintResult("recovery", "replica rate", static_cast<double>(bytes) / replica_s / 1e6, "MB/s", mem_mbps, "memcpy MB/s");
+  bench::PrintResult("recovery", "resume, rank killed", local.mbps, "MB/s", all_mem, "memcpy MB/s");
+  bench::PrintResult("recovery", "own copy fill", static_cast<double>(bytes) / fill_s / 1e6, "MB/s", mem_mbps, "memcpy MB/s");
+  bench::PrintResult("recovery", "resume, node lost", peer.mbps, "MB/s", all_mem, "memcpy MB/s");
+  bench::PrintResult("recovery", "resume, disk", disk.mbps, "MB/s", fio_r, "fio seq read MB/s", torch_load, "torch.load MB/s");
+  bench::PrintResult("recovery", "resume, rank killed vs disk", local.mbps, "MB/s", disk.mbps, "disk MB/s");
+  bench::PrintResult("recovery", "resume, node lost vs disk", peer.mbps, "MB/s", disk.mbps, "disk MB/s");
+  bench::PrintResult("recovery", "restart to first step, rank killed", local.first_step, "s", disk.first_step, "disk only s");
+  bench::PrintResult("recovery", "restart to first step, node lost", peer.first_step, "s", disk.first_step, "disk only s");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -96,54 +228,7 @@ int main(int argc, char** argv) {
   std::vector<char>().swap(from);
   const double mem_mbps = static_cast<double>(bytes) / memcpy_s / 1e6;
 
-  // Overhead per step: no tier, K = 1, K = 10 (the same engine, a fresh checkpointer each); then,
-  // with --device-ms, no tier and K = 1 again with the emulated device's forward/backward in each step.
-  // Poll comes between the backward pass and Step (where a trainer calls it: a snapshot copied in the
-  // background and whose replica waits for Poll starts it there).
-  double per_step[5] = {0, 0, 0, 0, 0}, stall = 0, replica_s = 0, alone = 0, dev_stall = 0;
-  const int ks[5] = {0, 1, 10, 0, 1};
-  for (int c = 0; c < (device_ms > 0 ? 5 : 3); ++c) {
-    const int k = ks[c];
-    const double sleep_ms = c >= 3 ? device_ms : 0;
-    CheckpointOptions co{.root = dir + "/overhead"};
-    if (k > 0) co.memory = tier;
-    auto ck = Checkpointer::Create(comm.get(), &dev, co).value();
-    auto poll = [&] { (void)ck->Poll(); };
-    Step(*e, params / groups);
-    if (k > 0) (void)ck->SaveToMemory(e->state_view());  // warm-up: the tier's files exist once
-    (void)ck->Wait();
-    comm->Barrier().IgnoreError();
-    t = Now();
-    const int timed = std::max(steps, 2 * k);
-    for (int s = 0; s < timed; ++s) {
-      // The device's forward/backward (the host waits on it), then the host's part of the step.
-      if (sleep_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(sleep_ms));
-      Step(*e, params / groups, poll);
-      if (k > 0 && e->steps() % k == 0) (void)ck->SaveToMemory(e->state_view());
-    }
-    (void)ck->Wait();
-    per_step[c] = bench::MaxOverRanks(Now() - t) / timed;
-    if (c == 4) dev_stall = bench::MaxOverRanks(ck->memory_stats()->stall_seconds);
-    if (c == 1) {
-      stall = bench::MaxOverRanks(ck->memory_stats()->stall_seconds);
-      replica_s = bench::MaxOverRanks(ck->memory_stats()->replica_seconds);
-      // The tier's work with nothing beside it (a snapshot, its replica, the commit): K = 1's floor
-      // on these ranks, where the tier and the step share the same cores and memory.
-      constexpr int kAlone = 3;
-      for (int r = 0; r < kAlone; ++r) {
-        Step(*e, params / groups);
-        comm->Barrier().IgnoreError();
-        const double t0 = Now();
-        (void)ck->SaveToMemory(e->state_view());
-        (void)ck->Wait();
-        alone += bench::MaxOverRanks(Now() - t0) / kAlone;
-      }
-    }
-    if (k > 0) {
-      (void)ck->SaveAsync(e->state_view());  // supersedes the tier: it cleans up
-      (void)ck->Wait();
-    }
-  }
+  const Overhead ov = MeasureOverhead(comm.get(), &dev, *e, dir + "/overhead", tier, params / groups, steps, device_ms);
   e.reset();
   if (rank == 0) std::filesystem::remove_all(dir);
   comm->Barrier().IgnoreError();
@@ -161,11 +246,6 @@ int main(int argc, char** argv) {
     }
     (void)ck->Wait();
   }  // the tier keeps step X (newer than the disk's)
-  struct Restart {
-    double seconds = 0, first_step = 0, mbps = 0;
-    int64_t lost = 0;
-    std::string source;
-  };
   auto restart = [&](bool with_tier) {
     Restart r;
     auto e2 = make_engine(comm.get(), &dev);
@@ -206,8 +286,6 @@ int main(int argc, char** argv) {
   comm->Barrier().IgnoreError();
   const Restart peer = restart(true);
   const Restart disk = restart(false);
-  char src_peer[16] = {};
-  std::snprintf(src_peer, sizeof(src_peer), "%s", peer.source.c_str());
   // Clean up: a final disk save supersedes the tier.
   {
     auto e3 = make_engine(comm.get(), &dev);
@@ -219,51 +297,8 @@ int main(int argc, char** argv) {
   if (rank == 0) std::filesystem::remove_all(dir);
 
   if (rank == 0) {
-    const double snap_mbps = static_cast<double>(bytes) / alone / 1e6;
-    std::printf("bench/recovery: %.0fM bf16 parameters + Adam, stage 3, %d ranks (nodes of %d emulated), %s of %s state per rank (as stored)\n",
-                params / 1e6, n, ranks_per_node, FormatBytes(bytes).c_str(), state_name.c_str());
-    std::printf("  step time           %8.1f ms no tier   %8.1f ms tier K=1 (+%.1f ms)   %8.1f ms tier K=10 (+%.1f ms)\n",
-                per_step[0] * 1e3, per_step[1] * 1e3, (per_step[1] - per_step[0]) * 1e3, per_step[2] * 1e3,
-                (per_step[2] - per_step[0]) * 1e3);
-    if (device_ms > 0) {
-      std::printf("  step, device %4.0f ms %7.1f ms no tier   %8.1f ms tier K=1 (+%.1f ms); training waited %.1f ms for the snapshot\n", device_ms,
-                  per_step[3] * 1e3, per_step[4] * 1e3, (per_step[4] - per_step[3]) * 1e3, dev_stall * 1e3);
-    }
-    std::printf("  snapshot stall      %8.1f ms (training waited); replica whole after %.1f ms\n", stall * 1e3, replica_s * 1e3);
-    std::printf("  tier's work alone   %8.1f ms (snapshot + replica + commit, no step beside it: %6.0f MB/s per rank, memcpy %6.0f MB/s): K=1 costs %.2fx that\n",
-                alone * 1e3, snap_mbps, mem_mbps, (per_step[1] - per_step[0]) / alone);
-    const double all_mem = mem_mbps * n;
-    std::printf("  restart, rank killed  (own copy)  %7.3f s to resume (%6.0f MB/s, memcpy %6.0f), %7.3f s to the first step; %lld steps lost here, %.1f expected\n",
-                local.seconds, local.mbps, all_mem, local.first_step, static_cast<long long>(local.lost), 1.5);
-    std::printf("  own copy, fill alone  %7.3f s (%6.0f MB/s per rank, memcpy %6.0f: %.2fx; the rest of the resume is agreement and the engine's parameter refresh)\n",
-                fill_s, static_cast<double>(bytes) / fill_s / 1e6, mem_mbps, memcpy_s / fill_s);
-    std::printf("  restart, node lost    (%-8s)  %7.3f s to resume (%6.0f MB/s, memcpy %6.0f), %7.3f s to the first step; %lld steps lost here, %.1f expected\n",
-                src_peer, peer.seconds, peer.mbps, all_mem, peer.first_step, static_cast<long long>(peer.lost), 1.5);
-    std::printf("  restart, disk only    (%-8s)  %7.3f s to resume (%6.0f MB/s, fio read %6.0f, torch.load %6.0f), %7.3f s to the first step; "
-                "%lld steps lost here, %.1f expected\n",
-                disk.source.c_str(), disk.seconds, disk.mbps, fio_r, torch_load, disk.first_step, static_cast<long long>(disk.lost),
-                disk_every / 2.0 + 1);
-    std::printf("  ratios              own/memcpy %.2f (fill %.2f)   own/disk %.2fx faster   peer/disk %.2fx faster   first step own/disk %.2f   K=1 step / no tier %.2f\n",
-                local.mbps / all_mem, memcpy_s / fill_s, disk.seconds / local.seconds, disk.seconds / peer.seconds, local.first_step / disk.first_step,
-                per_step[1] / per_step[0]);
-    bench::PrintResult("recovery", "step, tier K=1", per_step[1] * 1e3, "ms", per_step[0] * 1e3, "step without tier ms");
-    bench::PrintResult("recovery", "K=1 cost per step", (per_step[1] - per_step[0]) * 1e3, "ms", alone * 1e3, "tier work alone ms");
-    if (device_ms > 0) {
-      bench::PrintResult("recovery", "step beside a device, tier K=1", per_step[4] * 1e3, "ms", per_step[3] * 1e3, "step without tier ms");
-    }
-    bench::PrintResult("recovery", "step, tier K=10", per_step[2] * 1e3, "ms", per_step[0] * 1e3, "step without tier ms");
-    // The planner's (zrt plan --bench) rate of a save's stall: state bytes / training's wait.
-    bench::PrintResult("recovery", "snapshot rate", static_cast<double>(bytes) / stall / 1e6, "MB/s", mem_mbps, "memcpy MB/s");
-    bench::PrintResult("recovery", "tier work rate", snap_mbps, "MB/s", mem_mbps, "memcpy MB/s");
-    bench::PrintResult("recovery", "replica rate", static_cast<double>(bytes) / replica_s / 1e6, "MB/s", mem_mbps, "memcpy MB/s");
-    bench::PrintResult("recovery", "resume, rank killed", local.mbps, "MB/s", all_mem, "memcpy MB/s");
-    bench::PrintResult("recovery", "own copy fill", static_cast<double>(bytes) / fill_s / 1e6, "MB/s", mem_mbps, "memcpy MB/s");
-    bench::PrintResult("recovery", "resume, node lost", peer.mbps, "MB/s", all_mem, "memcpy MB/s");
-    bench::PrintResult("recovery", "resume, disk", disk.mbps, "MB/s", fio_r, "fio seq read MB/s", torch_load, "torch.load MB/s");
-    bench::PrintResult("recovery", "resume, rank killed vs disk", local.mbps, "MB/s", disk.mbps, "disk MB/s");
-    bench::PrintResult("recovery", "resume, node lost vs disk", peer.mbps, "MB/s", disk.mbps, "disk MB/s");
-    bench::PrintResult("recovery", "restart to first step, rank killed", local.first_step, "s", disk.first_step, "disk only s");
-    bench::PrintResult("recovery", "restart to first step, node lost", peer.first_step, "s", disk.first_step, "disk only s");
+    PrintReport({params, bytes, n, ranks_per_node, disk_every, state_name, device_ms, fio_r, torch_load, memcpy_s, mem_mbps, fill_s, ov, local,
+                 peer, disk});
   }
   return 0;
 }

@@ -1,11 +1,10 @@
 // The memory tier at 1..4 MPI ranks with the real engine (stages 0, 2, 3, NVMe-offloaded state, and
-// state in emulated device memory):
-// a restart resumes the newest snapshot and continues bit for bit as the uninterrupted run; a rank
-// whose own copy is gone or corrupt is served by its peer's replica (and every rank agrees); the loss
-// of a whole (emulated) node is survived; a rank with no copy at all makes every rank fall back to
-// disk; budgets, superseding and end-of-run cleanup; snapshots and disk saves captured in the background
-// while the owner goes on, the owner's waits counted in the save's stall. Kills at random moments:
-// tests/crash/tier_kill.sh.
+// state in emulated device memory): a restart resumes the newest snapshot and continues bit for bit as
+// the uninterrupted run; a rank whose own copy is gone or corrupt is served by its peer's replica (and
+// every rank agrees), a corrupt replica caught where it lands; the loss of a whole (emulated) node is
+// survived; a rank with no copy at all makes every rank fall back to disk; budgets, superseding and
+// end-of-run cleanup; snapshots and disk saves captured in the background while the owner goes on, the
+// owner's waits counted in the save's stall. Kills at random moments: tests/crash/tier_kill.sh.
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <sys/mount.h>
@@ -315,8 +314,7 @@ TEST_P(TierTest, ACorruptReplicaIsCaughtWhereItLandsAndEveryRankUsesDisk) {
         if (f.path().filename().string().starts_with("rank-") && f.path().extension() == ".json") index = f.path().string();
       }
       std::ifstream in(index);
-      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      auto idx = DecodeIndex(text, index);
+      auto idx = DecodeIndex(std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()), index);
       ASSERT_TRUE(idx.ok()) << idx.status();
       ChunkEntry& c = idx->chunks.back();
       if (in_index) {
@@ -324,19 +322,13 @@ TEST_P(TierTest, ACorruptReplicaIsCaughtWhereItLandsAndEveryRankUsesDisk) {
         std::ofstream(index, std::ios::trunc) << EncodeIndex(*idx);
       } else {  // a byte inside the last chunk's data
         std::fstream d(data, std::ios::in | std::ios::out | std::ios::binary);
-        d.seekg(c.file_offset + c.stored_bytes / 2);
-        const char flipped = static_cast<char>(d.get() ^ 0x01);
-        d.seekp(c.file_offset + c.stored_bytes / 2);
-        d.put(flipped);
+        const char flipped = static_cast<char>(d.seekg(c.file_offset + c.stored_bytes / 2).get() ^ 0x01);
+        d.seekp(c.file_offset + c.stored_bytes / 2).put(flipped);
       }
     });
     const auto sources = Gather(ResumeAndFinish(4));
     for (const std::string& s : sources) EXPECT_EQ(s, "disk");
-    OnRank0([&] {
-      fs::remove_all(root_);
-      fs::remove_all(tier_.dir);
-      fs::create_directories(tier_.dir);
-    });
+    OnRank0([&] { fs::remove_all(root_), fs::remove_all(tier_.dir), fs::create_directories(tier_.dir); });
   }
 }
 
