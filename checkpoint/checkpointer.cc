@@ -64,7 +64,7 @@ struct Checkpointer::Impl {
   struct Job {
     Manifest manifest;
     SaveDir save;
-    int shard_rank = -1;  // -1: this rank holds no distinct shard (stage 0, rank > 0)
+    int shard_rank = -1;  // -1: this rank holds no distinct shard (stage 0, rank > 0; a replica of another's)
     std::shared_ptr<ChunkQueue> queue;  // the capture's sink; null without a shard
     StateOwner* owner = nullptr;        // asked to settle a capture still owed at the commit (alive while the queue is open)
     // The writer's figures, kept here until the commit hands them to the stats: the training thread may
@@ -212,7 +212,8 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
   job->manifest = std::move(start.manifest);
   const Manifest& m = job->manifest;
   job->save = SaveDirFor(c.o.root, m.step, m.nonce);
-  job->shard_rank = m.shards == 1 ? (c.comm->rank() == 0 ? 0 : -1) : c.comm->rank();
+  // Each shard once: by the ranks of the first replica group (core/state_view.h's numbering).
+  job->shard_rank = c.comm->rank() < m.shards ? c.comm->rank() : -1;
   RETURN_IF_ERROR(BeginSave(job->save));
   if (job->shard_rank < 0) {  // nothing of this rank's is written: it takes part in the commit only
     c.Hand(std::move(job), false, Status());

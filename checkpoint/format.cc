@@ -55,9 +55,9 @@ Status ValidateManifest(const Manifest& m) {
     return DataLossError("shards ", m.shards, " / world_size ", m.world_size, " outside [1, ", kMaxShards, "]");
   }
   if (m.stage < 0 || m.stage > 3) return DataLossError("stage ", m.stage, " is not 0..3");
-  if (m.shards != (m.stage == 0 ? 1 : m.world_size)) {
+  if (m.stage == 0 ? m.shards != 1 : m.world_size % m.shards != 0) {
     return DataLossError("shards ", m.shards, " disagrees with stage ", m.stage, " and world_size ", m.world_size,
-                         " (stage 0 saves one shard, stages 1-3 one per rank)");
+                         " (stage 0 saves one shard, stages 1-3 one per shard group rank, a divisor of the world)");
   }
   if (m.step < 0) return DataLossError("negative step ", m.step);
   if (m.chunk_elements < 1 || m.chunk_elements > kMaxChunkElements) {

@@ -12,6 +12,11 @@ namespace zrt::ckpt::internal {
 
 Result<SnapshotStart> StartSnapshot(Communicator* comm, const StateView& state, const nlohmann::json& trainer_state,
                                     int64_t chunk_elements, bool skip_vote) {
+  const int shards = state.groups.empty() ? 1 : state.groups[0].layout.world_size();
+  if (state.world_size != comm->size() || (shards > 1 && (comm->size() % shards != 0 || state.rank != comm->rank() % shards))) {
+    return InvalidArgumentError("snapshot: rank ", comm->rank(), " of ", comm->size(), " holds shard ", state.rank, " of ", shards,
+                                " in a state of ", state.world_size, " ranks (shard groups must be consecutive ranks: shard = rank % shards)");
+  }
   float skip = skip_vote ? 1.0f : 0.0f;
   RETURN_IF_ERROR(comm->AllReduce(&skip, &skip, 1, DType::kF32, ReduceOp::kMin), "snapshot");
   SnapshotStart s;

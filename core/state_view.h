@@ -129,9 +129,14 @@ class StateOwner {
   virtual void Stalled(double /*seconds*/) {}
 };
 
+// The mesh: `world_size` ranks hold the state; each group's layout is over S = layout.world_size()
+// shards. S = world_size: every rank its own shard (plain ZeRO). S = 1 (stage 0): one shard, on every
+// rank. Otherwise (hybrid sharding) ranks form shard groups of S consecutive ranks, and rank q holds
+// shard q % S, as do the other R - 1 = world_size / S - 1 ranks of its replica group: `rank` is the
+// shard (the layout's rank) and the first replica group's ranks are shards 0..S-1 themselves.
 struct StateView {
-  int rank = 0;
-  int world_size = 1;
+  int rank = 0;        // this rank's shard in the layouts (stage 0: the rank in the world)
+  int world_size = 1;  // ranks in the world
   int stage = 0;
   StateCounters counters;
   std::vector<StateGroup> groups;

@@ -22,7 +22,7 @@ TEST(EngineConfigJson, StatePrecision) {
 
 TEST(EngineConfigJson, EveryFieldIsRead) {
   auto j = ParseJson(R"({
-    "stage": 3, "reduce_dtype": "bf16", "bucket_bytes": 1048576, "alignment": 128,
+    "stage": 3, "shard_group_size": 8, "reduce_dtype": "bf16", "bucket_bytes": 1048576, "alignment": 128,
     "max_live_gathered_bytes": 2147483648, "prefetch_depth": 3, "max_grad_norm": 1.0, "grad_accum_steps": 4,
     "fp32_grads": true, "optimizer_threads": 6,
     "adam": {"lr": 3e-4, "beta1": 0.8, "beta2": 0.95, "eps": 1e-6, "weight_decay": 0.1, "mode": "adam",
@@ -38,6 +38,7 @@ TEST(EngineConfigJson, EveryFieldIsRead) {
   auto c = EngineConfigFromJson(*j);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->stage, 3);
+  EXPECT_EQ(c->shard_group_size, 8);
   EXPECT_EQ(c->reduce_dtype, DType::kBF16);
   EXPECT_EQ(c->bucket_bytes, 1048576);
   EXPECT_EQ(c->alignment, 128);
@@ -95,6 +96,7 @@ TEST(EngineConfigJson, UnknownKeysAndBadValuesAreRefusedWithTheirPath) {
       {R"({"offload": {"optimizr": "host"}})", "engine.offload.optimizr"},
       {R"({"offload": {"io": {"depth": 4}}})", "engine.offload.io.depth"},
       {R"({"stage": 4})", "engine.stage: must be 0, 1, 2 or 3"},
+      {R"({"shard_group_size": -2})", "engine.shard_group_size: must be >= 0"},
       {R"({"stage": "3"})", "engine.stage: expected an integer"},
       {R"({"reduce_dtype": "int8"})", "engine.reduce_dtype"},
       {R"({"reduce_dtype": "bytes"})", "engine.reduce_dtype: must be a floating type"},

@@ -131,6 +131,14 @@ Result<std::unique_ptr<EngineCore>> EngineCore::Create(Communicator* comm, Devic
     return InvalidArgumentError("engine: max_grad_norm must be finite and >= 0 (0 = off), got ", c.max_grad_norm);
   }
   if (c.prefetch_depth < 0) return InvalidArgumentError("engine: prefetch_depth must be >= 0");
+  if (c.shard_group_size < 0 || (c.shard_group_size > 0 && comm->size() % c.shard_group_size != 0)) {
+    return InvalidArgumentError("engine: shard_group_size ", c.shard_group_size, " must divide the world size ", comm->size(),
+                                " (0: the whole world)");
+  }
+  if (c.stage == 0 && c.shard_group_size != 0 && c.shard_group_size != comm->size()) {
+    return InvalidArgumentError("engine: stage 0 shards nothing (shard_group_size ", c.shard_group_size,
+                                "); use stage 1-3 for hybrid sharding");
+  }
   if (device->kind() == DeviceKind::kCuda && comm->backend() == "mpi") {
     return InvalidArgumentError("engine: device ", device->name(), " needs a communicator on device memory (NcclCommunicator); ",
                                 "the MPI communicator works on host buffers only");
@@ -156,6 +164,7 @@ Result<std::unique_ptr<EngineCore>> EngineCore::Create(Communicator* comm, Devic
     if (!(v >= 0) || !std::isfinite(v)) return InvalidArgumentError("engine: metrics figures must be finite and >= 0");
   }
   std::unique_ptr<EngineCore> e(new EngineCore(comm, device, c));
+  RETURN_IF_ERROR(e->SplitMesh(), "engine");
   ASSIGN_OR_RETURN(e->scaler_, LossScaler::Create(c.loss_scale), "engine");
   const int threads = c.optimizer_threads > 0 ? c.optimizer_threads : ThreadPool::CoresPerRank();
   e->impl_ = std::make_unique<Impl>(device, threads);
@@ -175,6 +184,27 @@ Result<std::unique_ptr<EngineCore>> EngineCore::Create(Communicator* comm, Devic
   ASSIGN_OR_RETURN(e->impl_->store, OptimizerStore::Create(comm, device, e->impl_->compute.get(), e->impl_->host.get(),
                                                           e->impl_->host_compute.get(), so), "engine");
   return e;
+}
+
+// Shard groups of S consecutive ranks (rank / S), replica groups of the ranks with the same place in
+// theirs (rank % S): checkpoints and the memory tier rely on this numbering (core/state_view.h).
+Status EngineCore::SplitMesh() {
+  shards_ = comm_;
+  const int n = comm_->size(), s = config_.shard_group_size == 0 ? n : config_.shard_group_size;
+  if (config_.stage == 0 || s == n) return Status();
+  ASSIGN_OR_RETURN(own_shards_, comm_->Split(comm_->rank() / s, comm_->rank()), "the shard group");
+  ASSIGN_OR_RETURN(replicas_, comm_->Split(comm_->rank() % s, comm_->rank()), "the replica group");
+  if (!own_shards_ || !replicas_ || own_shards_->size() != s || replicas_->size() != n / s) {
+    return InternalError("splitting ", n, " ranks into shard groups of ", s, " gave groups of the wrong size");
+  }
+  own_shards_->set_check_args(comm_->check_args());
+  // Never checked: the replicas' all-reduce of a bucket starts whenever the shard group's reduce-
+  // scatter finished (in a poll on one rank, at the bucket's completion on another), so a blocking
+  // argument check there would wait on ranks blocked in their shard group's next check: a cycle.
+  // Its count is the checked reduce-scatter's, the same everywhere (Finalize checks the model).
+  replicas_->set_check_args(false);
+  shards_ = own_shards_.get();
+  return Status();
 }
 
 Result<ParamHandle> EngineCore::AddParam(const std::string& name, const std::vector<int64_t>& shape, DType dtype,
@@ -301,8 +331,7 @@ int64_t GroupAlignment(int64_t alignment, const StatePrecision& st) {
 }  // namespace
 
 Status EngineCore::Allocate(const InitFn& init) {
-  const int n = config_.stage == 0 ? 1 : comm_->size();
-  const int rank = config_.stage == 0 ? 0 : comm_->rank();
+  const int n = LayoutSize(), rank = LayoutRank();
   OptimizerStore& store = *impl_->store;
   std::vector<OptimizerStore::Group> store_groups;
   int64_t reduced = 0;  // per rank, everything a step reduces: the trained groups' shards
@@ -348,7 +377,8 @@ Status EngineCore::Allocate(const InitFn& init) {
   bo.reduce_dtype = config_.reduce_dtype;
   bo.all_reduce = config_.stage == 0;
   bo.total = reduced;  // buckets no larger than the model needs (none on one rank)
-  ASSIGN_OR_RETURN(impl_->bucketer, GradBucketer::Create(comm_, device_, impl_->compute.get(), bo), "finalize");
+  bo.replicas = replicas_.get();
+  ASSIGN_OR_RETURN(impl_->bucketer, GradBucketer::Create(shards_, device_, impl_->compute.get(), bo), "finalize");
   RETURN_IF_ERROR(store.Init(std::move(store_groups)), "finalize");
   if (config_.stage == 3) {
     std::vector<ParamGatherer::GroupRef> refs;
@@ -358,7 +388,7 @@ Status EngineCore::Allocate(const InitFn& init) {
       refs.push_back({src.shard, g.dtype, &g.layout, g.name, std::move(src.load), src.load_bytes});
     }
     Compute* upload = store.params_need_upload() ? impl_->compute.get() : nullptr;
-    impl_->gatherer = std::make_unique<ParamGatherer>(comm_, &impl_->staging, impl_->host_staging.get(), upload,
+    impl_->gatherer = std::make_unique<ParamGatherer>(shards_, &impl_->staging, impl_->host_staging.get(), upload,
                                                       config_.max_live_gathered_bytes, config_.prefetch_depth);
     impl_->gatherer->SetGroups(std::move(refs));
   }
@@ -367,14 +397,12 @@ Status EngineCore::Allocate(const InitFn& init) {
 
 void* EngineCore::OwnParams(Group& g) const {
   if (config_.stage == 3) return g.param_shard.data();
-  const int rank = config_.stage == 0 ? 0 : comm_->rank();  // stage 0's layout has one "rank"
-  return g.full_param.as<char>() + static_cast<size_t>(g.layout.shard_begin(rank)) * g.esize();
+  return g.full_param.as<char>() + static_cast<size_t>(g.layout.shard_begin(LayoutRank())) * g.esize();
 }
 
 void* EngineCore::GradShard(Group& g) const {
   if (config_.stage >= 2) return g.grad_shard.data();
-  const int rank = config_.stage == 0 ? 0 : comm_->rank();
-  return g.full_grad.as<char>() + static_cast<size_t>(g.layout.shard_begin(rank)) * g.gsize();
+  return g.full_grad.as<char>() + static_cast<size_t>(g.layout.shard_begin(LayoutRank())) * g.gsize();
 }
 
 Status EngineCore::GatherUpdatedParams(bool include_frozen) {
@@ -384,10 +412,10 @@ Status EngineCore::GatherUpdatedParams(bool include_frozen) {
     Group& g = *gp;
     if (g.frozen && !include_frozen) continue;  // unchanged since they were gathered
     const size_t S = static_cast<size_t>(g.layout.shard_size());
-    ASSIGN_OR_RETURN(CommHandle h, comm_->AllGatherAsync(OwnParams(g), g.full_param.data(), S, g.dtype), "gathering group '",
+    ASSIGN_OR_RETURN(CommHandle h, shards_->AllGatherAsync(OwnParams(g), g.full_param.data(), S, g.dtype), "gathering group '",
                      g.name, "'");
     handles.push_back(std::move(h));
-    impl_->step_gathers.gather_bytes += static_cast<int64_t>(S * g.esize()) * (comm_->size() - 1);
+    impl_->step_gathers.gather_bytes += static_cast<int64_t>(S * g.esize()) * (shards_->size() - 1);
     ++impl_->step_gathers.collectives;
   }
   for (CommHandle& h : handles) RETURN_IF_ERROR(h.Wait(), "gathering updated parameters");
@@ -577,9 +605,11 @@ Result<float> EngineCore::GlobalSumSquares() {
     ASSIGN_OR_RETURN(kernels::GradStats st, impl_->compute->SumSquares(refs, t), "step");
     local += st.nonfinite ? std::numeric_limits<double>::infinity() : st.sum_squares;
   }
+  // Over every rank, not only the shard group, so that clipping and skips agree everywhere: each
+  // shard is counted once per replica.
   float global = static_cast<float>(local);
   if (config_.stage != 0) RETURN_IF_ERROR(comm_->AllReduce(&global, &global, 1, DType::kF32, ReduceOp::kSum), "step: norm");
-  return global;
+  return Replicas() > 1 ? global / static_cast<float>(Replicas()) : global;
 }
 
 // Scalars per group and settings class: lr = peak * schedule * lr_scale, the tensor's weight decay.
@@ -707,7 +737,7 @@ Result<StepResult> EngineCore::StepImpl() {
 
 StateView EngineCore::state_view() {
   StateView v;
-  v.rank = comm_->rank();
+  v.rank = config_.stage == 0 ? comm_->rank() : shards_->rank();
   v.world_size = comm_->size();
   v.stage = config_.stage;
   v.counters = {steps_, scaler_.scale(), scaler_.state().good_steps, scaler_.state().hysteresis_left, EngineState()};
@@ -766,6 +796,7 @@ CommStats EngineCore::comm_stats() const {
   CommStats s = impl_->step_gathers;
   if (impl_->bucketer) {
     s.reduce_bytes += impl_->bucketer->stats().reduce_bytes;
+    s.replica_bytes += impl_->bucketer->stats().replica_bytes;
     s.collectives += impl_->bucketer->stats().collectives;
     s.reduce_seconds += impl_->bucketer->stats().reduce_seconds;
     s.reduce_wait_seconds += impl_->bucketer->stats().reduce_wait_seconds;

@@ -108,6 +108,13 @@ std::string StatePrecisionName(const StatePrecision& p);
 
 struct EngineConfig {
   int stage = 2;                          // 0..3
+  // Hybrid sharding (docs/engine.md "Hybrid sharding"; MiCS, FSDP2's HSDP): stages 1-3 shard over
+  // groups of this many consecutive ranks (a rank's shard is rank % S, its replica group rank / S) and
+  // keep R = N / S replicas of each shard. Gradients reduce-scatter inside the shard group, then each
+  // shard is all-reduced across the replicas; parameter gathers never leave the shard group. Make a
+  // group the ranks of one node (S = ranks per node) so that only the replicas' all-reduce crosses
+  // nodes. 0: the whole world (plain ZeRO); must divide the world size; stage 0 shards nothing.
+  int shard_group_size = 0;
   DType reduce_dtype = DType::kF32;       // gradient reductions: f32, or the model dtype (f32 accumulation)
   int64_t bucket_bytes = 32 << 20;        // at most, per gradient bucket (two); capped at the model's gradient, none on one rank
   int64_t alignment = 64;                 // elements; each tensor and shard starts at a multiple

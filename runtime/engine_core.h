@@ -105,7 +105,17 @@ class EngineCore {
   Status Report(StepResult& r);
   Result<Group*> Get(int group, const char* what);
 
+  // Hybrid sharding (EngineConfig::shard_group_size): the shard group this rank's layouts are over
+  // (comm_ itself unless hybrid) and the replica group of the ranks that hold the same shards (null
+  // unless hybrid). Agreement, the norm and the registration check stay on comm_, the whole world.
+  Status SplitMesh();
+  int LayoutRank() const { return config_.stage == 0 ? 0 : shards_->rank(); }  // stage 0's layout has one "rank"
+  int LayoutSize() const { return config_.stage == 0 ? 1 : shards_->size(); }
+  int Replicas() const { return replicas_ ? replicas_->size() : 1; }
+
   Communicator* comm_;
+  Communicator* shards_ = nullptr;
+  std::unique_ptr<Communicator> own_shards_, replicas_;
   Device* device_;
   EngineConfig config_;
   LossScaler scaler_;

@@ -17,7 +17,7 @@ namespace zrt {
 using internal::CheckRate;
 
 void EngineCore::BuildSettingRuns() {
-  const int rank = config_.stage == 0 ? 0 : comm_->rank();
+  const int rank = LayoutRank();
   for (auto& gp : groups_) {
     Group& g = *gp;
     g.runs.clear();

@@ -15,6 +15,18 @@ namespace zrt {
 Result<std::unique_ptr<GradBucketer>> GradBucketer::Create(Communicator* comm, Device* device, Compute* compute,
                                                            const Options& o) {
   if (o.reduce_dtype == DType::kBytes) return InvalidArgumentError("gradient buckets: reduce dtype must be a float type");
+  if (o.replicas != nullptr && o.replicas->size() > 1 && comm->size() == 1) {
+    // One rank per shard group: its whole shard is all-reduced across the replicas.
+    Options all = o;
+    all.all_reduce = true;
+    all.replicas = nullptr;
+    ASSIGN_OR_RETURN(std::unique_ptr<GradBucketer> g, Create(o.replicas, device, compute, all));
+    g->across_replicas_ = true;
+    return g;
+  }
+  if (o.all_reduce && o.replicas != nullptr && o.replicas->size() > 1) {
+    return InvalidArgumentError("gradient buckets: an all-reduce over every rank has no replicas to reduce across");
+  }
   const int regions = o.all_reduce ? 1 : comm->size();
   const int64_t configured = o.bucket_bytes / static_cast<int64_t>(DTypeSize(o.reduce_dtype)) / regions;
   if (configured < 1) {
@@ -103,6 +115,7 @@ Status GradBucketer::Launch(Bucket& b) {
     ASSIGN_OR_RETURN(b.handle, comm_->AllReduceAsync(b.in.data(), b.in.data(), static_cast<size_t>(b.used),
                                                      o_.reduce_dtype, ReduceOp::kAvg));
     stats_.reduce_bytes += 2 * bytes * (comm_->size() - 1) / comm_->size();
+    if (across_replicas_) stats_.replica_bytes += 2 * bytes * (comm_->size() - 1) / comm_->size();
   } else {
     ASSIGN_OR_RETURN(b.handle, comm_->ReduceScatterAsync(b.in.data(), b.out.data(), static_cast<size_t>(b.used),
                                                          o_.reduce_dtype, ReduceOp::kAvg));
@@ -110,14 +123,34 @@ Status GradBucketer::Launch(Bucket& b) {
   }
   ++stats_.collectives;
   b.in_flight = true;
+  b.replicating = false;
   b.launched = std::chrono::steady_clock::now();
   return Status();
 }
+
+// The shard group's reduce-scatter finished: the region reduced here is averaged across the replicas.
+Status GradBucketer::LaunchReplicas(Bucket& b) {
+  const int r = o_.replicas->size();
+  ASSIGN_OR_RETURN(b.handle, o_.replicas->AllReduceAsync(b.out.data(), b.out.data(), static_cast<size_t>(b.used), o_.reduce_dtype,
+                                                         ReduceOp::kAvg), "reducing a gradient bucket across replicas");
+  const int64_t bytes = 2 * b.used * static_cast<int64_t>(DTypeSize(o_.reduce_dtype)) * (r - 1) / r;
+  stats_.reduce_bytes += bytes;
+  stats_.replica_bytes += bytes;
+  ++stats_.collectives;
+  b.replicating = true;
+  return Status();
+}
+
+bool GradBucketer::Replicated() const { return o_.replicas != nullptr && o_.replicas->size() > 1; }
 
 Status GradBucketer::Complete(Bucket& b) {
   using Clock = std::chrono::steady_clock;
   const Clock::time_point waiting = Clock::now();
   RETURN_IF_ERROR(b.handle.Wait(), "reducing a gradient bucket");
+  if (Replicated() && !b.replicating) {
+    RETURN_IF_ERROR(LaunchReplicas(b));
+    RETURN_IF_ERROR(b.handle.Wait(), "reducing a gradient bucket across replicas");
+  }
   const Clock::time_point done = Clock::now();
   stats_.reduce_seconds += std::chrono::duration<double>(done - b.launched).count();
   stats_.reduce_wait_seconds += std::chrono::duration<double>(done - waiting).count();
@@ -138,6 +171,10 @@ Status GradBucketer::Poll() {
     if (!b.in_flight) continue;
     const auto testing = std::chrono::steady_clock::now();  // CPU MPI progresses the collective inside Test: not hidden
     ASSIGN_OR_RETURN(bool done, b.handle.Test(), "reducing a gradient bucket");
+    if (done && Replicated() && !b.replicating) {
+      RETURN_IF_ERROR(LaunchReplicas(b));
+      ASSIGN_OR_RETURN(done, b.handle.Test(), "reducing a gradient bucket across replicas");
+    }
     stats_.reduce_wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - testing).count();
     if (done) RETURN_IF_ERROR(Complete(b));
   }

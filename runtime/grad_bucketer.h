@@ -12,6 +12,11 @@
 // (Add casts the gradient into the shard directly, rounding through the reduce dtype as a reduction
 // would).
 //
+// Hybrid sharding (Options::replicas): a bucket's reduce-scatter over the shard group is followed by
+// an all-reduce of the reduced region across the replica groups (started when the first completes,
+// so both overlap the rest of backward); the averages over both make the average over every rank.
+// With one rank per shard group the bucket is all-reduced over the replicas alone.
+//
 // Every rank must add the same groups in the same order (they run the same model). Not thread-safe.
 // Source gradients may be reused as soon as Add returns (they are copied into the bucket).
 #pragma once
@@ -38,6 +43,9 @@ class GradBucketer {
     // padded sizes with all_reduce); 0: nothing is added; < 0: not known (buckets of bucket_bytes).
     // Caps the buckets.
     int64_t total = -1;
+    // Hybrid sharding: the ranks that hold the same shards (null or one rank: none). Outlives the
+    // bucketer.
+    Communicator* replicas = nullptr;
   };
   // Buckets live on `device`; `compute` (for that device) does the copies and casts into and out of them.
   static Result<std::unique_ptr<GradBucketer>> Create(Communicator* comm, Device* device, Compute* compute,
@@ -68,6 +76,7 @@ class GradBucketer {
     std::vector<Dest> dests;
     CommHandle handle;
     bool in_flight = false;
+    bool replicating = false;  // the handle is the replicas' all-reduce (the shard group's finished)
     std::chrono::steady_clock::time_point launched;
   };
 
@@ -75,9 +84,11 @@ class GradBucketer {
       : comm_(comm), device_(device), compute_(compute), o_(o), capacity_(capacity) {}
   int regions() const { return o_.all_reduce ? 1 : comm_->size(); }
   bool alone() const { return comm_->size() == 1; }
+  bool Replicated() const;
   Status AddAlone(const char* grad, DType grad_dtype, int64_t count, char* shard_out, DType out_dtype);
   Status AllocateBucket(Bucket& b);
   Status Launch(Bucket& b);
+  Status LaunchReplicas(Bucket& b);
   Status Complete(Bucket& b);
   Bucket& Filling() { return buckets_[filling_]; }
 
@@ -89,6 +100,7 @@ class GradBucketer {
   Bucket buckets_[2];  // empty when alone()
   DeviceBuffer scratch_;  // alone(): the reduce dtype's rounding, when neither side has that dtype
   int filling_ = 0;
+  bool across_replicas_ = false;  // one rank per shard group: the all-reduce is the replicas'
   CommStats stats_;
 };
 

@@ -13,6 +13,9 @@ namespace zrt {
 // all-gather (N-1)/N of the full buffer.
 struct CommStats {
   int64_t reduce_bytes = 0;
+  // Of reduce_bytes, the all-reduce of reduced shards across replica groups (hybrid sharding): what
+  // crosses nodes when the shard groups are nodes.
+  int64_t replica_bytes = 0;
   int64_t gather_bytes = 0;
   int64_t collectives = 0;
   // Gradient reductions, host clock: each collective's time from launch to the completion the engine

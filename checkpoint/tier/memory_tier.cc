@@ -118,8 +118,8 @@ struct MemoryTier::Impl {
     g->step = m.step;
     g->m = std::move(m);
     ASSIGN_OR_RETURN(g->plan, internal::PlanFile(g->m, &g->bytes), "memory tier");
-    g->own_shard = g->m.shards == 1 ? 0 : comm->rank();
-    g->replica_shard = g->m.shards == 1 ? 0 : source;
+    g->own_shard = comm->rank() % g->m.shards;  // core/state_view.h's numbering
+    g->replica_shard = source % g->m.shards;
     if (!budget_checked) {  // two generations of the own copy and the replica must fit
       const int64_t need = 2 * g->bytes * (Replicated(n, o) ? 2 : 1);
       Status fits = need <= stats.budget_bytes ? Status()

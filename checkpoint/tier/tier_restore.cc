@@ -48,7 +48,7 @@ Offer OfferReplica(const std::string& rep, int source, int64_t step) {
     ASSIGN_OR_RETURN(CheckpointDir cd, CheckpointDir::Open(rep));
     ASSIGN_OR_RETURN(o.files[0], cd.ReadFile(kManifestFile));
     ASSIGN_OR_RETURN(Manifest m, DecodeManifest(o.files[0], cd.PathOf(kManifestFile)));
-    const int shard = m.shards == 1 ? 0 : source;
+    const int shard = source % m.shards;  // core/state_view.h's numbering
     ASSIGN_OR_RETURN(o.files[1], cd.ReadFile(IndexFileName(shard)));
     int64_t total = 0;
     ASSIGN_OR_RETURN(o.plan, PlanFile(m, &total));
@@ -172,7 +172,7 @@ Result<LoadResult> CheckDirect(const Receipt& rc, const std::string& what) {
 Status PlaceReplica(Receipt& rc, const std::string& tmp, const std::string& own, int rank) {
   ASSIGN_OR_RETURN(std::unique_ptr<IoEngine> io, IoEngine::Create(IoOptions{}));
   RETURN_IF_ERROR(WriteFileDurably(*io, tmp, std::string(kManifestFile), rc.got[0], kPrivateFileMode));
-  RETURN_IF_ERROR(WriteFileDurably(*io, tmp, IndexFileName(rc.m.shards == 1 ? 0 : rank), rc.got[1], kPrivateFileMode));
+  RETURN_IF_ERROR(WriteFileDurably(*io, tmp, IndexFileName(rank % rc.m.shards), rc.got[1], kPrivateFileMode));
   rc.file.Reset();
   RETURN_IF_ERROR(RemoveTree(own));
   return RenamePath(tmp, own);

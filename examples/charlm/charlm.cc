@@ -49,13 +49,15 @@ int Fail(const Status& s) {
 
 int main(int argc, char** argv) {
   CLI::App app{"charlm: a character-level language model trained with zrt"};
-  int stage = 3, batch = 64, print_every = 25, every = 0, keep_last = 3, threads = 1;
+  int stage = 3, shard_group_size = 0, batch = 64, print_every = 25, every = 0, keep_last = 3, threads = 1;
   int64_t steps = 400, warmup = -1;
   double lr = 1e-2;
   uint64_t seed = 1234;
   std::string ckpt_root, dump, words_path = "/usr/share/dict/words", offload = "none", nvme_dir, device_name = "cpu";
   charlm::Dims dims;
   app.add_option("--stage", stage, "ZeRO stage 0-3")->check(CLI::Range(0, 3));
+  app.add_option("--shard-group-size", shard_group_size, "hybrid sharding: shard over groups of this many ranks, replicate across (0: all)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--steps", steps, "optimizer steps in total (a resumed run counts from its checkpoint)");
   app.add_option("--batch", batch, "examples per rank per step");
   app.add_option("--lr", lr, "peak learning rate");
@@ -126,6 +128,7 @@ int main(int argc, char** argv) {
   auto staging = HostMemory::Create(0, "checkpoint staging");
   EngineConfig cfg;
   cfg.stage = stage;
+  cfg.shard_group_size = shard_group_size;
   cfg.adam.lr = lr;
   cfg.adam.weight_decay = 1e-4;
   if (warmup < 0) warmup = std::min<int64_t>(20, steps / 5);  // a short run is mostly training, not warmup

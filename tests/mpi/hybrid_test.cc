@@ -1,0 +1,437 @@
+// Hybrid sharding (EngineConfig::shard_group_size) at 1, 2, 3, 4 and 6 ranks, every divisor S of the
+// world: the same training as flat ZeRO to reduction-order tolerance at stages 1-3 (f32 and bf16
+// models, accumulation, clipping, compact state, host and NVMe offload, a frozen group), replicas
+// bit-identical to each other and to their own reruns, an overflow on one replica skipping the step
+// everywhere; checkpoints of a hybrid run hold each shard once and load on any mesh (bit for bit on
+// the same one, resharded on others, sub-worlds included); the memory tier restores a hybrid run.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+
+#include "tests/mpi/engine_fixture.h"
+#include "tests/support/scratch_root.h"
+#include "zrt/checkpoint/catalog.h"
+#include "zrt/checkpoint/checkpointer.h"
+#include "zrt/checkpoint/format.h"
+#include "zrt/checkpoint/load.h"
+#include "zrt/checkpoint/tier/memory_tier.h"
+
+namespace zrt {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A frozen group among trained ones.
+const std::vector<ParamDef> kHybridModel = {{"embed", {37, 29}, "g0"}, {"w1", {1001}, "g1"}, {"empty", {0, 4}, "g1"},
+                                            {"b1", {3}, "g1"},         {"w2", {4099}, "g2"}, {"tiny", {1}, "g2"},
+                                            {"frozen", {77}, "cold"}};
+
+struct Mesh {
+  int stage = 3;
+  int shards = 0;  // shard_group_size
+  DType dtype = DType::kF32;
+  StatePrecision state;
+  OffloadTarget offload = OffloadTarget::kNone;
+  int accum = 1;
+};
+
+std::string Name(const Mesh& s) {
+  return "stage " + std::to_string(s.stage) + " S=" + std::to_string(s.shards) + " " + std::string(DTypeName(s.dtype)) + " " +
+         StatePrecisionName(s.state) + " offload " + std::string(OffloadTargetName(s.offload)) + " accum " + std::to_string(s.accum);
+}
+
+class HybridTest : public EngineTest {
+ protected:
+  void SetUp() override {
+    EngineTest::SetUp();
+    root_ = testing::SharedScratchRoot(comm_.get(), std::string("zrt_hybrid_") + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    ASSERT_FALSE(root_.empty());
+    if (rank() == 0) fs::create_directories(root_);
+    ASSERT_TRUE(comm_->Barrier().ok());
+  }
+  void TearDown() override { ASSERT_TRUE(testing::RemoveSharedScratchRoot(comm_.get(), root_).ok()); }
+
+  // The divisors of the world size below it (the hybrid meshes; none on one rank).
+  std::vector<int> HybridSizes() const {
+    std::vector<int> out;
+    for (int s = 1; s < size(); ++s) {
+      if (size() % s == 0) out.push_back(s);
+    }
+    return out;
+  }
+
+  Result<std::unique_ptr<ZeroEngine>> Build(Communicator* comm, const Mesh& s) {
+    EngineConfig cfg;
+    cfg.stage = s.stage;
+    cfg.shard_group_size = s.shards;
+    cfg.bucket_bytes = 4096;  // several buckets, groups spanning buckets
+    cfg.alignment = 4;
+    cfg.max_grad_norm = 0.5;  // clipping active
+    cfg.grad_accum_steps = s.accum;
+    cfg.adam.lr = 1e-2;
+    cfg.adam.weight_decay = 0.01;
+    cfg.state = s.state;
+    cfg.offload.optimizer = s.offload;
+    if (s.offload == OffloadTarget::kNvme) {
+      cfg.offload.nvme_dir = root_ + "/swap" + std::to_string(comm->rank()) + "of" + std::to_string(comm->size());
+      fs::create_directories(cfg.offload.nvme_dir);
+      cfg.offload.sub_group_elements = 1024;
+    }
+    ASSIGN_OR_RETURN(auto e, ZeroEngine::Create(comm, &device_, cfg));
+    for (const ParamDef& p : kHybridModel) {
+      RETURN_IF_ERROR(e->AddParam(p.name, p.shape, s.dtype, {.group = p.group, .frozen = p.group == "cold"}));
+    }
+    RETURN_IF_ERROR(e->Finalize(InitFn()));
+    return e;
+  }
+
+  // The fixture's backward over the trained groups (the frozen one is gathered only).
+  void TrainedBackward(ZeroEngine& e, const GradFn& grad_fn) {
+    for (int g = e.num_groups() - 1; g >= 0; --g) {
+      ASSERT_TRUE(e.Gather(g).ok());
+      const bool frozen = g == e.group(*e.Find("frozen"));
+      if (!frozen) {
+        ASSERT_TRUE(e.GradBuffer(g).ok());
+      }
+      for (size_t p = 0; p + 1 < kHybridModel.size() && !frozen; ++p) {
+        const ParamHandle h{static_cast<int64_t>(p)};
+        if (e.group(h) != g) continue;
+        auto w = e.Param(h);
+        auto gr = e.Grad(h);
+        ASSERT_TRUE(w.ok() && gr.ok()) << w.status() << gr.status();
+        for (int64_t i = 0; i < w->numel(); ++i) {
+          const float old = LoadAsFloat(gr->data, i, gr->dtype);
+          StoreFromFloat(gr->data, i, gr->dtype, old + grad_fn(static_cast<int64_t>(p), i, LoadAsFloat(w->data, i, w->dtype)));
+        }
+      }
+      ASSERT_TRUE(e.Release(g).ok());
+      ASSERT_TRUE(e.GradsReady(g).ok());
+    }
+  }
+
+  // `steps` optimizer steps of `accum` micro-steps each; every rank's gradient is its own (world rank).
+  void Train(ZeroEngine& e, int world_rank, int first, int steps, int accum) {
+    for (int step = first; step < first + steps; ++step) {
+      for (int m = 0; m < accum; ++m) {
+        e.SetSync(m == accum - 1);
+        TrainedBackward(e, [&](int64_t p, int64_t i, float v) { return v - Target(world_rank + m, p, i) + 0.01f * static_cast<float>(step); });
+      }
+      auto r = e.Step();
+      ASSERT_TRUE(r.ok()) << r.status();
+      ASSERT_FALSE(r->skipped);
+    }
+  }
+
+  // Every tensor's full master weights (the frozen one's values), on every rank.
+  std::vector<float> Masters(ZeroEngine& e) {
+    std::vector<float> out;
+    for (size_t p = 0; p < kHybridModel.size(); ++p) {
+      auto m = e.FullMaster({static_cast<int64_t>(p)});
+      EXPECT_TRUE(m.ok()) << m.status();
+      if (m.ok()) out.insert(out.end(), m->begin(), m->end());
+    }
+    return out;
+  }
+
+  // This rank's own shard of every state buffer, as bytes of f32 values.
+  static std::vector<float> OwnState(ZeroEngine& e) {
+    std::vector<float> out;
+    const StateView v = e.state_view();
+    for (size_t g = 0; g < v.groups.size(); ++g) {
+      for (size_t b = 0; b < v.groups[g].buffers.size(); ++b) {
+        std::vector<float> part(static_cast<size_t>(v.groups[g].buffers[b].count));
+        EXPECT_TRUE(v.Read(static_cast<int>(g), static_cast<int>(b), 0, static_cast<int64_t>(part.size()), part.data()).ok());
+        out.insert(out.end(), part.begin(), part.end());
+      }
+    }
+    return out;
+  }
+
+  // Every rank's FNV hash of `v`.
+  std::vector<uint64_t> AllHashes(const std::vector<float>& v) {
+    uint64_t h = 1469598103934665603ull;
+    const auto* p = reinterpret_cast<const unsigned char*>(v.data());
+    for (size_t i = 0; i < v.size() * 4; ++i) h = (h ^ p[i]) * 1099511628211ull;
+    std::vector<uint64_t> all(static_cast<size_t>(size()));
+    EXPECT_EQ(MPI_Allgather(&h, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD), MPI_SUCCESS);
+    return all;
+  }
+
+  // The replicas of each shard hold the same bytes (ranks q and q + S, q + 2S, ...).
+  void ExpectReplicasIdentical(ZeroEngine& e, int shards, const std::string& what) {
+    const std::vector<uint64_t> all = AllHashes(OwnState(e));
+    for (int q = shards; q < size(); ++q) EXPECT_EQ(all[static_cast<size_t>(q)], all[static_cast<size_t>(q % shards)]) << what << ": rank " << q;
+  }
+
+  // A disk checkpoint of the engine's state under `root`; its directory ("" on failure).
+  std::string Save(ZeroEngine& e, const std::string& root) {
+    ckpt::CheckpointOptions o;
+    o.root = root;
+    auto c = ckpt::Checkpointer::Create(comm_.get(), &device_, o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (!c.ok()) return "";
+    EXPECT_TRUE((*c)->SaveAsync(e.state_view()).ok());
+    EXPECT_TRUE((*c)->Wait().ok());
+    return root + "/" + ckpt::StepDirName(e.steps());
+  }
+
+  static void ExpectNear(const std::vector<float>& got, const std::vector<float>& want, double tol, const std::string& what) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], tol * (1 + std::abs(want[i]))) << what << " element " << i;
+    }
+  }
+
+  std::string root_;
+};
+
+TEST_F(HybridTest, EveryStageMatchesFlatZeroAndReplicasStayBitIdentical) {
+  for (int stage = 1; stage <= 3; ++stage) {
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      Mesh flat{.stage = stage, .dtype = dtype, .accum = 2};
+      auto ref = Build(comm_.get(), flat);
+      ASSERT_TRUE(ref.ok()) << ref.status();
+      Train(**ref, rank(), 0, 4, 2);
+      const std::vector<float> want = Masters(**ref);
+      const std::vector<std::vector<float>> want_params = Params(**ref, kHybridModel.size());
+      for (int s : HybridSizes()) {
+        Mesh h = flat;
+        h.shards = s;
+        auto e = Build(comm_.get(), h);
+        ASSERT_TRUE(e.ok()) << Name(h) << ": " << e.status();
+        Train(**e, rank(), 0, 4, 2);
+        // Averages over S then R ranks instead of N, then Adam's m / sqrt(v) (and for bf16 a parameter
+        // one ulp apart, 1e-4 near 0.03, changes the next gradient): a wrong reduction is off by lr = 1e-2.
+        ExpectNear(Masters(**e), want, dtype == DType::kF32 ? 1e-4 : 1e-3, Name(h));
+        const auto params = Params(**e, kHybridModel.size());
+        for (size_t p = 0; p < params.size(); ++p) ExpectNear(params[p], want_params[p], dtype == DType::kF32 ? 1e-4 : 1e-2, Name(h) + " params");
+        ExpectReplicasIdentical(**e, s, Name(h));
+        // Every rank holds the same full parameters.
+        std::vector<float> flat_params;
+        for (const auto& p : params) flat_params.insert(flat_params.end(), p.begin(), p.end());
+        const auto all = AllHashes(flat_params);
+        for (int q = 1; q < size(); ++q) EXPECT_EQ(all[static_cast<size_t>(q)], all[0]) << Name(h) << ": rank " << q << "'s parameters";
+      }
+    }
+  }
+}
+
+TEST_F(HybridTest, RerunsAreBitIdentical) {
+  for (int s : HybridSizes()) {
+    Mesh h{.stage = 3, .shards = s, .dtype = DType::kBF16};
+    std::vector<float> first;
+    for (int run = 0; run < 2; ++run) {
+      auto e = Build(comm_.get(), h);
+      ASSERT_TRUE(e.ok()) << e.status();
+      Train(**e, rank(), 0, 3, 1);
+      const std::vector<float> m = Masters(**e);
+      if (run == 0) first = m;
+      else EXPECT_EQ(0, std::memcmp(first.data(), m.data(), m.size() * 4)) << Name(h);
+    }
+  }
+}
+
+TEST_F(HybridTest, CompactStateAndOffloadMatchFlat) {
+  StatePrecision q8;
+  q8.exp_avg = q8.exp_avg_sq = kernels::MomentFormat::kQ8;
+  q8.q8_block = 64;
+  StatePrecision bf16_no_master;
+  bf16_no_master.exp_avg = bf16_no_master.exp_avg_sq = kernels::MomentFormat::kBf16;
+  bf16_no_master.master = false;
+  const std::vector<Mesh> setups = {
+      {.stage = 3, .dtype = DType::kF32, .offload = OffloadTarget::kHost},
+      {.stage = 2, .dtype = DType::kBF16, .offload = OffloadTarget::kNvme},
+      {.stage = 3, .dtype = DType::kBF16, .offload = OffloadTarget::kNvme},
+      {.stage = 1, .dtype = DType::kBF16, .state = q8},
+      {.stage = 3, .dtype = DType::kBF16, .state = bf16_no_master, .offload = OffloadTarget::kHost},
+  };
+  for (const Mesh& flat : setups) {
+    auto ref = Build(comm_.get(), flat);
+    ASSERT_TRUE(ref.ok()) << Name(flat) << ": " << ref.status();
+    Train(**ref, rank(), 0, 3, 1);
+    const std::vector<float> want = Masters(**ref);
+    ref->reset();
+    for (int s : HybridSizes()) {
+      Mesh h = flat;
+      h.shards = s;
+      auto e = Build(comm_.get(), h);
+      ASSERT_TRUE(e.ok()) << Name(h) << ": " << e.status();
+      Train(**e, rank(), 0, 3, 1);
+      // Compact moments round what reduction order changed: a code or a bf16 ulp apart.
+      ExpectNear(Masters(**e), want, flat.state.compact() ? 2e-2 : 1e-4, Name(h));
+      ExpectReplicasIdentical(**e, s, Name(h));
+    }
+  }
+}
+
+TEST_F(HybridTest, AnOverflowOnOneReplicaSkipsTheStepEverywhere) {
+  for (int s : HybridSizes()) {
+    EngineConfig cfg;
+    cfg.stage = 3;
+    cfg.shard_group_size = s;
+    cfg.loss_scale.mode = LossScaleMode::kDynamic;
+    cfg.loss_scale.init_scale = 1024;
+    auto e = Make(cfg, kModel, DType::kF16, InitFn());
+    ASSERT_TRUE(e.ok()) << e.status();
+    Backward(**e, kModel.size(), [&](int64_t p, int64_t i, float v) { return (v - Target(rank(), p, i)) * 1024.0f; });
+    ASSERT_FALSE((*e)->Step()->skipped);
+    const auto before = Params(**e, kModel.size());
+    Backward(**e, kModel.size(), [&](int64_t p, int64_t i, float v) {
+      if (rank() == size() - 1 && p == 4 && i == 17) return std::numeric_limits<float>::infinity();
+      return (v - Target(rank(), p, i)) * 1024.0f;
+    });
+    auto r = (*e)->Step();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r->skipped) << "S=" << s;
+    EXPECT_EQ((*e)->loss_scale(), 512);
+    EXPECT_EQ(Params(**e, kModel.size()), before);
+  }
+}
+
+TEST_F(HybridTest, CommunicationStaysInsideTheShardGroupButTheReplicasAllReduce) {
+  for (int s : HybridSizes()) {
+    Mesh h{.stage = 3, .shards = s};
+    auto e = Build(comm_.get(), h);
+    ASSERT_TRUE(e.ok()) << e.status();
+    Train(**e, rank(), 0, 1, 1);
+    const CommStats st = (*e)->comm_stats();
+    EXPECT_GT(st.replica_bytes, 0) << Name(h);
+    if (s == 1) EXPECT_EQ(st.gather_bytes, 0) << "one rank per shard group gathers nothing";
+    else EXPECT_GT(st.gather_bytes, 0);
+  }
+}
+
+TEST_F(HybridTest, BadShardGroupSizesAreClearErrors) {
+  EngineConfig cfg;
+  cfg.stage = 3;
+  cfg.shard_group_size = size() + 1;
+  auto e = ZeroEngine::Create(comm_.get(), &device_, cfg);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("shard_group_size"), std::string::npos) << e.status();
+  cfg.shard_group_size = -1;
+  EXPECT_FALSE(ZeroEngine::Create(comm_.get(), &device_, cfg).ok());
+  if (size() > 1) {
+    cfg.stage = 0;
+    cfg.shard_group_size = 1;
+    auto z = ZeroEngine::Create(comm_.get(), &device_, cfg);
+    ASSERT_FALSE(z.ok());
+    EXPECT_NE(z.status().message().find("stage 0"), std::string::npos) << z.status();
+  }
+}
+
+// Saved on (N, S), every shard once; resumed on (N, S) bit for bit, and on every other S of this
+// world (another stage too) to reduction-order tolerance.
+TEST_F(HybridTest, CheckpointsHoldEachShardOnceAndLoadOnAnyMesh) {
+  for (int s : HybridSizes()) {
+    Mesh h{.stage = 3, .shards = s, .dtype = DType::kBF16};
+    const std::string dir_root = root_ + "/s" + std::to_string(s);
+    auto e = Build(comm_.get(), h);
+    ASSERT_TRUE(e.ok()) << e.status();
+    Train(**e, rank(), 0, 2, 1);
+    const std::string dir = Save(**e, dir_root);
+    if (rank() == 0) {
+      int data = 0;
+      for (const auto& f : fs::directory_iterator(dir)) data += f.path().extension() == ".data" ? 1 : 0;
+      EXPECT_EQ(data, s) << "each shard once, not once per replica";
+      auto m = ckpt::ListCheckpoints(dir_root);
+      ASSERT_TRUE(m.ok()) << m.status();
+      ASSERT_EQ(m->size(), 1u);
+      EXPECT_EQ((*m)[0].world_size, size());
+    }
+    // The uninterrupted run, two more steps.
+    Train(**e, rank(), 2, 2, 1);
+    const std::vector<float> want = Masters(**e);
+    e->reset();
+
+    // Every mesh of this world: the same one resumes bit for bit, the others reshard (and change stage).
+    for (int s2 = 1; s2 <= size(); ++s2) {
+      if (size() % s2 != 0) continue;
+      Mesh t = h;
+      t.shards = s2;
+      if (s2 != s) t.stage = s2 % 2 == 0 ? 2 : 1;
+      auto l = Build(comm_.get(), t);
+      ASSERT_TRUE(l.ok()) << l.status();
+      auto r = ckpt::Load(dir, (*l)->state_view());
+      ASSERT_TRUE(r.ok()) << "S=" << s2 << ": " << r.status();
+      EXPECT_EQ(r->saved_world_size, size());
+      ASSERT_TRUE((*l)->Restore(r->counters).ok());
+      ASSERT_EQ((*l)->steps(), 2);
+      Train(**l, rank(), 2, 2, 1);
+      const std::vector<float> got = Masters(**l);
+      if (s2 == s) {
+        EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * 4)) << "the same mesh resumes bit for bit (S=" << s << ")";
+      } else {
+        ExpectNear(got, want, 2e-2, "resharded S=" + std::to_string(s) + " -> " + std::to_string(s2));
+      }
+      ExpectReplicasIdentical(**l, s2, "resumed");
+    }
+  }
+}
+
+// Loads on every mesh of every sub-world (n <= N ranks, each S dividing n) hold exactly the saved
+// masters: a reshard moves bytes, it computes nothing.
+TEST_F(HybridTest, ReshardingMovesTheSavedBytesExactly) {
+  for (int s : HybridSizes()) {
+    Mesh h{.stage = 3, .shards = s};
+    auto e = Build(comm_.get(), h);
+    ASSERT_TRUE(e.ok()) << e.status();
+    Train(**e, rank(), 0, 2, 1);
+    const std::string dir = Save(**e, root_ + "/exact" + std::to_string(s));
+    const std::vector<float> saved = Masters(**e);
+    for (int n = 1; n <= size(); ++n) {
+      auto sub = comm_->Split(rank() < n ? 0 : -1, rank());
+      ASSERT_TRUE(sub.ok());
+      for (int s2 = 1; s2 <= n; ++s2) {
+        if (n % s2 != 0 || !*sub) continue;
+        Mesh t = h;
+        t.shards = s2;
+        auto l = Build(sub->get(), t);
+        ASSERT_TRUE(l.ok()) << l.status();
+        auto r = ckpt::Load(dir, (*l)->state_view());
+        ASSERT_TRUE(r.ok()) << r.status();
+        ASSERT_TRUE((*l)->Restore(r->counters).ok());
+        const std::vector<float> got = Masters(**l);
+        EXPECT_EQ(0, std::memcmp(got.data(), saved.data(), saved.size() * 4)) << "(" << size() << "," << s << ") -> (" << n << "," << s2 << ")";
+      }
+      ASSERT_TRUE(comm_->Barrier().ok());
+    }
+  }
+}
+
+TEST_F(HybridTest, TheMemoryTierRestoresAHybridRun) {
+  for (int s : HybridSizes()) {
+    Mesh h{.stage = 3, .shards = s, .dtype = DType::kBF16};
+    auto e = Build(comm_.get(), h);
+    ASSERT_TRUE(e.ok()) << e.status();
+    Train(**e, rank(), 0, 2, 1);
+    ckpt::CheckpointOptions o;
+    o.root = root_ + "/tier_disk" + std::to_string(s);
+    o.memory = ckpt::MemoryTierOptions{.dir = testing::TierScratchDir(root_ + "_t" + std::to_string(s)), .ranks_per_node = std::max(1, size() / 2)};
+    auto c = ckpt::Checkpointer::Create(comm_.get(), &device_, o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE((*c)->SaveToMemory((*e)->state_view()).ok());
+    ASSERT_TRUE((*c)->Wait().ok());
+    const std::vector<float> saved = Masters(**e);
+    // First from every rank's own copy, then with the last rank's copy gone (its peer's replica).
+    for (const bool lose : {false, true}) {
+      Train(**e, rank(), 2, 1, 1);  // moves on; the resume must go back
+      if (lose && rank() == size() - 1) fs::remove_all(ckpt::MemoryTier::RankDir(o.root, *o.memory, rank()));
+      ASSERT_TRUE(comm_->Barrier().ok());
+      auto r = (*c)->Resume((*e)->state_view());
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->source, lose && rank() == size() - 1 ? "peer" : "memory") << "S=" << s;
+      EXPECT_EQ((*e)->steps(), 2);
+      const std::vector<float> got = Masters(**e);
+      EXPECT_EQ(0, std::memcmp(got.data(), saved.data(), saved.size() * 4)) << "S=" << s << (lose ? " from the peer" : "");
+      ExpectReplicasIdentical(**e, s, "restored from the memory tier");
+    }
+    if (rank() == 0) fs::remove_all(o.memory->dir);
+  }
+}
+
+}  // namespace
+}  // namespace zrt
