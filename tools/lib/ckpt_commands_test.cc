@@ -36,7 +36,8 @@ class CkptCommands : public ::testing::Test {
     Manifest m;
     m.nonce = "feedfacecafebeef";
     m.step = 42;
-    m.world_size = m.shards = 3;
+    m.world_size = world_;
+    m.shards = 3;
     m.stage = 3;
     m.trainer_state = {{"seed", 9}};
     m.engine_state = {{"lr", 0.002}, {"weight_decay", 0.1}};
@@ -65,6 +66,7 @@ class CkptCommands : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(root_); }
   std::string root_, dir_;
+  int world_ = 3;  // ranks that saved the 3 shards (6: two replica groups, hybrid sharding)
 };
 
 TEST_F(CkptCommands, LsInspectVerify) {
@@ -88,6 +90,20 @@ TEST_F(CkptCommands, LsInspectVerify) {
   std::ostringstream v;
   EXPECT_TRUE(CkptVerify(dir_, false, v).ok()) << v.str();
   EXPECT_NE(v.str().find("OK"), std::string::npos);
+}
+
+TEST_F(CkptCommands, InspectShowsTheMesh) {
+  std::ostringstream flat;
+  ASSERT_TRUE(CkptInspect(dir_, "", false, false, flat).ok());
+  EXPECT_NE(flat.str().find("mesh: 3 shard(s), one per rank"), std::string::npos) << flat.str();
+  world_ = 6;
+  const std::string hybrid = Write(root_ + "/hybrid", [](int64_t, float v) { return v; });
+  std::ostringstream text;
+  ASSERT_TRUE(CkptInspect(hybrid, "", false, false, text).ok());
+  EXPECT_NE(text.str().find("saved by 6 rank(s)"), std::string::npos) << text.str();
+  EXPECT_NE(text.str().find("mesh: hybrid sharding, 2 replica group(s) of 3 shard(s)"), std::string::npos) << text.str();
+  std::ostringstream v;
+  EXPECT_TRUE(CkptVerify(hybrid, false, v).ok()) << v.str();
 }
 
 TEST_F(CkptCommands, ReshardDiffExportImportAgree) {

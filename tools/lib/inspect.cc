@@ -89,6 +89,15 @@ void PrintHeader(const json& j, std::ostream& out) {
   out << "checkpoint " << j["dir"].get<std::string>() << "\n  format v" << j["format_version"].get<int>() << ", step " << j["step"]
       << ", saved by " << j["world_size"] << " rank(s) at stage " << j["stage"] << " (" << j["shards"] << " shard file(s)), zrt "
       << j["zrt_version"].get<std::string>() << "\n";
+  const int world = j["world_size"].get<int>(), shards = j["shards"].get<int>();
+  if (j["stage"].get<int>() == 0) {
+    out << "  mesh: one shard, held by every rank\n";
+  } else if (shards < world) {
+    out << "  mesh: hybrid sharding, " << world / shards << " replica group(s) of " << shards << " shard(s) (rank q held shard q % "
+        << shards << "; each shard saved once)\n";
+  } else {
+    out << "  mesh: " << shards << " shard(s), one per rank\n";
+  }
   out << "  trainer state: " << j["trainer_state"].dump() << "\n";
   const json& es = j["engine"]["state"];
   if (es.is_object() && !es.empty()) {
