@@ -3,10 +3,11 @@
 # (python3-torch: the reference examples/gpt is checked against, and the peer scripts/bench measures;
 # run with /usr/bin/python3, the interpreter Debian installs it for, whatever python3 comes first on
 # PATH. libopenblas-dev and the fortunes texts: examples/gpt. pybind11-dev and python3-dev: the Python
-# module, python/.)
+# module, python/. iproute2: ip and tc for the emulated nodes, scripts/cluster.)
 ZRT_PACKAGES=(cmake g++ make pkg-config libgtest-dev libopenmpi-dev openmpi-bin nlohmann-json3-dev libcli11-dev
               liburing-dev libzstd-dev libxxhash-dev wamerican clang libclang-rt-14-dev
-              libhdf5-dev python3-h5py libopenblas-dev fortunes fortunes-min python3-torch pybind11-dev python3-dev)
+              libhdf5-dev python3-h5py libopenblas-dev fortunes fortunes-min python3-torch pybind11-dev python3-dev
+              iproute2)
 
 zrt_root() { cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd; }
 
