@@ -202,6 +202,13 @@ void AddPlanCommand(CLI::App& app, Args& a) {
   plan->add_option("--gpus", pi.gpus, "data-parallel devices")->check(AtLeast(1))->capture_default_str();
   plan->add_option("--gpus-per-node", pi.gpus_per_node, "devices per node (host memory per node; default min(gpus, 8))")->check(AtLeast(1));
   plan->add_option("--stage", pi.stage, "ZeRO stage 0..3")->check(CLI::IsMember({0, 1, 2, 3}))->capture_default_str();
+  plan->add_option("--shard-group", pi.shard_group, "hybrid sharding: devices per shard group, replicated across (default: all --gpus)")
+      ->check(AtLeast(1));
+  plan->add_option("--tp", pi.tp, "tensor-parallel degree: the model per device is divided by TP x PP")->check(AtLeast(1))->capture_default_str();
+  plan->add_option("--pp", pi.pp, "pipeline-parallel degree")->check(AtLeast(1))->capture_default_str();
+  plan->add_option("--intra-gbps", pi.intra_gbps, "GB/s per device inside a node (with --inter-gbps: communication time per step)")
+      ->check(CLI::NonNegativeNumber);
+  plan->add_option("--inter-gbps", pi.inter_gbps, "GB/s per device across nodes")->check(CLI::NonNegativeNumber);
   plan->add_option("--offload", pi.offload, "optimizer state: none | cpu | nvme (stages 1-3)")->check(CLI::IsMember({"none", "cpu", "nvme"}))->capture_default_str();
   plan->add_option("--offload-params", pi.offload_params, "stage-3 parameter shards: none | cpu | nvme")
       ->check(CLI::IsMember({"none", "cpu", "nvme"}))->capture_default_str();

@@ -23,7 +23,9 @@
 // + 5*a*s^2*b (the attention scores; none with FlashAttention); with full recomputation only the layer
 // input is kept: 2*s*b*h.
 // Communication per step per device (ring collectives): stages 0-2 2 Psi P (N-1)/N, stage 3
-// 3 Psi P (N-1)/N. Time: 8 Psi T / (N X) with recomputation, 6 Psi T / (N X) without.
+// 3 Psi P (N-1)/N; with hybrid sharding (S devices per shard group, R = N/S) the group's collectives
+// use S, plus 2 Psi P / S (R-1)/R across the replicas (LinksFor splits them by link). The model per
+// device is Psi / (TP x PP), and every sharded term divides by S instead of N. Time: 8 Psi T / (N X) with recomputation, 6 Psi T / (N X) without.
 // DeepSpeed's estimator (deepspeed.runtime.zero.stage_1_and_2 / stage3
 // estimate_zero{2,3}_model_states_mem_needs, additional_buffer_factor 1.5) for the same inputs is
 // reported beside: docs/cli.md says where and why the two differ.
@@ -89,6 +91,7 @@ struct Config {
   std::string offload = "none", offload_params = "none";
   bool recompute = false;
   int64_t batch = 1;
+  int shards = 1;  // S: the devices the state is sharded over (gpus, or the hybrid shard group)
 };
 
 struct Memory {
@@ -105,11 +108,11 @@ double MomentBytes(const PlanInput& in) { return in.moments == "f32" ? 4 : in.mo
 Memory MemoryFor(const PlanInput& in, const Model& m, const Config& c) {
   // Optimizer state per parameter: the moments, and an fp32 master for 16-bit models (an fp32 model's
   // parameters are its master, except on NVMe where the master streams beside the parameters).
-  const double n = in.gpus, p = in.param_bytes, g = in.fp32_grads ? 4 : in.param_bytes;
+  const double n = c.shards, p = in.param_bytes, g = in.fp32_grads ? 4 : in.param_bytes;
   const double moment = MomentBytes(in);
   const double master = !in.master || (in.param_bytes == 4 && c.offload != "nvme") ? 0 : 4;
   const double k = 2 * moment + master;
-  const double psi = m.psi;
+  const double psi = m.psi / (in.tp * in.pp);
   Memory mem;
   switch (c.stage) {
     case 0: mem.params = p * psi, mem.grads = g * psi, mem.optim = k * psi; break;
@@ -121,7 +124,7 @@ Memory MemoryFor(const PlanInput& in, const Model& m, const Config& c) {
   // Gradient buckets in f32: one as large as the model's gradient when that fits bucket_bytes, else two
   // of bucket_bytes; none on one device (nothing is reduced).
   const double bucket = std::min(double(in.bucket_bytes), 4 * psi), buckets = 4 * psi > in.bucket_bytes ? 2 : 1;
-  mem.buckets = n == 1 ? 0 : buckets * bucket * (c.stage == 0 ? 1 : 1 + 1 / n);
+  mem.buckets = in.gpus == 1 ? 0 : buckets * bucket * (c.stage == 0 || n == 1 ? 1 : 1 + 1 / n);
   if (c.stage == 2) mem.working = g * m.largest;
   if (c.stage == 3) {
     const double one = p * m.largest;
@@ -146,6 +149,8 @@ Memory MemoryFor(const PlanInput& in, const Model& m, const Config& c) {
   return mem;
 }
 
+int Shards(const PlanInput& in) { return in.shard_group > 0 ? in.shard_group : in.gpus; }
+
 int PerNode(const PlanInput& in) { return in.gpus_per_node > 0 ? std::min(in.gpus_per_node, in.gpus) : std::min(in.gpus, 8); }
 
 bool Fits(const PlanInput& in, const Memory& mem) {
@@ -158,7 +163,7 @@ bool Fits(const PlanInput& in, const Memory& mem) {
 // from the host, then NVMe's bandwidth. Within a step the lower stage (equal cost, fewer collectives).
 std::vector<Config> Candidates() {
   std::vector<Config> out;
-  auto add = [&](int stage, const char* off, const char* off_params, bool rc) { out.push_back({stage, off, off_params, rc, 1}); };
+  auto add = [&](int stage, const char* off, const char* off_params, bool rc) { out.push_back({stage, off, off_params, rc, 1, 1}); };
   for (bool rc : {false, true}) {
     for (int s = 0; s <= 3; ++s) add(s, "none", "none", rc);
   }
@@ -198,6 +203,52 @@ nlohmann::json DeepSpeedEstimate(const PlanInput& in, const Model& m) {
   return {{"zero2", z2}, {"zero3", z3}, {"additional_buffer_factor", buf}};
 }
 
+// Bytes per device per step on the links inside a node and across nodes (ring collectives, the
+// volumes of docs/engine.md "Hybrid sharding"), M = the model per device in its dtype, G = its
+// gradient: stages 0-2 all-reduce (reduce-scatter + all-gather) 2 M (S-1)/S, stage 3 gathers twice
+// and reduce-scatters: 3 M (S-1)/S; with R = N / S > 1 replicas the reduced shard is all-reduced
+// across them, 2 (M / S) (R-1)/R. A collective over a group that spans nodes is counted across.
+struct Links {
+  double inside = 0, across = 0;
+  double seconds = 0;  // at the given rates (0 when not given)
+};
+
+Links LinksFor(const PlanInput& in, const Model& m, int shards) {
+  const double bytes = m.psi / (in.tp * in.pp) * in.param_bytes, s = shards, r = double(in.gpus) / shards;
+  const double group = (in.stage == 3 ? 3.0 : 2.0) * bytes * (s - 1) / s;
+  const double replicas = in.stage == 0 ? 0 : 2 * bytes / s * (r - 1) / r;
+  Links l;
+  const bool group_inside = shards <= PerNode(in) && PerNode(in) % shards == 0;
+  (group_inside ? l.inside : l.across) += in.stage == 0 ? 2 * bytes * (in.gpus - 1.0) / in.gpus : group;
+  if (in.stage == 0 && in.gpus > PerNode(in)) l.across += l.inside, l.inside = 0;
+  l.across += replicas;
+  if (in.intra_gbps > 0 && in.inter_gbps > 0) l.seconds = l.inside / (in.intra_gbps * 1e9) + l.across / (in.inter_gbps * 1e9);
+  return l;
+}
+
+// Every shard group size that divides the world: memory per device, bytes per link, the time at the
+// given rates; and the recommendation: the fastest (least across nodes) that fits.
+nlohmann::json MeshJson(const PlanInput& in, const Model& m) {
+  nlohmann::json rows = nlohmann::json::array();
+  int best = 0;
+  double best_cost = 0;
+  for (int s = 1; s <= in.gpus; ++s) {
+    if (in.gpus % s != 0 || (in.stage == 0 && s != in.gpus)) continue;
+    const Config c{in.stage, in.offload, in.offload_params, in.recompute, in.batch, s};
+    const Memory mem = MemoryFor(in, m, c);
+    const Links l = LinksFor(in, m, s);
+    const bool fits = Fits(in, mem);
+    const double cost = l.seconds > 0 ? l.seconds : l.across + 1e-6 * l.inside;
+    if (fits && (best == 0 || cost < best_cost)) best = s, best_cost = cost;
+    nlohmann::json row = {{"shard_group", s}, {"replicas", in.gpus / s}, {"device_total", mem.device()}, {"model_states", mem.states()},
+                          {"inside_node_bytes", l.inside}, {"across_nodes_bytes", l.across}, {"fits", fits}};
+    if (l.seconds > 0) row["comm_seconds"] = l.seconds;
+    rows.push_back(row);
+  }
+  return {{"gpus_per_node", PerNode(in)}, {"tp", in.tp}, {"pp", in.pp}, {"shard_group", Shards(in)}, {"by_shard_group", rows},
+          {"recommended_shard_group", best > 0 ? nlohmann::json(best) : nlohmann::json(nullptr)}};
+}
+
 nlohmann::json MemoryJson(const Memory& mem, double cap) {
   return {{"params", mem.params}, {"grads", mem.grads}, {"optimizer", mem.optim}, {"model_states", mem.states()},
           {"working_set", mem.working}, {"buckets", mem.buckets}, {"activations", mem.act}, {"total", mem.device()},
@@ -218,6 +269,12 @@ Status CheckInput(const PlanInput& in) {
   if (in.arch != "gpt" && in.arch != "llama") return InvalidArgumentError("plan: --arch must be gpt or llama, got '", in.arch, "'");
   if (in.gpus < 1) return InvalidArgumentError("plan: --gpus must be >= 1, got ", in.gpus);
   if (in.stage < 0 || in.stage > 3) return InvalidArgumentError("plan: --stage must be 0..3, got ", in.stage);
+  if (in.shard_group < 0 || (in.shard_group > 0 && in.gpus % in.shard_group != 0)) {
+    return InvalidArgumentError("plan: --shard-group must divide --gpus (", in.gpus, "), got ", in.shard_group);
+  }
+  if (in.stage == 0 && in.shard_group > 0 && in.shard_group != in.gpus) return InvalidArgumentError("plan: stage 0 shards nothing (--shard-group)");
+  if (in.tp < 1 || in.pp < 1) return InvalidArgumentError("plan: --tp and --pp must be >= 1");
+  if (in.intra_gbps < 0 || in.inter_gbps < 0) return InvalidArgumentError("plan: --intra-gbps and --inter-gbps must be >= 0");
   for (const std::string* o : {&in.offload, &in.offload_params}) {
     if (*o != "none" && *o != "cpu" && *o != "nvme") return InvalidArgumentError("plan: offload must be none, cpu or nvme, got '", *o, "'");
   }
@@ -253,13 +310,14 @@ Status CheckFailureInput(const PlanInput& in) {
 Estimate EstimateFor(const PlanInput& in, const Model& m) {
   Estimate e;
   const double cap = in.gpu_mem_gib * double(int64_t{1} << 30);
-  const Config given{in.stage, in.offload, in.offload_params, in.recompute, in.batch};
+  const Config given{in.stage, in.offload, in.offload_params, in.recompute, in.batch, Shards(in)};
   e.mem = MemoryFor(in, m, given);
   Config rc = given;
   rc.recompute = true;
   e.mem_rc = MemoryFor(in, m, rc);
   // The cheapest configuration that fits, with the largest micro-batch up to --batch that does.
   for (Config c : Candidates()) {
+    c.shards = Shards(in);
     for (int64_t b = m.shape ? in.batch : 1; b >= 1 && !e.best; b /= 2) {
       c.batch = b;
       if (Fits(in, MemoryFor(in, m, c))) e.best = c;
@@ -267,14 +325,16 @@ Estimate EstimateFor(const PlanInput& in, const Model& m) {
     if (e.best) break;
   }
   e.left_out = {"the framework's own device memory (CUDA context, allocator fragmentation)",
-                "tensor, sequence and pipeline parallelism (data parallelism only)"};
+                in.tp * in.pp > 1 ? "tensor and pipeline parallelism's own buffers and communication (the model per device is divided by TP x PP)"
+                                  : "tensor, sequence and pipeline parallelism (data parallelism only)"};
   if (!m.shape) e.left_out.push_back("activations (give the transformer shape: --layers --hidden --heads --seq --vocab)");
   if (m.shape) e.left_out.push_back("the output logits and loss (s x b x vocab, 4 bytes each in fp32) and the embedding's output");
   if (in.stage >= 2 && m.largest == 0) e.left_out.push_back("the gathered layers and per-layer gradients (give --largest-layer)");
   if (in.offload == "nvme" || in.offload_params == "nvme") e.left_out.push_back("NVMe swap buffers in host memory (bounded by offload.host_budget_bytes)");
 
-  const double n = in.gpus, p = in.param_bytes;
-  e.comm = (in.stage == 3 ? 3.0 : 2.0) * m.psi * p * (n - 1) / n;
+  const double n = in.gpus;
+  const Links links = LinksFor(in, m, Shards(in));
+  e.comm = links.inside + links.across;
   const double flops = in.tflops * 1e12;
   e.t_rc = flops > 0 ? 8.0 * m.psi * in.tokens / (n * flops) : 0;
   e.t_plain = flops > 0 ? 6.0 * m.psi * in.tokens / (n * flops) : 0;
@@ -288,6 +348,7 @@ Estimate EstimateFor(const PlanInput& in, const Model& m) {
       {"host", e.mem.host}, {"host_per_node", e.mem.host * PerNode(in)}, {"nvme", e.mem.nvme},
       {"fits", Fits(in, e.mem)}, {"fits_with_recompute", Fits(in, e.mem_rc)},
       {"left_out", e.left_out}, {"comm_bytes_per_step", e.comm}, {"deepspeed", DeepSpeedEstimate(in, m)},
+      {"mesh", MeshJson(in, m)},
       {"model_state", {{"params", e.mem.state[0]}, {"grads", e.mem.state[1]}, {"optimizer", e.mem.state[2]}}},
   };
   // Kept for scripts written against the first version.
@@ -426,7 +487,10 @@ void PrintPlan(const PlanInput& in, const Model& m, const Estimate& e, std::ostr
   if (in.moments != "f32" || !in.master) out << ", " << in.moments << " moments" << (in.master ? "" : ", no master");
   out << ")";
   if (m.largest > 0) out << ", largest layer " << m.largest / 1e6 << " M";
-  out << "; " << in.gpus << " device(s), ZeRO stage " << in.stage << ", offload " << in.offload;
+  out << "; " << in.gpus << " device(s), ZeRO stage " << in.stage;
+  if (Shards(in) < in.gpus && in.stage > 0) out << " in shard groups of " << Shards(in) << " (" << in.gpus / Shards(in) << " replicas)";
+  if (in.tp * in.pp > 1) out << ", TP " << in.tp << " x PP " << in.pp;
+  out << ", offload " << in.offload;
   if (in.stage == 3) out << ", parameters offload " << in.offload_params;
   out << "\nper device:  params " << b(e.mem.params) << "   grads " << b(e.mem.grads) << "   optimizer " << b(e.mem.optim)
       << "   model states " << b(e.mem.states()) << "\n             working set " << b(e.mem.working) << "   buckets " << b(e.mem.buckets);
@@ -459,9 +523,25 @@ void PrintPlan(const PlanInput& in, const Model& m, const Estimate& e, std::ostr
     out << "; zero3 (zero_init) none " << b(ds["zero3"][4]["gpu"].get<double>()) << ", optimizer cpu " << b(ds["zero3"][2]["gpu"].get<double>())
         << ", all cpu " << b(ds["zero3"][0]["gpu"].get<double>());
   }
-  out << "\ncommunication per step per device: " << e.comm / 1e9 << " GB";
+  const auto& mesh = e.json["mesh"];
+  const Links links = LinksFor(in, m, Shards(in));
+  out << "\ncommunication per step per device: " << e.comm / 1e9 << " GB (inside a node " << links.inside / 1e9 << ", across nodes "
+      << links.across / 1e9 << ")";
+  if (links.seconds > 0) out << ", " << links.seconds << " s at " << in.intra_gbps << " / " << in.inter_gbps << " GB/s";
   if (in.step_seconds > 0) out << "; to hide it in a " << in.step_seconds << " s step: " << e.comm / in.step_seconds / 1e9 << " GB/s";
   out << "\n";
+  if (in.stage > 0 && in.gpus > 1) {
+    out << "shard group sizes (S devices shard, gpus / S replicate; " << PerNode(in) << " per node):\n";
+    for (const auto& row : mesh["by_shard_group"]) {
+      out << "  S=" << std::setw(6) << row["shard_group"].get<int>() << "  device " << std::setw(10) << b(row["device_total"].get<double>())
+          << (row["fits"].get<bool>() ? " (fits)        " : " (does NOT fit)") << "  inside " << std::setw(9) << row["inside_node_bytes"].get<double>() / 1e9
+          << " GB  across " << std::setw(9) << row["across_nodes_bytes"].get<double>() / 1e9 << " GB";
+      if (row.contains("comm_seconds")) out << "  " << row["comm_seconds"].get<double>() << " s";
+      out << "\n";
+    }
+    if (mesh["recommended_shard_group"].is_null()) out << "  no shard group size fits\n";
+    else out << "  recommended: --shard-group " << mesh["recommended_shard_group"].get<int>() << " (the least time across nodes that fits)\n";
+  }
   if (flops > 0 && in.tokens > 0) {
     out << "training " << in.tokens / 1e9 << " B tokens at " << in.tflops << " TFLOP/s per device: " << e.t_rc / 86400
         << " days with recomputation (8PT/NX), " << e.t_plain / 86400 << " days without (6PT/NX)\n";

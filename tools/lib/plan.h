@@ -26,6 +26,13 @@ struct PlanInput {
   int gpus = 1;
   int gpus_per_node = 0;  // 0: min(gpus, 8)
   int stage = 3;
+  // The mesh (docs/engine.md "Hybrid sharding"): stages 1-3 shard over groups of S devices and
+  // replicate across the gpus / S groups (0: S = gpus, plain ZeRO); tensor and pipeline parallelism
+  // as divisors of the model each device holds (gpus counts data-parallel devices).
+  int shard_group = 0;
+  int tp = 1, pp = 1;
+  // Link rates per device, GB/s, for the communication time per step (0: not timed).
+  double intra_gbps = 0, inter_gbps = 0;
   std::string offload = "none";         // optimizer state: none | cpu | nvme (stages 1-3)
   std::string offload_params = "none";  // stage 3 parameter shards: none | cpu | nvme
   bool recompute = false;               // full activation recomputation

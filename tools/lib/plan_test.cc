@@ -37,6 +37,49 @@ TEST(Plan, ZeroFormulas) {
   EXPECT_GT(PlanJson(in)["host"].get<double>(), 0);
 }
 
+// Hybrid sharding: state divided by S instead of N, the group's collectives inside a node when S fits
+// in one, the replicas' all-reduce across; TP x PP divide the model per device; the recommendation is
+// the S with the least time across nodes that fits.
+TEST(Plan, TheMeshSplitsMemoryAndLinks) {
+  PlanInput in;
+  in.params = 8e9;
+  in.gpus = 64;
+  in.gpus_per_node = 8;
+  in.stage = 3;
+  const auto flat = PlanJson(in);
+  in.shard_group = 8;
+  const auto hybrid = PlanJson(in);
+  EXPECT_NEAR(hybrid["device"]["model_states"].get<double>(), 8 * flat["device"]["model_states"].get<double>(), 1e3);
+  const double M = 8e9 * 2;
+  EXPECT_NEAR(flat["mesh"]["by_shard_group"].back()["across_nodes_bytes"].get<double>(), 3 * M * 63 / 64, 1e3);
+  EXPECT_EQ(flat["mesh"]["by_shard_group"].back()["inside_node_bytes"].get<double>(), 0);
+  for (const auto& row : hybrid["mesh"]["by_shard_group"]) {
+    if (row["shard_group"] != 8) continue;
+    EXPECT_NEAR(row["inside_node_bytes"].get<double>(), 3 * M * 7 / 8, 1e3);
+    EXPECT_NEAR(row["across_nodes_bytes"].get<double>(), 2 * M / 8 * 7 / 8, 1e3);
+  }
+  EXPECT_NEAR(hybrid["comm_bytes_per_step"].get<double>(), 3 * M * 7 / 8 + 2 * M / 8 * 7 / 8, 1e3);
+  // 80 GiB devices: S = 1 (16 bytes x 8e9 = 128 GB) does not fit; S = 8, a node, crosses least (the
+  // replicas' all-reduce shrinks with S; S = 16 spans two nodes and its gathers cross).
+  EXPECT_FALSE(hybrid["mesh"]["by_shard_group"][0]["fits"].get<bool>());
+  EXPECT_EQ(hybrid["mesh"]["recommended_shard_group"], 8);
+  // With link rates the time decides, and the text shows the table.
+  in.intra_gbps = 300;
+  in.inter_gbps = 25;
+  std::ostringstream text;
+  ASSERT_TRUE(Plan(in, false, text).ok());
+  EXPECT_NE(text.str().find("in shard groups of 8 (8 replicas)"), std::string::npos) << text.str();
+  EXPECT_NE(text.str().find("recommended: --shard-group"), std::string::npos) << text.str();
+  // TP x PP divide the model per device.
+  in.tp = 4;
+  in.pp = 2;
+  EXPECT_NEAR(PlanJson(in)["device"]["model_states"].get<double>(), hybrid["device"]["model_states"].get<double>() / 8, 1e3);
+  // Bad meshes.
+  in.shard_group = 7;
+  std::ostringstream os;
+  EXPECT_EQ(Plan(in, true, os).code(), StatusCode::kInvalidArgument);
+}
+
 TEST(Plan, TransformerShapeActivationsAndTime) {
   PlanInput in;  // GPT-3 175B-like shape
   in.layers = 96;
