@@ -8,7 +8,8 @@
 #   4. each placement of the optimizer state (engine memory, host memory, NVMe: state and parameter
 #      shards in swap files, the dead run's are scratch: cleared) with a save every step: killed in the
 #      middle of a capture, restarted, final parameters identical to the in-memory baseline;
-#   5. a 4-rank run killed, then resumed on 2 ranks (resharded) runs to the end;
+#   5. hybrid sharding (S = 2) killed twice at random moments, restarted, identical to its own baseline;
+#      a 4-rank run killed, then resumed on 2 ranks (resharded) runs to the end;
 #   6. SIGTERM to the launcher (scripts/zrt-mpirun, the documented recipe): every rank saves, the job
 #      exits 0, and the resumed run is bit-identical to the baseline.
 # usage: kill_resume.sh CHARLM WORKDIR [KILLS]
@@ -107,6 +108,30 @@ for placement in none host nvme; do
   echo "   final parameters identical to the uninterrupted run"
 done
 [ -z "$(ls -A "$work/swap")" ] || { echo "FAIL: swap files left behind: $(ls -R "$work/swap")"; exit 1; }
+
+# Hybrid sharding (S = 2: two replica groups), a save every step: killed twice at random moments (a
+# replica mid-capture or a shard's only writer mid-write), restarted, identical to its own baseline.
+echo "== hybrid sharding (S = 2): killed twice, restarted, identical to the uninterrupted hybrid run"
+hargs=(--steps $steps --stage 3 --shard-group-size 2 --batch 32 --every 1 --keep-last 2 --print-every 100000)
+mpi 4 "$bin" "${hargs[@]}" --ckpt "$work/hybrid-base" --dump "$work/hybrid-base.bin" > "$work/hybrid-base.log"
+root="$work/hybrid"
+hkilled=0
+for attempt in 1 2 3 4; do
+  [ $hkilled -ge 2 ] && break
+  before=$(cat "$root/latest" 2>/dev/null || true)
+  mpi 4 "$bin" "${hargs[@]}" --ckpt "$root" > "$root.$attempt.log" 2>&1 &
+  job=$!
+  wait_for_checkpoint "$root" $job "$before"
+  sleep "0.$((RANDOM % 6))"
+  kill_random_rank "charlm.*$root" "$root" && hkilled=$((hkilled + 1))
+  wait $job || true
+done
+[ $hkilled -ge 1 ] || { echo "FAIL: never managed to kill a rank (hybrid)"; exit 1; }
+mpi 4 "$bin" "${hargs[@]}" --ckpt "$root" --dump "$root.bin" > "$root.final.log"
+grep -q "resumed_from=$root/step-" "$root.final.log" || { echo "FAIL: the hybrid run did not resume"; exit 1; }
+tail -1 "$root.final.log"
+cmp "$work/hybrid-base.bin" "$root.bin" || { echo "FAIL: the resumed hybrid run differs from its baseline"; exit 1; }
+echo "   final parameters identical to the uninterrupted hybrid run"
 
 echo "== killed on 4 ranks, resumed on 2"
 mpi 4 "$bin" "${args[@]}" --ckpt "$work/reshard" > "$work/reshard.log" 2>&1 &

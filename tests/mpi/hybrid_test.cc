@@ -402,6 +402,59 @@ TEST_F(HybridTest, ReshardingMovesTheSavedBytesExactly) {
   }
 }
 
+// A chain of meshes, each saving what the previous one loaded and trained: at 4 ranks (4,2) -> (4,4)
+// -> (2,1) -> (3,3) (in general (N, smallest divisor > 1) -> (N, N) -> (N/2, 1) -> (N-1, N-1)). Every
+// load holds exactly the masters the previous mesh saved.
+TEST_F(HybridTest, AChainOfReshardsKeepsEveryByte) {
+  if (size() < 2) GTEST_SKIP() << "one rank: no other mesh";
+  int first = size();
+  for (int s = 2; s <= size(); ++s) {
+    if (size() % s == 0) {
+      first = s;
+      break;
+    }
+  }
+  const std::vector<std::pair<int, int>> chain = {{size(), first}, {size(), size()}, {std::max(1, size() / 2), 1}, {size() - 1, size() - 1}};
+  std::vector<float> saved;  // rank 0's view of what the previous link saved
+  std::string dir;
+  for (size_t k = 0; k < chain.size(); ++k) {
+    const auto [n, s] = chain[k];
+    auto sub = comm_->Split(rank() < n ? 0 : -1, rank());
+    ASSERT_TRUE(sub.ok()) << sub.status();
+    std::string next;
+    if (*sub) {
+      Mesh m{.stage = k % 2 == 0 ? 3 : 2, .shards = s, .dtype = DType::kBF16};
+      auto e = Build(sub->get(), m);
+      ASSERT_TRUE(e.ok()) << e.status();
+      if (k > 0) {
+        auto r = ckpt::Load(dir, (*e)->state_view());
+        ASSERT_TRUE(r.ok()) << "link " << k << " (" << n << "," << s << "): " << r.status();
+        ASSERT_TRUE((*e)->Restore(r->counters).ok());
+        const std::vector<float> got = Masters(**e);
+        if (rank() == 0) {
+          ASSERT_EQ(got.size(), saved.size());
+          EXPECT_EQ(0, std::memcmp(got.data(), saved.data(), saved.size() * 4)) << "link " << k << " (" << n << "," << s << ")";
+        }
+      }
+      Train(**e, rank(), static_cast<int>((*e)->steps()), 1, 1);
+      ckpt::CheckpointOptions o;
+      o.root = root_ + "/chain" + std::to_string(k);
+      auto c = ckpt::Checkpointer::Create(sub->get(), &device_, o);
+      ASSERT_TRUE(c.ok()) << c.status();
+      ASSERT_TRUE((*c)->SaveAsync((*e)->state_view()).ok());
+      ASSERT_TRUE((*c)->Wait().ok());
+      next = o.root + "/" + ckpt::StepDirName((*e)->steps());
+      saved = Masters(**e);
+    }
+    ASSERT_TRUE(comm_->Barrier().ok());
+    dir = next;
+    char buf[512] = {};
+    std::snprintf(buf, sizeof(buf), "%s", dir.c_str());
+    ASSERT_TRUE(comm_->Broadcast(buf, sizeof(buf), DType::kBytes, 0).ok());
+    dir = buf;
+  }
+}
+
 TEST_F(HybridTest, TheMemoryTierRestoresAHybridRun) {
   for (int s : HybridSizes()) {
     Mesh h{.stage = 3, .shards = s, .dtype = DType::kBF16};
