@@ -122,7 +122,9 @@ Result<EngineConfig> EngineConfigFromJson(const nlohmann::json& j, const EngineC
   RETURN_IF_ERROR(r.Finish());
   // The rest of the checks are ZeroEngine::Create's; run them here so a bad file fails at parse time.
   if (c.stage < 0 || c.stage > 3) return InvalidArgumentError(r.Path("stage"), ": must be 0, 1, 2 or 3, got ", c.stage);
-  if (c.shard_group_size < 0) return InvalidArgumentError(r.Path("shard_group_size"), ": must be >= 0 (0 = the whole world)");
+  if (c.shard_group_size < EngineConfig::kShardGroupNode) {
+    return InvalidArgumentError(r.Path("shard_group_size"), ": must be >= -1 (0: the whole world, -1: a node)");
+  }
   if (c.reduce_dtype == DType::kBytes) return InvalidArgumentError(r.Path("reduce_dtype"), ": must be a floating type");
   if (c.bucket_bytes < 1) return InvalidArgumentError(r.Path("bucket_bytes"), ": must be >= 1");
   if (c.alignment < 1) return InvalidArgumentError(r.Path("alignment"), ": must be >= 1");

@@ -96,7 +96,7 @@ TEST(EngineConfigJson, UnknownKeysAndBadValuesAreRefusedWithTheirPath) {
       {R"({"offload": {"optimizr": "host"}})", "engine.offload.optimizr"},
       {R"({"offload": {"io": {"depth": 4}}})", "engine.offload.io.depth"},
       {R"({"stage": 4})", "engine.stage: must be 0, 1, 2 or 3"},
-      {R"({"shard_group_size": -2})", "engine.shard_group_size: must be >= 0"},
+      {R"({"shard_group_size": -2})", "engine.shard_group_size: must be >= -1"},
       {R"({"stage": "3"})", "engine.stage: expected an integer"},
       {R"({"reduce_dtype": "int8"})", "engine.reduce_dtype"},
       {R"({"reduce_dtype": "bytes"})", "engine.reduce_dtype: must be a floating type"},

@@ -113,8 +113,11 @@ struct EngineConfig {
   // keep R = N / S replicas of each shard. Gradients reduce-scatter inside the shard group, then each
   // shard is all-reduced across the replicas; parameter gathers never leave the shard group. Make a
   // group the ranks of one node (S = ranks per node) so that only the replicas' all-reduce crosses
-  // nodes. 0: the whole world (plain ZeRO); must divide the world size; stage 0 shards nothing.
+  // nodes. 0: the whole world (plain ZeRO); kShardGroupNode (-1): one node, the launcher's ranks per
+  // node, checked against the ranks' host names (ranks placed node by node, as mpirun's default
+  // --map-by slot does). Must divide the world size; stage 0 shards nothing.
   int shard_group_size = 0;
+  static constexpr int kShardGroupNode = -1;
   DType reduce_dtype = DType::kF32;       // gradient reductions: f32, or the model dtype (f32 accumulation)
   int64_t bucket_bytes = 32 << 20;        // at most, per gradient bucket (two); capped at the model's gradient, none on one rank
   int64_t alignment = 64;                 // elements; each tensor and shard starts at a multiple

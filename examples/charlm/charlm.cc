@@ -56,8 +56,8 @@ int main(int argc, char** argv) {
   std::string ckpt_root, dump, words_path = "/usr/share/dict/words", offload = "none", nvme_dir, device_name = "cpu";
   charlm::Dims dims;
   app.add_option("--stage", stage, "ZeRO stage 0-3")->check(CLI::Range(0, 3));
-  app.add_option("--shard-group-size", shard_group_size, "hybrid sharding: shard over groups of this many ranks, replicate across (0: all)")
-      ->check(CLI::NonNegativeNumber);
+  app.add_option("--shard-group-size", shard_group_size, "hybrid sharding: shard over groups of this many ranks, replicate across (0: all, -1: a node)")
+      ->check(CLI::Range(-1, 1 << 20));
   app.add_option("--steps", steps, "optimizer steps in total (a resumed run counts from its checkpoint)");
   app.add_option("--batch", batch, "examples per rank per step");
   app.add_option("--lr", lr, "peak learning rate");

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -19,6 +21,7 @@
 #include "zrt/checkpoint/format.h"
 #include "zrt/checkpoint/load.h"
 #include "zrt/checkpoint/tier/memory_tier.h"
+#include "zrt/core/thread_pool.h"
 
 namespace zrt {
 namespace {
@@ -305,6 +308,37 @@ TEST_F(HybridTest, CommunicationStaysInsideTheShardGroupButTheReplicasAllReduce)
   }
 }
 
+// shard_group_size = node: the launcher's ranks per node, checked against the host names. On one
+// machine that is the world (or what OMPI_COMM_WORLD_LOCAL_SIZE says); on emulated nodes
+// (tests/cluster) a node, and a group that would span hosts is refused on every rank.
+TEST_F(HybridTest, ANodeIsTheLaunchersRanksPerNode) {
+  const int per_node = ThreadPool::LauncherRanksPerNode();
+  EngineConfig cfg;
+  cfg.stage = 3;
+  cfg.shard_group_size = EngineConfig::kShardGroupNode;
+  auto e = Make(cfg, kModel, DType::kF32, InitFn());
+  if (size() % per_node != 0) {
+    ASSERT_FALSE(e.ok());
+    return;
+  }
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ((*e)->state_view().groups[0].layout.world_size(), per_node);
+  // Whether the world spans several hosts: then a "node" of the whole world is refused everywhere.
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  std::vector<char> hosts(static_cast<size_t>(size()) * sizeof(host));
+  ASSERT_EQ(MPI_Allgather(host, sizeof(host), MPI_CHAR, hosts.data(), sizeof(host), MPI_CHAR, MPI_COMM_WORLD), MPI_SUCCESS);
+  bool several = false;
+  for (int q = 1; q < size(); ++q) several = several || std::strcmp(hosts.data() + q * sizeof(host), hosts.data()) != 0;
+  if (!several) return;
+  const std::string saved = std::to_string(per_node);
+  ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", std::to_string(size()).c_str(), 1);
+  auto wrong = ZeroEngine::Create(comm_.get(), &device_, cfg);
+  ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", saved.c_str(), 1);
+  ASSERT_FALSE(wrong.ok()) << "a shard group spanning hosts";
+  EXPECT_NE(wrong.status().message().find("not all on host"), std::string::npos) << wrong.status();
+}
+
 TEST_F(HybridTest, BadShardGroupSizesAreClearErrors) {
   EngineConfig cfg;
   cfg.stage = 3;
@@ -312,7 +346,7 @@ TEST_F(HybridTest, BadShardGroupSizesAreClearErrors) {
   auto e = ZeroEngine::Create(comm_.get(), &device_, cfg);
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.status().message().find("shard_group_size"), std::string::npos) << e.status();
-  cfg.shard_group_size = -1;
+  cfg.shard_group_size = -2;
   EXPECT_FALSE(ZeroEngine::Create(comm_.get(), &device_, cfg).ok());
   if (size() > 1) {
     cfg.stage = 0;
