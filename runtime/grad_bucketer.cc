@@ -125,6 +125,11 @@ Status GradBucketer::Launch(Bucket& b) {
   b.in_flight = true;
   b.replicating = false;
   b.launched = std::chrono::steady_clock::now();
+  // On a device stream (NCCL) the replicas' all-reduce is queued at once, behind the reduce-scatter:
+  // every rank then queues its collectives in the same order, which NCCL needs across communicators
+  // (a poll-timed launch could order it before another rank's next reduce-scatter: a cross-group
+  // wait). On the host (MPI) it starts when a poll finds the reduce-scatter done.
+  if (Replicated() && comm_->backend() == "nccl") RETURN_IF_ERROR(LaunchReplicas(b));
   return Status();
 }
 

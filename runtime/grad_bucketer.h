@@ -13,8 +13,10 @@
 // would).
 //
 // Hybrid sharding (Options::replicas): a bucket's reduce-scatter over the shard group is followed by
-// an all-reduce of the reduced region across the replica groups (started when the first completes,
-// so both overlap the rest of backward); the averages over both make the average over every rank.
+// an all-reduce of the reduced region across the replica groups (on the host: started when a poll
+// finds the first complete, so both overlap the rest of backward; on a device stream: queued behind
+// it at once, in the same order on every rank); the averages over both make the average over every
+// rank.
 // With one rank per shard group the bucket is all-reduced over the replicas alone.
 //
 // Every rank must add the same groups in the same order (they run the same model). Not thread-safe.
