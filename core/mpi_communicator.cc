@@ -1,9 +1,12 @@
 // MPI communicator. Checked collectives run Communicator::CheckCollective (protocol in
 // communicator.cc) over one MPI_Allreduce first.
 //
-// bf16/f16 reductions: inputs are widened into pooled f32 scratch, reduced as MPI_FLOAT, and narrowed
-// (round to nearest even) into the output when the handle completes. kAvg divides the f32 sum by the
-// group size before narrowing.
+// bf16/f16 sums and averages keep 16-bit values on the wire: a reduce-scatter is an all-to-all of
+// the 16-bit blocks, each rank summing its region's N blocks in f32 in rank order; an all-reduce is
+// that over blocks of ceil(count / N) followed by an all-gather of the rounded blocks. kAvg divides
+// the f32 sum by the group size; the result is narrowed (round to nearest even) once, and every rank
+// of an all-reduce holds the same bits. Max and min widen into pooled f32 scratch and reduce as
+// MPI_FLOAT.
 #include "zrt/core/mpi_communicator.h"
 
 #include <algorithm>
@@ -93,6 +96,53 @@ class MpiHandle final : public CommHandle::Impl {
   std::function<void()> finish_;
   std::string what_;
 };
+
+// A 16-bit all-reduce in two collectives: the first posted at once, `next` posts the second when
+// the first completed (from Test or Wait), then `finish`.
+class MpiTwoPhaseHandle final : public CommHandle::Impl {
+ public:
+  MpiTwoPhaseHandle(MPI_Request req, std::function<Result<MPI_Request>()> next, std::function<void()> finish, std::string what)
+      : req_(req), next_(std::move(next)), finish_(std::move(finish)), what_(std::move(what)) {}
+  ~MpiTwoPhaseHandle() override { (void)Wait(); }
+  Status Wait() override {
+    if (req_ != MPI_REQUEST_NULL) RETURN_IF_ERROR(MpiStatus(MPI_Wait(&req_, MPI_STATUS_IGNORE), what_));
+    if (next_) {
+      ASSIGN_OR_RETURN(req_, std::exchange(next_, nullptr)());
+      RETURN_IF_ERROR(MpiStatus(MPI_Wait(&req_, MPI_STATUS_IGNORE), what_));
+    }
+    if (finish_) std::exchange(finish_, nullptr)();
+    return Status();
+  }
+  Result<bool> Test() override {
+    int flag = 0;
+    RETURN_IF_ERROR(MpiStatus(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE), what_));
+    if (flag != 0 && next_) {
+      ASSIGN_OR_RETURN(req_, std::exchange(next_, nullptr)());
+      RETURN_IF_ERROR(MpiStatus(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE), what_));
+    }
+    return flag != 0;
+  }
+
+ private:
+  MPI_Request req_;
+  std::function<Result<MPI_Request>()> next_;
+  std::function<void()> finish_;
+  std::string what_;
+};
+
+// out[i] = the sum over ranks r (in rank order, in f32) of block r's element i, divided by `divisor`
+// for an average: each 16-bit value widened, the f32 sum rounded once by the caller.
+void SumBlocks(const uint16_t* blocks, int ranks, size_t n, DType t, float* out) {
+  Widen(blocks, out, n, t);
+  std::vector<float> row(std::min<size_t>(n, 4096));
+  for (int r = 1; r < ranks; ++r) {
+    for (size_t a = 0; a < n; a += row.size()) {
+      const size_t m = std::min(row.size(), n - a);
+      Widen(blocks + static_cast<size_t>(r) * n + a, row.data(), m, t);
+      for (size_t i = 0; i < m; ++i) out[a + i] += row[i];
+    }
+  }
+}
 
 // Several posted requests (a shift split into messages MPI's int counts can express).
 class MpiRequestsHandle final : public CommHandle::Impl {
@@ -227,6 +277,8 @@ Result<CommHandle> MpiCommunicator::AllReduceAsync(const void* send, void* recv,
     const void* s = send == recv ? MPI_IN_PLACE : send;
     RETURN_IF_ERROR(MpiStatus(MPI_Iallreduce(s, recv, n, MPI_FLOAT, mop, comm_, &req), "all_reduce"));
     if (op == ReduceOp::kAvg) finish = [recv, count, divisor] { Scale(static_cast<float*>(recv), count, divisor); };
+  } else if ((op == ReduceOp::kSum || op == ReduceOp::kAvg) && size_ > 1) {
+    return AllReduce16(send, recv, count, dtype, op);
   } else {
     auto buf = std::make_shared<std::vector<float>>(scratch_->Acquire(count));
     Widen(send, buf->data(), count, dtype);
@@ -257,20 +309,54 @@ Result<CommHandle> MpiCommunicator::ReduceScatterAsync(const void* send, void* r
     RETURN_IF_ERROR(MpiStatus(MPI_Ireduce_scatter_block(send, recv, n, MPI_FLOAT, MPI_SUM, comm_, &req), "reduce_scatter"));
     if (op == ReduceOp::kAvg) finish = [recv, recv_count, divisor] { Scale(static_cast<float*>(recv), recv_count, divisor); };
   } else {
+    // 16-bit on the wire: each rank receives every rank's block of its region (an all-to-all of the
+    // 16-bit values) and sums them itself in f32, in rank order, rounding once.
     const size_t total = recv_count * static_cast<size_t>(size_);
-    auto in = std::make_shared<std::vector<float>>(scratch_->Acquire(total));
+    auto blocks = std::make_shared<std::vector<float>>(scratch_->Acquire((total + 1) / 2));
     auto out = std::make_shared<std::vector<float>>(scratch_->Acquire(recv_count));
-    Widen(send, in->data(), total, dtype);
-    RETURN_IF_ERROR(MpiStatus(
-        MPI_Ireduce_scatter_block(in->data(), out->data(), n, MPI_FLOAT, MPI_SUM, comm_, &req), "reduce_scatter"));
-    finish = [in, out, recv, recv_count, dtype, op, divisor, pool = scratch_] {
+    auto* b16 = reinterpret_cast<uint16_t*>(blocks->data());
+    RETURN_IF_ERROR(MpiStatus(MPI_Ialltoall(send, n, MPI_UINT16_T, b16, n, MPI_UINT16_T, comm_, &req), "reduce_scatter"));
+    finish = [blocks, b16, out, recv, recv_count, dtype, op, divisor, ranks = size_, pool = scratch_] {
+      SumBlocks(b16, ranks, recv_count, dtype, out->data());
       if (op == ReduceOp::kAvg) Scale(out->data(), recv_count, divisor);
       Narrow(out->data(), recv, recv_count, dtype);
-      pool->Release(std::move(*in));
+      pool->Release(std::move(*blocks));
       pool->Release(std::move(*out));
     };
   }
   return CommHandle(std::make_unique<MpiHandle>(req, std::move(finish), "reduce_scatter"));
+}
+
+// A 16-bit sum or average with 16-bit values on the wire: the reduce-scatter above over blocks of
+// ceil(count / size) (the last padded with zeros), each rank's block rounded once, then an
+// all-gather of the rounded blocks: every rank ends with the same bits.
+Result<CommHandle> MpiCommunicator::AllReduce16(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {
+  const size_t ranks = static_cast<size_t>(size_), block = (count + ranks - 1) / ranks, padded = block * ranks;
+  RETURN_IF_ERROR(CheckCount("all_reduce", padded));
+  // One scratch: the padded input, every rank's block of this rank's region, then the gathered result.
+  auto scratch = std::make_shared<std::vector<float>>(scratch_->Acquire((3 * padded + 1) / 2));
+  auto* in = reinterpret_cast<uint16_t*>(scratch->data());
+  uint16_t* blocks = in + padded;
+  uint16_t* result = blocks + padded;
+  std::memcpy(in, send, count * 2);
+  std::fill(in + count, in + padded, uint16_t{0});
+  const int b = static_cast<int>(block);
+  MPI_Request req = MPI_REQUEST_NULL;
+  RETURN_IF_ERROR(MpiStatus(MPI_Ialltoall(in, b, MPI_UINT16_T, blocks, b, MPI_UINT16_T, comm_, &req), "all_reduce"));
+  auto next = [comm = comm_, ranks = size_, me = rank_, blocks, result, block, b, dtype, op, scratch]() -> Result<MPI_Request> {
+    std::vector<float> sum(block);
+    SumBlocks(blocks, ranks, block, dtype, sum.data());
+    if (op == ReduceOp::kAvg) Scale(sum.data(), block, static_cast<float>(ranks));
+    Narrow(sum.data(), result + block * static_cast<size_t>(me), block, dtype);
+    MPI_Request r = MPI_REQUEST_NULL;
+    RETURN_IF_ERROR(MpiStatus(MPI_Iallgather(MPI_IN_PLACE, b, MPI_UINT16_T, result, b, MPI_UINT16_T, comm, &r), "all_reduce"));
+    return r;
+  };
+  auto finish = [result, recv, count, scratch, pool = scratch_] {
+    std::memcpy(recv, result, count * 2);
+    pool->Release(std::move(*scratch));
+  };
+  return CommHandle(std::make_unique<MpiTwoPhaseHandle>(req, std::move(next), std::move(finish), "all_reduce"));
 }
 
 Result<CommHandle> MpiCommunicator::AllGatherAsync(const void* send, void* recv, size_t send_count, DType dtype) {

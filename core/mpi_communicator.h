@@ -77,6 +77,9 @@ class MpiCommunicator final : public Communicator {
   explicit MpiCommunicator(MPI_Comm comm);
   // Verifies that every rank called the same collective with the same arguments (CheckCollective).
   Status CheckArgs(Collective kind, int64_t count, DType dtype, ReduceOp op, int root);
+  // bf16/f16 sums and averages move 16-bit values on the wire (half of f32's bytes) and are summed in
+  // f32 in rank order by the rank that owns each block, rounded once (mpi_communicator.cc).
+  Result<CommHandle> AllReduce16(const void* send, void* recv, size_t count, DType dtype, ReduceOp op);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;

@@ -112,6 +112,36 @@ TEST_F(CommTest, AllReduceHalfTypesAccumulateInF32) {
   }
 }
 
+// 16-bit sums carry 16-bit values on the wire and are exactly the rank-order f32 sum rounded once,
+// the same bits on every rank (an all-reduce of a count the group does not divide, in place too).
+TEST_F(CommTest, HalfTypeSumsAreTheRankOrderF32SumRoundedOnceOnEveryRank) {
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+      for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{1001}}) {
+        std::vector<std::vector<uint16_t>> all(static_cast<size_t>(size()), std::vector<uint16_t>(n * static_cast<size_t>(size())));
+        for (int r = 0; r < size(); ++r) {
+          const auto v = Input(r, n * static_cast<size_t>(size()), 3);
+          for (size_t i = 0; i < v.size(); ++i) all[static_cast<size_t>(r)][i] = t == DType::kBF16 ? FloatToBf16(v[i]) : FloatToF16(v[i]);
+        }
+        auto want = [&](size_t i) {
+          float sum = 0;
+          for (int r = 0; r < size(); ++r) sum += LoadAsFloat(all[static_cast<size_t>(r)].data(), static_cast<int64_t>(i), t);
+          if (op == ReduceOp::kAvg) sum /= static_cast<float>(size());
+          return t == DType::kBF16 ? FloatToBf16(sum) : FloatToF16(sum);
+        };
+        std::vector<uint16_t> mine = all[static_cast<size_t>(rank())];
+        ASSERT_TRUE(comm_->AllReduce(mine.data(), mine.data(), n, t, op).ok());  // in place: the first n
+        for (size_t i = 0; i < n; ++i) ASSERT_EQ(mine[i], want(i)) << DTypeName(t) << " all_reduce element " << i;
+        std::vector<uint16_t> part(n);
+        ASSERT_TRUE(comm_->ReduceScatter(all[static_cast<size_t>(rank())].data(), part.data(), n, t, op).ok());
+        for (size_t i = 0; i < n; ++i) {
+          ASSERT_EQ(part[i], want(static_cast<size_t>(rank()) * n + i)) << DTypeName(t) << " reduce_scatter element " << i;
+        }
+      }
+    }
+  }
+}
+
 TEST_F(CommTest, ReduceScatterF32AndBf16OddCounts) {
   for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
     for (size_t n : kCounts) {  // n = elements per rank block
