@@ -19,8 +19,6 @@
 // all-gather.
 #include "zrt/runtime/engine_core.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -188,52 +186,6 @@ Result<std::unique_ptr<EngineCore>> EngineCore::Create(Communicator* comm, Devic
   ASSIGN_OR_RETURN(e->impl_->store, OptimizerStore::Create(comm, device, e->impl_->compute.get(), e->impl_->host.get(),
                                                           e->impl_->host_compute.get(), so), "engine");
   return e;
-}
-
-// Shard groups of S consecutive ranks (rank / S), replica groups of the ranks with the same place in
-// theirs (rank % S): checkpoints and the memory tier rely on this numbering (core/state_view.h).
-Status EngineCore::SplitMesh() {
-  shards_ = comm_;
-  const int n = comm_->size();
-  if (config_.stage == 0) return Status();
-  int s = config_.shard_group_size == 0 ? n : config_.shard_group_size;
-  if (s == EngineConfig::kShardGroupNode) {
-    // One node: the launcher's ranks per node, the same on every rank and dividing the world.
-    s = ThreadPool::LauncherRanksPerNode();
-    float v[2] = {static_cast<float>(s), -static_cast<float>(s)};
-    RETURN_IF_ERROR(comm_->AllReduce(v, v, 2, DType::kF32, ReduceOp::kMax), "the shard group of a node");
-    if (v[0] != -v[1] || n % s != 0) {
-      return InvalidArgumentError("shard_group_size = node: the launcher's ranks per node (", s, " here) differ between nodes or do not "
-                                  "divide the world size ", n, "; set shard_group_size explicitly");
-    }
-  }
-  if (s < n) {
-    ASSIGN_OR_RETURN(own_shards_, comm_->Split(comm_->rank() / s, comm_->rank()), "the shard group");
-    ASSIGN_OR_RETURN(replicas_, comm_->Split(comm_->rank() % s, comm_->rank()), "the replica group");
-    if (!own_shards_ || !replicas_ || own_shards_->size() != s || replicas_->size() != n / s) {
-      return InternalError("splitting ", n, " ranks into shard groups of ", s, " gave groups of the wrong size");
-    }
-    own_shards_->set_check_args(comm_->check_args());
-    // Never checked: the replicas' all-reduce of a bucket starts whenever the shard group's reduce-
-    // scatter finished (in a poll on one rank, at the bucket's completion on another), so a blocking
-    // argument check there would wait on ranks blocked in their shard group's next check: a cycle.
-    // Its count is the checked reduce-scatter's, the same everywhere (Finalize checks the model).
-    replicas_->set_check_args(false);
-    shards_ = own_shards_.get();
-  }
-  if (config_.shard_group_size == EngineConfig::kShardGroupNode) {
-    // Each group must be one node: every rank of it on the same host.
-    char host[256] = {};
-    ::gethostname(host, sizeof(host) - 1);
-    const uint64_t mine = std::hash<std::string_view>{}(host);
-    std::vector<uint64_t> all(static_cast<size_t>(s));
-    RETURN_IF_ERROR(shards_->AllGather(&mine, all.data(), sizeof(mine), DType::kBytes), "the shard group of a node");
-    const bool one_host = std::all_of(all.begin(), all.end(), [&](uint64_t h) { return h == all[0]; });
-    RETURN_IF_ERROR(AgreeOnStatus(comm_, one_host ? Status() : InvalidArgumentError(
-        "shard_group_size = node: ranks ", comm_->rank() / s * s, "..", comm_->rank() / s * s + s - 1, " are not all on host ", host,
-        " (place ranks node by node, mpirun --map-by slot, or set shard_group_size explicitly)")), "the shard group of a node");
-  }
-  return Status();
 }
 
 Result<ParamHandle> EngineCore::AddParam(const std::string& name, const std::vector<int64_t>& shape, DType dtype,
