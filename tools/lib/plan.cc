@@ -383,7 +383,9 @@ Result<Failures> FailuresFor(const PlanInput& in, const Model& m, const Estimate
   f.mtbf = in.mtbf_hours > 0 ? in.mtbf_hours * 3600 : in.mttf_hours * 3600 / in.gpus;
   // A checkpoint stores the state as it is kept: the two moments and the master (without one, the
   // parameters in their dtype).
-  f.bytes = (2 * MomentBytes(in) + (in.master ? 4 : in.param_bytes)) * m.psi / in.gpus;
+  // Each shard is saved once (by the first replica group) and each rank loads its own: the model per
+  // device over the shard group.
+  f.bytes = (2 * MomentBytes(in) + (in.master ? 4 : in.param_bytes)) * m.psi / (in.tp * in.pp) / Shards(in);
   BenchRates r{.disk_snapshot = in.snapshot_gbps * 1e9, .disk_write = in.disk_write_gbps * 1e9, .disk_read = in.disk_read_gbps * 1e9,
                .tier_snapshot = in.snapshot_gbps * 1e9, .tier_replica = in.peer_gbps * 1e9, .own_load = in.snapshot_gbps * 1e9,
                .replica_load = in.peer_gbps * 1e9};

@@ -70,6 +70,9 @@ TEST(Plan, TheMeshSplitsMemoryAndLinks) {
   ASSERT_TRUE(Plan(in, false, text).ok());
   EXPECT_NE(text.str().find("in shard groups of 8 (8 replicas)"), std::string::npos) << text.str();
   EXPECT_NE(text.str().find("recommended: --shard-group"), std::string::npos) << text.str();
+  // A checkpoint's bytes per device: the state of a shard group's share, saved once.
+  EXPECT_NEAR(hybrid["failures"]["checkpoint_bytes_per_device"].get<double>(), 12 * 8e9 / 8, 1e3);
+  EXPECT_NEAR(flat["failures"]["checkpoint_bytes_per_device"].get<double>(), 12 * 8e9 / 64, 1e3);
   // TP x PP divide the model per device.
   in.tp = 4;
   in.pp = 2;
