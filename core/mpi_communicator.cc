@@ -343,11 +343,13 @@ Result<CommHandle> MpiCommunicator::AllReduce16(const void* send, void* recv, si
   const int b = static_cast<int>(block);
   MPI_Request req = MPI_REQUEST_NULL;
   RETURN_IF_ERROR(MpiStatus(MPI_Ialltoall(in, b, MPI_UINT16_T, blocks, b, MPI_UINT16_T, comm_, &req), "all_reduce"));
-  auto next = [comm = comm_, ranks = size_, me = rank_, blocks, result, block, b, dtype, op, scratch]() -> Result<MPI_Request> {
-    std::vector<float> sum(block);
+  auto next = [comm = comm_, ranks = size_, me = rank_, blocks, result, block, b, dtype, op, scratch,
+               pool = scratch_]() -> Result<MPI_Request> {
+    std::vector<float> sum = pool->Acquire(block);
     SumBlocks(blocks, ranks, block, dtype, sum.data());
     if (op == ReduceOp::kAvg) Scale(sum.data(), block, static_cast<float>(ranks));
     Narrow(sum.data(), result + block * static_cast<size_t>(me), block, dtype);
+    pool->Release(std::move(sum));
     MPI_Request r = MPI_REQUEST_NULL;
     RETURN_IF_ERROR(MpiStatus(MPI_Iallgather(MPI_IN_PLACE, b, MPI_UINT16_T, result, b, MPI_UINT16_T, comm, &r), "all_reduce"));
     return r;

@@ -66,8 +66,9 @@ class EngineTest : public ::testing::Test {
 
   // One training step: forward gathers every group; backward (reverse order) gathers again, writes
   // grad_fn(param, index, value) into the gradient buffer, releases, and marks the group ready.
+  // `frozen_group` (if any) has no gradient: it is gathered and marked ready only.
   using GradFn = std::function<float(int64_t param, int64_t i, float value)>;
-  void Backward(ZeroEngine& e, size_t nparams, const GradFn& grad_fn) {
+  void Backward(ZeroEngine& e, size_t nparams, const GradFn& grad_fn, int frozen_group = -1) {
     for (int g = 0; g < e.num_groups(); ++g) {
       ASSERT_TRUE(e.Gather(g).ok());
       ASSERT_TRUE(e.Release(g).ok());
@@ -75,9 +76,11 @@ class EngineTest : public ::testing::Test {
     for (int g = e.num_groups() - 1; g >= 0; --g) {
       auto base = e.Gather(g);
       ASSERT_TRUE(base.ok()) << base.status();
-      auto gbuf = e.GradBuffer(g);
-      ASSERT_TRUE(gbuf.ok()) << gbuf.status();
-      for (size_t p = 0; p < nparams; ++p) {
+      if (g != frozen_group) {
+        auto gbuf = e.GradBuffer(g);
+        ASSERT_TRUE(gbuf.ok()) << gbuf.status();
+      }
+      for (size_t p = 0; p < nparams && g != frozen_group; ++p) {
         const ParamHandle h{static_cast<int64_t>(p)};
         if (e.group(h) != g) continue;
         auto w = e.Param(h);

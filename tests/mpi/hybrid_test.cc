@@ -92,36 +92,13 @@ class HybridTest : public EngineTest {
     return e;
   }
 
-  // The fixture's backward over the trained groups (the frozen one is gathered only).
-  void TrainedBackward(ZeroEngine& e, const GradFn& grad_fn) {
-    for (int g = e.num_groups() - 1; g >= 0; --g) {
-      ASSERT_TRUE(e.Gather(g).ok());
-      const bool frozen = g == e.group(*e.Find("frozen"));
-      if (!frozen) {
-        ASSERT_TRUE(e.GradBuffer(g).ok());
-      }
-      for (size_t p = 0; p + 1 < kHybridModel.size() && !frozen; ++p) {
-        const ParamHandle h{static_cast<int64_t>(p)};
-        if (e.group(h) != g) continue;
-        auto w = e.Param(h);
-        auto gr = e.Grad(h);
-        ASSERT_TRUE(w.ok() && gr.ok()) << w.status() << gr.status();
-        for (int64_t i = 0; i < w->numel(); ++i) {
-          const float old = LoadAsFloat(gr->data, i, gr->dtype);
-          StoreFromFloat(gr->data, i, gr->dtype, old + grad_fn(static_cast<int64_t>(p), i, LoadAsFloat(w->data, i, w->dtype)));
-        }
-      }
-      ASSERT_TRUE(e.Release(g).ok());
-      ASSERT_TRUE(e.GradsReady(g).ok());
-    }
-  }
-
   // `steps` optimizer steps of `accum` micro-steps each; every rank's gradient is its own (world rank).
   void Train(ZeroEngine& e, int world_rank, int first, int steps, int accum) {
     for (int step = first; step < first + steps; ++step) {
       for (int m = 0; m < accum; ++m) {
         e.SetSync(m == accum - 1);
-        TrainedBackward(e, [&](int64_t p, int64_t i, float v) { return v - Target(world_rank + m, p, i) + 0.01f * static_cast<float>(step); });
+        Backward(e, kHybridModel.size(), [&](int64_t p, int64_t i, float v) { return v - Target(world_rank + m, p, i) + 0.01f * static_cast<float>(step); },
+                 e.group(*e.Find("frozen")));
       }
       auto r = e.Step();
       ASSERT_TRUE(r.ok()) << r.status();
