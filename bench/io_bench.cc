@@ -1,7 +1,10 @@
 // bench/io: IoEngine sequential write and read throughput against fio with the same block size, queue
-// depth and O_DIRECT on the same filesystem (./scripts/bench runs fio and passes its figures in).
+// depth, O_DIRECT and allocation policy on the same filesystem (./scripts/bench runs fio and passes its
+// figures in): writes into a file that grows as it is written (fio --fallocate=none) and into one
+// preallocated first (IoFile::Reserve, what checkpoint and swap files get; fio's default
+// --fallocate=native), then reads.
 //
-//   io_bench --dir DIR [--size BYTES] [--bs BYTES] [--fio "qd:write_mbps:read_mbps,..."]
+//   io_bench --dir DIR [--size BYTES] [--bs BYTES] [--fio "qd:write_mbps:read_mbps:prealloc_write_mbps,..."]
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -52,14 +55,17 @@ int main(int argc, char** argv) {
   app.add_option("--dir", dir, "scratch directory (files are written only here, and removed)")->required();
   app.add_option("--size", size, "bytes per file")->capture_default_str();
   app.add_option("--bs", bs, "request size, bytes")->capture_default_str();
-  app.add_option("--fio", fio, "fio's figures: \"qd:write_mbps:read_mbps,...\"");
+  app.add_option("--fio", fio, "fio's figures: \"qd:write_mbps:read_mbps:prealloc_write_mbps,...\" (writes: --fallocate=none, native)");
   CLI11_PARSE(app, argc, argv);
-  std::map<int, std::pair<double, double>> peer;  // qd -> (write, read) MB/s
+  struct Peer {
+    double write = -1, read = -1, prealloc_write = -1;  // MB/s; -1: not measured
+  };
+  std::map<int, Peer> peer;  // by queue depth
   std::stringstream ss(fio);
   for (std::string item; std::getline(ss, item, ',');) {
     int q = 0;
-    double w = 0, r = 0;
-    if (std::sscanf(item.c_str(), "%d:%lf:%lf", &q, &w, &r) == 3) peer[q] = {w, r};
+    Peer p;
+    if (std::sscanf(item.c_str(), "%d:%lf:%lf:%lf", &q, &p.write, &p.read, &p.prealloc_write) >= 3) peer[q] = p;
   }
   std::filesystem::create_directories(dir);
   CpuDevice dev;
@@ -68,8 +74,9 @@ int main(int argc, char** argv) {
   std::memset(buf->data(), 0x5a, buf->size());
   std::printf("bench/io: %s sequential, %lld KiB requests, O_DIRECT, one stream, in %s\n", FormatBytes(size).c_str(),
               static_cast<long long>(bs >> 10), dir.c_str());
-  std::printf("%-9s %4s %12s %12s %8s %12s %12s %8s\n", "backend", "qd", "write MB/s", "fio write", "ratio", "read MB/s",
-              "fio read", "ratio");
+  std::printf("%-9s %4s %21s %21s %21s\n", "", "", "write (file grows)", "write (preallocated)", "read");
+  std::printf("%-9s %4s %7s %7s %5s %7s %7s %5s %7s %7s %5s\n", "backend", "qd", "MB/s", "fio", "ratio", "MB/s", "fio", "ratio",
+              "MB/s", "fio", "ratio");
   for (auto backend : {IoOptions::Backend::kUring, IoOptions::Backend::kThreads}) {
     for (int qd : {1, 8, 32}) {
       IoOptions o;
@@ -83,23 +90,39 @@ int main(int argc, char** argv) {
         continue;
       }
       const std::string path = dir + "/io_bench.dat";
-      auto f = IoFile::Open(path, IoFile::Mode::kCreate);
-      if (!f.ok()) return 1;
-      auto w = Stream(**io, *f, buf->as<char>(), size, bs, qd, true);
-      auto r = Stream(**io, *f, buf->as<char>(), size, bs, qd, false);
-      (void)std::move(*f).Close().ok();
-      std::filesystem::remove(path);
-      if (!w.ok() || !r.ok()) {
-        std::fprintf(stderr, "%s\n", (w.ok() ? r.status() : w.status()).ToString().c_str());
-        return 1;
+      Result<double> w = 0.0, wp = 0.0, r = 0.0;
+      for (bool reserve : {false, true}) {  // a fresh file each time
+        std::filesystem::remove(path);
+        auto f = IoFile::Open(path, IoFile::Mode::kCreate);
+        if (!f.ok()) return 1;
+        if (reserve) {
+          if (Status s = f->Reserve(size); !s.ok()) {
+            std::fprintf(stderr, "%s\n", s.ToString().c_str());
+            return 1;
+          }
+          wp = Stream(**io, *f, buf->as<char>(), size, bs, qd, true);
+          r = Stream(**io, *f, buf->as<char>(), size, bs, qd, false);
+        } else {
+          w = Stream(**io, *f, buf->as<char>(), size, bs, qd, true);
+        }
+        (void)std::move(*f).Close().ok();
       }
-      const auto [pw, pr] = peer.count(qd) ? peer[qd] : std::pair<double, double>{-1, -1};
+      std::filesystem::remove(path);
+      for (const auto* x : {&w, &wp, &r}) {
+        if (!x->ok()) {
+          std::fprintf(stderr, "%s\n", x->status().ToString().c_str());
+          return 1;
+        }
+      }
+      const Peer p = peer.count(qd) ? peer[qd] : Peer{};
+      auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
       const std::string name((*io)->backend());
-      std::printf("%-9s %4d %12.0f %12.0f %8.2f %12.0f %12.0f %8.2f\n", name.c_str(), qd, *w, pw, pw > 0 ? *w / pw : 0, *r, pr,
-                  pr > 0 ? *r / pr : 0);
+      std::printf("%-9s %4d %7.0f %7.0f %5.2f %7.0f %7.0f %5.2f %7.0f %7.0f %5.2f\n", name.c_str(), qd, *w, p.write, ratio(*w, p.write), *wp,
+                  p.prealloc_write, ratio(*wp, p.prealloc_write), *r, p.read, ratio(*r, p.read));
       if (backend == IoOptions::Backend::kUring) {
-        bench::PrintResult("io", "write qd" + std::to_string(qd), *w, "MB/s", pw, "fio MB/s");
-        bench::PrintResult("io", "read qd" + std::to_string(qd), *r, "MB/s", pr, "fio MB/s");
+        bench::PrintResult("io", "write qd" + std::to_string(qd), *w, "MB/s", p.write, "fio MB/s");
+        bench::PrintResult("io", "prealloc write qd" + std::to_string(qd), *wp, "MB/s", p.prealloc_write, "fio MB/s");
+        bench::PrintResult("io", "read qd" + std::to_string(qd), *r, "MB/s", p.read, "fio MB/s");
       }
     }
   }

@@ -64,7 +64,8 @@ struct Checkpointer::Impl {
   struct Job {
     Manifest manifest;
     SaveDir save;
-    int shard_rank = -1;  // -1: this rank holds no distinct shard (stage 0, rank > 0; a replica of another's)
+    int shard_rank = -1;  // -1: this rank writes nothing (a replica beyond the manifest's parts)
+    int part = 0;         // the part of its shard it writes (format.h PartPlan)
     std::shared_ptr<ChunkQueue> queue;  // the capture's sink; null without a shard
     StateOwner* owner = nullptr;        // asked to settle a capture still owed at the commit (alive while the queue is open)
     // The writer's figures, kept here until the commit hands them to the stats: the training thread may
@@ -175,7 +176,7 @@ Status Checkpointer::Impl::WriteFiles(Job& j) {
   const std::string ctx = "writing checkpoint step " + std::to_string(j.manifest.step);
   if (j.shard_rank >= 0) {
     ShardWriteStats ws;
-    RETURN_IF_ERROR(WriteQueuedShard(*io, j.save.tmp, j.manifest, j.shard_rank, *j.queue, {o.compression, encoders.get()}, &ws), ctx);
+    RETURN_IF_ERROR(WriteQueuedShard(*io, j.save.tmp, j.manifest, j.shard_rank, *j.queue, {o.compression, encoders.get(), j.part}, &ws), ctx);
     j.stored_bytes = ws.stored_bytes;
   }
   if (comm->rank() == 0) RETURN_IF_ERROR(PublishFile(*io, j.save.tmp, kManifestFile, EncodeManifest(j.manifest)), ctx);
@@ -210,21 +211,39 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
   }
   auto job = std::make_unique<Impl::Job>();
   job->manifest = std::move(start.manifest);
+  // Each shard is written once, spread over the ranks that hold it (its replicas: rank r holds shard
+  // r % shards, core/state_view.h's numbering), each writing a part: the save's write bandwidth is
+  // every rank's. Replicas hold the same bits (their gradients are reduced by collectives whose
+  // result every rank shares), so which replica writes a chunk does not change the checkpoint.
+  job->manifest.parts = std::min(kMaxParts, c.comm->size() / job->manifest.shards);
   const Manifest& m = job->manifest;
   job->save = SaveDirFor(c.o.root, m.step, m.nonce);
-  // Each shard once: by the ranks of the first replica group (core/state_view.h's numbering).
-  job->shard_rank = c.comm->rank() < m.shards ? c.comm->rank() : -1;
+  job->part = c.comm->rank() / m.shards;
+  job->shard_rank = job->part < m.parts ? c.comm->rank() % m.shards : -1;
   RETURN_IF_ERROR(BeginSave(job->save));
   if (job->shard_rank < 0) {  // nothing of this rank's is written: it takes part in the commit only
     c.Hand(std::move(job), false, Status());
     return Status();
   }
   std::vector<std::vector<int64_t>> counts;
-  for (const StateGroup& g : state.groups) {
-    counts.emplace_back(g.buffers.size(), g.layout.shard_size());
-    for (const StateBuffer& b : g.buffers) c.stats.raw_bytes += StoredBytes(b.stored, b.count, b.block);
+  std::vector<std::vector<std::vector<char>>> keep;  // this rank's part's chunks
+  ASSIGN_OR_RETURN(const std::vector<ShardLayout> layouts, SavedLayouts(m), "checkpoint step ", m.step);
+  const PartPlan plan(m, layouts);
+  for (size_t g = 0; g < state.groups.size(); ++g) {
+    const StateGroup& sg = state.groups[g];
+    counts.emplace_back(sg.buffers.size(), sg.layout.shard_size());
+    auto& kinds = keep.emplace_back(sg.buffers.size());
+    for (size_t k = 0; k < sg.buffers.size(); ++k) {
+      const StateBuffer& b = sg.buffers[k];
+      for (int64_t e = 0, ch = 0; e < b.count; e += m.chunk_elements, ++ch) {
+        const bool mine = plan.part(static_cast<int>(g), static_cast<int>(k), ch) == job->part;
+        kinds[k].push_back(mine ? 1 : 0);
+        if (mine) c.stats.raw_bytes += StoredBytes(b.stored, std::min(m.chunk_elements, b.count - e), b.block);
+      }
+    }
   }
-  job->queue = std::make_shared<ChunkQueue>(std::move(counts), m.chunk_elements, c.o.staging_budget_bytes, c.device, std::move(c.staging));
+  job->queue = std::make_shared<ChunkQueue>(std::move(counts), m.chunk_elements, c.o.staging_budget_bytes, c.device, std::move(c.staging),
+                                            std::move(keep));
   job->owner = state.owner;
   std::shared_ptr<ChunkQueue> queue = job->queue;
   c.Hand(std::move(job), true, Status());

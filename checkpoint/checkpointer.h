@@ -62,7 +62,7 @@ struct SaveStats {
   double write_seconds = 0;       // background: encode + write + fsync of this rank's files (a save of
                                   // NVMe state: from SaveAsync, waiting for the step that hands it over);
                                   // known at the commit, as stored_bytes
-  int64_t raw_bytes = 0;          // this rank's state bytes
+  int64_t raw_bytes = 0;          // the state bytes this rank wrote (its part of its shard)
   int64_t stored_bytes = 0;       // after compression
   int64_t staging_bytes = 0;      // the most host memory the save staged the state in at once (at the commit)
   std::string dir;                // the committed directory (empty if not committed)

@@ -33,9 +33,9 @@ void ShardSource::InMemory::MapIfInMemory(const IoFile& f, int64_t bytes) {
 Status ShardSource::Plan(int rank, int group, int kind, int64_t begin, int64_t count) {
   ASSIGN_OR_RETURN(Rank * r, Open(rank));
   const auto& list = r->by_kind[{group, kind}];
-  auto it = std::upper_bound(list.begin(), list.end(), begin, [&](int64_t v, size_t k) { return v < r->index.chunks[k].elem_offset; });
+  auto it = std::upper_bound(list.begin(), list.end(), begin, [&](int64_t v, Ref c) { return v < r->chunk(c).elem_offset; });
   if (it != list.begin()) --it;
-  for (; it != list.end() && r->index.chunks[*it].elem_offset < begin + count; ++it) {
+  for (; it != list.end() && r->chunk(*it).elem_offset < begin + count; ++it) {
     if (!plan_.empty() && plan_.back().first == rank && plan_.back().second == *it) continue;
     plan_.emplace_back(rank, *it);
   }
@@ -50,7 +50,7 @@ void ShardSource::Start(int64_t window) {
 Status ShardSource::ReadWhole(const std::vector<Whole>& targets) {
   struct InFlight {
     size_t t, k;
-    Rank* r;
+    Part* r;
     IoHandle h;
   };
   std::deque<InFlight> q;
@@ -78,31 +78,34 @@ Status ShardSource::ReadWhole(const std::vector<Whole>& targets) {
     }
     Rank* r = *opened;
     const ShardLayout& l = layouts_[static_cast<size_t>(w.group)];
-    for (size_t k : r->by_kind[{w.group, w.kind}]) {
-      const ChunkEntry& c = r->index.chunks[k];
+    for (const Ref ref : r->by_kind[{w.group, w.kind}]) {
+      Part* part = &r->parts[ref.p];
+      const size_t k = ref.k;
+      const ChunkEntry& c = r->chunk(ref);
       if (c.elem_offset < 0 || c.elem_offset + c.elements > w.count) {
-        s = DataLossError(r->index.data_file, ": ", ChunkName(m_, l, r->index, k), " outside the shard of ", w.count, " elements").WithContext(w.what);
+        s = DataLossError(part->index.data_file, ": ", ChunkName(m_, l, part->index, k), " outside the shard of ", w.count, " elements").WithContext(w.what);
         break;
       }
       if (!ChunkInPlace(m_, c)) {
         while (!q.empty() && s.ok()) s = finish();
-        if (s.ok()) s = ReadChunkInto(io_, r->file, m_, l, r->index, k, w.dst + c.elem_offset, &scratch_, &bytes_read_).WithContext(w.what);
+        if (s.ok()) s = ReadChunkInto(io_, part->file, m_, l, part->index, k, w.dst + c.elem_offset, &scratch_, &bytes_read_).WithContext(w.what);
         if (!s.ok()) break;
         continue;
       }
-      if (!(s = CheckRawChunkSize(r->file, m_, l, r->index, k).WithContext(w.what)).ok()) break;
-      if (r->memory.data() != nullptr) {  // copied out of the mapping and hashed in one pass
-        s = FinishChunkRead(r->file, m_, l, r->index, k, r->memory.data() + c.file_offset, w.dst + c.elem_offset, &scratch_).WithContext(w.what);
+      if (!(s = CheckRawChunkSize(part->file, m_, l, part->index, k).WithContext(w.what)).ok()) break;
+      if (part->memory.data() != nullptr) {  // copied out of the mapping and hashed in one pass
+        s = FinishChunkRead(part->file, m_, l, part->index, k, part->memory.data() + c.file_offset, w.dst + c.elem_offset, &scratch_)
+                .WithContext(w.what);
         if (!s.ok()) break;
         bytes_read_ += c.stored_bytes;
         continue;
       }
-      auto h = io_.Read(r->file, w.dst + c.elem_offset, static_cast<size_t>(c.stored_bytes), c.file_offset);
+      auto h = io_.Read(part->file, w.dst + c.elem_offset, static_cast<size_t>(c.stored_bytes), c.file_offset);
       if (!h.ok()) {
-        s = h.status().WithContext(ChunkName(m_, l, r->index, k)).WithContext(w.what);
+        s = h.status().WithContext(ChunkName(m_, l, part->index, k)).WithContext(w.what);
         break;
       }
-      q.push_back({t, k, r, std::move(*h)});
+      q.push_back({t, k, part, std::move(*h)});
       if (q.size() >= 16 && !(s = finish()).ok()) break;
     }
   }
@@ -118,32 +121,32 @@ Status ShardSource::ForEachStored(int rank, int group, int kind, int64_t count,
   ASSIGN_OR_RETURN(Rank * r, Open(rank));
   const ShardLayout& l = layouts_[static_cast<size_t>(group)];
   std::vector<char> unpacked;
-  for (size_t k : r->by_kind[{group, kind}]) {  // sorted by elem_offset; they tile the shard (ReadIndex)
-    const ChunkEntry& c = r->index.chunks[k];
+  for (const Ref ref : r->by_kind[{group, kind}]) {  // sorted by elem_offset; they tile the shard (ReadShardIndexes)
+    const Part& part = r->parts[ref.p];
+    const ChunkEntry& c = r->chunk(ref);
     if (c.elem_offset < 0 || c.elem_offset + c.elements > count) {
-      return DataLossError(r->index.data_file, ": ", ChunkName(m_, l, r->index, k), " outside the shard of ", count, " elements");
+      return DataLossError(part.index.data_file, ": ", ChunkName(m_, l, part.index, ref.k), " outside the shard of ", count, " elements");
     }
-    const char* mapped = r->memory.data() != nullptr ? r->memory.data() + c.file_offset : nullptr;
-    ASSIGN_OR_RETURN(const char* stored, StoredChunk(io_, r->file, m_, l, r->index, k, mapped, &unpacked, &scratch_, &bytes_read_));
-    RETURN_IF_ERROR(fn(c.elem_offset, c.elements, stored), ChunkName(m_, l, r->index, k));
+    const char* mapped = part.memory.data() != nullptr ? part.memory.data() + c.file_offset : nullptr;
+    ASSIGN_OR_RETURN(const char* stored, StoredChunk(io_, part.file, m_, l, part.index, ref.k, mapped, &unpacked, &scratch_, &bytes_read_));
+    RETURN_IF_ERROR(fn(c.elem_offset, c.elements, stored), ChunkName(m_, l, part.index, ref.k));
   }
   return Status();
 }
 
 Status ShardSource::Read(int rank, int group, int kind, int64_t begin, int64_t count, float* dst) {
   ASSIGN_OR_RETURN(Rank * r, Open(rank));
-  const auto& list = r->by_kind[{group, kind}];  // chunk indices sorted by elem_offset
-  auto it = std::upper_bound(list.begin(), list.end(), begin,
-                             [&](int64_t v, size_t k) { return v < r->index.chunks[k].elem_offset; });
-  if (it == list.begin()) return DataLossError(r->index.data_file, ": no chunk holds element ", begin);
+  const auto& list = r->by_kind[{group, kind}];  // chunks sorted by elem_offset
+  const std::string& file = r->parts[0].index.data_file;
+  auto it = std::upper_bound(list.begin(), list.end(), begin, [&](int64_t v, Ref c) { return v < r->chunk(c).elem_offset; });
+  if (it == list.begin()) return DataLossError(file, ": no chunk holds element ", begin);
   --it;
   for (int64_t at = begin; at < begin + count; ++it) {
-    if (it == list.end()) return DataLossError(r->index.data_file, ": no chunk holds element ", at);
-    const size_t k = *it;
-    const ChunkEntry& c = r->index.chunks[k];
-    ASSIGN_OR_RETURN(const float* data, Decoded(*r, k));
+    if (it == list.end()) return DataLossError(file, ": no chunk holds element ", at);
+    const ChunkEntry& c = r->chunk(*it);
+    ASSIGN_OR_RETURN(const float* data, Decoded(*r, *it));
     const int64_t lo = std::max(at, c.elem_offset), hi = std::min(begin + count, c.elem_offset + c.elements);
-    if (lo != at) return DataLossError(r->index.data_file, ": chunks leave a gap at element ", at);
+    if (lo != at) return DataLossError(file, ": chunks leave a gap at element ", at);
     std::memcpy(dst + (lo - begin), data + (lo - c.elem_offset), static_cast<size_t>(hi - lo) * 4);
     at = hi;
   }
@@ -154,12 +157,18 @@ Result<ShardSource::Rank*> ShardSource::Open(int rank) {
   auto it = ranks_.find(rank);
   if (it != ranks_.end()) return it->second.get();
   auto r = std::make_unique<Rank>();
-  ASSIGN_OR_RETURN(r->index, ReadIndex(dir_, m_, layouts_, rank));
-  ASSIGN_OR_RETURN(r->file, dir_.OpenData(r->index.data_file, r->index.data_bytes));
-  r->memory.MapIfInMemory(r->file, r->index.data_bytes);
-  for (size_t k = 0; k < r->index.chunks.size(); ++k) r->by_kind[{r->index.chunks[k].group, r->index.chunks[k].kind}].push_back(k);
+  r->rank = rank;
+  ASSIGN_OR_RETURN(std::vector<RankIndex> indexes, ReadShardIndexes(dir_, m_, layouts_, rank));
+  r->parts = std::vector<Part>(indexes.size());
+  for (size_t p = 0; p < indexes.size(); ++p) {
+    Part& part = r->parts[p];
+    part.index = std::move(indexes[p]);
+    ASSIGN_OR_RETURN(part.file, dir_.OpenData(part.index.data_file, part.index.data_bytes));
+    part.memory.MapIfInMemory(part.file, part.index.data_bytes);
+    for (size_t k = 0; k < part.index.chunks.size(); ++k) r->by_kind[{part.index.chunks[k].group, part.index.chunks[k].kind}].push_back({p, k});
+  }
   for (auto& [key, v] : r->by_kind) {
-    std::sort(v.begin(), v.end(), [&](size_t a, size_t b) { return r->index.chunks[a].elem_offset < r->index.chunks[b].elem_offset; });
+    std::sort(v.begin(), v.end(), [&](Ref a, Ref b) { return r->chunk(a).elem_offset < r->chunk(b).elem_offset; });
   }
   return (ranks_[rank] = std::move(r)).get();
 }
@@ -193,15 +202,16 @@ void ShardSource::Spare(std::unique_ptr<float, FreeFloatsFwd> p, size_t capacity
 
 void ShardSource::Pump() {
   while (next_ < plan_.size() && ahead_bytes_ < window_) {
-    const auto [rank, k] = plan_[next_++];
-    Rank& r = *ranks_.at(rank);
+    const auto [rank, ref] = plan_[next_++];
+    Part& r = ranks_.at(rank)->parts[ref.p];
+    const size_t k = ref.k;
     const ChunkEntry& ce = r.index.chunks[k];
     bool cached = false;
-    for (const Cached& c : cache_) cached = cached || (c.rank == rank && c.chunk == k);
+    for (const Cached& c : cache_) cached = cached || (c.rank == rank && c.chunk == ref);
     if (cached || r.memory.data() != nullptr || !CheckRawChunkSize(r.file, m_, layouts_[static_cast<size_t>(ce.group)], r.index, k).ok()) {
       continue;  // read (and refused) in order; a mapped file needs no read
     }
-    Ahead a{rank, k, nullptr, 0, nullptr, 0, IoHandle()};
+    Ahead a{rank, ref, nullptr, 0, nullptr, 0, IoHandle()};
     auto data = Buffer(Need(ce), &a.capacity, r.index.data_file);
     if (!data.ok()) return;
     a.data = std::move(*data);
@@ -223,21 +233,23 @@ void ShardSource::Pump() {
   }
 }
 
-Result<const float*> ShardSource::Decoded(Rank& r, size_t k) {
+Result<const float*> ShardSource::Decoded(Rank& shard, Ref ref) {
   for (auto it = cache_.begin(); it != cache_.end(); ++it) {
-    if (it->rank == r.index.rank && it->chunk == k) {
+    if (it->rank == shard.rank && it->chunk == ref) {
       cache_.splice(cache_.begin(), cache_, it);
       return cache_.front().data.get();
     }
   }
+  Part& r = shard.parts[ref.p];
+  const size_t k = ref.k;
   const ChunkEntry& ce = r.index.chunks[k];
   const int g = ce.group;  // in range: the index was validated
-  Cached c{r.index.rank, k, nullptr, 0};
+  Cached c{shard.rank, ref, nullptr, 0};
   if (cache_.size() >= 4) {  // the oldest entry's memory is reused
     Spare(std::move(cache_.back().data), cache_.back().capacity);
     cache_.pop_back();
   }
-  auto ahead = std::find_if(ahead_.begin(), ahead_.end(), [&](const Ahead& a) { return a.rank == r.index.rank && a.chunk == k; });
+  auto ahead = std::find_if(ahead_.begin(), ahead_.end(), [&](const Ahead& a) { return a.rank == shard.rank && a.chunk == ref; });
   if (ahead != ahead_.end()) {
     Ahead a = std::move(*ahead);
     ahead_.erase(ahead);

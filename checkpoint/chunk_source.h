@@ -83,11 +83,22 @@ class ShardSource {
     const char* p_ = nullptr;
     size_t n_ = 0;
   };
-  struct Rank {
+  // One index file of a shard and its data file.
+  struct Part {
     RankIndex index;
     IoFile file;
     InMemory memory;  // data() null: read through the I/O engine
-    std::map<std::pair<int, int>, std::vector<size_t>> by_kind;
+  };
+  // A chunk of a shard: part p's chunk k.
+  struct Ref {
+    size_t p, k;
+    bool operator==(const Ref&) const = default;
+  };
+  struct Rank {
+    int rank = 0;
+    std::vector<Part> parts;  // one unless the save was spread over replicas (Manifest::parts)
+    std::map<std::pair<int, int>, std::vector<Ref>> by_kind;  // each (group, kind)'s chunks by element
+    const ChunkEntry& chunk(Ref c) const { return parts[c.p].index.chunks[c.k]; }
   };
   Result<Rank*> Open(int rank);
   static size_t Need(const ChunkEntry& ce);
@@ -99,12 +110,12 @@ class ShardSource {
   void Spare(std::unique_ptr<float, FreeFloatsFwd> p, size_t capacity);
   // Issues reads for planned chunks while the window has room.
   void Pump();
-  Result<const float*> Decoded(Rank& r, size_t k);
+  Result<const float*> Decoded(Rank& r, Ref c);
   using FreeFloats = FreeFloatsFwd;
   // A few decoded chunks stay cached: consecutive pieces usually fall in the same chunk.
   struct Cached {
     int rank;
-    size_t chunk;
+    Ref chunk;
     std::unique_ptr<float, FreeFloats> data;  // kIoAlignment-aligned: raw chunks are read into it directly
     size_t capacity;
   };
@@ -117,14 +128,14 @@ class ShardSource {
   // Read-ahead (Plan): chunks read or being read ahead of Read, in plan order.
   struct Ahead {
     int rank;
-    size_t chunk;
+    Ref chunk;
     std::unique_ptr<float, FreeFloats> data;  // the decoded chunk's buffer (a raw chunk is read into it)
     size_t capacity;
     std::unique_ptr<float, FreeFloats> stored;  // a compressed chunk's stored bytes
     size_t stored_capacity;
     IoHandle handle;
   };
-  std::vector<std::pair<int, size_t>> plan_;
+  std::vector<std::pair<int, Ref>> plan_;
   size_t next_ = 0;
   std::deque<Ahead> ahead_;
   int64_t ahead_bytes_ = 0, window_ = 0;

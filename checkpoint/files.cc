@@ -94,12 +94,24 @@ Result<Manifest> ReadManifest(const std::string& dir) {
   return ReadManifest(d);
 }
 
+Result<std::vector<RankIndex>> ReadShardIndexes(const CheckpointDir& dir, const Manifest& m, std::span<const ShardLayout> layouts,
+                                                int rank) {
+  std::vector<RankIndex> parts;
+  for (int p = 0; p < m.parts; ++p) {
+    const std::string name = IndexFileName(rank, p, m.parts), path = dir.PathOf(name);
+    ASSIGN_OR_RETURN(std::string text, dir.ReadFile(name));
+    ASSIGN_OR_RETURN(RankIndex r, DecodeIndex(text, path));
+    RETURN_IF_ERROR(ValidateIndexFile(m, layouts, r, rank, p, path));
+    parts.push_back(std::move(r));
+  }
+  RETURN_IF_ERROR(ValidateCover(m, layouts, parts, m.parts == 1 ? dir.PathOf(IndexFileName(rank)) : dir.PathOf(IndexFileName(rank, 0, m.parts)) + ", ..."));
+  return parts;
+}
+
 Result<RankIndex> ReadIndex(const CheckpointDir& dir, const Manifest& m, std::span<const ShardLayout> layouts, int rank) {
-  const std::string name = IndexFileName(rank), path = dir.PathOf(name);
-  ASSIGN_OR_RETURN(std::string text, dir.ReadFile(name));
-  ASSIGN_OR_RETURN(RankIndex r, DecodeIndex(text, path));
-  RETURN_IF_ERROR(ValidateIndex(m, layouts, r, rank, path));
-  return r;
+  if (m.parts != 1) return DataLossError(dir.path(), ": shard ", rank, " was saved in ", m.parts, " parts (read them all)");
+  ASSIGN_OR_RETURN(std::vector<RankIndex> parts, ReadShardIndexes(dir, m, layouts, rank));
+  return std::move(parts[0]);
 }
 
 namespace {

@@ -47,8 +47,12 @@ class CheckpointDir {
 // The manifest, decoded and checked (format.h DecodeManifest); when the directory is named step-N
 // (or step-N.tmp-...), N must be the manifest's step.
 Result<Manifest> ReadManifest(const CheckpointDir& dir);
-// The index of shard `rank`, decoded and checked against the manifest (format.h ValidateIndex);
-// `layouts` are SavedLayouts(m).
+// The index files of shard `rank`'s parts (one unless the save was spread: Manifest::parts), each
+// decoded and checked against the manifest, and their chunks covering every (group, kind) of the
+// shard exactly once (format.h ValidateIndexFile, ValidateCover); `layouts` are SavedLayouts(m).
+Result<std::vector<RankIndex>> ReadShardIndexes(const CheckpointDir& dir, const Manifest& m, std::span<const ShardLayout> layouts,
+                                                int rank);
+// The same for a checkpoint of one part per shard: its index (a spread one is refused).
 Result<RankIndex> ReadIndex(const CheckpointDir& dir, const Manifest& m, std::span<const ShardLayout> layouts, int rank);
 
 // "rank-00001.data chunk 17 (group 'layer0', exp_avg, elements 0..4096, tensors w1, w2)".

@@ -1,6 +1,7 @@
 #include "zrt/checkpoint/format.h"
 
 #include "zrt/checkpoint/codec.h"
+#include "zrt/core/base.h"
 #include "zrt/core/quant_math.h"
 
 #include <algorithm>
@@ -58,6 +59,10 @@ Status ValidateManifest(const Manifest& m) {
   if (m.stage == 0 ? m.shards != 1 : m.world_size % m.shards != 0) {
     return DataLossError("shards ", m.shards, " disagrees with stage ", m.stage, " and world_size ", m.world_size,
                          " (stage 0 saves one shard, stages 1-3 one per shard group rank, a divisor of the world)");
+  }
+  if (m.parts < 1 || m.parts > kMaxParts || m.parts > m.world_size / m.shards) {
+    return DataLossError("parts ", m.parts, " outside [1, ", std::min(kMaxParts, m.world_size / m.shards),
+                         "] (each part of a shard is written by another of its ", m.world_size / m.shards, " replicas)");
   }
   if (m.step < 0) return DataLossError("negative step ", m.step);
   if (m.chunk_elements < 1 || m.chunk_elements > kMaxChunkElements) {
@@ -198,27 +203,64 @@ Result<int64_t> ParseStepDirName(std::string_view name) {
   return v;
 }
 
-RankIndex IndexOf(const Manifest& m, int rank) {
+RankIndex IndexOf(const Manifest& m, int rank, int part) {
   RankIndex idx;
   idx.nonce = m.nonce;
   idx.step = m.step;
   idx.rank = rank;
   idx.shards = m.shards;
-  idx.data_file = DataFileName(rank);
+  idx.part = part;
+  idx.parts = m.parts;
+  idx.data_file = DataFileName(rank, part, m.parts);
   return idx;
 }
 
-std::string DataFileName(int rank) {
-  char b[32];
-  std::snprintf(b, sizeof(b), "rank-%05d.data", rank);
-  return b;
+namespace {
+__extension__ typedef __int128 Wide;  // a shard's bytes times the parts
+}  // namespace
+
+PartPlan::PartPlan(const Manifest& m, std::span<const ShardLayout> layouts) : bytes_(static_cast<size_t>(std::max(m.parts, 1)), 0) {
+  // The chunks' bytes before compression, in order; then each chunk goes to the part its first byte
+  // falls in when the total is cut into m.parts equal runs.
+  int64_t total = 0;
+  for (size_t g = 0; g < m.groups.size(); ++g) {
+    const GroupEntry& ge = m.groups[g];
+    const int64_t shard = layouts[g].shard_size();
+    for (size_t k = 0; k < ge.kinds.size(); ++k) {
+      total += StoredBytes(ge.stored_as(k), shard, ge.block);
+    }
+  }
+  int64_t at = 0;
+  for (size_t g = 0; g < m.groups.size(); ++g) {
+    const GroupEntry& ge = m.groups[g];
+    const int64_t shard = layouts[g].shard_size();
+    auto& kinds = parts_.emplace_back(ge.kinds.size());
+    for (size_t k = 0; k < ge.kinds.size(); ++k) {
+      for (int64_t e = 0; e < shard; e += m.chunk_elements) {
+        const int64_t bytes = StoredBytes(ge.stored_as(k), std::min(m.chunk_elements, shard - e), ge.block);
+        const int p = total == 0 ? 0 : static_cast<int>(static_cast<Wide>(at) * m.parts / total);  // exact: every rank agrees
+        kinds[k].push_back(p);
+        bytes_[static_cast<size_t>(p)] += AlignUp(bytes, 4096);  // raw chunks start on 4 KiB
+        at += bytes;
+      }
+    }
+  }
 }
 
-std::string IndexFileName(int rank) {
-  char b[32];
-  std::snprintf(b, sizeof(b), "rank-%05d.index.json", rank);
+namespace {
+std::string ShardFileName(int rank, int part, int parts, const char* suffix) {
+  char b[64];
+  if (parts <= 1) {
+    std::snprintf(b, sizeof(b), "rank-%05d.%s", rank, suffix);
+  } else {
+    std::snprintf(b, sizeof(b), "rank-%05d.part-%03d.%s", rank, part, suffix);
+  }
   return b;
 }
+}  // namespace
+
+std::string DataFileName(int rank, int part, int parts) { return ShardFileName(rank, part, parts, "data"); }
+std::string IndexFileName(int rank, int part, int parts) { return ShardFileName(rank, part, parts, "index.json"); }
 
 json ManifestJson(const Manifest& m) {
   json j;
@@ -228,6 +270,7 @@ json ManifestJson(const Manifest& m) {
   j["step"] = m.step;
   j["world_size"] = m.world_size;
   j["shards"] = m.shards;
+  if (m.parts != 1) j["parts"] = m.parts;  // absent: 1, as in every checkpoint before spread saves
   j["stage"] = m.stage;
   j["zrt_version"] = m.zrt_version;
   j["created_unix"] = m.created_unix;
@@ -262,6 +305,7 @@ Result<Manifest> DecodeManifest(std::string_view text, const std::string& where)
     m.step = I64(At(j, "step"), "step");
     m.world_size = I32(At(j, "world_size"), "world_size");
     m.shards = I32(At(j, "shards"), "shards");
+    if (j.contains("parts")) m.parts = I32(j["parts"], "parts");
     m.stage = I32(At(j, "stage"), "stage");
     m.zrt_version = Str(At(j, "zrt_version"), "zrt_version");
     m.created_unix = I64(At(j, "created_unix"), "created_unix");
@@ -314,6 +358,10 @@ std::string EncodeIndex(const RankIndex& r) {
   j["step"] = r.step;
   j["rank"] = r.rank;
   j["shards"] = r.shards;
+  if (r.parts != 1) {
+    j["part"] = r.part;
+    j["parts"] = r.parts;
+  }
   j["data_file"] = r.data_file;
   j["data_bytes"] = r.data_bytes;
   // Chunks as arrays (compact: O(chunks) bytes): [group, kind, elem_offset, elements, file_offset,
@@ -335,6 +383,10 @@ Result<RankIndex> DecodeIndex(std::string_view text, const std::string& where) {
     r.step = I64(At(j, "step"), "step");
     r.rank = I32(At(j, "rank"), "rank");
     r.shards = I32(At(j, "shards"), "shards");
+    if (j.contains("parts")) {
+      r.part = I32(At(j, "part"), "part");
+      r.parts = I32(j["parts"], "parts");
+    }
     r.data_file = Str(At(j, "data_file"), "data_file");
     r.data_bytes = I64(At(j, "data_bytes"), "data_bytes");
     for (const json& c : Arr(At(j, "chunks"), "chunks")) {
@@ -373,17 +425,17 @@ Result<std::vector<ShardLayout>> SavedLayouts(const Manifest& m) {
   return out;
 }
 
-Status ValidateIndex(const Manifest& m, std::span<const ShardLayout> layouts, const RankIndex& r, int rank,
-                     const std::string& where) {
+Status ValidateIndexFile(const Manifest& m, std::span<const ShardLayout> layouts, const RankIndex& r, int rank, int part,
+                         const std::string& where) {
   if (layouts.size() != m.groups.size()) return InternalError(where, ": layouts for ", layouts.size(), " groups");
-  if (r.rank != rank) return DataLossError(where, ": index of shard ", r.rank, " under the name of shard ", rank);
-  if (r.nonce != m.nonce || r.step != m.step || r.shards != m.shards) {
-    return DataLossError(where, ": belongs to another save (nonce/step/shards disagree with the manifest)");
+  if (r.rank != rank || r.part != part) {
+    return DataLossError(where, ": index of shard ", r.rank, " part ", r.part, " under the name of shard ", rank, " part ", part);
   }
-  if (r.data_file != DataFileName(rank)) return DataLossError(where, ": data file '", r.data_file, "' is not ", DataFileName(rank));
-  // Per (group, kind): the chunks' element ranges, to tile the shard exactly once.
-  std::vector<std::vector<std::vector<std::pair<int64_t, int64_t>>>> cover(m.groups.size());
-  for (size_t g = 0; g < m.groups.size(); ++g) cover[g].resize(m.groups[g].kinds.size());
+  if (r.nonce != m.nonce || r.step != m.step || r.shards != m.shards || r.parts != m.parts) {
+    return DataLossError(where, ": belongs to another save (nonce/step/shards/parts disagree with the manifest)");
+  }
+  const std::string data = DataFileName(rank, part, m.parts);
+  if (r.data_file != data) return DataLossError(where, ": data file '", r.data_file, "' is not ", data);
   std::vector<std::pair<int64_t, int64_t>> spans;
   spans.reserve(r.chunks.size());
   for (size_t k = 0; k < r.chunks.size(); ++k) {
@@ -407,8 +459,25 @@ Status ValidateIndex(const Manifest& m, std::span<const ShardLayout> layouts, co
       return DataLossError(where, ": chunk ", k, " stores ", c.stored_bytes, " bytes for ", c.elements, " elements (",
                            CodecName(c.codec), ", ", StoredAsName(as), ")");
     }
-    cover[static_cast<size_t>(c.group)][static_cast<size_t>(c.kind)].emplace_back(c.elem_offset, c.elements);
     spans.emplace_back(c.file_offset, c.stored_bytes);
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i) {
+    if (spans[i].first < spans[i - 1].first + spans[i - 1].second) {
+      return DataLossError(where, ": chunks overlap: two share bytes at offset ", spans[i].first, " of ", r.data_file);
+    }
+  }
+  return Status();
+}
+
+Status ValidateCover(const Manifest& m, std::span<const ShardLayout> layouts, std::span<const RankIndex> parts,
+                     const std::string& where) {
+  // Per (group, kind): the chunks' element ranges, to tile the shard exactly once. The chunks were
+  // checked to name a group and kind of the manifest (ValidateIndexFile).
+  std::vector<std::vector<std::vector<std::pair<int64_t, int64_t>>>> cover(m.groups.size());
+  for (size_t g = 0; g < m.groups.size(); ++g) cover[g].resize(m.groups[g].kinds.size());
+  for (const RankIndex& r : parts) {
+    for (const ChunkEntry& c : r.chunks) cover[static_cast<size_t>(c.group)][static_cast<size_t>(c.kind)].emplace_back(c.elem_offset, c.elements);
   }
   for (size_t g = 0; g < m.groups.size(); ++g) {
     const int64_t shard = layouts[g].shard_size();
@@ -429,13 +498,14 @@ Status ValidateIndex(const Manifest& m, std::span<const ShardLayout> layouts, co
       }
     }
   }
-  std::sort(spans.begin(), spans.end());
-  for (size_t i = 1; i < spans.size(); ++i) {
-    if (spans[i].first < spans[i - 1].first + spans[i - 1].second) {
-      return DataLossError(where, ": two chunks share bytes at offset ", spans[i].first, " of ", r.data_file);
-    }
-  }
   return Status();
+}
+
+Status ValidateIndex(const Manifest& m, std::span<const ShardLayout> layouts, const RankIndex& r, int rank,
+                     const std::string& where) {
+  if (m.parts != 1) return DataLossError(where, ": one index for a shard saved in ", m.parts, " parts");
+  RETURN_IF_ERROR(ValidateIndexFile(m, layouts, r, rank, 0, where));
+  return ValidateCover(m, layouts, std::span<const RankIndex>(&r, 1), where);
 }
 
 std::string_view StoredAsName(StoredAs s) {

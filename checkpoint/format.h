@@ -31,6 +31,7 @@ inline constexpr std::string_view kFormatName = "zrt-checkpoint";
 // Bounds every reader enforces (docs/checkpoint-format.md, "Rules"): a file beyond them is refused as
 // corrupt before anything is allocated or looped over.
 inline constexpr int kMaxShards = 1 << 20;
+inline constexpr int kMaxParts = 256;  // writers of one shard (a save spread over its replicas)
 inline constexpr int64_t kMaxChunkElements = int64_t{1} << 27;  // 512 MiB of fp32 decoded per chunk
 inline constexpr int64_t kMaxAlignment = int64_t{1} << 20;
 inline constexpr int64_t kMaxNumel = int64_t{1} << 48;          // per tensor
@@ -68,7 +69,10 @@ struct Manifest {
   std::string nonce;  // shared by the manifest and every index of one save
   int64_t step = 0;
   int world_size = 1;  // ranks of the job that saved
-  int shards = 1;      // distinct shards (= rank files): world_size, or 1 for stage 0
+  int shards = 1;      // distinct shards: world_size (or a divisor of it: hybrid sharding), or 1 for stage 0
+  // Files per shard: a save spread over the ranks that hold the same shard (its replicas) has each
+  // write a part of it, rank-r.part-p.{data,index.json} (1: rank-r.{data,index.json}).
+  int parts = 1;
   int stage = 0;
   std::string zrt_version;
   int64_t created_unix = 0;
@@ -92,24 +96,43 @@ struct ChunkEntry {
   uint64_t xxh3 = 0;
 };
 
+// One index file: shard `rank`'s chunks in part `part` of it (the only part unless the save was spread).
 struct RankIndex {
   std::string nonce;
   int64_t step = 0;
   int rank = 0;
   int shards = 1;
+  int part = 0, parts = 1;
   std::string data_file;
   int64_t data_bytes = 0;
   std::vector<ChunkEntry> chunks;
 };
 
-// Shard `rank`'s index of the checkpoint `m` describes, before its chunks: nonce, step, rank, shards,
-// data file name.
-RankIndex IndexOf(const Manifest& m, int rank);
+// The index of part `part` of shard `rank` of the checkpoint `m` describes, before its chunks: nonce,
+// step, rank, shards, part, data file name.
+RankIndex IndexOf(const Manifest& m, int rank, int part = 0);
+
+// Which part of a shard writes each chunk when a save is spread over m.parts writers (every shard
+// alike): the shard's chunks in order (group, kind, element) cut into m.parts runs of about the same
+// bytes before compression. What a reader needs is only that the parts' chunks tile the shard.
+class PartPlan {
+ public:
+  PartPlan(const Manifest& m, std::span<const ShardLayout> layouts);
+  int part(int group, int kind, int64_t chunk) const {
+    return parts_[static_cast<size_t>(group)][static_cast<size_t>(kind)][static_cast<size_t>(chunk)];
+  }
+  // The bytes part `part`'s data file takes at most: its chunks stored raw, each 4 KiB-aligned.
+  int64_t max_file_bytes(int part) const { return bytes_[static_cast<size_t>(part)]; }
+
+ private:
+  std::vector<std::vector<std::vector<int>>> parts_;  // [group][kind][chunk]
+  std::vector<int64_t> bytes_;
+};
 
 std::string StepDirName(int64_t step);           // "step-00001200"
 Result<int64_t> ParseStepDirName(std::string_view name);  // NotFound unless exactly step-<digits>
-std::string DataFileName(int rank);              // "rank-00003.data"
-std::string IndexFileName(int rank);             // "rank-00003.index.json"
+std::string DataFileName(int rank, int part = 0, int parts = 1);   // "rank-00003.data", "rank-00003.part-001.data"
+std::string IndexFileName(int rank, int part = 0, int parts = 1);  // "rank-00003.index.json", "rank-00003.part-001.index.json"
 inline constexpr std::string_view kManifestFile = "manifest.json";
 inline constexpr std::string_view kLatestFile = "latest";
 
@@ -127,10 +150,15 @@ Result<Manifest> DecodeManifest(std::string_view text, const std::string& where)
 std::string EncodeIndex(const RankIndex& r);
 // Parses an index (its own fields only; ValidateIndex checks it against the manifest).
 Result<RankIndex> DecodeIndex(std::string_view text, const std::string& where);
-// The rules an index of shard `rank` must meet against its manifest: the same save, the data file's
-// name, every chunk inside its shard and its file, raw chunks exactly their elements, and the chunks
-// of every (group, kind) covering the shard exactly once with disjoint file ranges.
-// `layouts` are SavedLayouts(m).
+// The rules an index file of part `part` of shard `rank` must meet against its manifest on its own
+// (I1, I2, I4): the same save, the data file's name, every chunk inside its shard and its file, raw
+// chunks exactly their elements, disjoint file ranges. `layouts` are SavedLayouts(m).
+Status ValidateIndexFile(const Manifest& m, std::span<const ShardLayout> layouts, const RankIndex& r, int rank, int part,
+                         const std::string& where);
+// I3: the chunks of a shard's parts (all m.parts of them) cover every (group, kind) exactly once.
+Status ValidateCover(const Manifest& m, std::span<const ShardLayout> layouts, std::span<const RankIndex> parts,
+                     const std::string& where);
+// Both, for a checkpoint of one part per shard.
 Status ValidateIndex(const Manifest& m, std::span<const ShardLayout> layouts, const RankIndex& r, int rank,
                      const std::string& where);
 

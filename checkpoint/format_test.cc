@@ -210,6 +210,58 @@ TEST(Format, IndexRoundTripAndBounds) {
   EXPECT_EQ(IndexFileName(3), "rank-00003.index.json");
 }
 
+// A save spread over a shard's replicas ("parts"): absent means 1 (every checkpoint before it reads
+// as it did, its checksum unchanged); parts round-trip in the manifest and the index, are bounded by
+// the replicas a shard has, and name their files; the plan gives every chunk one part, in runs of
+// about equal bytes, the same for every shard.
+TEST(Format, PartsRoundTripTheirBoundsAndThePlan) {
+  Manifest m = Sample();
+  m.world_size = 12;
+  m.shards = 4;  // 3 replicas of each shard
+  EXPECT_EQ(nlohmann::json::parse(EncodeManifest(m)).count("parts"), 0u) << "one part: written as before";
+  m.parts = 3;
+  auto back = DecodeManifest(EncodeManifest(m), "manifest.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->parts, 3);
+  for (int bad : {0, 4, kMaxParts + 1}) {
+    m.parts = bad;
+    auto refused = DecodeManifest(EncodeManifest(m), "manifest.json");
+    EXPECT_EQ(refused.status().code(), StatusCode::kDataLoss) << bad;
+    EXPECT_NE(refused.status().message().find("parts"), std::string_view::npos) << refused.status();
+  }
+  m.parts = 3;
+  EXPECT_EQ(DataFileName(2, 1, 3), "rank-00002.part-001.data");
+  EXPECT_EQ(IndexFileName(2, 1, 3), "rank-00002.part-001.index.json");
+  EXPECT_EQ(IndexFileName(2, 0, 1), "rank-00002.index.json");
+  const RankIndex idx = IndexOf(m, 2, 1);
+  auto idx_back = DecodeIndex(EncodeIndex(idx), "i");
+  ASSERT_TRUE(idx_back.ok()) << idx_back.status();
+  EXPECT_EQ(idx_back->part, 1);
+  EXPECT_EQ(idx_back->parts, 3);
+  const std::vector<ShardLayout> layouts = *SavedLayouts(m);
+  EXPECT_TRUE(ValidateIndexFile(m, layouts, *idx_back, 2, 1, "i").ok());
+  EXPECT_EQ(ValidateIndexFile(m, layouts, *idx_back, 2, 2, "i").code(), StatusCode::kDataLoss) << "under another part's name";
+  EXPECT_EQ(ValidateIndex(m, layouts, *idx_back, 2, "i").code(), StatusCode::kDataLoss) << "one index of a spread shard";
+  // The plan over a group of 3 kinds x 10 chunks of 1024 elements (all f32): 10 chunks per part.
+  Manifest big = m;
+  big.chunk_elements = 1024;
+  big.groups[0].tensors = {{"w", {40960}, DType::kF32, 0, 40960}};
+  const std::vector<ShardLayout> bl = *SavedLayouts(big);
+  const PartPlan plan(big, bl);
+  std::vector<int> per_part(3, 0);
+  int last = 0;
+  for (int k = 0; k < 3; ++k) {
+    for (int c = 0; c < 10; ++c) {
+      const int p = plan.part(0, k, c);
+      ASSERT_GE(p, last) << "parts are runs in chunk order";
+      last = p;
+      ++per_part[static_cast<size_t>(p)];
+    }
+  }
+  EXPECT_EQ(per_part, (std::vector<int>{10, 10, 10}));
+  EXPECT_EQ(plan.max_file_bytes(1), 10 * 4096);
+}
+
 TEST(Codec, RoundTripsAndFallsBackToRaw) {
   std::mt19937_64 rng(testing::TestSeed());
   std::vector<float> smooth(100000);

@@ -79,22 +79,32 @@ struct ShardWriter::InFlight {
 };
 
 ShardWriter::ShardWriter(IoEngine& io, const std::string& dir, const Manifest& m, int shard, const ShardWriteOptions& o)
-    : io_(io), dir_(dir), m_(m), o_(o), index_(IndexOf(m, shard)) {}
+    : io_(io), dir_(dir), m_(m), o_(o), index_(IndexOf(m, shard, o.part)) {}
 
 ShardWriter::~ShardWriter() { Abandon(); }
 
 Result<std::unique_ptr<ShardWriter>> ShardWriter::Open(IoEngine& io, const std::string& dir, const Manifest& m, int shard,
                                                        const ShardWriteOptions& o) {
   if (shard < 0 || shard >= m.shards) return InvalidArgumentError("shard ", shard, " of a checkpoint of ", m.shards);
+  if (o.part < 0 || o.part >= m.parts) return InvalidArgumentError("part ", o.part, " of a checkpoint of ", m.parts, " part(s) per shard");
   std::unique_ptr<ShardWriter> w(new ShardWriter(io, dir, m, shard, o));
   ASSIGN_OR_RETURN(w->layouts_, SavedLayouts(m));
+  const PartPlan plan(m, w->layouts_);
   for (size_t g = 0; g < m.groups.size(); ++g) {
     const int64_t chunks = (w->layouts_[g].shard_size() + m.chunk_elements - 1) / m.chunk_elements;
-    w->written_.emplace_back(m.groups[g].kinds.size(), std::vector<char>(static_cast<size_t>(chunks), 0));
+    auto& kinds = w->written_.emplace_back(m.groups[g].kinds.size(), std::vector<char>(static_cast<size_t>(chunks), 0));
+    for (size_t k = 0; k < kinds.size(); ++k) {
+      for (int64_t c = 0; c < chunks; ++c) kinds[k][static_cast<size_t>(c)] = plan.part(static_cast<int>(g), static_cast<int>(k), c) == o.part ? 0 : 2;
+    }
   }
   w->tmp_ = dir + "/" + w->index_.data_file + ".tmp";
   ASSIGN_OR_RETURN(w->file_, IoFile::Open(w->tmp_, IoFile::Mode::kCreate));
+  RETURN_IF_ERROR(w->file_.Reserve(plan.max_file_bytes(o.part)), "shard ", shard);
   return w;
+}
+
+bool ShardWriter::wants(int group, int kind, int64_t offset) const {
+  return written_[static_cast<size_t>(group)][static_cast<size_t>(kind)][static_cast<size_t>(offset / m_.chunk_elements)] != 2;
 }
 
 Status ShardWriter::Encode(InFlight& w, std::vector<char>* scratch) const {
@@ -130,6 +140,10 @@ Status ShardWriter::Write(int group, int kind, int64_t offset, int64_t count, co
     return InvalidArgumentError("shard ", index_.rank, ", group '", m_.groups[static_cast<size_t>(group)].name, "' ",
                                 m_.groups[static_cast<size_t>(group)].kinds[static_cast<size_t>(kind)], ": elements [", offset, ", ",
                                 offset + count, ") are not a chunk of its ", shard, " still to write");
+  }
+  if (seen[static_cast<size_t>(offset / chunk)] == 2) {
+    return InvalidArgumentError("shard ", index_.rank, ", group '", m_.groups[static_cast<size_t>(group)].name, "': the chunk at element ",
+                                offset, " is not part ", index_.part, "'s");
   }
   seen[static_cast<size_t>(offset / chunk)] = 1;
   w->entry = ChunkEntry{group, kind, offset, count, 0, 0, Codec::kRaw, 0};
@@ -206,13 +220,14 @@ Status ShardWriter::Finish(ShardWriteStats* stats) {
     return std::tie(a.group, a.kind, a.elem_offset) < std::tie(b.group, b.kind, b.elem_offset);
   });
   index_.data_bytes = file_offset_;
+  RETURN_IF_ERROR(file_.Truncate(file_offset_));  // what the reservation holds beyond the chunks
   RETURN_IF_ERROR(io_.Sync(file_));
   RETURN_IF_ERROR(std::move(file_).Close());
   RETURN_IF_ERROR(io_.FileOp("rename", tmp_));
   RETURN_IF_ERROR(RenamePath(tmp_, dir_ + "/" + index_.data_file));
   if (stats != nullptr) stats->stored_bytes = stored_bytes_;
   // The index last: its presence says this rank's data is durable.
-  return WriteFileDurably(io_, dir_, IndexFileName(index_.rank), EncodeIndex(index_));
+  return WriteFileDurably(io_, dir_, IndexFileName(index_.rank, index_.part, index_.parts), EncodeIndex(index_));
 }
 
 Status WriteShard(IoEngine& io, const std::string& dir, const Manifest& m, int shard, const StateView& state,
@@ -233,6 +248,7 @@ Status WriteShard(IoEngine& io, const std::string& dir, const Manifest& m, int s
       const StateBuffer& b = sg.buffers[k];
       for (int64_t e = 0; e < b.count; e += m.chunk_elements) {
         const int64_t n = std::min(m.chunk_elements, b.count - e);
+        if (!w->wants(static_cast<int>(g), static_cast<int>(k), e)) continue;
         if (b.data != nullptr) {
           RETURN_IF_ERROR(w->Write(static_cast<int>(g), static_cast<int>(k), e, n, static_cast<const float*>(b.data) + e));
           continue;
@@ -256,8 +272,8 @@ Status WriteShard(IoEngine& io, const std::string& dir, const Manifest& m, int s
 // ---- ChunkQueue ----------------------------------------------------------------------------------
 
 ChunkQueue::ChunkQueue(std::vector<std::vector<int64_t>> counts, int64_t chunk_elements, int64_t budget_bytes, Device* device,
-                       std::vector<DeviceBuffer> spare)
-    : chunk_(chunk_elements), device_(device), spare_(std::move(spare)) {
+                       std::vector<DeviceBuffer> spare, std::vector<std::vector<std::vector<char>>> keep)
+    : chunk_(chunk_elements), keep_(std::move(keep)), device_(device), spare_(std::move(spare)) {
   size_t kinds = 0;
   for (const std::vector<int64_t>& g : counts) {
     std::vector<Filling>& f = fill_.emplace_back(g.size());
@@ -318,11 +334,17 @@ Status ChunkQueue::Put(int group, int buffer, int64_t offset, int64_t n, const f
                                 f.next, " of ", f.count, " was expected");
   }
   while (n > 0) {
+    const int64_t start = f.next / chunk_ * chunk_;
+    const int64_t take = std::min(n, chunk_ - (f.next - start));
+    if (!keep_.empty() && !keep_[static_cast<size_t>(group)][static_cast<size_t>(buffer)][static_cast<size_t>(start / chunk_)]) {
+      data += take;  // another writer's chunk
+      n -= take;
+      f.next += take;
+      continue;
+    }
     if (f.buf.empty()) {
       ASSIGN_OR_RETURN(f.buf, Acquire(lock));
     }
-    const int64_t start = f.next / chunk_ * chunk_;
-    const int64_t take = std::min(n, chunk_ - (f.next - start));
     lock.unlock();  // only this producer touches a buffer being filled
     std::memcpy(f.buf.as<float>() + (f.next - start), data, static_cast<size_t>(take) * 4);
     lock.lock();

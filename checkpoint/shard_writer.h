@@ -40,12 +40,17 @@ struct ShardWriteOptions {
   // Encode (compress) and checksum chunks on these threads too, several chunks at a time (null: on the
   // calling thread only). The file is the same either way.
   ThreadPool* encoders = nullptr;
+  // The part of the shard written (format.h PartPlan: a save spread over the shard's replicas, each
+  // writing the chunks of its part), in [0, m.parts).
+  int part = 0;
 };
 
-// One shard's files, written chunk by chunk. Not thread-safe (one caller, typically a writer thread).
+// One shard's files (or one part's of them), written chunk by chunk. Not thread-safe (one caller,
+// typically a writer thread). The data file is preallocated for its chunks stored raw (IoFile::Reserve:
+// every write is an overwrite) and cut to what was written at the end.
 class ShardWriter {
  public:
-  // Creates dir/rank-r.data.tmp for shard `shard` of the checkpoint `m` describes.
+  // Creates dir/rank-r.data.tmp (rank-r.part-p.data.tmp) for shard `shard` of the checkpoint `m` describes.
   static Result<std::unique_ptr<ShardWriter>> Open(IoEngine& io, const std::string& dir, const Manifest& m, int shard,
                                                    const ShardWriteOptions& options = {});
   // Waits for every write in flight (giving each chunk back); an unfinished file keeps its temp name.
@@ -54,10 +59,13 @@ class ShardWriter {
   ShardWriter& operator=(const ShardWriter&) = delete;
 
   // Chunk elements [offset, offset + count) of (group, kind): offset a multiple of the manifest's
-  // chunk_elements, count the chunk's full size (the last one of a shard may be short). `data` (fp32,
+  // chunk_elements, count the chunk's full size (the last one of a shard may be short), a chunk of
+  // this writer's part (wants()). `data` (fp32,
   // 4 KiB-aligned for raw writes to go O_DIRECT) must stay valid until `release` is called, on this
   // thread, once the chunk is written or the writer gives up on it. Each chunk once, in any order.
   Status Write(int group, int kind, int64_t offset, int64_t count, const float* data, std::function<void()> release = {});
+  // Whether the chunk at `offset` of (group, kind) is this writer's part's.
+  bool wants(int group, int kind, int64_t offset) const;
   // Every chunk given so far is written and released.
   Status Flush();
   // Every chunk of the shard was written: fsync, rename, then the index. `stats` gets the stored bytes.
@@ -81,14 +89,15 @@ class ShardWriter {
   IoFile file_;
   std::deque<std::unique_ptr<InFlight>> encoding_, window_;
   std::vector<char> scratch_;
-  std::vector<std::vector<std::vector<char>>> written_;  // [group][kind][chunk]: given once
+  std::vector<std::vector<std::vector<char>>> written_;  // [group][kind][chunk]: 0 to write, 1 given, 2 another part's
   int64_t file_offset_ = 0;
   int64_t stored_bytes_ = 0;
   Status failed_;
 };
 
-// Writes shard `shard` of `state` (its resident buffers where they are, others through the view's
-// Read, a chunk at a time: memory stays O(chunk)), synchronously on this thread: tools and tests.
+// Writes shard `shard` of `state` (options.part's chunks of it; its resident buffers where they are,
+// others through the view's Read, a chunk at a time: memory stays O(chunk)), synchronously on this
+// thread: tools and tests.
 Status WriteShard(IoEngine& io, const std::string& dir, const Manifest& m, int shard, const StateView& state,
                   const ShardWriteOptions& options = {}, ShardWriteStats* stats = nullptr);
 
@@ -103,9 +112,10 @@ Status WriteShard(IoEngine& io, const std::string& dir, const Manifest& m, int s
 // owner (Stop).
 class ChunkQueue final : public StateSink {
  public:
-  // counts[g][k]: the shard elements of group g's kind k.
+  // counts[g][k]: the shard elements of group g's kind k. `keep` (empty: every chunk), [g][k][chunk]:
+  // whether the chunk is wanted; the others' elements are passed over (a save spread over replicas).
   ChunkQueue(std::vector<std::vector<int64_t>> counts, int64_t chunk_elements, int64_t budget_bytes, Device* device,
-             std::vector<DeviceBuffer> spare);
+             std::vector<DeviceBuffer> spare, std::vector<std::vector<std::vector<char>>> keep = {});
 
   Status Put(int group, int buffer, int64_t offset, int64_t n, const float* data) override;
   void Waited(double seconds) override;
@@ -138,6 +148,7 @@ class ChunkQueue final : public StateSink {
   Result<DeviceBuffer> Acquire(std::unique_lock<std::mutex>& lock);
 
   const int64_t chunk_;
+  std::vector<std::vector<std::vector<char>>> keep_;
   Device* device_;
   std::vector<DeviceBuffer> spare_;
   size_t max_buffers_ = 0, held_ = 0, peak_ = 0;

@@ -21,7 +21,9 @@
 #include <thread>
 
 #include "tests/support/io_hooks.h"
+#include "zrt/checkpoint/catalog.h"
 #include "zrt/checkpoint/files.h"
+#include "zrt/checkpoint/tensor_reader.h"
 #include "zrt/checkpoint/codec.h"
 #include "zrt/checkpoint/fs_util.h"
 #include "zrt/core/quant_math.h"
@@ -241,6 +243,89 @@ TEST_P(ShardWriterTest, QueuedStateIsWrittenAsItFills) {
       EXPECT_EQ(queue.TakeBuffers().size(), 4u) << "every buffer is kept for the next save";
     }
   }
+}
+
+// A save spread over a shard's replicas: three writers, each its part (format.h PartPlan), one of
+// them fed by a queue that passes the other parts' chunks over; the parts' chunks tile the shard once,
+// every data file is cut to its chunks after its reservation, and the checkpoint reads back whole
+// through the TensorReader and verifies in full. A missing part, a part's index under another part's
+// name and a writer given another part's chunk are each refused, naming the part.
+TEST_P(ShardWriterTest, ASpreadSaveWritesEachChunkOnceAcrossItsParts) {
+  auto io = IoEngine::Create();
+  ASSERT_TRUE(io.ok());
+  Manifest m = m_;
+  m.world_size = 3;
+  m.parts = 3;
+  const std::vector<ShardLayout> layouts = {layout_};
+  const PartPlan plan(m, layouts);
+  const int64_t n = layout_.shard_size();
+  std::vector<float> avg(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) avg[static_cast<size_t>(i)] = -static_cast<float>(i);  // what Streamed gives
+  ASSERT_TRUE(WriteShard(**io, dir_.string(), m, 0, State(), {.compression = {GetParam(), 1}, .part = 0}).ok());
+  ASSERT_TRUE(WriteShard(**io, dir_.string(), m, 0, State(), {.compression = {GetParam(), 1}, .part = 2}).ok());
+  {  // part 1 through the save's queue, fed the whole shard
+    CpuDevice host;
+    std::vector<std::vector<std::vector<char>>> keep(1, std::vector<std::vector<char>>(2));
+    for (int k = 0; k < 2; ++k) {
+      for (int64_t c = 0; c * m.chunk_elements < n; ++c) keep[0][static_cast<size_t>(k)].push_back(plan.part(0, k, c) == 1);
+    }
+    ChunkQueue queue({{n, n}}, m.chunk_elements, 0, &host, {}, keep);
+    std::thread owner([&] {
+      EXPECT_TRUE(queue.Put(0, 0, 0, n, master_.data()).ok());
+      for (int64_t off = 0; off < n; off += 700) EXPECT_TRUE(queue.Put(0, 1, off, std::min<int64_t>(700, n - off), avg.data() + off).ok());
+      queue.Close(Status());
+    });
+    const Status s = WriteQueuedShard(**io, dir_.string(), m, 0, queue, {.compression = {GetParam(), 1}, .part = 1});
+    owner.join();
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  {
+    std::ofstream(dir_ / "manifest.json") << EncodeManifest(m);
+  }
+  auto cd = CheckpointDir::Open(dir_.string());
+  ASSERT_TRUE(cd.ok());
+  auto parts = ReadShardIndexes(*cd, m, layouts, 0);
+  ASSERT_TRUE(parts.ok()) << parts.status();
+  ASSERT_EQ(parts->size(), 3u);
+  size_t chunks = 0;
+  for (int p = 0; p < 3; ++p) {
+    const RankIndex& idx = (*parts)[static_cast<size_t>(p)];
+    EXPECT_EQ(idx.data_file, DataFileName(0, p, 3));
+    EXPECT_EQ(static_cast<int64_t>(fs::file_size(dir_ / idx.data_file)), idx.data_bytes) << "the reservation is cut to the chunks";
+    EXPECT_FALSE(idx.chunks.empty()) << "part " << p;
+    for (const ChunkEntry& c : idx.chunks) EXPECT_EQ(plan.part(c.group, c.kind, c.elem_offset / m.chunk_elements), p);
+    chunks += idx.chunks.size();
+  }
+  EXPECT_EQ(chunks, 6u);
+  std::vector<std::string> problems;
+  ASSERT_TRUE(CheckComplete(dir_.string(), VerifyLevel::kFull, &problems).ok());
+  EXPECT_TRUE(problems.empty()) << problems.front();
+  auto reader = TensorReader::Open(dir_.string());
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::vector<float> got(2500);
+  ASSERT_TRUE((*reader)->Read("t", "master", 0, 2500, got.data()).ok());
+  EXPECT_EQ(0, std::memcmp(got.data(), master_.data(), 2500 * 4));
+  ASSERT_TRUE((*reader)->Read("t", "exp_avg", 0, 2500, got.data()).ok());
+  EXPECT_EQ(0, std::memcmp(got.data(), avg.data(), 2500 * 4));
+  reader->reset();
+  EXPECT_EQ(ReadIndex(*cd, m, layouts, 0).status().code(), StatusCode::kDataLoss) << "one index of a spread shard";
+  // Part 2's index under part 1's name: refused; part 1 missing: the checkpoint is incomplete.
+  fs::rename(dir_ / IndexFileName(0, 1, 3), dir_ / "saved");
+  fs::copy_file(dir_ / IndexFileName(0, 2, 3), dir_ / IndexFileName(0, 1, 3));
+  auto swapped = ReadShardIndexes(*cd, m, layouts, 0);
+  EXPECT_EQ(swapped.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(swapped.status().message().find("part 1"), std::string_view::npos) << swapped.status();
+  fs::remove(dir_ / IndexFileName(0, 1, 3));
+  problems.clear();
+  ASSERT_TRUE(CheckComplete(dir_.string(), VerifyLevel::kMetadata, &problems).ok());
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_NE(problems[0].find("part 1 did not finish"), std::string::npos) << problems[0];
+  // A writer of part 0 given part 2's chunk, and a part the manifest does not have.
+  fs::create_directories(dir_ / "x");
+  auto w = ShardWriter::Open(**io, (dir_ / "x").string(), m, 0, {.part = 0});
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ((*w)->Write(0, 1, 2048, n - 2048, avg.data() + 2048).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ShardWriter::Open(**io, (dir_ / "x").string(), m, 0, {.part = 3}).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST_P(ShardWriterTest, ADeliveryWaitingForBuffersStopsWithTheSave) {

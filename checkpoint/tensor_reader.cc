@@ -29,16 +29,18 @@ Result<TensorReader::Stored> TensorReader::StoredBytes() {
   ASSIGN_OR_RETURN(const std::vector<ShardLayout> layouts, SavedLayouts(m));
   Stored out;
   for (int r = 0; r < m.shards; ++r) {
-    ASSIGN_OR_RETURN(RankIndex idx, ReadIndex(impl_->cd, m, layouts, r));
-    out.chunks += static_cast<int64_t>(idx.chunks.size());
-    for (const ChunkEntry& c : idx.chunks) {
-      const GroupEntry& ge = m.groups[static_cast<size_t>(c.group)];
-      const StoredAs as = ge.stored_as(static_cast<size_t>(c.kind));
-      std::string key = ge.kinds[static_cast<size_t>(c.kind)];
-      if (as != StoredAs::kF32) key += " (" + std::string(StoredAsName(as)) + ")";
-      auto& [raw, stored] = out.bytes[key];
-      raw += ckpt::StoredBytes(as, c.elements, ge.block);
-      stored += c.stored_bytes;
+    ASSIGN_OR_RETURN(std::vector<RankIndex> parts, ReadShardIndexes(impl_->cd, m, layouts, r));
+    for (const RankIndex& idx : parts) {
+      out.chunks += static_cast<int64_t>(idx.chunks.size());
+      for (const ChunkEntry& c : idx.chunks) {
+        const GroupEntry& ge = m.groups[static_cast<size_t>(c.group)];
+        const StoredAs as = ge.stored_as(static_cast<size_t>(c.kind));
+        std::string key = ge.kinds[static_cast<size_t>(c.kind)];
+        if (as != StoredAs::kF32) key += " (" + std::string(StoredAsName(as)) + ")";
+        auto& [raw, stored] = out.bytes[key];
+        raw += ckpt::StoredBytes(as, c.elements, ge.block);
+        stored += c.stored_bytes;
+      }
     }
   }
   return out;

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <map>
 #include <set>
 
 #include "zrt/checkpoint/files.h"
@@ -17,16 +18,28 @@ namespace zrt::ckpt {
 
 namespace {
 
-// The shard numbers of the rank-NNNNN.index.json files present.
-std::set<int> IndexFilesPresent(const std::vector<std::string>& names) {
-  std::set<int> out;
-  constexpr std::string_view kPrefix = "rank-", kSuffix = ".index.json";
+// An index file's name: rank-NNNNN.index.json (part -1) or rank-NNNNN.part-PPP.index.json.
+struct IndexName {
+  int rank = 0, part = -1;
+  auto operator<=>(const IndexName&) const = default;
+};
+
+// The index files present, by the shard and part their names give.
+std::set<IndexName> IndexFilesPresent(const std::vector<std::string>& names) {
+  std::set<IndexName> out;
+  constexpr std::string_view kPrefix = "rank-", kSuffix = ".index.json", kPart = ".part-";
+  auto number = [](std::string_view digits) {
+    return digits.empty() || digits.size() > 7 || digits.find_first_not_of("0123456789") != std::string_view::npos
+               ? -1 : std::stoi(std::string(digits));
+  };
   for (const std::string& n : names) {
     if (!n.starts_with(kPrefix) || !n.ends_with(kSuffix)) continue;
-    const std::string digits = n.substr(kPrefix.size(), n.size() - kPrefix.size() - kSuffix.size());
-    if (digits.empty() || digits.size() > 7 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
-    const int r = std::stoi(digits);
-    if (n == IndexFileName(r)) out.insert(r);
+    std::string_view mid = std::string_view(n).substr(kPrefix.size(), n.size() - kPrefix.size() - kSuffix.size());
+    const size_t dot = mid.find(kPart);
+    const int r = number(mid.substr(0, dot));
+    const int p = dot == std::string_view::npos ? -1 : number(mid.substr(dot + kPart.size()));
+    if (r < 0 || (dot != std::string_view::npos && p < 0)) continue;
+    if (n == (p < 0 ? IndexFileName(r) : IndexFileName(r, p, kMaxParts))) out.insert({r, p});
   }
   return out;
 }
@@ -90,18 +103,28 @@ Status CheckComplete(const std::string& dir_path, VerifyLevel level, std::vector
     ASSIGN_OR_RETURN(io, IoEngine::Create(IoOptions{}), "verifying ", dir_path);
   }
   // Bounded by the files present: a manifest claiming a billion shards costs one listing.
-  const std::set<int> present = IndexFilesPresent(names);
-  for (int r : present) {
-    if (r >= m->shards) problems->push_back(IndexFileName(r) + ": shard " + std::to_string(r) + " is not in the manifest (" +
-                                            std::to_string(m->shards) + " shards)");
+  const std::set<IndexName> present = IndexFilesPresent(names);
+  const bool spread = m->parts > 1;
+  std::map<int, int> parts_present;  // shard -> its part indexes present
+  for (const IndexName& f : present) {
+    const std::string name = f.part < 0 ? IndexFileName(f.rank) : IndexFileName(f.rank, f.part, kMaxParts);
+    if (f.rank >= m->shards) {
+      problems->push_back(name + ": shard " + std::to_string(f.rank) + " is not in the manifest (" + std::to_string(m->shards) + " shards)");
+    } else if ((f.part >= 0) != spread || f.part >= m->parts) {
+      problems->push_back(name + ": not a part of the manifest's shards (" + std::to_string(m->parts) + " part(s) each)");
+    } else {
+      ++parts_present[f.rank];
+    }
   }
   // Progress by bytes: the data files' sizes are the total (a listing, no reads).
   int64_t total = 0, done = 0;
   if (progress && io) {
-    for (int r : present) {
-      std::error_code ec;
-      const auto n = std::filesystem::file_size(dir.PathOf(DataFileName(r)), ec);
-      if (!ec) total += static_cast<int64_t>(n);
+    for (const auto& [r, n] : parts_present) {
+      for (int p = 0; p < m->parts; ++p) {
+        std::error_code ec;
+        const auto bytes = std::filesystem::file_size(dir.PathOf(DataFileName(r, p, m->parts)), ec);
+        if (!ec) total += static_cast<int64_t>(bytes);
+      }
     }
   }
   auto checked = [&](int64_t bytes) {
@@ -109,22 +132,30 @@ Status CheckComplete(const std::string& dir_path, VerifyLevel level, std::vector
   };
   int missing = 0;
   for (int r = 0; r < m->shards; ++r) {
-    if (!present.contains(r)) {
-      if (++missing <= 3) problems->push_back(IndexFileName(r) + ": missing (shard " + std::to_string(r) + " did not finish)");
+    const auto have = parts_present.find(r);
+    if (have == parts_present.end() || have->second != m->parts) {
+      for (int p = 0; p < m->parts; ++p) {
+        const std::string name = IndexFileName(r, p, m->parts);
+        if (!present.contains({r, spread ? p : -1}) && ++missing <= 3) {
+          problems->push_back(name + ": missing (shard " + std::to_string(r) + (spread ? " part " + std::to_string(p) : "") + " did not finish)");
+        }
+      }
       if (missing > static_cast<int>(present.size()) + 3) break;  // the rest are missing too: not worth a loop
       continue;
     }
-    auto idx = ReadIndex(dir, *m, layouts, r);
-    if (!idx.ok()) {
-      problems->push_back(std::string(idx.status().message()));
+    auto parts = ReadShardIndexes(dir, *m, layouts, r);
+    if (!parts.ok()) {
+      problems->push_back(std::string(parts.status().message()));
       continue;
     }
-    auto f = dir.OpenData(idx->data_file, idx->data_bytes);
-    if (!f.ok()) {
-      problems->push_back(std::string(f.status().message()));
-      continue;
+    for (const RankIndex& idx : *parts) {
+      auto f = dir.OpenData(idx.data_file, idx.data_bytes);
+      if (!f.ok()) {
+        problems->push_back(std::string(f.status().message()));
+        continue;
+      }
+      if (io) CheckChunks(*io, *f, *m, layouts, idx, problems, checked);
     }
-    if (io) CheckChunks(*io, *f, *m, layouts, *idx, problems, checked);
   }
   if (missing > 3) problems->push_back(std::to_string(missing - 3) + " more index files missing");
   if (progress && total > 0 && done < total) progress(total, total);  // chunks missing or unreadable: the bar ends

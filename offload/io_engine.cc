@@ -12,6 +12,7 @@
 #include <thread>
 #include <unordered_set>
 
+#include "zrt/core/device.h"
 #include "zrt/core/logging.h"
 #include "zrt/core/thread_pool.h"
 
@@ -76,6 +77,16 @@ Status IoFile::Sync() const {
 Status IoFile::Truncate(int64_t size) const {
   if (::ftruncate(fd_.get(), size) != 0) return ErrnoStatus(errno, "truncating " + path_);
   return Status();
+}
+
+Status IoFile::Reserve(int64_t bytes) const {
+  if (bytes <= 0) return Status();
+  int rc = 0;
+  do {
+    rc = ::fallocate(fd_.get(), 0, 0, static_cast<off_t>(bytes));
+  } while (rc != 0 && errno == EINTR);
+  if (rc == 0 || errno == EOPNOTSUPP || errno == ENOSYS) return Status();
+  return ErrnoStatus(errno, "reserving " + FormatBytes(bytes) + " for " + path_);
 }
 
 Status IoFile::Close() && {

@@ -176,14 +176,8 @@ Result<int64_t> StateSwapper::CreateFiles() {
       const std::string path = rank_dir_ + "/" + std::to_string(r) + "." + streams_[k].name + ".swp";
       ASSIGN_OR_RETURN(IoFile f, IoFile::Open(path, IoFile::Mode::kCreate, /*direct=*/true, kPrivateFileMode), "offload: swap file for ", regions_[r].name);
       const auto size = static_cast<off_t>(RegionBytes(static_cast<int>(r), static_cast<int>(k)));
-      if (size > 0) {
-        const int rc = ::posix_fallocate(f.fd(), 0, size);
-        if (rc == EOPNOTSUPP || rc == EINVAL) {
-          RETURN_IF_ERROR(f.Truncate(size), "offload: sizing ", path);
-        } else if (rc != 0) {
-          return ErrnoStatus(rc, "offload: reserving " + FormatBytes(size) + " for swap file " + path);
-        }
-      }
+      RETURN_IF_ERROR(f.Reserve(size), "offload: swap file");
+      RETURN_IF_ERROR(f.Truncate(size), "offload: sizing ", path);  // where the filesystem has no fallocate
       files_.push_back(std::move(f));
     }
   }

@@ -314,46 +314,57 @@ TEST_F(CheckpointTest, CorruptionIsNamedAndTheNewestGoodOneIsFound) {
   }
 }
 
+// A write that fails on one rank fails the save on every rank and keeps the previous checkpoint: at
+// stage 2 the victim writes its own shard; at stage 0 every rank holds the one shard and writes a part
+// of it (a save spread over replicas), so a replica's failed part leaves the save incomplete.
 TEST_F(CheckpointTest, FailedWritesAndRenamesKeepThePreviousCheckpoint) {
-  auto e = MakeEngine(comm_.get(), 2);
-  Train(*e, 1);
-  {
-    auto ck = MakeCheckpointer(comm_.get());
-    ASSERT_TRUE(ck->SaveAsync(e->state_view()).ok());
-    ASSERT_TRUE(ck->Wait().ok());
-  }
-  Train(*e, 2);
-  for (const char* fault : {"enospc", "fsync", "rename", "commit"}) {
-    SCOPED_TRACE(fault);
-    CheckpointOptions o;
-    const int victim = size() - 1;
-    testing::FnIoHooks hooks;
-    if (std::string(fault) == "enospc") {
-      hooks.transfer = [&](bool write, const std::string&, int64_t off, size_t*) {
-        return write && rank() == victim && off >= 4096 ? ENOSPC : 0;
-      };
-    } else {
-      hooks.file_op = [&, fault](std::string_view op, const std::string&) {
-        return op == fault && rank() == (op == "commit" ? 0 : victim) ? EIO : 0;
-      };
+  for (int stage : {2, 0}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const std::string root = root_ + "/stage" + std::to_string(stage);
+    auto e = MakeEngine(comm_.get(), stage);
+    Train(*e, 1);
+    {
+      auto ck = MakeCheckpointer(comm_.get(), {.root = "stage" + std::to_string(stage)});
+      ASSERT_TRUE(ck->SaveAsync(e->state_view()).ok());
+      ASSERT_TRUE(ck->Wait().ok());
     }
-    auto ck = MakeCheckpointer(comm_.get(), o, &hooks);
-    ASSERT_TRUE(ck->SaveAsync(e->state_view()).ok());  // the write fails in the background ...
-    Status s = ck->Wait();                              // ... and every rank hears of it here
-    ASSERT_FALSE(s.ok());
-    if (std::string(fault) == "enospc" && rank() != victim) {
-      EXPECT_NE(s.message().find("failed on rank " + std::to_string(victim)), std::string_view::npos) << s;
+    Train(*e, 2);
+    for (const char* fault : {"enospc", "fsync", "rename", "commit"}) {
+      SCOPED_TRACE(fault);
+      CheckpointOptions o;
+      o.root = "stage" + std::to_string(stage);
+      const int victim = size() - 1;
+      testing::FnIoHooks hooks;
+      if (std::string(fault) == "enospc") {
+        hooks.transfer = [&](bool write, const std::string&, int64_t off, size_t*) {
+          return write && rank() == victim && off >= (stage == 0 ? 0 : 4096) ? ENOSPC : 0;
+        };
+      } else {
+        hooks.file_op = [&, fault](std::string_view op, const std::string&) {
+          return op == fault && rank() == (op == "commit" ? 0 : victim) ? EIO : 0;
+        };
+      }
+      auto ck = MakeCheckpointer(comm_.get(), o, &hooks);
+      ASSERT_TRUE(ck->SaveAsync(e->state_view()).ok());  // the write fails in the background ...
+      Status s = ck->Wait();                              // ... and every rank hears of it here
+      ASSERT_FALSE(s.ok());
+      if (std::string(fault) == "enospc" && rank() != victim) {
+        EXPECT_NE(s.message().find("failed on rank " + std::to_string(victim)), std::string_view::npos) << s;
+      }
+      if (std::string(fault) == "enospc") {
+        EXPECT_NE(s.message().find("No space left"), std::string_view::npos) << s;
+      }
+      ASSERT_TRUE(comm_->Barrier().ok());
+      // The previous checkpoint is still the newest complete one, and nothing half-written remains.
+      auto latest = FindLatestComplete(root, VerifyLevel::kFull);
+      ASSERT_TRUE(latest.ok()) << latest.status();
+      EXPECT_EQ(fs::path(*latest).filename(), "step-00000001");
+      for (const auto& entry : fs::directory_iterator(root)) {
+        EXPECT_EQ(entry.path().filename().string().find(".tmp-"), std::string::npos) << entry.path();
+      }
     }
-    if (std::string(fault) == "enospc") {
-      EXPECT_NE(s.message().find("No space left"), std::string_view::npos) << s;
-    }
-    ASSERT_TRUE(comm_->Barrier().ok());
-    // The previous checkpoint is still the newest complete one, and nothing half-written remains.
-    auto latest = FindLatestComplete(root_, VerifyLevel::kFull);
-    ASSERT_TRUE(latest.ok()) << latest.status();
-    EXPECT_EQ(fs::path(*latest).filename(), "step-00000001");
-    for (const auto& entry : fs::directory_iterator(root_)) {
-      EXPECT_EQ(entry.path().filename().string().find(".tmp-"), std::string::npos) << entry.path();
+    if (stage == 0 && rank() == 0) {
+      EXPECT_EQ(ReadManifest(*FindLatestComplete(root))->parts, size()) << "spread over every rank";
     }
   }
 }

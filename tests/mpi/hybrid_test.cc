@@ -18,6 +18,7 @@
 #include "tests/support/scratch_root.h"
 #include "zrt/checkpoint/catalog.h"
 #include "zrt/checkpoint/checkpointer.h"
+#include "zrt/checkpoint/files.h"
 #include "zrt/checkpoint/format.h"
 #include "zrt/checkpoint/load.h"
 #include "zrt/checkpoint/tier/memory_tier.h"
@@ -345,9 +346,20 @@ TEST_F(HybridTest, CheckpointsHoldEachShardOnceAndLoadOnAnyMesh) {
     Train(**e, rank(), 0, 2, 1);
     const std::string dir = Save(**e, dir_root);
     if (rank() == 0) {
+      // Each shard once, spread over its replicas: every rank writes a part, every chunk is in one.
       int data = 0;
       for (const auto& f : fs::directory_iterator(dir)) data += f.path().extension() == ".data" ? 1 : 0;
-      EXPECT_EQ(data, s) << "each shard once, not once per replica";
+      EXPECT_EQ(data, size()) << "a part per rank";
+      auto cd = ckpt::CheckpointDir::Open(dir);
+      auto man = ckpt::ReadManifest(dir);
+      ASSERT_TRUE(cd.ok() && man.ok());
+      EXPECT_EQ(man->shards, s);
+      EXPECT_EQ(man->parts, size() / s);
+      for (int q = 0; q < s; ++q) {
+        auto parts = ckpt::ReadShardIndexes(*cd, *man, *ckpt::SavedLayouts(*man), q);  // they tile the shard once
+        ASSERT_TRUE(parts.ok()) << parts.status();
+        for (const ckpt::RankIndex& idx : *parts) EXPECT_FALSE(idx.chunks.empty() && man->parts <= 2) << idx.data_file;
+      }
       auto m = ckpt::ListCheckpoints(dir_root);
       ASSERT_TRUE(m.ok()) << m.status();
       ASSERT_EQ(m->size(), 1u);

@@ -87,14 +87,15 @@ std::string Shown(const json& o, const char* key) {  // untrusted: shown only wh
 
 void PrintHeader(const json& j, std::ostream& out) {
   out << "checkpoint " << j["dir"].get<std::string>() << "\n  format v" << j["format_version"].get<int>() << ", step " << j["step"]
-      << ", saved by " << j["world_size"] << " rank(s) at stage " << j["stage"] << " (" << j["shards"] << " shard file(s)), zrt "
+      << ", saved by " << j["world_size"] << " rank(s) at stage " << j["stage"] << " (" << j["shards"] << " shard(s)), zrt "
       << j["zrt_version"].get<std::string>() << "\n";
-  const int world = j["world_size"].get<int>(), shards = j["shards"].get<int>();
+  const int world = j["world_size"].get<int>(), shards = j["shards"].get<int>(), parts = j.value("parts", 1);
+  const std::string spread = parts > 1 ? "; each written in " + std::to_string(parts) + " parts by the ranks holding it" : "";
   if (j["stage"].get<int>() == 0) {
-    out << "  mesh: one shard, held by every rank\n";
+    out << "  mesh: one shard, held by every rank" << spread << "\n";
   } else if (shards < world) {
     out << "  mesh: hybrid sharding, " << world / shards << " replica group(s) of " << shards << " shard(s) (rank q held shard q % "
-        << shards << "; each shard saved once)\n";
+        << shards << "; each shard saved once" << spread << ")\n";
   } else {
     out << "  mesh: " << shards << " shard(s), one per rank\n";
   }
