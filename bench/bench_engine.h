@@ -26,9 +26,10 @@ inline double SumOverRanks(double v) {
 // `nvme_dir` set: the optimizer state and (stage 3) the parameter shards live in swap files there;
 // `state`: its precision.
 inline std::unique_ptr<ZeroEngine> MakeEngine(Communicator* comm, Device* dev, int stage, int64_t params, int groups,
-                                              const std::string& nvme_dir = "", const StatePrecision& state = {}) {
+                                              const std::string& nvme_dir = "", const StatePrecision& state = {}, int shard_group = 0) {
   EngineConfig cfg;
   cfg.stage = stage;
+  cfg.shard_group_size = shard_group;
   cfg.state = state;
   cfg.optimizer_threads = 1;
   if (!nvme_dir.empty()) {

@@ -11,6 +11,7 @@
 //   compression           ratio and MB/s per core, plain zstd vs byte-grouped, for bf16 weights and
 //                         fp32 master / moments (zstd level 1)
 //   reshard plan          1T parameters, 100k tensors, 16384 -> 12288 ranks, metadata only
+//   spread save           a hybrid run's save (S = N/2) beside the flat save of the same state
 //
 //   mpirun -n 4 checkpoint_bench --dir DIR [--params P] [--fio-write-mbps W] [--fio-read-mbps R] [--torch-load-mbps T]
 #include <CLI/CLI.hpp>
@@ -79,6 +80,37 @@ void SavePerPrecision(Communicator* comm, Device* dev, const CheckpointOptions& 
                   f32_per_param, f32_save, done.ok() ? "" : "  [save FAILED]");
       bench::PrintResult("checkpoint", std::string("bytes on disk per parameter, ") + name, per_param, "B/param", f32_per_param, "f32 state");
       bench::PrintResult("checkpoint", std::string("save s, ") + name, save_s, "s", f32_save, "f32 state s");
+    }
+  }
+}
+
+// A save of a hybrid run (S = N/2: two replicas of each shard) beside the flat save of the same state
+// (S = N): each writes 1/N of the state per rank (the hybrid one spread over both replicas), so the two
+// take about the same time; before saves were spread, the hybrid save had half the ranks write twice as
+// much each. Raw and compressed (bg+zstd level 1: the encoding is per rank CPU work).
+void SaveHybrid(Communicator* comm, Device* dev, const CheckpointOptions& co, const std::string& dir, int64_t params, int groups) {
+  const int n = comm->size();
+  if (n < 2 || n % 2 != 0) return;
+  for (Codec codec : {Codec::kRaw, Codec::kByteGroupZstd}) {
+    double seconds[2] = {0, 0};
+    for (int hybrid = 0; hybrid < 2; ++hybrid) {
+      auto e = MakeEngine(comm, dev, 3, params, groups, "", {}, hybrid ? n / 2 : 0);
+      Step(*e, params / groups);
+      CheckpointOptions po = co;
+      po.root = dir + "/spread" + std::to_string(hybrid) + std::string(CodecName(codec));
+      po.compression.codec = codec;
+      po.keep_last = 1;
+      auto pk = Checkpointer::Create(comm, dev, po).value();
+      comm->Barrier().IgnoreError();
+      const double t = Now();
+      const Status done = pk->SaveAsync(e->state_view()).ok() ? pk->Wait() : InternalError("SaveAsync failed");
+      seconds[hybrid] = bench::MaxOverRanks(Now() - t);
+      if (!done.ok() && comm->rank() == 0) std::printf("  [save FAILED: %s]\n", done.ToString().c_str());
+    }
+    if (comm->rank() == 0) {
+      std::printf("  %-8s hybrid S=%d save %.3f s, every rank writing its part; flat S=%d save of the same state %.3f s (%.2fx)\n",
+                  std::string(CodecName(codec)).c_str(), n / 2, seconds[1], n, seconds[0], seconds[0] / seconds[1]);
+      bench::PrintResult("checkpoint", "hybrid save s, " + std::string(CodecName(codec)), seconds[1], "s", seconds[0], "flat save s");
     }
   }
 }
@@ -316,6 +348,7 @@ int main(int argc, char** argv) {
   }
 
   SavePerPrecision(comm.get(), &dev, co, dir, params, groups);
+  SaveHybrid(comm.get(), &dev, co, dir, params, groups);
   if (rank == 0) std::filesystem::remove_all(dir);
   return 0;
 }

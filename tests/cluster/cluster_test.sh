@@ -5,9 +5,11 @@
 #   2. what a killed run leaves (a stale namespace) is cleaned by the next;
 #   3. the hybrid suite on 2 nodes x 2 ranks over 1 Gbit/s links and on 3 nodes x 2 ranks (shared
 #      memory inside a node, TCP between nodes);
-#   4. charlm at stage 3, hybrid (S = 2 = a node), on 2 x 2 ranks: every rank of node b SIGKILLed at a
-#      random moment, the job restarted from disk, the final parameters bit-identical to an
-#      uninterrupted run of the same mesh; then resumed on one node (4 -> 2 ranks, resharded).
+#   4. node-kill campaigns: charlm at stage 3, hybrid (S = 2 = a node), on 2 x 2 and 3 x 2 ranks
+#      (each shard's save spread over its replicas on every node): every rank of a random node other
+#      than a SIGKILLed at a random moment, 12 and 10 times, each restart resuming from the newest
+#      complete checkpoint, none hanging; the final parameters bit-identical to an uninterrupted run
+#      of the same mesh; then resumed on one node (4 -> 2 ranks, resharded).
 # Exits 77 (skipped) where network namespaces cannot be made.
 # usage: cluster_test.sh CLUSTER_SCRIPT HYBRID_TEST CHARLM WORKDIR
 set -euo pipefail
@@ -64,43 +66,74 @@ echo "== the hybrid suite on 3 nodes x 2 ranks, 10 Gbit/s"
 grep "PASSED" "$work/hybrid6.log"
 check_root "hybrid 3 x 2"
 
-echo "== charlm, hybrid on 2 x 2: node b killed, restarted from disk"
-args=(--steps 1500 --stage 3 --shard-group-size 2 --batch 16 --every 10 --keep-last 2 --print-every 100000)
-run() { "$cluster" --nodes 2 --ranks-per-node 2 --rate 1gbit --timeout 240 -- "$charlm" "${args[@]}" "$@"; }
-run --ckpt "$work/base" --dump "$work/base.bin" > "$work/base.log" 2>&1 || { tail -20 "$work/base.log"; echo "FAIL: baseline"; exit 1; }
-tail -1 "$work/base.log"
-killed=0
-for attempt in 1 2 3; do
-  [ $killed -gt 0 ] && break
-  run --ckpt "$work/run" --dump "$work/run.bin" > "$work/run.$attempt.log" 2>&1 &
-  job=$!
-  for _ in $(seq 1 1200); do
-    [ -f "$work/run/latest" ] && break
-    kill -0 $job 2>/dev/null || break
-    sleep 0.1
-  done
-  sleep "0.$((RANDOM % 10))"
-  # Node b: every charlm process in a namespace zrtc<pid>-b.
-  for ns in $(ip netns list | awk '{print $1}' | grep '^zrtc[0-9]*-b$' || true); do
-    for p in $(ip netns pids "$ns"); do
-      if tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -q "^$charlm "; then kill -9 "$p" && killed=$((killed + 1)); fi
+# A node-kill campaign: charlm at stage 3, hybrid with S = 2 (a node), on NODES x 2 ranks. Again and
+# again, every rank of one node other than a (chosen at random) is SIGKILLed at a random moment (in a
+# step, a save, the start-up or the resume itself) and the job restarted; each restart must resume
+# from the newest complete checkpoint there was (none lost), and no run may hang (scripts/cluster's
+# timeout). The last run finishes and must end bit-identical to an uninterrupted run of the same mesh.
+campaign() {
+  local nodes=$1 want=$2 tag=kill$1
+  local args=(--steps 3000 --stage 3 --shard-group-size 2 --batch 16 --every 10 --keep-last 2 --print-every 100000)
+  crun() { "$cluster" --nodes "$nodes" --ranks-per-node 2 --rate 1gbit --timeout 120 -- "$charlm" "${args[@]}" "$@"; }
+  echo "== charlm, hybrid on $nodes x 2: $want node kills, each restart from disk"
+  crun --ckpt "$work/$tag.base" --dump "$work/$tag.base.bin" > "$work/$tag.base.log" 2>&1 ||
+    { tail -20 "$work/$tag.base.log"; echo "FAIL: baseline on $nodes x 2"; exit 1; }
+  local kills=0 attempts=0 resumed=0 fresh=0 newest rc job
+  while [ $kills -lt "$want" ] && [ $attempts -lt $((want * 3)) ]; do
+    attempts=$((attempts + 1))
+    # The newest complete checkpoint now: what this restart must resume from.
+    newest=$(ls -d "$work/$tag.run"/step-* 2>/dev/null | grep -v '\.tmp-\|\.dead-' | sort | tail -1 || true)
+    crun --ckpt "$work/$tag.run" > "$work/$tag.run.log" 2>&1 &
+    job=$!
+    local node hit=0
+    node=$(printf "\\$(printf %o $((98 + RANDOM % (nodes - 1))))")  # b, c, ...
+    ranks_of() {  # the charlm processes in node $node's namespace
+      local ns p
+      for ns in $(ip netns list | awk '{print $1}' | grep "^zrtc[0-9]*-$node\$" || true); do
+        for p in $(ip netns pids "$ns" 2>/dev/null); do
+          if tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -q "^$charlm "; then echo "$p"; fi
+        done
+      done
+    }
+    for _ in $(seq 1 100); do  # the node's ranks started (at most 10 s), then a random moment
+      [ -n "$(ranks_of)" ] && break
+      kill -0 $job 2>/dev/null || break
+      sleep 0.1
     done
+    sleep "0.$((RANDOM % 10))$((RANDOM % 10))"
+    for p in $(ranks_of); do kill -9 "$p" 2>/dev/null && hit=1; done
+    rc=0
+    wait $job || rc=$?
+    [ $rc -eq 124 ] && { tail -20 "$work/$tag.run.log"; echo "FAIL: a run hung after node $node was killed"; exit 1; }
+    [ $rc -ne 0 ] && [ $hit -eq 0 ] && { tail -20 "$work/$tag.run.log"; echo "FAIL: a run failed that nothing killed"; exit 1; }
+    kills=$((kills + hit))
+    if [ -n "$newest" ]; then
+      if grep -q "^resumed from " "$work/$tag.run.log"; then  # (a kill in the start-up comes before it)
+        grep -q "^resumed from $newest " "$work/$tag.run.log" ||
+          { grep "^resumed from" "$work/$tag.run.log"; echo "FAIL: did not resume from the newest complete $newest"; exit 1; }
+        resumed=$((resumed + 1))
+      fi
+    else
+      fresh=$((fresh + 1))
+    fi
+    [ $rc -eq 0 ] && [ $hit -eq 0 ] && { echo "   attempt $attempts: the run finished before its kill"; rm -rf "$work/$tag.run"; }
   done
-  wait $job || true
-  echo "   attempt $attempt: killed $killed rank(s) of node b ($(ls "$work/run" | tr '\n' ' '))"
-  check_root "a killed job"
-  rm -f "$work/run.bin"  # only a run that finishes cleanly may leave the dump
-done
-[ $killed -gt 0 ] || { echo "FAIL: never managed to kill node b"; exit 1; }
-run --ckpt "$work/run" --dump "$work/run.bin" > "$work/run.final.log" 2>&1 || { tail -20 "$work/run.final.log"; echo "FAIL: restart"; exit 1; }
-tail -1 "$work/run.final.log"
-grep -q "resumed_from=$work/run/step-" "$work/run.final.log" || { echo "FAIL: the restart did not resume"; exit 1; }
-cmp "$work/base.bin" "$work/run.bin" || { echo "FAIL: the restarted hybrid run differs from the uninterrupted one"; exit 1; }
-echo "   final parameters identical to the uninterrupted run"
+  [ $kills -ge "$want" ] || { echo "FAIL: $kills of $want kills landed in $attempts attempts"; exit 1; }
+  crun --ckpt "$work/$tag.run" --dump "$work/$tag.run.bin" > "$work/$tag.final.log" 2>&1 ||
+    { tail -20 "$work/$tag.final.log"; echo "FAIL: final restart on $nodes x 2"; exit 1; }
+  grep -q "resumed_from=$work/$tag.run/step-" "$work/$tag.final.log" || { echo "FAIL: the final restart did not resume"; exit 1; }
+  cmp "$work/$tag.base.bin" "$work/$tag.run.bin" || { echo "FAIL: the restarted run on $nodes x 2 differs from the uninterrupted one"; exit 1; }
+  echo "   $kills node kills in $attempts attempts, $resumed checked resumes from the newest checkpoint, 0 hangs;" \
+       "final parameters identical to the uninterrupted run ($(tail -1 "$work/$tag.final.log"))"
+  check_root "the $nodes x 2 campaign"
+}
+campaign 2 "${ZRT_CLUSTER_KILLS:-12}"
+campaign 3 "${ZRT_CLUSTER_KILLS3:-10}"
+cp -r "$work/kill2.base" "$work/base"
 
 echo "== resumed on one node fewer (2 ranks, S = 1: resharded)"
 cp -r "$work/base" "$work/shrink"
-timeout 240 mpirun -n 2 --oversubscribe --bind-to none "$charlm" --steps 1510 --stage 3 --shard-group-size 1 --batch 16 \
+timeout 240 mpirun -n 2 --oversubscribe --bind-to none "$charlm" --steps 3010 --stage 3 --shard-group-size 1 --batch 16 \
   --every 4 --keep-last 2 --print-every 100000 --ckpt "$work/shrink" > "$work/shrink.log" 2>&1 ||
   { tail -20 "$work/shrink.log"; echo "FAIL: resume on 2 ranks"; exit 1; }
 grep -q "saved by 4 rank(s)" "$work/shrink.log" || { tail -5 "$work/shrink.log"; echo "FAIL: did not reshard from 4 ranks"; exit 1; }

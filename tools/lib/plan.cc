@@ -30,8 +30,8 @@
 // estimate_zero{2,3}_model_states_mem_needs, additional_buffer_factor 1.5) for the same inputs is
 // reported beside: docs/cli.md says where and why the two differ.
 // Failures (goodput.h has the model): a checkpoint holds 12 bytes per parameter (fp32 master and the two
-// Adam moments, whatever the dtype or stage), 12 Psi / N per device; a save stalls for its snapshot at
-// the snapshot rate, is durable after its bytes at the disk's write rate (the replica: at the peer
+// Adam moments, whatever the dtype or stage), 12 Psi / S per device; a save stalls for its snapshot at
+// the snapshot rate, is durable after its part (1/R of them, spread over the replicas) at the disk's write rate (the replica: at the peer
 // rate); a restart loads them at the disk's read rate, from the own copy at the snapshot rate, from a
 // replica at the peer rate, after the relaunch.
 #include <algorithm>
@@ -373,6 +373,7 @@ Estimate EstimateFor(const PlanInput& in, const Model& m) {
 // prediction for disk only and for the memory tier beside the disk.
 struct Failures {
   double mtbf = 0, bytes = 0;
+  double written = 0;  // what a device writes of a save: its shard's part (a save spread over the R replicas)
   std::string source;
   GoodputInput input;
   Goodput goodput;
@@ -383,9 +384,10 @@ Result<Failures> FailuresFor(const PlanInput& in, const Model& m, const Estimate
   f.mtbf = in.mtbf_hours > 0 ? in.mtbf_hours * 3600 : in.mttf_hours * 3600 / in.gpus;
   // A checkpoint stores the state as it is kept: the two moments and the master (without one, the
   // parameters in their dtype).
-  // Each shard is saved once (by the first replica group) and each rank loads its own: the model per
-  // device over the shard group.
+  // Each shard is saved once, written in parts by the R = N / S ranks holding it (at most 256 parts),
+  // and each rank loads its own: the model per device over the shard group, written over the replicas.
   f.bytes = (2 * MomentBytes(in) + (in.master ? 4 : in.param_bytes)) * m.psi / (in.tp * in.pp) / Shards(in);
+  f.written = f.bytes / std::min(256, std::max(1, in.gpus / Shards(in)));
   BenchRates r{.disk_snapshot = in.snapshot_gbps * 1e9, .disk_write = in.disk_write_gbps * 1e9, .disk_read = in.disk_read_gbps * 1e9,
                .tier_snapshot = in.snapshot_gbps * 1e9, .tier_replica = in.peer_gbps * 1e9, .own_load = in.snapshot_gbps * 1e9,
                .replica_load = in.peer_gbps * 1e9};
@@ -398,7 +400,7 @@ Result<Failures> FailuresFor(const PlanInput& in, const Model& m, const Estimate
   auto given = [](double seconds, double computed) { return seconds >= 0 ? seconds : computed; };
   c.disk_stall = given(in.save_stall, f.bytes / r.disk_snapshot);
   c.tier_stall = given(in.save_stall, f.bytes / r.tier_snapshot);
-  c.disk_write = given(in.disk_write, f.bytes / r.disk_write);
+  c.disk_write = given(in.disk_write, f.written / r.disk_write);
   c.tier_write = given(in.replica_write, f.bytes / r.tier_replica);
   c.disk_restart = given(in.restart_disk, f.bytes / r.disk_read);
   c.own_restart = given(in.restart_memory, f.bytes / r.own_load);
@@ -424,7 +426,7 @@ nlohmann::json FailuresJson(const Failures& f) {
     return j;
   };
   const FailureCosts& c = f.input.costs;
-  return {{"mtbf_hours", f.mtbf / 3600}, {"checkpoint_bytes_per_device", f.bytes}, {"costs_from", f.source},
+  return {{"mtbf_hours", f.mtbf / 3600}, {"checkpoint_bytes_per_device", f.bytes}, {"checkpoint_written_bytes_per_device", f.written}, {"costs_from", f.source},
           {"node_loss", f.input.node_loss}, {"tier_miss", f.input.tier_miss}, {"save_slowdown", f.input.slowdown},
           {"costs_seconds", {{"disk_stall", c.disk_stall}, {"disk_write", c.disk_write}, {"tier_stall", c.tier_stall},
                              {"tier_write", c.tier_write}, {"restart_disk", c.disk_restart}, {"restart_memory", c.own_restart},
@@ -450,7 +452,9 @@ void PrintFailures(const PlanInput& in, const Failures& f, std::ostream& out) {
   const auto& [d, t] = f.goodput;
   out << "failures: one every " << Duration(f.mtbf);
   if (in.mtbf_hours <= 0) out << " (" << std::setprecision(0) << in.mttf_hours << " device-hours / " << in.gpus << " devices)";
-  out << "; checkpoint " << FormatBytes(static_cast<int64_t>(f.bytes)) << " per device; costs from " << f.source << "\n"
+  out << "; checkpoint " << FormatBytes(static_cast<int64_t>(f.bytes)) << " per device";
+  if (f.written < f.bytes) out << " (" << FormatBytes(static_cast<int64_t>(f.written)) << " written by each: saves spread over replicas)";
+  out << "; costs from " << f.source << "\n"
       << "  save: stall " << Duration(c.disk_stall) << " (tier " << Duration(c.tier_stall) << "), durable on disk after "
       << Duration(c.disk_write) << ", replica whole after " << Duration(c.tier_write) << "; steps " << f.input.slowdown * 100
       << "% slower meanwhile\n  restart: relaunch " << Duration(c.relaunch)

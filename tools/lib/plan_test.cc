@@ -73,6 +73,10 @@ TEST(Plan, TheMeshSplitsMemoryAndLinks) {
   // A checkpoint's bytes per device: the state of a shard group's share, saved once.
   EXPECT_NEAR(hybrid["failures"]["checkpoint_bytes_per_device"].get<double>(), 12 * 8e9 / 8, 1e3);
   EXPECT_NEAR(flat["failures"]["checkpoint_bytes_per_device"].get<double>(), 12 * 8e9 / 64, 1e3);
+  // Written spread over the 8 replicas of each shard: a device writes 1/64 of the state either way,
+  // and the save is durable after that much at the disk's rate.
+  EXPECT_NEAR(hybrid["failures"]["checkpoint_written_bytes_per_device"].get<double>(), 12 * 8e9 / 64, 1e3);
+  EXPECT_NEAR(flat["failures"]["checkpoint_written_bytes_per_device"].get<double>(), 12 * 8e9 / 64, 1e3);
   // TP x PP divide the model per device.
   in.tp = 4;
   in.pp = 2;
