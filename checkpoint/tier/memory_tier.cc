@@ -84,6 +84,7 @@ struct MemoryTier::Impl {
     std::vector<Piece> plan;
     int64_t bytes = 0;
     int own_shard = 0, replica_shard = 0;
+    bool replicates = false;  // a replica is sent (none where the state has live replicas: tier_dir.h)
     std::shared_ptr<TierSink> sink;                // the own copy: the capture's sink (null when this rank failed before it)
     StateOwner* owner = nullptr;                   // asked to settle a capture still owed at the commit (alive while the sink is open)
     Mapping replica;
@@ -120,11 +121,12 @@ struct MemoryTier::Impl {
     ASSIGN_OR_RETURN(g->plan, internal::PlanFile(g->m, &g->bytes), "memory tier");
     g->own_shard = comm->rank() % g->m.shards;  // core/state_view.h's numbering
     g->replica_shard = source % g->m.shards;
+    g->replicates = Replicated(n, o) && !LiveReplicas(n, g->m.shards);
     if (!budget_checked) {  // two generations of the own copy and the replica must fit
-      const int64_t need = 2 * g->bytes * (Replicated(n, o) ? 2 : 1);
+      const int64_t need = 2 * g->bytes * (g->replicates ? 2 : 1);
       Status fits = need <= stats.budget_bytes ? Status()
                     : OutOfMemoryError("memory tier: rank ", comm->rank(), " needs ", need, " bytes (two generations of its ", g->bytes,
-                                       "-byte snapshot", Replicated(n, o) ? " and of its peer's replica" : "", ") in ", rank_dir,
+                                       "-byte snapshot", g->replicates ? " and of its peer's replica" : "", ") in ", rank_dir,
                                        ", over its budget of ", stats.budget_bytes, " bytes");
       RETURN_IF_ERROR(AgreeOnStatus(comm, fits));
       budget_checked = true;
@@ -177,7 +179,7 @@ struct MemoryTier::Impl {
     auto keep = [&](const Status& s) {
       if (local.ok() && !s.ok()) local = s;
     };
-    if (Replicated(n, o)) {
+    if (g.replicates) {
       // Every rank's thread meets first (its peer's copy may end much later than its own), then the
       // checksums and the data move.
       float here = 1;
@@ -191,7 +193,7 @@ struct MemoryTier::Impl {
     const double t0 = SteadySeconds();
     keep(internal::Seal(*io, StepPath(own_dir, g.step) + ".tmp", StepPath(own_dir, g.step), g.m, g.plan, g.own_shard, g.own_sums(), g.bytes));
     g.write_seconds = SteadySeconds() - t0;
-    if (local.ok() && Replicated(n, o)) keep(SealReplica(g));
+    if (local.ok() && g.replicates) keep(SealReplica(g));
     return local;
   }
   // Collective, once the own copy is whole on every rank (or failed), without `wire`: the own copy's
@@ -209,7 +211,7 @@ struct MemoryTier::Impl {
         return s;
       });
     }
-    if (!Replicated(n, o)) return;
+    if (!g.replicates) return;
     // The replica: this rank's mapping straight into its holder's.
     auto h = PostReplica(g, comm, &g.local);
     if (!h.ok()) return Fail(h.status());
@@ -224,7 +226,7 @@ struct MemoryTier::Impl {
   void StartReplicaSeal() {
     Gen* g = gen.get();
     g->replica_done_at = SteadySeconds();
-    if (!g->local.ok() || !Replicated(n, o)) return;
+    if (!g->local.ok() || !g->replicates) return;
     g->replica_sealed = std::async(std::launch::async, [this, g] {
       ThreadPool::MakeBackground();
       return SealReplica(*g);
@@ -269,7 +271,7 @@ struct MemoryTier::Impl {
     g->replica.Reset();
     const int64_t step = g->step;
     Status agreed = AgreeOnStatus(comm, g->local);
-    const double replica_seconds = g->replica_done_at > 0 ? g->replica_done_at - g->t0 : 0;
+    const double replica_seconds = g->replicates && g->replica_done_at > 0 ? g->replica_done_at - g->t0 : 0;
     stats.write_seconds = g->write_seconds;
     stats.stall_seconds = g->stall + (g->sink ? g->sink->waited() : 0.0);
     gen.reset();

@@ -14,8 +14,11 @@
 //
 // Placement: rank q's replica lives on rank (q + d) mod N, d = ranks_per_node when the job spans
 // more than one node (so on another node), else d = 1 (the next rank: survives a process kill, not the
-// node's loss). A restart with another number of ranks or placement cannot use the tier (it is
-// removed at start-up) and resumes from disk.
+// node's loss). Where the state has live replicas (hybrid sharding, stage 0: each shard held by the
+// R = N / S ranks with the same q % S) no replica is sent: the copies of the ranks holding a shard
+// serve each other, rank q by the first rank q + k S (k = 1 .. R-1) whose copy is usable. A restart
+// with another number of ranks or placement cannot use the tier (it is removed at start-up) and
+// resumes from disk.
 #pragma once
 
 #include <cstdint>

@@ -53,6 +53,7 @@ int Distance(int n, const MemoryTierOptions& o) {
   return n > rpn ? rpn : 1;
 }
 bool Replicated(int n, const MemoryTierOptions& o) { return o.replicate && n > 1; }
+bool LiveReplicas(int n, int shards) { return shards >= 1 && shards < n && n % shards == 0; }
 
 std::string StepPath(const std::string& parent, int64_t step) { return parent + "/" + StepDirName(step); }
 std::string ReplicaDir(const std::string& rank_dir, int q) {

@@ -16,6 +16,11 @@ int RanksPerNode(const MemoryTierOptions& o);  // the setting, else the launcher
 // Rank q's replica is held by rank (q + d) mod n.
 int Distance(int n, const MemoryTierOptions& o);
 bool Replicated(int n, const MemoryTierOptions& o);
+// Whether the job's state has live replicas: under hybrid sharding (and at stage 0) each of `shards`
+// shards is held by the n / shards ranks r with the same r % shards. Their own copies then serve each
+// other at a restart (rank r's by a rank r + k shards), and no replica is sent: the tier holds one
+// copy per rank and moves nothing between snapshots.
+bool LiveReplicas(int n, int shards);
 
 // One rank's place in the tier of a job of n ranks.
 struct TierPlace {

@@ -1,9 +1,12 @@
 // The memory tier's side of a resume (memory_tier.h TierCandidates, LoadFromTier):
-//   candidates   every rank lists the generations it holds (own copy, and the replica it keeps for
-//                its source); the steps every rank can restore, one way or the other, are agreed.
+//   candidates   every rank lists the generations it holds (own copy with its shards, and the replica
+//                it keeps for its source); the steps every rank can restore, one way or the other
+//                (with live replicas: from another rank's copy of its shard), are agreed.
 //   restore      every rank loads its own copy (a mapped tmpfs file: chunk_source.h); the ranks agree
-//                who needs its replica; each holder offers the replica it keeps (manifest, index, the
-//                data file mapped) to its source; two shifts move the manifest and the index, checked
+//                who needs a copy and who serves it: the holder of its replica, or with live replicas
+//                the first rank holding the same shard whose own copy loaded (one round of shifts per
+//                distance). Each server offers the replica it keeps, or its own copy (manifest, index,
+//                the data file mapped) to its source; two shifts move the manifest and the index, checked
 //                by the receiver (bounded sizes, the format's rules, the step); then one shift per piece
 //                of the data file (a (group, kind) of PlanFile's layout) moves the data:
 //                  direct   where every target buffer is host f32 memory laid out as its piece (the
@@ -178,29 +181,124 @@ Status PlaceReplica(Receipt& rc, const std::string& tmp, const std::string& own,
   return RenamePath(tmp, own);
 }
 
+// The shards of the generation in `dir` (its manifest's), 0 when it cannot be read.
+int64_t ShardsOf(const std::string& dir) {
+  auto m = ReadManifest(dir);
+  return m.ok() ? m->shards : 0;
+}
+
+// One round of a restore's transfers, every rank taking part: a rank that `sends` offers the generation
+// in `offer_dir` (its replica of rank r - distance, or, with live replicas, its own copy of the same
+// shard) to rank r - distance; a rank that `receives` takes what rank r + distance offers (`why`: what
+// was wrong with its own copy) and gets its outcome in *res, *dir (where the data came from).
+Status Round(Communicator* comm, const TierPlace& p, int64_t step, int distance, const std::string& offer_dir, const std::string& holder_dir,
+             bool sends, bool receives, const StateView& target, const LoadOptions& load, const std::string& why, Result<LoadResult>* res,
+             std::string* dir) {
+  const int source = ((p.rank - distance) % p.n + p.n) % p.n, holder = (p.rank + distance) % p.n;
+  const std::string own = StepPath(p.own_dir, step);
+  const std::string what = "memory tier: rank " + std::to_string(p.rank) + "'s replica of step " + std::to_string(step) + " from rank " +
+                           std::to_string(holder);
+  Offer offer = sends && Exists(offer_dir) ? OfferReplica(offer_dir, source, step) : Offer{};
+  int64_t in[3] = {0, 0, 0};
+  RETURN_IF_ERROR(comm->Shift(offer.sizes, sizeof(offer.sizes), in, sizeof(in), -distance), "memory tier: restoring step ", step);
+  Receipt rc;
+  rc.receiving = receives && in[2] > 0 && in[0] > 0 && in[0] <= kMaxJsonBytes && in[1] > 0 && in[1] <= kMaxJsonBytes;
+  // A rank that cannot take its replica says why before anything (more) moves, and every rank drops
+  // this candidate with that reason.
+  auto unusable = [&](const std::string& detail) {
+    return DataLossError("memory tier: rank ", p.rank, "'s copy of step ", step, " is unusable (", why, ") and its replica on rank ", holder, detail);
+  };
+  RETURN_IF_ERROR(AgreeOnStatus(comm, receives && !rc.receiving ? unusable(in[2] > 0 ? " is offered with sizes out of bounds" : " is not there")
+                                                                : Status()));
+  for (int i = 0; i < 2; ++i) {
+    if (rc.receiving) rc.got[i].resize(static_cast<size_t>(in[i]));
+    RETURN_IF_ERROR(comm->Shift(offer.files[i].data(), static_cast<size_t>(offer.sizes[i]), rc.receiving ? rc.got[i].data() : nullptr,
+                                rc.receiving ? rc.got[i].size() : 0, -distance),
+                    "memory tier: restoring step ", step);
+  }
+  const std::string tmp = own + ".tmp";
+  if (rc.receiving) rc.prepared = PlanReceipt(rc, target, load, in, step, tmp, what);
+  RETURN_IF_ERROR(AgreeOnStatus(comm, rc.receiving && !rc.prepared.ok() ? unusable(" could not be received: " + std::string(rc.prepared.message()))
+                                                                      : Status()));
+  // One shift per piece (as many on every rank: the most any rank sends or takes).
+  const bool take = rc.take();
+  float pieces = static_cast<float>(std::max(offer.plan.size(), take ? rc.plan.size() : size_t{0}));  // exact: a few per group
+  RETURN_IF_ERROR(comm->AllReduce(&pieces, &pieces, 1, DType::kF32, ReduceOp::kMax), "memory tier: restoring step ", step);
+  for (size_t i = 0; i < static_cast<size_t>(pieces); ++i) {
+    const bool sending = i < offer.plan.size(), taking = take && i < rc.plan.size();
+    const Piece* out = sending ? &offer.plan[i] : nullptr;
+    RETURN_IF_ERROR(comm->Shift(sending ? offer.data.data() + out->offset : nullptr, sending ? static_cast<size_t>(out->Bytes(out->count)) : 0,
+                                taking ? rc.into[i] : nullptr, taking ? static_cast<size_t>(rc.plan[i].Bytes(rc.plan[i].count)) : 0, -distance),
+                    "memory tier: restoring step ", step);
+  }
+  if (!receives) return Status();
+  ZRT_LOG(kInfo) << "memory tier: rank " << p.rank << "'s copy of step " << step << " unusable (" << why
+                 << "); restoring from rank " << holder << (rc.direct() ? "" : " (kept as its own copy again)");
+  if (rc.direct()) {
+    *dir = holder_dir;
+    *res = CheckDirect(rc, what);
+    return Status();
+  }
+  Status placed = PlaceReplica(rc, tmp, own, p.rank);
+  if (!placed.ok()) {
+    *res = placed.WithContext("memory tier: rank " + std::to_string(p.rank) + " placing its replica of step " + std::to_string(step));
+    return Status();
+  }
+  auto again = Load(own, target, load);
+  *res = again.ok() ? std::move(again) : Result<LoadResult>(again.status().WithContext(what));
+  return Status();
+}
+
 }  // namespace
 
+// Per rank: its own generations (newest first, at most kMax), their shards, and the replica's it keeps.
+// A step is a candidate when every rank q can restore it: from its own copy, from the replica its
+// holder keeps, or (live replicas) from the own copy of a rank holding the same shard.
 Result<std::vector<int64_t>> TierCandidates(Communicator* comm, const std::string& root, const MemoryTierOptions& o) {
   const TierPlace p = PlaceOf(root, o, comm->size(), comm->rank());
   constexpr int kMax = 8;
-  std::vector<int64_t> mine(2 * kMax, -1);
+  std::vector<int64_t> mine(3 * kMax, -1);
   const std::vector<int64_t> own = Steps(p.own_dir), rep = p.replica_dir.empty() ? std::vector<int64_t>{} : Steps(p.replica_dir);
-  for (size_t i = 0; i < own.size() && i < kMax; ++i) mine[i] = own[i];
-  for (size_t i = 0; i < rep.size() && i < kMax; ++i) mine[kMax + i] = rep[i];
-  std::vector<int64_t> all(static_cast<size_t>(p.n) * 2 * kMax);
+  for (size_t i = 0; i < own.size() && i < kMax; ++i) {
+    mine[i] = own[i];
+    mine[kMax + i] = ShardsOf(StepPath(p.own_dir, own[i]));
+  }
+  for (size_t i = 0; i < rep.size() && i < kMax; ++i) mine[2 * kMax + i] = rep[i];
+  std::vector<int64_t> all(static_cast<size_t>(p.n) * 3 * kMax);
   RETURN_IF_ERROR(comm->AllGather(mine.data(), all.data(), mine.size() * 8, DType::kBytes), "memory tier: listing");
-  auto holds = [&](int rank, int part, int64_t step) {
-    const int64_t* v = all.data() + static_cast<size_t>(rank) * 2 * kMax + static_cast<size_t>(part) * kMax;
+  auto row = [&](int rank) { return all.data() + static_cast<size_t>(rank) * 3 * kMax; };
+  auto own_index = [&](int rank, int64_t step) {  // where rank lists `step` among its own, or -1
+    const int64_t* v = row(rank);
+    const int64_t* at = std::find(v, v + kMax, step);
+    return at == v + kMax ? -1 : static_cast<int>(at - v);
+  };
+  auto holds_replica = [&](int rank, int64_t step) {
+    const int64_t* v = row(rank) + 2 * kMax;
     return std::find(v, v + kMax, step) != v + kMax;
   };
   std::set<int64_t, std::greater<>> steps;
-  for (int64_t s : all) {
-    if (s >= 0) steps.insert(s);
+  for (int r = 0; r < p.n; ++r) {
+    for (int i = 0; i < kMax; ++i) {
+      if (row(r)[i] >= 0) steps.insert(row(r)[i]);
+      if (row(r)[2 * kMax + i] >= 0) steps.insert(row(r)[2 * kMax + i]);
+    }
   }
   std::vector<int64_t> out;
   for (int64_t s : steps) {
+    // The shards its own copies record, when they all agree and give live replicas (else 0).
+    int64_t shards = 0;
+    for (int r = 0; r < p.n && shards >= 0; ++r) {
+      const int i = own_index(r, s);
+      if (i < 0) continue;
+      const int64_t sh = row(r)[kMax + i];
+      shards = shards == 0 || shards == sh ? sh : -1;
+    }
+    const bool live = shards > 0 && shards <= p.n && LiveReplicas(p.n, static_cast<int>(shards));
     bool everyone = true;
-    for (int q = 0; q < p.n && everyone; ++q) everyone = holds(q, 0, s) || (Replicated(p.n, o) && holds((q + p.d) % p.n, 1, s));
+    for (int q = 0; q < p.n && everyone; ++q) {
+      everyone = own_index(q, s) >= 0 || (Replicated(p.n, o) && holds_replica((q + p.d) % p.n, s));
+      for (int k = 1; live && !everyone && k < p.n / shards; ++k) everyone = own_index(static_cast<int>((q + k * shards) % p.n), s) >= 0;
+    }
     if (everyone) out.push_back(s);
   }
   return out;
@@ -213,61 +311,50 @@ Result<LoadResult> LoadFromTier(Communicator* comm, const std::string& root, con
   *dir = own;
   *from_peer = false;
   Result<LoadResult> res = Exists(own) ? Load(own, target, load) : Result<LoadResult>(NotFoundError("no copy in ", own));
-  int64_t need = res.ok() ? 0 : 1;
-  std::vector<int64_t> needs(static_cast<size_t>(p.n));
-  RETURN_IF_ERROR(comm->AllGather(&need, needs.data(), 8, DType::kBytes), "memory tier: restoring step ", step);
-  if (std::none_of(needs.begin(), needs.end(), [](int64_t x) { return x != 0; }) || !Replicated(p.n, o)) return res;
-  // Some rank's own copy is gone or bad: its holder sends the replica.
-  const int holder = (p.rank + p.d) % p.n;
-  const std::string rep = StepPath(p.replica_dir, step);
-  const std::string what = "memory tier: rank " + std::to_string(p.rank) + "'s replica of step " + std::to_string(step) + " from rank " +
-                           std::to_string(holder);
-  Offer offer = needs[static_cast<size_t>(p.source)] != 0 && Exists(rep) ? OfferReplica(rep, p.source, step) : Offer{};
-  int64_t in[3] = {0, 0, 0};
-  RETURN_IF_ERROR(comm->Shift(offer.sizes, sizeof(offer.sizes), in, sizeof(in), -p.d), "memory tier: restoring step ", step);
-  Receipt rc;
-  rc.receiving = need != 0 && in[2] > 0 && in[0] > 0 && in[0] <= kMaxJsonBytes && in[1] > 0 && in[1] <= kMaxJsonBytes;
-  // A rank that cannot take its replica says why before anything (more) moves, and every rank drops
-  // this candidate with that reason.
+  // Per rank: whether it needs its copy from another, and the shards its own copy records.
+  int64_t mine[2] = {res.ok() ? 0 : 1, res.ok() ? ShardsOf(own) : 0};
+  std::vector<int64_t> all(static_cast<size_t>(p.n) * 2);
+  RETURN_IF_ERROR(comm->AllGather(mine, all.data(), sizeof(mine), DType::kBytes), "memory tier: restoring step ", step);
+  auto needs = [&](int r) { return all[2 * static_cast<size_t>(r)] != 0; };
+  bool anyone = false;
+  int64_t shards = 0;  // what every usable copy records (-1: they disagree)
+  for (int r = 0; r < p.n; ++r) {
+    anyone = anyone || needs(r);
+    const int64_t sh = all[2 * static_cast<size_t>(r) + 1];
+    if (!needs(r)) shards = shards == 0 || shards == sh ? sh : -1;
+  }
+  if (!anyone) return res;
+  // Who serves whom, the same on every rank: with live replicas, a rank from the first rank holding
+  // its shard whose own copy is usable (q + k shards); else from the holder of its replica (q + d).
+  const bool live = shards > 0 && shards <= p.n && LiveReplicas(p.n, static_cast<int>(shards));
+  if (!live && !Replicated(p.n, o)) return res;
+  std::vector<int> from(static_cast<size_t>(p.n), 0);  // the server's distance (0: none)
+  for (int q = 0; q < p.n; ++q) {
+    if (!needs(q)) continue;
+    if (!live) {
+      from[static_cast<size_t>(q)] = p.d;
+      continue;
+    }
+    for (int k = 1; k < p.n / shards && from[static_cast<size_t>(q)] == 0; ++k) {
+      if (!needs(static_cast<int>((q + k * shards) % p.n))) from[static_cast<size_t>(q)] = static_cast<int>(k * shards);
+    }
+    if (from[static_cast<size_t>(q)] == 0) {  // every rank holding its shard lost it too: agreed, nothing moves
+      return DataLossError("memory tier: step ", step, ": rank ", q, "'s copy is unusable and so is every other copy of its shard");
+    }
+  }
+  std::set<int> distances(from.begin(), from.end());
+  distances.erase(0);
   const std::string why = std::string(res.status().message());
-  auto unusable = [&](const std::string& detail) {
-    return DataLossError("memory tier: rank ", p.rank, "'s copy of step ", step, " is unusable (", why, ") and its replica on rank ", holder, detail);
-  };
-  RETURN_IF_ERROR(AgreeOnStatus(comm, need != 0 && !rc.receiving ? unusable(in[2] > 0 ? " is offered with sizes out of bounds" : " is not there")
-                                                                 : Status()));
-  for (int i = 0; i < 2; ++i) {
-    if (rc.receiving) rc.got[i].resize(static_cast<size_t>(in[i]));
-    RETURN_IF_ERROR(comm->Shift(offer.files[i].data(), static_cast<size_t>(offer.sizes[i]), rc.receiving ? rc.got[i].data() : nullptr,
-                                rc.receiving ? rc.got[i].size() : 0, -p.d),
-                    "memory tier: restoring step ", step);
+  for (int distance : distances) {
+    const int source = ((p.rank - distance) % p.n + p.n) % p.n, holder = (p.rank + distance) % p.n;
+    const bool sends = from[static_cast<size_t>(source)] == distance, receives = from[static_cast<size_t>(p.rank)] == distance;
+    const TierPlace hp = PlaceOf(root, o, p.n, holder);
+    const std::string offer_dir = live ? own : StepPath(p.replica_dir, step);
+    const std::string holder_dir = StepPath(live ? hp.own_dir : hp.replica_dir, step);
+    RETURN_IF_ERROR(Round(comm, p, step, distance, offer_dir, holder_dir, sends, receives, target, load, why, &res, dir));
+    if (receives) *from_peer = true;
   }
-  const std::string tmp = own + ".tmp";
-  if (rc.receiving) rc.prepared = PlanReceipt(rc, target, load, in, step, tmp, what);
-  RETURN_IF_ERROR(AgreeOnStatus(comm, rc.receiving && !rc.prepared.ok() ? unusable(" could not be received: " + std::string(rc.prepared.message()))
-                                                                      : Status()));
-  // One shift per piece (as many on every rank: the most any rank sends or takes).
-  const bool take = rc.take();
-  float pieces = static_cast<float>(std::max(offer.plan.size(), take ? rc.plan.size() : size_t{0}));  // exact: a few per group
-  RETURN_IF_ERROR(comm->AllReduce(&pieces, &pieces, 1, DType::kF32, ReduceOp::kMax), "memory tier: restoring step ", step);
-  for (size_t i = 0; i < static_cast<size_t>(pieces); ++i) {
-    const bool sends = i < offer.plan.size(), takes = take && i < rc.plan.size();
-    const Piece* out = sends ? &offer.plan[i] : nullptr;
-    RETURN_IF_ERROR(comm->Shift(sends ? offer.data.data() + out->offset : nullptr, sends ? static_cast<size_t>(out->Bytes(out->count)) : 0,
-                                takes ? rc.into[i] : nullptr, takes ? static_cast<size_t>(rc.plan[i].Bytes(rc.plan[i].count)) : 0, -p.d),
-                    "memory tier: restoring step ", step);
-  }
-  if (need == 0) return res;
-  ZRT_LOG(kInfo) << "memory tier: rank " << p.rank << "'s copy of step " << step << " unusable (" << why
-                 << "); restoring from its replica on rank " << holder << (rc.direct() ? "" : " (kept as its own copy again)");
-  *from_peer = true;
-  if (rc.direct()) {
-    *dir = StepPath(PlaceOf(root, o, p.n, holder).replica_dir, step);  // on the holder
-    return CheckDirect(rc, what);
-  }
-  RETURN_IF_ERROR(PlaceReplica(rc, tmp, own, p.rank), "memory tier: rank ", p.rank, " placing its replica of step ", step);
-  auto again = Load(own, target, load);
-  if (!again.ok()) return again.status().WithContext(what);
-  return again;
+  return res;
 }
 
 }  // namespace zrt::ckpt

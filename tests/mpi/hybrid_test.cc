@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 
 #include "tests/mpi/engine_fixture.h"
@@ -511,6 +512,73 @@ TEST_F(HybridTest, TheMemoryTierRestoresAHybridRun) {
     ASSERT_TRUE(comm_->Barrier().ok());
     std::error_code ec;
     if (rank() == 0) fs::remove_all(o.memory->dir, ec);
+  }
+}
+
+// The memory tier of a hybrid run uses the live replicas: each shard's R ranks keep their own copies
+// and no replica is sent (no replica files anywhere); a restart serves a rank whose copy is gone from
+// the first rank holding its shard whose copy is usable: a whole shard group (a node, when S is one)
+// lost; a copy lost and its first replica's corrupt (a byte flipped: that rank needs a copy too),
+// served by the third replica where there is one, else every rank falls back to disk together.
+TEST_F(HybridTest, TheTiersPeerCopiesAreTheLiveReplicas) {
+  for (int s : HybridSizes()) {
+    const int replicas = size() / s;
+    Mesh h{.stage = 3, .shards = s, .dtype = DType::kBF16};
+    auto e = Build(comm_.get(), h);
+    ASSERT_TRUE(e.ok()) << e.status();
+    Train(**e, rank(), 0, 2, 1);
+    const std::vector<float> saved = Masters(**e);
+    for (int damage : {0, 1, 2}) {  // none; shard group 0 lost; rank 0's copy lost and rank s's corrupt
+      SCOPED_TRACE("S=" + std::to_string(s) + " damage " + std::to_string(damage));
+      const std::string tag = std::to_string(s) + "_" + std::to_string(damage);
+      ckpt::CheckpointOptions o;
+      o.root = root_ + "/live" + tag;
+      o.memory = ckpt::MemoryTierOptions{.dir = testing::TierScratchDir(root_ + "_l" + tag), .ranks_per_node = s};
+      auto c = ckpt::Checkpointer::Create(comm_.get(), &device_, o);
+      ASSERT_TRUE(c.ok()) << c.status();
+      ASSERT_TRUE((*c)->SaveAsync((*e)->state_view()).ok());
+      ASSERT_TRUE((*c)->SaveToMemory((*e)->state_view()).ok());
+      ASSERT_TRUE((*c)->Wait().ok());
+      const std::string mine = ckpt::MemoryTier::RankDir(o.root, *o.memory, rank());
+      for (const auto& f : fs::recursive_directory_iterator(mine)) {
+        const std::string path = f.path().string();
+        EXPECT_FALSE(path.find("/replica-") != std::string::npos && path.find("/step-") != std::string::npos) << "no replica is kept: " << path;
+      }
+      EXPECT_EQ((*c)->memory_stats()->replica_seconds, 0.0);
+      ASSERT_TRUE(comm_->Barrier().ok());  // every rank looked before rank 0 damages the files
+      auto own_data = [&](int r) {
+        for (const auto& f : fs::directory_iterator(ckpt::MemoryTier::RankDir(o.root, *o.memory, r) + "/own/" + ckpt::StepDirName(2))) {
+          if (f.path().extension() == ".data") return f.path();
+        }
+        return fs::path();
+      };
+      if (rank() == 0 && damage == 1) {
+        for (int r = 0; r < s; ++r) fs::remove_all(ckpt::MemoryTier::RankDir(o.root, *o.memory, r));
+      }
+      if (rank() == 0 && damage == 2) {
+        const fs::path corrupt = own_data(s);
+        fs::remove_all(own_data(0).parent_path());
+        std::fstream f(corrupt, std::ios::in | std::ios::out | std::ios::binary);
+        f.seekp(4096 + 100);
+        f.put('\x5a');
+      }
+      ASSERT_TRUE(comm_->Barrier().ok());
+      Train(**e, rank(), 2, 1, 1);  // moves on; the resume must go back
+      auto r = (*c)->Resume((*e)->state_view());
+      ASSERT_TRUE(r.ok()) << r.status();
+      std::string want = "memory";
+      if (damage == 1 && rank() < s) want = "peer";
+      if (damage == 2) want = replicas == 2 ? "disk" : rank() == 0 || rank() == s ? "peer" : "memory";
+      EXPECT_EQ(r->source, want) << "rank " << rank();
+      EXPECT_EQ((*e)->steps(), 2);
+      const std::vector<float> got = Masters(**e);
+      EXPECT_EQ(0, std::memcmp(got.data(), saved.data(), saved.size() * 4)) << "rank " << rank();
+      ExpectReplicasIdentical(**e, s, "restored");
+      c->reset();
+      ASSERT_TRUE(comm_->Barrier().ok());
+      std::error_code ec;
+      if (rank() == 0) fs::remove_all(o.memory->dir, ec);
+    }
   }
 }
 
