@@ -16,6 +16,7 @@
 // The state's bytes are as stored (--state: f32, bf16 moments, q8 moments, q8 without a master).
 //
 //   mpirun -n 4 recovery_bench --dir DIR --shm DIR [--params P] [--state S] [--disk-every D] [--fio-read-mbps R] [--device-ms M]
+//                              [--shard-group S]
 #include <CLI/CLI.hpp>
 
 #include <mpi.h>
@@ -119,6 +120,7 @@ struct Report {
   double device_ms = 0, fio_r = -1, torch_load = -1, memcpy_s = 0, mem_mbps = 0, fill_s = 0;
   Overhead ov;
   Restart local, peer, disk;
+  int shard_group = 0;  // hybrid sharding: live replicas, no replica sent
 };
 
 void PrintReport(const Report& r) {
@@ -134,8 +136,9 @@ void PrintReport(const Report& r) {
   char src_peer[16] = {};
   std::snprintf(src_peer, sizeof(src_peer), "%s", peer.source.c_str());
   const double snap_mbps = static_cast<double>(bytes) / alone / 1e6;
-  std::printf("bench/recovery: %.0fM bf16 parameters + Adam, stage 3, %d ranks (nodes of %d emulated), %s of %s state per rank (as stored)\n",
-              params / 1e6, n, ranks_per_node, FormatBytes(bytes).c_str(), state_name.c_str());
+  std::printf("bench/recovery: %.0fM bf16 parameters + Adam, stage 3, %d ranks (nodes of %d emulated), %s of %s state per rank (as stored)%s\n",
+              params / 1e6, n, ranks_per_node, FormatBytes(bytes).c_str(), state_name.c_str(),
+              r.shard_group > 0 ? (", hybrid S=" + std::to_string(r.shard_group) + ": live replicas, none sent").c_str() : "");
   std::printf("  step time           %8.1f ms no tier   %8.1f ms tier K=1 (+%.1f ms)   %8.1f ms tier K=10 (+%.1f ms)\n",
               per_step[0] * 1e3, per_step[1] * 1e3, (per_step[1] - per_step[0]) * 1e3, per_step[2] * 1e3,
               (per_step[2] - per_step[0]) * 1e3);
@@ -183,7 +186,7 @@ void PrintReport(const Report& r) {
 
 int main(int argc, char** argv) {
   int64_t params = 25'000'000;
-  int groups = 8, disk_every = 10, ranks_per_node = 0, steps = 20;
+  int groups = 8, disk_every = 10, ranks_per_node = 0, steps = 20, shard_group = 0;
   double fio_r = -1, torch_load = -1, device_ms = 0;
   std::string dir, shm = "/dev/shm", state_name = "f32";
   CLI::App app{"recovery_bench: the memory tier's cost per step and the time from a restart to the first step, by tier"};
@@ -193,6 +196,9 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "timed steps per overhead case (at least 2 snapshots at K = 10)")->capture_default_str();
   app.add_option("--disk-every", disk_every, "disk checkpoint interval of the failure case")->capture_default_str();
   app.add_option("--ranks-per-node", ranks_per_node, "emulated node size (0: half the ranks, at least 1)");
+  app.add_option("--shard-group", shard_group,
+                 "hybrid sharding over groups of this many ranks (EngineConfig::shard_group_size; 0: flat): the tier then "
+                 "keeps no replica, the other groups' copies of each shard serve a lost node");
   app.add_option("--fio-read-mbps", fio_r, "fio's sequential read rate on the disk's filesystem");
   app.add_option("--device-ms", device_ms, "also time steps whose forward/backward takes this long on an emulated device (the host sleeps)");
   app.add_option("--torch-load-mbps", torch_load, "torch.load's rate for the same bytes, caches dropped (the disk restart's peer)");
@@ -203,7 +209,7 @@ int main(int argc, char** argv) {
   using kernels::MomentFormat;
   const MomentFormat moments = state_name == "f32" ? MomentFormat::kF32 : state_name == "bf16" ? MomentFormat::kBf16 : MomentFormat::kQ8;
   const StatePrecision precision{moments, moments, state_name != "q8-no-master", 256};
-  auto make_engine = [&](Communicator* c, Device* d) { return MakeEngine(c, d, 3, params, groups, "", precision); };
+  auto make_engine = [&](Communicator* c, Device* d) { return MakeEngine(c, d, 3, params, groups, "", precision, shard_group); };
   auto session = MpiSession::Init(&argc, &argv).value();
   auto comm = MpiCommunicator::Create().value();
   const int rank = comm->rank(), n = comm->size();
@@ -298,7 +304,7 @@ int main(int argc, char** argv) {
 
   if (rank == 0) {
     PrintReport({params, bytes, n, ranks_per_node, disk_every, state_name, device_ms, fio_r, torch_load, memcpy_s, mem_mbps, fill_s, ov, local,
-                 peer, disk});
+                 peer, disk, shard_group});
   }
   return 0;
 }
