@@ -414,8 +414,11 @@ Result<CommHandle> MpiCommunicator::ShiftAsync(const void* send, size_t send_byt
     }
     return Status();
   };
-  RETURN_IF_ERROR(post(false, recv_bytes));
+  // The sends first: with both directions of a pair busy, Open MPI's TCP transport moved half as much
+  // per direction when the receive was posted first (measured across emulated nodes: 61 against 116
+  // MB/s each way on a 1 Gbit/s link; one direction alone 120 MB/s either way).
   RETURN_IF_ERROR(post(true, send_bytes));
+  RETURN_IF_ERROR(post(false, recv_bytes));
   return CommHandle(std::make_unique<MpiRequestsHandle>(std::move(reqs), internal::StrCat("shift to rank ", to, " / from rank ", from)));
 }
 
