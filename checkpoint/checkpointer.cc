@@ -226,24 +226,12 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
     return Status();
   }
   std::vector<std::vector<int64_t>> counts;
-  std::vector<std::vector<std::vector<char>>> keep;  // this rank's part's chunks
+  for (const StateGroup& g : state.groups) counts.emplace_back(g.buffers.size(), g.layout.shard_size());
   ASSIGN_OR_RETURN(const std::vector<ShardLayout> layouts, SavedLayouts(m), "checkpoint step ", m.step);
   const PartPlan plan(m, layouts);
-  for (size_t g = 0; g < state.groups.size(); ++g) {
-    const StateGroup& sg = state.groups[g];
-    counts.emplace_back(sg.buffers.size(), sg.layout.shard_size());
-    auto& kinds = keep.emplace_back(sg.buffers.size());
-    for (size_t k = 0; k < sg.buffers.size(); ++k) {
-      const StateBuffer& b = sg.buffers[k];
-      for (int64_t e = 0, ch = 0; e < b.count; e += m.chunk_elements, ++ch) {
-        const bool mine = plan.part(static_cast<int>(g), static_cast<int>(k), ch) == job->part;
-        kinds[k].push_back(mine ? 1 : 0);
-        if (mine) c.stats.raw_bytes += StoredBytes(b.stored, std::min(m.chunk_elements, b.count - e), b.block);
-      }
-    }
-  }
+  c.stats.raw_bytes = plan.raw_bytes(job->part);
   job->queue = std::make_shared<ChunkQueue>(std::move(counts), m.chunk_elements, c.o.staging_budget_bytes, c.device, std::move(c.staging),
-                                            std::move(keep));
+                                            plan.Mask(job->part));
   job->owner = state.owner;
   std::shared_ptr<ChunkQueue> queue = job->queue;
   c.Hand(std::move(job), true, Status());

@@ -104,7 +104,7 @@ Result<std::vector<RankIndex>> ReadShardIndexes(const CheckpointDir& dir, const 
     RETURN_IF_ERROR(ValidateIndexFile(m, layouts, r, rank, p, path));
     parts.push_back(std::move(r));
   }
-  RETURN_IF_ERROR(ValidateCover(m, layouts, parts, m.parts == 1 ? dir.PathOf(IndexFileName(rank)) : dir.PathOf(IndexFileName(rank, 0, m.parts)) + ", ..."));
+  RETURN_IF_ERROR(ValidateCover(m, layouts, parts, dir.PathOf(IndexFileName(rank, 0, m.parts)) + (m.parts > 1 ? " (and its other parts)" : "")));
   return parts;
 }
 

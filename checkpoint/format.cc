@@ -219,7 +219,8 @@ namespace {
 __extension__ typedef __int128 Wide;  // a shard's bytes times the parts
 }  // namespace
 
-PartPlan::PartPlan(const Manifest& m, std::span<const ShardLayout> layouts) : bytes_(static_cast<size_t>(std::max(m.parts, 1)), 0) {
+PartPlan::PartPlan(const Manifest& m, std::span<const ShardLayout> layouts)
+    : raw_(static_cast<size_t>(std::max(m.parts, 1)), 0), file_(raw_.size(), 0) {
   // The chunks' bytes before compression, in order; then each chunk goes to the part its first byte
   // falls in when the total is cut into m.parts equal runs.
   int64_t total = 0;
@@ -240,11 +241,24 @@ PartPlan::PartPlan(const Manifest& m, std::span<const ShardLayout> layouts) : by
         const int64_t bytes = StoredBytes(ge.stored_as(k), std::min(m.chunk_elements, shard - e), ge.block);
         const int p = total == 0 ? 0 : static_cast<int>(static_cast<Wide>(at) * m.parts / total);  // exact: every rank agrees
         kinds[k].push_back(p);
-        bytes_[static_cast<size_t>(p)] += AlignUp(bytes, 4096);  // raw chunks start on 4 KiB
+        raw_[static_cast<size_t>(p)] += bytes;
+        file_[static_cast<size_t>(p)] += AlignUp(bytes, 4096);  // raw chunks start on 4 KiB
         at += bytes;
       }
     }
   }
+}
+
+std::vector<std::vector<std::vector<char>>> PartPlan::Mask(int part) const {
+  std::vector<std::vector<std::vector<char>>> out;
+  for (const auto& kinds : parts_) {
+    auto& o = out.emplace_back();
+    for (const std::vector<int>& chunks : kinds) {
+      auto& c = o.emplace_back();
+      for (int p : chunks) c.push_back(p == part ? 1 : 0);
+    }
+  }
+  return out;
 }
 
 namespace {

@@ -121,12 +121,16 @@ class PartPlan {
   int part(int group, int kind, int64_t chunk) const {
     return parts_[static_cast<size_t>(group)][static_cast<size_t>(kind)][static_cast<size_t>(chunk)];
   }
-  // The bytes part `part`'s data file takes at most: its chunks stored raw, each 4 KiB-aligned.
-  int64_t max_file_bytes(int part) const { return bytes_[static_cast<size_t>(part)]; }
+  // [group][kind][chunk]: 1 where the chunk is part `part`'s.
+  std::vector<std::vector<std::vector<char>>> Mask(int part) const;
+  // Part `part`'s bytes before compression, and what its data file takes at most: its chunks stored
+  // raw, each 4 KiB-aligned.
+  int64_t raw_bytes(int part) const { return raw_[static_cast<size_t>(part)]; }
+  int64_t max_file_bytes(int part) const { return file_[static_cast<size_t>(part)]; }
 
  private:
   std::vector<std::vector<std::vector<int>>> parts_;  // [group][kind][chunk]
-  std::vector<int64_t> bytes_;
+  std::vector<int64_t> raw_, file_;
 };
 
 std::string StepDirName(int64_t step);           // "step-00001200"

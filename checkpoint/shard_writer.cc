@@ -90,11 +90,10 @@ Result<std::unique_ptr<ShardWriter>> ShardWriter::Open(IoEngine& io, const std::
   std::unique_ptr<ShardWriter> w(new ShardWriter(io, dir, m, shard, o));
   ASSIGN_OR_RETURN(w->layouts_, SavedLayouts(m));
   const PartPlan plan(m, w->layouts_);
-  for (size_t g = 0; g < m.groups.size(); ++g) {
-    const int64_t chunks = (w->layouts_[g].shard_size() + m.chunk_elements - 1) / m.chunk_elements;
-    auto& kinds = w->written_.emplace_back(m.groups[g].kinds.size(), std::vector<char>(static_cast<size_t>(chunks), 0));
-    for (size_t k = 0; k < kinds.size(); ++k) {
-      for (int64_t c = 0; c < chunks; ++c) kinds[k][static_cast<size_t>(c)] = plan.part(static_cast<int>(g), static_cast<int>(k), c) == o.part ? 0 : 2;
+  w->written_ = plan.Mask(o.part);
+  for (auto& kinds : w->written_) {
+    for (auto& chunks : kinds) {
+      for (char& c : chunks) c = c ? 0 : 2;  // 0: to write; 2: another part's
     }
   }
   w->tmp_ = dir + "/" + w->index_.data_file + ".tmp";
