@@ -69,15 +69,22 @@ Goodput PredictGoodput(const GoodputInput& in) {
   d.stall = c.relaunch + c.disk_restart;
   d = Finish(in, d);
 
-  Scenario& t = g.with_tier;
-  const double miss = in.tier_miss, hit = 1 - miss;
-  t.tier_interval = IntervalFor(in, tier_save, c.tier_write, hit);
-  t.disk_interval = IntervalFor(in, disk_save, c.disk_write, miss);
-  t.save_share = Share(tier_save, t.tier_interval) + Share(disk_save, t.disk_interval);
-  t.work_lost = hit > 0 ? hit * (t.tier_interval / 2 + c.tier_write) : 0;
-  if (miss > 0) t.work_lost += miss * (t.disk_interval / 2 + c.disk_write);
-  t.stall = c.relaunch + hit * ((1 - in.node_loss) * c.own_restart + in.node_loss * c.replica_restart) + miss * c.disk_restart;
-  t = Finish(in, t);
+  // A memory tier whose copies serve `hit` of the failures, restarting them in `restart` on average;
+  // the rest roll back to disk. Its saves cost `save`, restorable after `write`.
+  auto tiered = [&](double hit, double save, double write, double restart) {
+    Scenario t;
+    const double miss = 1 - hit;
+    t.tier_interval = IntervalFor(in, save, write, hit);
+    t.disk_interval = IntervalFor(in, disk_save, c.disk_write, miss);
+    t.save_share = Share(save, t.tier_interval) + Share(disk_save, t.disk_interval);
+    t.work_lost = hit > 0 ? hit * (t.tier_interval / 2 + write) : 0;
+    if (miss > 0) t.work_lost += miss * (t.disk_interval / 2 + c.disk_write);
+    t.stall = c.relaunch + hit * restart + miss * c.disk_restart;
+    return Finish(in, t);
+  };
+  const double hit = 1 - in.tier_miss, own = hit * (1 - in.node_loss);
+  g.own_copies = tiered(own, c.tier_stall, 0, c.own_restart);
+  g.with_tier = tiered(hit, tier_save, c.tier_write, (1 - in.node_loss) * c.own_restart + in.node_loss * c.replica_restart);
   return g;
 }
 
@@ -129,7 +136,7 @@ Result<std::pair<int, const Figures*>> RunWith(const ByRanks& runs, const std::s
 
 }  // namespace
 
-Result<BenchRates> ParseBenchRates(std::string_view text, const std::string& name) {
+Result<BenchRates> ParseBenchRates(std::string_view text, const std::string& name, bool live_replicas) {
   std::map<std::string, ByRanks> found;  // bench -> ranks -> case -> figure
   int line_no = 0;
   for (size_t pos = 0; pos < text.size();) {
@@ -144,13 +151,18 @@ Result<BenchRates> ParseBenchRates(std::string_view text, const std::string& nam
       f.emplace_back(line.substr(a, b - a));
       a = b + 1;
     }
-    if (f.size() < 7 || (f[1] != "checkpoint" && f[1] != "recovery")) continue;
+    if (f.size() < 7 || (f[1] != "checkpoint" && f[1] != "recovery" && f[1] != "recovery-hybrid")) continue;
     std::string what = f[2];
     const int n = SplitRanks(what);
+    if (f[1] == "recovery-hybrid") {  // "N=4 S=2 snapshot rate": the shard group is the run's too
+      const size_t space = what.find(' ');
+      if (what.rfind("S=", 0) != 0 || space == std::string::npos) continue;
+      what.erase(0, space + 1);
+    }
     if (n > 0) found[f[1]][n][what] = Figure{f[3], f[5], line_no};
   }
   BenchRates r;
-  const std::string ck = "checkpoint", rc = "recovery";
+  const std::string ck = "checkpoint";
   ASSIGN_OR_RETURN(auto c, RunWith(found[ck], name, ck, {"stall per save", "peak staging per rank", "background write",
                                                           "step with save in flight"}));
   const Figures& cf = *c.second;
@@ -164,9 +176,13 @@ Result<BenchRates> ParseBenchRates(std::string_view text, const std::string& nam
   r.slowdown = std::max(0.0, busy / plain - 1);
   r.disk_write = write * 1e6 / c.first;
 
-  ASSIGN_OR_RETURN(auto v, RunWith(found[rc], name, rc, {"snapshot rate", "resume, rank killed", "resume, node lost", "resume, disk"}));
+  const std::vector<std::string> tier = {"snapshot rate", "resume, rank killed", "resume, node lost", "resume, disk"};
+  std::string rc = "recovery";
+  if (live_replicas && RunWith(found["recovery-hybrid"], name, rc, tier).ok()) rc = "recovery-hybrid";
+  ASSIGN_OR_RETURN(auto v, RunWith(found[rc], name, rc, tier));
   const Figures& rf = *v.second;
   r.recovery_ranks = v.first;
+  r.recovery_hybrid = rc != "recovery";
   auto per_rank = [&](const char* what, double ranks) -> Result<double> {
     ASSIGN_OR_RETURN(const double mbps, Positive(name, rc, what, rf.at(what), false));
     return mbps * 1e6 / ranks;
@@ -177,13 +193,13 @@ Result<BenchRates> ParseBenchRates(std::string_view text, const std::string& nam
   ASSIGN_OR_RETURN(r.disk_read, per_rank("resume, disk", v.first));
   // Files written before bench/recovery printed its replica rate: a replica moves at the peer restore's rate.
   r.tier_replica = r.replica_load;
-  if (rf.count("replica rate")) {
+  if (rf.count("replica rate") && !r.recovery_hybrid) {  // (none is sent in a hybrid run)
     ASSIGN_OR_RETURN(r.tier_replica, per_rank("replica rate", 1));
   }
   return r;
 }
 
-Result<BenchRates> ReadBenchRates(const std::string& path) {
+Result<BenchRates> ReadBenchRates(const std::string& path, bool live_replicas) {
   constexpr off_t kMax = 16 << 20;
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (!fd.valid()) return ErrnoStatus(errno, "opening bench results " + path);
@@ -201,7 +217,7 @@ Result<BenchRates> ReadBenchRates(const std::string& path) {
     got += static_cast<size_t>(r);
   }
   text.resize(got);
-  return ParseBenchRates(text, path);
+  return ParseBenchRates(text, path, live_replicas);
 }
 
 }  // namespace zrt::tools

@@ -13,7 +13,10 @@
 // With the memory tier beside the disk a failure restarts from the node's own copy (the process died,
 // the node lives), from a peer's replica (the node is lost) or, for the `tier_miss` share the tier
 // cannot serve (a node and its replica's node lost together, a job-wide outage), from disk; each tier's
-// interval is Daly's optimum for the failures that roll back to it (mtbf / their share).
+// interval is Daly's optimum for the failures that roll back to it (mtbf / their share). Beside it, the
+// tier without replicas (own copies only: a node's loss rolls back to disk) shows what replicas save.
+// Where the state has live replicas (hybrid sharding, R = N / S >= 2) the planner sets tier_write to 0:
+// no replica is sent, the ranks holding a shard serve each other (memory_tier.h).
 #pragma once
 
 #include <string>
@@ -42,7 +45,7 @@ inline constexpr double kDefaultRelaunchSeconds = 300;
 // Seconds, per device.
 struct FailureCosts {
   double disk_stall = 0, disk_write = 0;  // a disk save: training waits for its snapshot; durable after `disk_write` more
-  double tier_stall = 0, tier_write = 0;  // a memory-tier save: its snapshot; the replica whole after `tier_write` more
+  double tier_stall = 0, tier_write = 0;  // a memory-tier save: its snapshot; the replica whole after `tier_write` more (0: live replicas)
   double disk_restart = 0, own_restart = 0, replica_restart = 0;  // loading the state from disk / own copy / a replica
   double relaunch = kDefaultRelaunchSeconds;
 };
@@ -69,7 +72,9 @@ struct Scenario {
 };
 
 struct Goodput {
-  Scenario disk_only, with_tier;
+  Scenario disk_only;
+  Scenario own_copies;  // the memory tier without replicas: node losses (and tier misses) roll back to disk
+  Scenario with_tier;   // the memory tier with replicas: only tier misses roll back to disk
 };
 
 // Daly's higher-order optimum of the training time between saves that stall `stall` seconds, for
@@ -85,15 +90,18 @@ Goodput PredictGoodput(const GoodputInput& in);
 // bench/checkpoint's save stall, background write; bench/recovery's snapshot, replica and resume rates.
 // `slowdown` is the steps' with a save in flight over those without, minus 1 (0 when not slower).
 // Aggregate rates are divided by the ranks of the run (the "N=k" the script puts before each case);
-// where a bench ran at several sizes, the largest is used.
+// where a bench ran at several sizes, the largest is used. With `live_replicas` (the plan's state has
+// R >= 2 replicas) the tier's rates come from the hybrid run (bench/recovery --shard-group, the
+// "recovery-hybrid" rows) where the file has one.
 struct BenchRates {
   double disk_snapshot = 0, disk_write = 0, disk_read = 0;
   double tier_snapshot = 0, tier_replica = 0, own_load = 0, replica_load = 0;
   double slowdown = kDefaultSaveSlowdown;
   int checkpoint_ranks = 0, recovery_ranks = 0;
+  bool recovery_hybrid = false;  // the tier's rates are the hybrid run's
 };
-Result<BenchRates> ParseBenchRates(std::string_view text, const std::string& name);
+Result<BenchRates> ParseBenchRates(std::string_view text, const std::string& name, bool live_replicas = false);
 // Reads a regular file of at most 16 MiB; errors name it.
-Result<BenchRates> ReadBenchRates(const std::string& path);
+Result<BenchRates> ReadBenchRates(const std::string& path, bool live_replicas = false);
 
 }  // namespace zrt::tools

@@ -67,6 +67,32 @@ TEST(Goodput, MemoryTierByHand) {
   EXPECT_NEAR(t.ettr, 0.90767, 1e-4);
 }
 
+// The tier without replicas, by hand: only the 80% x 50% = 40% of failures that keep their node roll
+// back to it (MTBF 9000 s): tau_m = Daly(1, 9000) = 133.50 s, restorable at once (no replica);
+// 60% to disk (MTBF 6000 s): tau_d = Daly(10, 6000) = 339.78 s.
+// lost = 0.4 (133.50/2) + 0.6 (339.78/2 + 30) = 26.70 + 119.93 = 146.63 s;
+// stall = 120 + 0.4 * 5 + 0.6 * 60 = 158 s; saves' share 1/133.50 + 10/339.78 = 0.036922;
+// ETTR = (1 - 304.63/3600) / 1.036922 = 0.88279. Replicas save 146.63 - 104.62 s per failure.
+TEST(Goodput, MemoryTierWithoutReplicasByHand) {
+  const Goodput g = PredictGoodput(Hand());
+  const Scenario& o = g.own_copies;
+  EXPECT_NEAR(o.tier_interval, 133.50, 0.01);
+  EXPECT_NEAR(o.disk_interval, 339.78, 0.01);
+  EXPECT_NEAR(o.work_lost, 146.63, 0.01);
+  EXPECT_DOUBLE_EQ(o.stall, 158);
+  EXPECT_NEAR(o.save_share, 0.036922, 1e-5);
+  EXPECT_NEAR(o.ettr, 0.88279, 1e-4);
+  EXPECT_LT(g.with_tier.work_lost, o.work_lost);
+  EXPECT_LT(o.work_lost, g.disk_only.work_lost);
+  // No node is ever lost: the replicas change nothing but their own cost.
+  GoodputInput in = Hand();
+  in.node_loss = 0;
+  in.costs.tier_write = 0;
+  const Goodput h = PredictGoodput(in);
+  EXPECT_NEAR(h.own_copies.work_lost, h.with_tier.work_lost, 1e-9);
+  EXPECT_NEAR(h.own_copies.ettr, h.with_tier.ettr, 1e-12);
+}
+
 // A save written in the background slows the steps meanwhile: 10% of its 30 s write adds 3 s to its
 // 10 s stall. tau = Daly(13, 3600) = 297.34 s; lost = 148.67 + 30 = 178.67 s; saves' share 13/297.34;
 // ETTR = (1 - 358.67/3600) / (1 + 0.043722) = 0.86265.
@@ -208,6 +234,34 @@ TEST(Goodput, BenchRatesPerDeviceFromTheLargestRun) {
   r = ParseBenchRates(old, "old.tsv");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_DOUBLE_EQ(r->tier_replica, 3000e6 / 4);
+}
+
+// A plan whose state has live replicas takes the tier's rates from the hybrid run where there is one
+// (its replica rate is not used: none is sent), else from the flat run.
+TEST(Goodput, BenchRatesOfAHybridRunForLiveReplicas) {
+  const std::string hybrid = std::string(kBench) +
+      "RESULT\trecovery-hybrid\tN=4 S=2 snapshot rate\t1000.000\tMB/s\t4000.000\tmemcpy MB/s\t0.250\t-\t-\n"
+      "RESULT\trecovery-hybrid\tN=4 S=2 resume, rank killed\t8000.000\tMB/s\t16000.000\tmemcpy MB/s\t0.500\t-\t-\n"
+      "RESULT\trecovery-hybrid\tN=4 S=2 resume, node lost\t4000.000\tMB/s\t16000.000\tmemcpy MB/s\t0.250\t-\t-\n"
+      "RESULT\trecovery-hybrid\tN=4 S=2 resume, disk\t1600.000\tMB/s\t1500.000\tfio seq read MB/s\t1.067\t-\t-\n"
+      "RESULT\trecovery-hybrid\tN=4 S=2 replica rate\tinf\tMB/s\t4000.000\tmemcpy MB/s\tinf\t-\t-\n"
+      "RESULT\trecovery-hybrid\tN=4 bad row\t1\tMB/s\t1\tx\t1\t-\t-\n";
+  auto r = ParseBenchRates(hybrid, "bench.tsv", true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->recovery_hybrid);
+  EXPECT_DOUBLE_EQ(r->tier_snapshot, 1000e6);
+  EXPECT_DOUBLE_EQ(r->own_load, 8000e6 / 4);
+  EXPECT_DOUBLE_EQ(r->replica_load, 4000e6 / 4);
+  EXPECT_DOUBLE_EQ(r->disk_read, 1600e6 / 4);
+  EXPECT_DOUBLE_EQ(r->disk_write, 800e6 / 4);  // the checkpoint bench's, as before
+  r = ParseBenchRates(hybrid, "bench.tsv", false);  // a flat plan: the flat run
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->recovery_hybrid);
+  EXPECT_DOUBLE_EQ(r->own_load, 6000e6 / 4);
+  r = ParseBenchRates(kBench, "bench.tsv", true);  // no hybrid run: the flat one serves
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->recovery_hybrid);
+  EXPECT_DOUBLE_EQ(r->replica_load, 3000e6 / 4);
 }
 
 TEST(Goodput, BadBenchFilesAreNamedErrors) {

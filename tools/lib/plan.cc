@@ -30,10 +30,12 @@
 // estimate_zero{2,3}_model_states_mem_needs, additional_buffer_factor 1.5) for the same inputs is
 // reported beside: docs/cli.md says where and why the two differ.
 // Failures (goodput.h has the model): a checkpoint holds 12 bytes per parameter (fp32 master and the two
-// Adam moments, whatever the dtype or stage), 12 Psi / S per device; a save stalls for its snapshot at
-// the snapshot rate, is durable after its part (1/R of them, spread over the replicas) at the disk's write rate (the replica: at the peer
-// rate); a restart loads them at the disk's read rate, from the own copy at the snapshot rate, from a
-// replica at the peer rate, after the relaunch.
+// Adam moments, whatever the dtype or stage), 12 Psi / S per device (at stage 0 the whole state); a
+// save stalls for its snapshot at the snapshot rate and is durable after its part (1/R of it: saves
+// are spread over the R = N / S replicas) at the disk's write rate. The memory tier's replica moves at
+// the peer rate when R = 1 and not at all when R >= 2 (the live replicas serve). A restart loads the
+// state at the disk's read rate, from the own copy at the snapshot rate, from a replica at the peer
+// rate, after the relaunch. The tier is predicted with and without replicas (own copies only).
 #include <algorithm>
 #include <cmath>
 #include <iomanip>
@@ -374,6 +376,7 @@ Estimate EstimateFor(const PlanInput& in, const Model& m) {
 struct Failures {
   double mtbf = 0, bytes = 0;
   double written = 0;  // what a device writes of a save: its shard's part (a save spread over the R replicas)
+  int replicas = 1;     // R: the devices holding each shard (>= 2: the tier's peer copies are these live replicas)
   std::string source;
   GoodputInput input;
   Goodput goodput;
@@ -386,22 +389,26 @@ Result<Failures> FailuresFor(const PlanInput& in, const Model& m, const Estimate
   // parameters in their dtype).
   // Each shard is saved once, written in parts by the R = N / S ranks holding it (at most 256 parts),
   // and each rank loads its own: the model per device over the shard group, written over the replicas.
-  f.bytes = (2 * MomentBytes(in) + (in.master ? 4 : in.param_bytes)) * m.psi / (in.tp * in.pp) / Shards(in);
-  f.written = f.bytes / std::min(256, std::max(1, in.gpus / Shards(in)));
+  // At stage 0 every device holds the whole state (R = N replicas of one shard).
+  const int shards = in.stage == 0 ? 1 : Shards(in);
+  f.replicas = in.gpus / shards;
+  f.bytes = (2 * MomentBytes(in) + (in.master ? 4 : in.param_bytes)) * m.psi / (in.tp * in.pp) / shards;
+  f.written = f.bytes / std::min(256, f.replicas);
   BenchRates r{.disk_snapshot = in.snapshot_gbps * 1e9, .disk_write = in.disk_write_gbps * 1e9, .disk_read = in.disk_read_gbps * 1e9,
                .tier_snapshot = in.snapshot_gbps * 1e9, .tier_replica = in.peer_gbps * 1e9, .own_load = in.snapshot_gbps * 1e9,
                .replica_load = in.peer_gbps * 1e9};
   f.source = "bandwidths";
   if (!in.from_bench.empty()) {
-    ASSIGN_OR_RETURN(r, ReadBenchRates(in.from_bench), "plan --from-bench");
-    f.source = "bench " + in.from_bench;
+    ASSIGN_OR_RETURN(r, ReadBenchRates(in.from_bench, f.replicas >= 2), "plan --from-bench");
+    f.source = "bench " + in.from_bench + (r.recovery_hybrid ? " (the tier's rates: its hybrid run)" : "");
   }
   FailureCosts& c = f.input.costs;
   auto given = [](double seconds, double computed) { return seconds >= 0 ? seconds : computed; };
   c.disk_stall = given(in.save_stall, f.bytes / r.disk_snapshot);
   c.tier_stall = given(in.save_stall, f.bytes / r.tier_snapshot);
   c.disk_write = given(in.disk_write, f.written / r.disk_write);
-  c.tier_write = given(in.replica_write, f.bytes / r.tier_replica);
+  // Live replicas: no replica is sent, a generation is restorable once its snapshots are whole.
+  c.tier_write = given(in.replica_write, f.replicas >= 2 ? 0 : f.bytes / r.tier_replica);
   c.disk_restart = given(in.restart_disk, f.bytes / r.disk_read);
   c.own_restart = given(in.restart_memory, f.bytes / r.own_load);
   c.replica_restart = given(in.restart_replica, f.bytes / r.replica_load);
@@ -426,12 +433,14 @@ nlohmann::json FailuresJson(const Failures& f) {
     return j;
   };
   const FailureCosts& c = f.input.costs;
-  return {{"mtbf_hours", f.mtbf / 3600}, {"checkpoint_bytes_per_device", f.bytes}, {"checkpoint_written_bytes_per_device", f.written}, {"costs_from", f.source},
+  return {{"mtbf_hours", f.mtbf / 3600}, {"checkpoint_bytes_per_device", f.bytes}, {"checkpoint_written_bytes_per_device", f.written},
+          {"replicas", f.replicas}, {"costs_from", f.source},
           {"node_loss", f.input.node_loss}, {"tier_miss", f.input.tier_miss}, {"save_slowdown", f.input.slowdown},
           {"costs_seconds", {{"disk_stall", c.disk_stall}, {"disk_write", c.disk_write}, {"tier_stall", c.tier_stall},
                              {"tier_write", c.tier_write}, {"restart_disk", c.disk_restart}, {"restart_memory", c.own_restart},
                              {"restart_replica", c.replica_restart}, {"relaunch", c.relaunch}}},
-          {"disk_only", scenario(f.goodput.disk_only, false)}, {"memory_tier", scenario(f.goodput.with_tier, true)}};
+          {"disk_only", scenario(f.goodput.disk_only, false)}, {"memory_tier_own_copies", scenario(f.goodput.own_copies, true)},
+          {"memory_tier", scenario(f.goodput.with_tier, true)}};
 }
 
 std::string Duration(double s) {
@@ -449,39 +458,42 @@ std::string Duration(double s) {
 
 void PrintFailures(const PlanInput& in, const Failures& f, std::ostream& out) {
   const FailureCosts& c = f.input.costs;
-  const auto& [d, t] = f.goodput;
+  const auto& [d, o, t] = f.goodput;
   out << "failures: one every " << Duration(f.mtbf);
   if (in.mtbf_hours <= 0) out << " (" << std::setprecision(0) << in.mttf_hours << " device-hours / " << in.gpus << " devices)";
   out << "; checkpoint " << FormatBytes(static_cast<int64_t>(f.bytes)) << " per device";
   if (f.written < f.bytes) out << " (" << FormatBytes(static_cast<int64_t>(f.written)) << " written by each: saves spread over replicas)";
   out << "; costs from " << f.source << "\n"
       << "  save: stall " << Duration(c.disk_stall) << " (tier " << Duration(c.tier_stall) << "), durable on disk after "
-      << Duration(c.disk_write) << ", replica whole after " << Duration(c.tier_write) << "; steps " << f.input.slowdown * 100
+      << Duration(c.disk_write) << ", replica whole after " << Duration(c.tier_write)
+      << (f.replicas >= 2 && in.replica_write < 0 ? " (the " + std::to_string(f.replicas) + " live replicas: none sent)" : "")
+      << "; steps " << f.input.slowdown * 100
       << "% slower meanwhile\n  restart: relaunch " << Duration(c.relaunch)
       << " + load from disk " << Duration(c.disk_restart) << ", own copy " << Duration(c.own_restart) << ", replica "
       << Duration(c.replica_restart) << " (" << f.input.node_loss * 100 << "% of failures lose the node, the tier misses "
       << f.input.tier_miss * 100 << "%)\n" << std::setprecision(3);
-  auto row = [&](const char* what, const std::string& a, const std::string& b) {
-    out << "  " << std::left << std::setw(24) << what << std::setw(30) << a << b << std::right << "\n";
+  auto row = [&](const char* what, const std::string& a, const std::string& b, const std::string& z) {
+    out << "  " << std::left << std::setw(24) << what << std::setw(28) << a << std::setw(30) << b << z << std::right << "\n";
   };
   auto pct = [](double v) {
     std::ostringstream os;
     os << std::fixed << std::setprecision(1) << v * 100 << "%";
     return os.str();
   };
-  row("", "disk only", "memory tier + disk");
-  row("save every", Duration(d.disk_interval), "tier " + Duration(t.tier_interval) + ", disk " + Duration(t.disk_interval));
-  row("stalled by saves", pct(d.save_share), pct(t.save_share));
-  row("work lost per failure", Duration(d.work_lost), Duration(t.work_lost));
-  row("stall per failure", Duration(d.stall), Duration(t.stall));
-  row("ETTR", pct(d.ettr), pct(t.ettr));
+  auto every = [](const Scenario& s) { return "tier " + Duration(s.tier_interval) + ", disk " + Duration(s.disk_interval); };
+  row("", "disk only", "tier (own copies) + disk", "tier + replicas + disk");
+  row("save every", Duration(d.disk_interval), every(o), every(t));
+  row("stalled by saves", pct(d.save_share), pct(o.save_share), pct(t.save_share));
+  row("work lost per failure", Duration(d.work_lost), Duration(o.work_lost), Duration(t.work_lost));
+  row("stall per failure", Duration(d.stall), Duration(o.stall), Duration(t.stall));
+  row("ETTR", pct(d.ettr), pct(o.ettr), pct(t.ettr));
   if (f.input.compute_seconds > 0) {
     auto days = [&](const Scenario& s) {
       std::ostringstream os;
       os << Duration(s.wall_seconds) << ", " << std::fixed << std::setprecision(0) << s.failures << " failures";
       return os.str();
     };
-    row("training takes", days(d), days(t));
+    row("training takes", days(d), days(o), days(t));
   }
 }
 

@@ -77,6 +77,20 @@ TEST(Plan, TheMeshSplitsMemoryAndLinks) {
   // and the save is durable after that much at the disk's rate.
   EXPECT_NEAR(hybrid["failures"]["checkpoint_written_bytes_per_device"].get<double>(), 12 * 8e9 / 64, 1e3);
   EXPECT_NEAR(flat["failures"]["checkpoint_written_bytes_per_device"].get<double>(), 12 * 8e9 / 64, 1e3);
+  // The memory tier: 8 live replicas send none (restorable once snapshotted); plain ZeRO sends one at
+  // the peer rate. Either way the replicas lose less work per failure than own copies alone, and train
+  // more. (Own copies alone need not beat the disk: with saves as cheap as snapshots the tier only
+  // shortens the restart, and the disk is saved less often as fewer failures roll back to it.)
+  EXPECT_EQ(hybrid["failures"]["replicas"], 8);
+  EXPECT_EQ(flat["failures"]["replicas"], 1);
+  EXPECT_EQ(hybrid["failures"]["costs_seconds"]["tier_write"].get<double>(), 0);
+  EXPECT_NEAR(flat["failures"]["costs_seconds"]["tier_write"].get<double>(), 12 * 8e9 / 64 / 12.5e9, 1e-6);
+  for (const auto* j : {&hybrid, &flat}) {
+    const auto& f = (*j)["failures"];
+    EXPECT_LT(f["memory_tier"]["work_lost_per_failure_seconds"].get<double>(),
+              f["memory_tier_own_copies"]["work_lost_per_failure_seconds"].get<double>());
+    EXPECT_GT(f["memory_tier"]["ettr"].get<double>(), f["memory_tier_own_copies"]["ettr"].get<double>());
+  }
   // TP x PP divide the model per device.
   in.tp = 4;
   in.pp = 2;
@@ -237,6 +251,13 @@ TEST(Plan, CheckpointBytesFollowTheStatePrecision) {
   in.moments = "bf16";
   in.master = true;
   EXPECT_NEAR(PlanJson(in)["failures"]["checkpoint_bytes_per_device"].get<double>(), 8 * 1e9, 1);
+  // At stage 0 every device holds the whole state: its snapshot and restart move all of it; the save
+  // is spread over the 8 replicas.
+  in.stage = 0;
+  const auto f = PlanJson(in)["failures"];
+  EXPECT_NEAR(f["checkpoint_bytes_per_device"].get<double>(), 8 * 8e9, 1);
+  EXPECT_NEAR(f["checkpoint_written_bytes_per_device"].get<double>(), 8 * 1e9, 1);
+  EXPECT_EQ(f["replicas"], 8);
 }
 
 }  // namespace
