@@ -113,6 +113,36 @@ Status Communicator::Shift(const void* send, size_t send_bytes, void* recv, size
   return h.Wait();
 }
 
+void Communicator::ShiftShape::Add(size_t n) {
+  ++pieces;
+  bytes += n;
+  uint64_t z = hash ^ (n + 0x632be59bd9b4e019 + (hash << 6) + (hash >> 2));
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111eb;
+  hash = z ^ (z >> 31);
+}
+
+Status Communicator::ShiftV(std::span<const ShiftSend> send, std::span<const ShiftRecv> recv, int distance) {
+  ShiftShape out, in, theirs;
+  for (const ShiftSend& p : send) out.Add(p.bytes);
+  for (const ShiftRecv& p : recv) in.Add(p.bytes);
+  RETURN_IF_ERROR(Shift(&out, sizeof(out), &theirs, sizeof(theirs), distance), "shift sizes");
+  // Whether every pair agrees, and the most pieces any rank moves (exact in f32: counts of buffers).
+  float v[2] = {theirs == in ? 0.0f : 1.0f, static_cast<float>(std::max(send.size(), recv.size()))};
+  RETURN_IF_ERROR(AllReduce(v, v, 2, DType::kF32, ReduceOp::kMax), "shift sizes");
+  if (!(theirs == in)) {
+    return InvalidArgumentError("shift: rank ", ShiftTarget(-distance), " sends ", theirs.bytes, " bytes in ", theirs.pieces, " piece(s), rank ",
+                                rank(), " expects ", in.bytes, " in ", in.pieces);
+  }
+  if (v[0] != 0) return InvalidArgumentError("shift: sizes disagree on another rank");
+  for (size_t i = 0; i < static_cast<size_t>(v[1]); ++i) {
+    const ShiftSend o = i < send.size() ? send[i] : ShiftSend{nullptr, 0};
+    const ShiftRecv r = i < recv.size() ? recv[i] : ShiftRecv{nullptr, 0};
+    RETURN_IF_ERROR(Shift(o.data, o.bytes, r.data, r.bytes, distance));
+  }
+  return Status();
+}
+
 Status BroadcastStatus(Communicator* comm, const Status& s, int root) {
   char buf[4096] = {};
   if (comm->rank() == root) {

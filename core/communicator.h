@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,21 @@ class Communicator {
   // Either size may be 0. distance = 0 (mod size) copies send to recv.
   virtual Result<CommHandle> ShiftAsync(const void* send, size_t send_bytes, void* recv, size_t recv_bytes, int distance) = 0;
 
+  // Vectored ring shift (blocking): the pieces of `send` go to rank r + distance, in order, into the
+  // pieces of `recv` there; those of `recv` come from rank r - distance. Each pair's lists must agree
+  // in number and sizes (checked, InvalidArgument on every rank otherwise, nothing moved); a rank with
+  // nothing to move passes empty lists. The default checks the lists with one small shift and runs one
+  // Shift per piece (as many on every rank); MpiCommunicator posts every piece at once.
+  struct ShiftSend {
+    const void* data;
+    size_t bytes;
+  };
+  struct ShiftRecv {
+    void* data;
+    size_t bytes;
+  };
+  virtual Status ShiftV(std::span<const ShiftSend> send, std::span<const ShiftRecv> recv, int distance);
+
   // Blocking forms: the asynchronous call followed by Wait().
   Status Shift(const void* send, size_t send_bytes, void* recv, size_t recv_bytes, int distance);
   Status AllReduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op);
@@ -105,6 +121,13 @@ class Communicator {
 
  protected:
   enum class Collective : uint8_t { kBroadcast = 1, kAllReduce, kReduceScatter, kAllGather, kShift };
+  // A shift's pieces as their receiver checks them: their number, their total and a hash of their
+  // sizes in order (the peers are the job's own ranks: the hash guards against mistakes, not malice).
+  struct ShiftShape {
+    uint64_t pieces = 0, bytes = 0, hash = 0x9e3779b97f4a7c15;
+    void Add(size_t n);
+    bool operator==(const ShiftShape&) const = default;
+  };
   // The shift's distance as a rank in [0, size()).
   int ShiftTarget(int distance) const { return static_cast<int>(((static_cast<int64_t>(rank()) + distance) % size() + size()) % size()); }
   // The argument check every backend runs before a collective when check_args() is on and the group

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/shift_cases.h"
+
 namespace zrt {
 namespace {
 
@@ -96,6 +98,10 @@ TEST_P(LoopbackTest, ShiftMovesEachRanksBytesDistanceAway) {
     }
     return Status();
   }).ok());
+}
+
+TEST_P(LoopbackTest, ShiftVMovesEachRanksPiecesDistanceAway) {
+  ASSERT_TRUE(RunLoopbackRanks(GetParam(), [](Communicator& c) { return testing::ShiftVCases(c); }).ok());
 }
 
 TEST_P(LoopbackTest, SplitGroupsByColorOrderedByKey) {

@@ -58,6 +58,7 @@ class MpiCommunicator final : public Communicator {
                                         ReduceOp op) override;
   Result<CommHandle> AllGatherAsync(const void* send, void* recv, size_t send_count, DType dtype) override;
   Result<CommHandle> ShiftAsync(const void* send, size_t send_bytes, void* recv, size_t recv_bytes, int distance) override;
+  Status ShiftV(std::span<const ShiftSend> send, std::span<const ShiftRecv> recv, int distance) override;
   Result<std::unique_ptr<Communicator>> Split(int color, int key) override;
   bool concurrent_splits() const override;
 
@@ -80,6 +81,8 @@ class MpiCommunicator final : public Communicator {
   // bf16/f16 sums and averages move 16-bit values on the wire (half of f32's bytes) and are summed in
   // f32 in rank order by the rank that owns each block, rounded once (mpi_communicator.cc).
   Result<CommHandle> AllReduce16(const void* send, void* recv, size_t count, DType dtype, ReduceOp op);
+  // ShiftAsync and ShiftV: one size check for all the pieces, then every piece posted, sends first.
+  Result<CommHandle> ShiftPieces(std::span<const ShiftSend> send, std::span<const ShiftRecv> recv, int distance);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;

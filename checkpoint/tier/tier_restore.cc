@@ -6,9 +6,9 @@
 //                who needs a copy and who serves it: the holder of its replica, or with live replicas
 //                the first rank holding the same shard whose own copy loaded (one round of shifts per
 //                distance). Each server offers the replica it keeps, or its own copy (manifest, index,
-//                the data file mapped) to its source; two shifts move the manifest and the index, checked
-//                by the receiver (bounded sizes, the format's rules, the step); then one shift per piece
-//                of the data file (a (group, kind) of PlanFile's layout) moves the data:
+//                the data file mapped) to its source; one vectored shift moves the manifest and the
+//                index, checked by the receiver (bounded sizes, the format's rules, the step); then one
+//                vectored shift moves the data file's pieces (a (group, kind) of PlanFile's layout):
 //                  direct   where every target buffer is host f32 memory laid out as its piece (the
 //                           same engine restarted: the usual case), each piece lands in its buffer
 //                           and each chunk is checked there against the index: the restore costs the
@@ -210,27 +210,25 @@ Status Round(Communicator* comm, const TierPlace& p, int64_t step, int distance,
   };
   RETURN_IF_ERROR(AgreeOnStatus(comm, receives && !rc.receiving ? unusable(in[2] > 0 ? " is offered with sizes out of bounds" : " is not there")
                                                                 : Status()));
+  std::vector<Communicator::ShiftSend> send;
+  std::vector<Communicator::ShiftRecv> recv;
   for (int i = 0; i < 2; ++i) {
-    if (rc.receiving) rc.got[i].resize(static_cast<size_t>(in[i]));
-    RETURN_IF_ERROR(comm->Shift(offer.files[i].data(), static_cast<size_t>(offer.sizes[i]), rc.receiving ? rc.got[i].data() : nullptr,
-                                rc.receiving ? rc.got[i].size() : 0, -distance),
-                    "memory tier: restoring step ", step);
+    if (offer.sizes[2] > 0) send.push_back({offer.files[i].data(), offer.files[i].size()});
+    if (!rc.receiving) continue;
+    rc.got[i].resize(static_cast<size_t>(in[i]));
+    recv.push_back({rc.got[i].data(), rc.got[i].size()});
   }
+  RETURN_IF_ERROR(comm->ShiftV(send, recv, -distance), "memory tier: restoring step ", step);
   const std::string tmp = own + ".tmp";
   if (rc.receiving) rc.prepared = PlanReceipt(rc, target, load, in, step, tmp, what);
   RETURN_IF_ERROR(AgreeOnStatus(comm, rc.receiving && !rc.prepared.ok() ? unusable(" could not be received: " + std::string(rc.prepared.message()))
                                                                       : Status()));
-  // One shift per piece (as many on every rank: the most any rank sends or takes).
-  const bool take = rc.take();
-  float pieces = static_cast<float>(std::max(offer.plan.size(), take ? rc.plan.size() : size_t{0}));  // exact: a few per group
-  RETURN_IF_ERROR(comm->AllReduce(&pieces, &pieces, 1, DType::kF32, ReduceOp::kMax), "memory tier: restoring step ", step);
-  for (size_t i = 0; i < static_cast<size_t>(pieces); ++i) {
-    const bool sending = i < offer.plan.size(), taking = take && i < rc.plan.size();
-    const Piece* out = sending ? &offer.plan[i] : nullptr;
-    RETURN_IF_ERROR(comm->Shift(sending ? offer.data.data() + out->offset : nullptr, sending ? static_cast<size_t>(out->Bytes(out->count)) : 0,
-                                taking ? rc.into[i] : nullptr, taking ? static_cast<size_t>(rc.plan[i].Bytes(rc.plan[i].count)) : 0, -distance),
-                    "memory tier: restoring step ", step);
-  }
+  // The data: every piece in one vectored shift (one size check for all of them).
+  send.clear();
+  recv.clear();
+  for (const Piece& piece : offer.plan) send.push_back({offer.data.data() + piece.offset, static_cast<size_t>(piece.Bytes(piece.count))});
+  for (size_t i = 0; rc.take() && i < rc.plan.size(); ++i) recv.push_back({rc.into[i], static_cast<size_t>(rc.plan[i].Bytes(rc.plan[i].count))});
+  RETURN_IF_ERROR(comm->ShiftV(send, recv, -distance), "memory tier: restoring step ", step);
   if (!receives) return Status();
   ZRT_LOG(kInfo) << "memory tier: rank " << p.rank << "'s copy of step " << step << " unusable (" << why
                  << "); restoring from rank " << holder << (rc.direct() ? "" : " (kept as its own copy again)");

@@ -8,6 +8,7 @@
 
 #include "zrt/core/mpi_communicator.h"
 #include "tests/support/reference.h"
+#include "tests/support/shift_cases.h"
 
 namespace zrt {
 namespace {
@@ -284,6 +285,11 @@ TEST_F(CommTest, ShiftSendsToTheRankDistanceAwayWithPerRankSizes) {
     }
     ASSERT_TRUE(comm_->Barrier().ok());
   }
+}
+
+TEST_F(CommTest, ShiftVChecksEveryPieceAtOnceAndMovesThemAll) {
+  const Status s = testing::ShiftVCases(*comm_);
+  EXPECT_TRUE(s.ok()) << s;
 }
 
 TEST_F(CommTest, MismatchedArgumentsAreAnErrorOnEveryRank) {
