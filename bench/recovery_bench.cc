@@ -8,14 +8,15 @@
 //   restart to first step    after (a) a rank killed: its own copy in node-local memory, (b) its
 //                            node lost: the replica on the other node, (c) disk only (caches dropped
 //                            where allowed): Resume + one step, the restore rate beside memcpy (a, b)
-//                            or fio's sequential read (c)
+//                            or fio's sequential read (c); with --link-mbps (on emulated nodes,
+//                            scripts/cluster) the lost node's restore rate into it beside its link
 //   work lost per failure    steps since the newest state each tier held, and the expected value for a
 //                            kill at a random moment (K/2 + the commit's step; disk: its interval / 2)
 //   ratios                   own copy / memcpy, own copy / disk and peer / disk restore rates, and the
 //                            K = 1 step / the step without a tier (the tier's targets, docs/resume.md)
 // The state's bytes are as stored (--state: f32, bf16 moments, q8 moments, q8 without a master).
 //
-//   mpirun -n 4 recovery_bench --dir DIR --shm DIR [--params P] [--state S] [--disk-every D] [--fio-read-mbps R] [--device-ms M]
+//   mpirun -n 4 recovery_bench --dir DIR --shm DIR [--params P] [--state S] [--disk-every D] [--fio-read-mbps R] [--device-ms M] [--link-mbps L]
 //                              [--shard-group S]
 #include <CLI/CLI.hpp>
 
@@ -121,6 +122,7 @@ struct Report {
   Overhead ov;
   Restart local, peer, disk;
   int shard_group = 0;  // hybrid sharding: live replicas, no replica sent
+  double link_mbps = 0;  // each node's link (scripts/cluster --rate), 0: not given
 };
 
 void PrintReport(const Report& r) {
@@ -155,6 +157,12 @@ void PrintReport(const Report& r) {
               fill_s, static_cast<double>(bytes) / fill_s / 1e6, mem_mbps, memcpy_s / fill_s);
   std::printf("  restart, node lost    (%-8s)  %7.3f s to resume (%6.0f MB/s, memcpy %6.0f), %7.3f s to the first step; %lld steps lost here, %.1f expected\n",
               src_peer, peer.seconds, peer.mbps, all_mem, peer.first_step, static_cast<long long>(peer.lost), 1.5);
+  // A lost node's ranks each take their state over the node's one link.
+  const double crossing = static_cast<double>(bytes) * std::min(ranks_per_node, n) / peer.seconds / 1e6;
+  if (r.link_mbps > 0) {
+    std::printf("  node lost over the link  %6.0f MB/s into the node (%d rank(s) x %s), link %6.0f MB/s: %.2fx\n", crossing,
+                std::min(ranks_per_node, n), FormatBytes(bytes).c_str(), r.link_mbps, crossing / r.link_mbps);
+  }
   std::printf("  restart, disk only    (%-8s)  %7.3f s to resume (%6.0f MB/s, fio read %6.0f, torch.load %6.0f), %7.3f s to the first step; "
               "%lld steps lost here, %.1f expected\n",
               disk.source.c_str(), disk.seconds, disk.mbps, fio_r, torch_load, disk.first_step, static_cast<long long>(disk.lost),
@@ -175,6 +183,7 @@ void PrintReport(const Report& r) {
   bench::PrintResult("recovery", "resume, rank killed", local.mbps, "MB/s", all_mem, "memcpy MB/s");
   bench::PrintResult("recovery", "own copy fill", static_cast<double>(bytes) / fill_s / 1e6, "MB/s", mem_mbps, "memcpy MB/s");
   bench::PrintResult("recovery", "resume, node lost", peer.mbps, "MB/s", all_mem, "memcpy MB/s");
+  if (r.link_mbps > 0) bench::PrintResult("recovery", "resume, node lost vs link", crossing, "MB/s", r.link_mbps, "link MB/s");
   bench::PrintResult("recovery", "resume, disk", disk.mbps, "MB/s", fio_r, "fio seq read MB/s", torch_load, "torch.load MB/s");
   bench::PrintResult("recovery", "resume, rank killed vs disk", local.mbps, "MB/s", disk.mbps, "disk MB/s");
   bench::PrintResult("recovery", "resume, node lost vs disk", peer.mbps, "MB/s", disk.mbps, "disk MB/s");
@@ -187,7 +196,7 @@ void PrintReport(const Report& r) {
 int main(int argc, char** argv) {
   int64_t params = 25'000'000;
   int groups = 8, disk_every = 10, ranks_per_node = 0, steps = 20, shard_group = 0;
-  double fio_r = -1, torch_load = -1, device_ms = 0;
+  double fio_r = -1, torch_load = -1, device_ms = 0, link_mbps = 0;
   std::string dir, shm = "/dev/shm", state_name = "f32";
   CLI::App app{"recovery_bench: the memory tier's cost per step and the time from a restart to the first step, by tier"};
   app.add_option("--dir", dir, "disk checkpoint root (written only here, and removed)")->required();
@@ -200,6 +209,7 @@ int main(int argc, char** argv) {
                  "hybrid sharding over groups of this many ranks (EngineConfig::shard_group_size; 0: flat): the tier then "
                  "keeps no replica, the other groups' copies of each shard serve a lost node");
   app.add_option("--fio-read-mbps", fio_r, "fio's sequential read rate on the disk's filesystem");
+  app.add_option("--link-mbps", link_mbps, "each node's link rate in MB/s (scripts/cluster --rate): the node-lost restore beside it");
   app.add_option("--device-ms", device_ms, "also time steps whose forward/backward takes this long on an emulated device (the host sleeps)");
   app.add_option("--torch-load-mbps", torch_load, "torch.load's rate for the same bytes, caches dropped (the disk restart's peer)");
   app.add_option("--state", state_name, "optimizer state precision: f32, bf16 (moments), q8 (moments), q8-no-master")
@@ -304,7 +314,7 @@ int main(int argc, char** argv) {
 
   if (rank == 0) {
     PrintReport({params, bytes, n, ranks_per_node, disk_every, state_name, device_ms, fio_r, torch_load, memcpy_s, mem_mbps, fill_s, ov, local,
-                 peer, disk, shard_group});
+                 peer, disk, shard_group, link_mbps});
   }
   return 0;
 }
