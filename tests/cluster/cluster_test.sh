@@ -9,7 +9,10 @@
 #      (each shard's save spread over its replicas on every node): every rank of a random node other
 #      than a SIGKILLed at a random moment, 12 and 10 times, each restart resuming from the newest
 #      complete checkpoint, none hanging; the final parameters bit-identical to an uninterrupted run
-#      of the same mesh; then resumed on one node (4 -> 2 ranks, resharded).
+#      of the same mesh; then resumed on one node (4 -> 2 ranks, resharded);
+#   5. the same with the memory tier on 2 x 2 (tier_campaign): node b killed and its tier memory
+#      removed, 8 times, each restart from the newest surviving state (node a's live copies, or disk
+#      when a flipped byte leaves a shard without a good copy), a slow rank on some restarts.
 # Exits 77 (skipped) where network namespaces cannot be made.
 # usage: cluster_test.sh CLUSTER_SCRIPT HYBRID_TEST CHARLM WORKDIR
 set -euo pipefail
@@ -37,6 +40,9 @@ check_root() {
   echo "   root namespace unchanged, nothing left ($1)"
 }
 
+# A failing check exits with a run still in the background: stop it (scripts/cluster's trap removes
+# its namespaces).
+trap 'for j in $(jobs -p); do kill "$j" 2>/dev/null; done; wait' EXIT
 rm -rf "$work"; mkdir -p "$work"
 RANDOM=${ZRT_TEST_SEED:-$$}
 
@@ -119,9 +125,11 @@ campaign() {
     [ $rc -eq 0 ] && [ $hit -eq 0 ] && { echo "   attempt $attempts: the run finished before its kill"; rm -rf "$work/$tag.run"; }
   done
   [ $kills -ge "$want" ] || { echo "FAIL: $kills of $want kills landed in $attempts attempts"; exit 1; }
+  newest=$(ls -d "$work/$tag.run"/step-* 2>/dev/null | grep -v '\.tmp-\|\.dead-' | sort | tail -1 || true)
   crun --ckpt "$work/$tag.run" --dump "$work/$tag.run.bin" > "$work/$tag.final.log" 2>&1 ||
     { tail -20 "$work/$tag.final.log"; echo "FAIL: final restart on $nodes x 2"; exit 1; }
-  grep -q "resumed_from=$work/$tag.run/step-" "$work/$tag.final.log" || { echo "FAIL: the final restart did not resume"; exit 1; }
+  # (every kill may have landed before the first save: then there is nothing to resume from)
+  [ -z "$newest" ] || grep -q "resumed_from=$newest " "$work/$tag.final.log" || { echo "FAIL: the final restart did not resume from $newest"; exit 1; }
   cmp "$work/$tag.base.bin" "$work/$tag.run.bin" || { echo "FAIL: the restarted run on $nodes x 2 differs from the uninterrupted one"; exit 1; }
   echo "   $kills node kills in $attempts attempts, $resumed checked resumes from the newest checkpoint, 0 hangs;" \
        "final parameters identical to the uninterrupted run ($(tail -1 "$work/$tag.final.log"))"
@@ -129,6 +137,100 @@ campaign() {
 }
 campaign 2 "${ZRT_CLUSTER_KILLS:-12}"
 campaign 3 "${ZRT_CLUSTER_KILLS3:-10}"
+
+# The same job with the memory tier (a snapshot every step: kills land mid-snapshot and mid-commit),
+# hybrid with S = 2 = a node, so each shard's live replica is on the other node. Again and again every
+# rank of node b is SIGKILLed at a random moment and node b's tier memory removed (the node is lost);
+# every other time a byte of node a's rank 0 copy of the newest generation is flipped as well (shard
+# 0 then has no good copy of it anywhere). On every other restart one of node b's new ranks is stopped
+# for a second while the job resumes (a slow rank). Each restart must resume from exactly the newest
+# state that survives: the newest generation in node a's copies (node b's ranks served from them,
+# "restored from its peer's replica") or the newest disk checkpoint when that is newer; after a flip,
+# something older than the flipped generation and no older than the newest disk checkpoint, the same
+# on every rank. The final parameters must equal the uninterrupted run's.
+tier_campaign() {
+  local want=$1 tag=tier shm="$work/tier.shm" node=b
+  local args=(--steps 3000 --stage 3 --shard-group-size 2 --batch 16 --every 10 --keep-last 2 --print-every 100000
+              --memory-every 1 --memory-dir "$shm" --ranks-per-node 2)
+  crun() { "$cluster" --nodes 2 --ranks-per-node 2 --rate 1gbit --timeout 120 -- "$charlm" "${args[@]}" "$@"; }
+  steps_in() { ls "$1" 2>/dev/null | grep '^step-[0-9]*$' | sed 's/^step-0*//' | sort -n || true; }
+  echo "== charlm, hybrid on 2 x 2 with the memory tier: $want node kills, restarts from the other node's live copies"
+  rm -rf "$shm" "$work/$tag.run"; mkdir -p "$shm"
+  local kills=0 attempts=0 peer=0 below=0 slowed=0 checked=0 fell=0 exact="" floor=0 bad="" bad_sum="" rc job hit got td gen disk data
+  while [ $kills -lt "$want" ] && [ $attempts -lt $((want * 3)) ]; do
+    attempts=$((attempts + 1))
+    crun --ckpt "$work/$tag.run" > "$work/$tag.run.log" 2>&1 &
+    job=$!
+    for _ in $(seq 1 100); do
+      [ -n "$(ranks_of)" ] && break
+      kill -0 $job 2>/dev/null || break
+      sleep 0.1
+    done
+    if [ -n "$exact$floor" ] && [ $((attempts % 2)) -eq 0 ]; then  # a slow rank on the node that restores
+      local slow
+      slow=$(ranks_of | head -1 || true)
+      if [ -n "$slow" ] && kill -STOP "$slow" 2>/dev/null; then sleep 1; kill -CONT "$slow"; slowed=$((slowed + 1)); fi
+    fi
+    sleep "$((RANDOM % 2)).$((RANDOM % 10))$((RANDOM % 10))"  # in the start-up, the resume or the steps after it
+    hit=0
+    for p in $(ranks_of); do kill -9 "$p" 2>/dev/null && hit=1; done
+    rc=0
+    wait $job || rc=$?
+    [ $rc -eq 124 ] && { tail -20 "$work/$tag.run.log"; echo "FAIL: a run with the tier hung after node b was killed"; exit 1; }
+    [ $rc -ne 0 ] && [ $hit -eq 0 ] && { tail -20 "$work/$tag.run.log"; echo "FAIL: a run with the tier failed that nothing killed"; exit 1; }
+    if grep -q "^resumed from " "$work/$tag.run.log"; then
+      got=$(sed -n 's/^resumed from .*: step \([0-9]*\), .*/\1/p' "$work/$tag.run.log")
+      [ -n "$exact" ] && checked=$((checked + 1))
+      [ -z "$exact" ] && [ "$floor" -gt 0 ] && fell=$((fell + 1))
+      if [ -n "$exact" ] && [ "$got" != "$exact" ]; then
+        grep "^resumed from\|peer's replica\|skipped" "$work/$tag.run.log"; echo "FAIL: resumed from step $got, the newest surviving state is $exact"; exit 1
+      fi
+      if [ -z "$exact" ] && [ "$floor" -gt 0 ] && { [ "$got" -ge "$below" ] || [ "$got" -lt "$floor" ]; }; then
+        grep "^resumed from\|skipped" "$work/$tag.run.log"; echo "FAIL: resumed from step $got after generation $below was lost (disk: $floor)"; exit 1
+      fi
+      grep -q "^resumed from .*(memory)" "$work/$tag.run.log" && [ "$(grep -c "restored from its peer's replica" "$work/$tag.run.log")" -eq 2 ] &&
+        peer=$((peer + 1))
+    fi
+    kills=$((kills + hit))
+    exact=""; floor=0
+    if [ $hit -eq 0 ]; then
+      [ $rc -eq 0 ] && { echo "   attempt $attempts: the run finished before its kill"; rm -rf "$work/$tag.run" "$shm"; mkdir -p "$shm"; }
+      continue
+    fi
+    # Node b is lost with its memory. What survives: node a's copies and the disk.
+    td=$(ls -d "$shm"/zrt-tier-* 2>/dev/null | head -1 || true)
+    disk=$(ls -d "$work/$tag.run"/step-* 2>/dev/null | grep -v '\.tmp-\|\.dead-' | sed 's/.*step-0*//' | sort -n | tail -1 || true)
+    gen=""
+    if [ -n "$td" ]; then
+      rm -rf "$td/rank-00002" "$td/rank-00003"
+      for g in $(comm -12 <(steps_in "$td/rank-00000/own" | sort) <(steps_in "$td/rank-00001/own" | sort) | sort -rn); do
+        # (a flipped copy still there from before is no surviving state)
+        data=$(ls "$td/rank-00000/own/step-$(printf %08d "$g")"/*.data 2>/dev/null | head -1 || true)
+        [ "$data" = "$bad" ] && [ "$(md5sum < "$data")" = "$bad_sum" ] && continue
+        gen=$g; break
+      done
+    fi
+    if [ -n "$gen" ] && [ $((kills % 2)) -eq 0 ] && [ "$gen" -gt "${disk:-0}" ]; then
+      bad=$(ls "$td/rank-00000/own/step-$(printf %08d "$gen")"/*.data | head -1 || true)
+      printf '\x5a' | dd of="$bad" bs=1 seek=4196 conv=notrunc status=none
+      bad_sum=$(md5sum < "$bad"); below=$gen; floor=${disk:-0}
+      [ "$floor" -gt 0 ] || floor=1  # (no disk checkpoint yet: an older generation or a fresh start)
+    else
+      exact=$gen
+      [ -z "$exact" ] || { [ -n "$disk" ] && [ "$disk" -gt "$exact" ]; } && exact=$disk
+    fi
+  done
+  [ $kills -ge "$want" ] || { echo "FAIL: $kills of $want kills landed in $attempts attempts"; exit 1; }
+  crun --ckpt "$work/$tag.run" --dump "$work/$tag.run.bin" > "$work/$tag.final.log" 2>&1 ||
+    { tail -20 "$work/$tag.final.log"; echo "FAIL: final restart with the tier"; exit 1; }
+  cmp "$work/kill2.base.bin" "$work/$tag.run.bin" || { echo "FAIL: the restarted run with the tier differs from the uninterrupted one"; exit 1; }
+  [ $peer -ge 1 ] || { echo "FAIL: no restart restored node b from the other node's copies"; exit 1; }
+  echo "   $kills node kills in $attempts attempts; $checked restarts checked to resume from exactly the newest surviving state," \
+       "$fell after a flipped byte, each from an older state; $peer restored node b from node a's copies;" \
+       "$slowed with a slow rank; 0 hangs; final parameters identical to the uninterrupted run"
+  check_root "the tier campaign"
+}
+tier_campaign "${ZRT_CLUSTER_TIER_KILLS:-8}"
 cp -r "$work/kill2.base" "$work/base"
 
 echo "== resumed on one node fewer (2 ranks, S = 1: resharded)"
