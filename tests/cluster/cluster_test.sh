@@ -9,7 +9,8 @@
 #      (each shard's save spread over its replicas on every node): every rank of a random node other
 #      than a SIGKILLed at a random moment, 12 and 10 times, each restart resuming from the newest
 #      complete checkpoint, none hanging; the final parameters bit-identical to an uninterrupted run
-#      of the same mesh; then resumed on one node (4 -> 2 ranks, resharded);
+#      of the same mesh; then each resumed on one node fewer (4 -> 2 ranks with S = 1 and 2, 6 -> 4
+#      with S = 2 and 4, resharded), bit for bit the saved parameters;
 #   5. the same with the memory tier on 2 x 2 (tier_campaign): node b killed and its tier memory
 #      removed, 8 times, each restart from the newest surviving state (node a's live copies, or disk
 #      when a flipped byte leaves a shard without a good copy), a slow rank on some restarts.
@@ -231,14 +232,25 @@ tier_campaign() {
   check_root "the tier campaign"
 }
 tier_campaign "${ZRT_CLUSTER_TIER_KILLS:-8}"
-cp -r "$work/kill2.base" "$work/base"
 
-echo "== resumed on one node fewer (2 ranks, S = 1: resharded)"
-cp -r "$work/base" "$work/shrink"
-timeout 240 mpirun -n 2 --oversubscribe --bind-to none "$charlm" --steps 3010 --stage 3 --shard-group-size 1 --batch 16 \
-  --every 4 --keep-last 2 --print-every 100000 --ckpt "$work/shrink" > "$work/shrink.log" 2>&1 ||
-  { tail -20 "$work/shrink.log"; echo "FAIL: resume on 2 ranks"; exit 1; }
-grep -q "saved by 4 rank(s)" "$work/shrink.log" || { tail -5 "$work/shrink.log"; echo "FAIL: did not reshard from 4 ranks"; exit 1; }
+# One node fewer: the last checkpoint (step 3000) of the 2 x 2 run loaded on 2 ranks with S = 1 (each
+# rank a replica) and S = 2 (the state sharded over both), and of the 3 x 2 run on 4 ranks with S = 2
+# and S = 4, resharded: with nothing left to train, the parameters must be bit for bit the
+# uninterrupted run's; then the 2-rank S = 1 run trains on.
+for shrink in "kill2 2 1" "kill2 2 2" "kill3 4 2" "kill3 4 4"; do
+  read -r from n1 s1 <<< "$shrink"
+  echo "== the $from run resumed on one node fewer ($n1 ranks, S = $s1: resharded)"
+  rm -rf "$work/shrink$n1$s1"; cp -r "$work/$from.base" "$work/shrink$n1$s1"
+  shrunk=(--stage 3 --shard-group-size "$s1" --batch 16 --every 4 --keep-last 2 --print-every 100000 --ckpt "$work/shrink$n1$s1")
+  timeout 240 mpirun -n "$n1" --oversubscribe --bind-to none "$charlm" --steps 3000 "${shrunk[@]}" --dump "$work/shrink$n1$s1.bin" \
+    > "$work/shrink$n1$s1.log" 2>&1 || { tail -20 "$work/shrink$n1$s1.log"; echo "FAIL: resume on $n1 ranks, S = $s1"; exit 1; }
+  grep -q "saved by $((n1 + 2)) rank(s)" "$work/shrink$n1$s1.log" || { tail -5 "$work/shrink$n1$s1.log"; echo "FAIL: did not reshard"; exit 1; }
+  cmp "$work/$from.base.bin" "$work/shrink$n1$s1.bin" || { echo "FAIL: the state resharded to $n1 ranks, S = $s1, differs from the saved one"; exit 1; }
+  echo "   the $((n1 + 2))-rank state loaded on $n1 ranks bit for bit"
+done
+timeout 240 mpirun -n 2 --oversubscribe --bind-to none "$charlm" --steps 3010 --stage 3 --shard-group-size 1 --batch 16 --every 4 \
+  --keep-last 2 --print-every 100000 --ckpt "$work/shrink21" > "$work/shrink.log" 2>&1 ||
+  { tail -20 "$work/shrink.log"; echo "FAIL: training on after the resume on 2 ranks"; exit 1; }
 tail -1 "$work/shrink.log"
 check_root "the end"
 echo "PASS"
