@@ -32,6 +32,7 @@
 #include "zrt/core/thread_pool.h"
 #include "zrt/kernels/adam.h"
 #include "zrt/kernels/grad_norm.h"
+#include "zrt/kernels/weight_quant.h"
 #include "zrt/runtime/engine_internal.h"
 
 namespace zrt {
@@ -133,6 +134,20 @@ Result<std::unique_ptr<EngineCore>> EngineCore::Create(Communicator* comm, Devic
     return InvalidArgumentError("engine: max_grad_norm must be finite and >= 0 (0 = off), got ", c.max_grad_norm);
   }
   if (c.prefetch_depth < 0) return InvalidArgumentError("engine: prefetch_depth must be >= 0");
+  if (c.quantized_weights) {
+    if (c.stage != 3) {
+      return InvalidArgumentError("engine: quantized_weights needs stage 3 (at stage ", c.stage,
+                                  " the gathered parameters are kept, and quantizing them would lose precision every step)");
+    }
+    if (c.quantized_weights_block < 1 || c.quantized_weights_block > kernels::kWeightQuantMaxBlock) {
+      return InvalidArgumentError("engine: quantized_weights_block must be in [1, ", kernels::kWeightQuantMaxBlock, "], got ",
+                                  c.quantized_weights_block);
+    }
+    if (!device->host_accessible()) {
+      return InvalidArgumentError("engine: quantized_weights works on host memory (CPU ranks); device ", device->name(),
+                                  " is not addressable from the host");
+    }
+  }
   if (c.shard_group_size < EngineConfig::kShardGroupNode || (c.shard_group_size > 0 && comm->size() % c.shard_group_size != 0)) {
     return InvalidArgumentError("engine: shard_group_size ", c.shard_group_size, " must divide the world size ", comm->size(),
                                 " (0: the whole world, -1: a node)");
@@ -372,6 +387,7 @@ Status EngineCore::Allocate(const InitFn& init) {
     impl_->gatherer = std::make_unique<ParamGatherer>(shards_, &impl_->staging, impl_->host_staging.get(), upload,
                                                       config_.max_live_gathered_bytes, config_.prefetch_depth);
     impl_->gatherer->SetGroups(std::move(refs));
+    if (config_.quantized_weights) impl_->gatherer->QuantizeGathers(config_.quantized_weights_block);
   }
   return GatherUpdatedParams(true);
 }

@@ -1,5 +1,8 @@
 #include "zrt/runtime/param_gatherer.h"
 
+#include "zrt/core/base.h"
+#include "zrt/kernels/weight_quant.h"
+
 namespace zrt {
 
 void ParamGatherer::SetGroups(std::vector<GroupRef> groups) {
@@ -16,6 +19,23 @@ size_t ParamGatherer::ShardBytes(int g) const {
 size_t ParamGatherer::Bytes(int g) const {
   const GroupRef& r = groups_[static_cast<size_t>(g)];
   return static_cast<size_t>(r.layout->padded_size()) * DTypeSize(r.dtype);
+}
+
+size_t ParamGatherer::PackedBytes(int g) const {
+  const int64_t n = groups_[static_cast<size_t>(g)].layout->shard_size();
+  return static_cast<size_t>(AlignUp(kernels::PackedWeightBytes(n, quant_block_), 4));
+}
+
+Status ParamGatherer::Decode(int g) {
+  State& s = state_[static_cast<size_t>(g)];
+  const GroupRef& r = groups_[static_cast<size_t>(g)];
+  const int64_t n = r.layout->shard_size();
+  const size_t packed = PackedBytes(g), shard = ShardBytes(g);
+  for (int q = 0; q < comm_->size(); ++q) {
+    kernels::DequantizeWeights(static_cast<const char*>(s.packed_all.data()) + packed * static_cast<size_t>(q), n, quant_block_,
+                               static_cast<char*>(s.buffer.data()) + shard * static_cast<size_t>(q), r.dtype);
+  }
+  return Status();
 }
 
 Status ParamGatherer::Load(int g) {
@@ -35,6 +55,11 @@ Status ParamGatherer::Load(int g) {
 
 void ParamGatherer::DropShard(int g) {
   State& s = state_[static_cast<size_t>(g)];
+  if (!s.packed.empty()) {
+    live_bytes_ -= static_cast<int64_t>(PackedBytes(g) * static_cast<size_t>(1 + comm_->size()));
+    pool_->Release(std::move(s.packed));
+    pool_->Release(std::move(s.packed_all));
+  }
   if (!s.device_shard.empty()) {
     live_bytes_ -= static_cast<int64_t>(ShardBytes(g));
     pool_->Release(std::move(s.device_shard));
@@ -71,11 +96,33 @@ Status ParamGatherer::Start(int g) {
     src = s.device_shard.data();
   }
   ASSIGN_OR_RETURN(s.buffer, pool_->Acquire(Bytes(g)), "gathering group '", r.name, "'");
-  ASSIGN_OR_RETURN(s.handle, comm_->AllGatherAsync(src, s.buffer.data(), static_cast<size_t>(r.layout->shard_size()), r.dtype),
-                   "gathering group '", r.name, "'");
-  s.phase = Phase::kInFlight;
   live_bytes_ += static_cast<int64_t>(Bytes(g));
-  stats_.gather_bytes += static_cast<int64_t>(Bytes(g)) * (comm_->size() - 1) / comm_->size();
+  int64_t moved = static_cast<int64_t>(Bytes(g));
+  if (quant_block_ > 0) {
+    const size_t packed = PackedBytes(g);
+    auto mine = pool_->Acquire(packed);
+    auto all = mine.ok() ? pool_->Acquire(packed * static_cast<size_t>(comm_->size())) : Result<DeviceBuffer>(mine.status());
+    if (!all.ok()) {
+      if (mine.ok()) pool_->Release(std::move(*mine));
+      pool_->Release(std::move(s.buffer));
+      live_bytes_ -= static_cast<int64_t>(Bytes(g));
+      DropShard(g);
+      s.phase = Phase::kReleased;
+      return all.status().WithContext("gathering group '" + r.name + "' (quantized)");
+    }
+    s.packed = std::move(*mine);
+    s.packed_all = std::move(*all);
+    live_bytes_ += static_cast<int64_t>(packed * static_cast<size_t>(1 + comm_->size()));
+    kernels::QuantizeWeights(src, r.dtype, r.layout->shard_size(), quant_block_, s.packed.data());
+    ASSIGN_OR_RETURN(s.handle, comm_->AllGatherAsync(s.packed.data(), s.packed_all.data(), packed, DType::kBytes),
+                     "gathering group '", r.name, "' (quantized)");
+    moved = static_cast<int64_t>(packed) * comm_->size();
+  } else {
+    ASSIGN_OR_RETURN(s.handle, comm_->AllGatherAsync(src, s.buffer.data(), static_cast<size_t>(r.layout->shard_size()), r.dtype),
+                     "gathering group '", r.name, "'");
+  }
+  s.phase = Phase::kInFlight;
+  stats_.gather_bytes += moved * (comm_->size() - 1) / comm_->size();
   ++stats_.collectives;
   return Status();
 }
@@ -116,6 +163,7 @@ Result<void*> ParamGatherer::Gather(int g) {
   if (s.phase == Phase::kReleased || s.phase == Phase::kLoading) RETURN_IF_ERROR(Start(g));
   if (s.phase == Phase::kInFlight) {
     Status w = s.handle.Wait();
+    if (w.ok() && !s.packed.empty()) w = Decode(g);
     DropShard(g);
     RETURN_IF_ERROR(w, "gathering group '", groups_[static_cast<size_t>(g)].name, "'");
     s.phase = Phase::kGathered;

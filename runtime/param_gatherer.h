@@ -13,6 +13,12 @@
 // Reads are local; all-gathers start only at Gather/Release-determined points, so every rank issues
 // its collectives in the same order whatever its disk does.
 //
+// Quantized gathers (qwZ, QuantizeGathers(block)): each shard is block-quantized to int8 codes with an
+// f32 scale per block (kernels/weight_quant.h) when its all-gather starts; the codes and scales are
+// all-gathered (about half a 16-bit shard's bytes) and every rank decodes every rank's codes, its own
+// included, into the full parameters, so all ranks hold the same values. The shards themselves (the
+// master's 16-bit copy) are untouched. Host memory only (the engine checks).
+//
 // Host-resident shards with device buffers (stage-3 parameters offloaded on a GPU; `compute` given):
 // each shard is copied into a pooled device buffer on the compute queue right before its all-gather,
 // which the communicator orders after it, so prefetching stays asynchronous.
@@ -50,6 +56,8 @@ class ParamGatherer {
         prefetch_depth_(prefetch_depth) {}
 
   void SetGroups(std::vector<GroupRef> groups);
+  // qwZ: gathers move block-quantized int8 codes, `block` values per f32 scale (0: exact gathers).
+  void QuantizeGathers(int64_t block) { quant_block_ = block; }
   // Full parameters of group g (padded_size elements of its dtype), valid until Release(g).
   Result<void*> Gather(int g);
   Status Release(int g);
@@ -69,10 +77,13 @@ class ParamGatherer {
     CommHandle handle;
     DeviceBuffer shard;   // offloaded groups: the shard read from disk, until the all-gather is done
     DeviceBuffer device_shard;  // with `upload`: the shard's device copy, until the all-gather is done
+    DeviceBuffer packed, packed_all;  // qwZ: this rank's codes and scales, every rank's, until decoded
     IoHandle io;
   };
   size_t Bytes(int g) const;       // the full (gathered) parameters
   size_t ShardBytes(int g) const;  // this rank's shard
+  size_t PackedBytes(int g) const;  // qwZ: this rank's shard as codes and scales (a multiple of 4)
+  Status Decode(int g);             // qwZ: every rank's codes into the full parameters
   Status Load(int g);
   Status Start(int g);
   void DropShard(int g);
@@ -90,6 +101,7 @@ class ParamGatherer {
   bool recording_ = true;
   size_t cursor_ = 0;  // position in order_ of the next expected Gather
   int64_t live_bytes_ = 0;
+  int64_t quant_block_ = 0;
   CommStats stats_;
 };
 
