@@ -1,4 +1,5 @@
-// bench/mesh: flat ZeRO-3 against flat ZeRO-3 with quantized weight gathers (qwZ) and hybrid sharding
+// bench/mesh: flat ZeRO-3 against flat ZeRO-3 with quantized weight gathers (qwZ), with qwZ and
+// quantized gradient reductions (qgZ), and hybrid sharding
 // (shard groups = nodes) on the nodes this job runs on
 // (scripts/cluster emulates them; docs/cluster.md). Per step and rank: the step time, the bytes that
 // crossed nodes (measured: the node's eth0 counters, all its ranks' traffic, divided among them; on
@@ -51,9 +52,10 @@ void Step(ZeroEngine& e, int64_t n_per_group) {
 }
 
 Figures Run(Communicator* comm, Device* dev, MPI_Comm node, int shards, DType reduce, int64_t params, int groups, int steps,
-            bool quantized_weights = false) {
+            bool quantized_weights = false, bool quantized_gradients = false) {
   EngineConfig cfg;
   cfg.quantized_weights = quantized_weights;
+  cfg.quantized_gradients = quantized_gradients;
   cfg.reduce_dtype = reduce;
   cfg.stage = 3;
   cfg.shard_group_size = shards;
@@ -135,7 +137,8 @@ int main(int argc, char** argv) {
                   per_node, params / 1e6, reduce_name.c_str(), link_gbit > 0 ? (std::to_string(link_gbit) + " Gbit/s").c_str() : "not given");
     }
     const Figures flat = Run(comm.get(), &dev, node, 0, reduce, params, groups, steps);
-    const Figures qwz = Run(comm.get(), &dev, node, 0, reduce, params, groups, steps, true);
+    const Figures quantized[2] = {Run(comm.get(), &dev, node, 0, reduce, params, groups, steps, true),
+                                  Run(comm.get(), &dev, node, 0, reduce, params, groups, steps, true, true)};
     Figures hybrid;
     const bool hybrid_ok = nodes > 1 && per_node * nodes == n;
     if (hybrid_ok) hybrid = Run(comm.get(), &dev, node, per_node, reduce, params, groups, steps);
@@ -151,17 +154,19 @@ int main(int argc, char** argv) {
                   n, flat.step_s, mb(flat.gather + flat.reduce), mb(flat.gather), mb(flat.reduce), mb(flat_all));
       if (flat.cross >= 0) std::printf("; crossed nodes %.1f MB/rank", mb(flat.cross));
       std::printf("\n");
-      // qwZ: the gathers as int8 codes and a scale per 256 values.
-      std::printf("   flat ZeRO-3 + qwZ: step %.3f s; engine moved %.1f MB/rank (gathers %.1f, reductions %.1f)", qwz.step_s,
-                  mb(qwz.gather + qwz.reduce), mb(qwz.gather), mb(qwz.reduce));
-      if (qwz.cross >= 0) std::printf("; crossed nodes %.1f MB/rank", mb(qwz.cross));
-      const double qwz_ratio = flat.cross > 0 && qwz.cross >= 0 ? qwz.cross / flat.cross : (qwz.gather + qwz.reduce) / (flat.gather + flat.reduce);
-      std::printf("; %.3f of flat's bytes, step %.2fx\n", qwz_ratio, qwz.step_s / flat.step_s);
-      {
-        const std::string tag = "N=" + std::to_string(n) + " qwZ " + reduce_name + (link_gbit > 0 ? " " + std::to_string(static_cast<int>(link_gbit)) + "gbit" : "");
+      // qwZ: the gathers as int8 codes and a scale per 256 values; qgZ: the reduce-scatters too.
+      for (int q = 0; q < 2; ++q) {
+        const Figures& f = quantized[q];
+        const char* name = q == 0 ? "qwZ" : "qwZ+qgZ";
+        std::printf("   flat ZeRO-3 + %s: step %.3f s; engine moved %.1f MB/rank (gathers %.1f, reductions %.1f)", name, f.step_s,
+                    mb(f.gather + f.reduce), mb(f.gather), mb(f.reduce));
+        if (f.cross >= 0) std::printf("; crossed nodes %.1f MB/rank", mb(f.cross));
+        const double ratio = flat.cross > 0 && f.cross >= 0 ? f.cross / flat.cross : (f.gather + f.reduce) / (flat.gather + flat.reduce);
+        std::printf("; %.3f of flat's bytes, step %.2fx\n", ratio, f.step_s / flat.step_s);
+        const std::string tag = "N=" + std::to_string(n) + " " + name + " " + reduce_name + (link_gbit > 0 ? " " + std::to_string(static_cast<int>(link_gbit)) + "gbit" : "");
         std::printf("RESULT\tmesh\t%s cross-node bytes\t%.0f\tMB/rank/step\t%.0f\tflat ZeRO-3\t%.3f\t-\t-\n", tag.c_str(),
-                    mb(qwz.cross >= 0 ? qwz.cross : qwz.gather + qwz.reduce), mb(flat.cross >= 0 ? flat.cross : flat.gather + flat.reduce), qwz_ratio);
-        std::printf("RESULT\tmesh\t%s step\t%.3f\ts\t%.3f\tflat ZeRO-3\t%.3f\t-\t-\n", tag.c_str(), qwz.step_s, flat.step_s, qwz.step_s / flat.step_s);
+                    mb(f.cross >= 0 ? f.cross : f.gather + f.reduce), mb(flat.cross >= 0 ? flat.cross : flat.gather + flat.reduce), ratio);
+        std::printf("RESULT\tmesh\t%s step\t%.3f\ts\t%.3f\tflat ZeRO-3\t%.3f\t-\t-\n", tag.c_str(), f.step_s, flat.step_s, f.step_s / flat.step_s);
       }
       if (hybrid_ok) {
         std::printf("   hybrid (S=%d, R=%d): step %.3f s; engine moved %.1f MB/rank (gathers %.1f, reductions %.1f of which replicas' %.1f); "

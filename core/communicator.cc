@@ -113,6 +113,48 @@ Status Communicator::Shift(const void* send, size_t send_bytes, void* recv, size
   return h.Wait();
 }
 
+namespace {
+
+// Several pending collectives as one: done when all are.
+class AllHandles final : public CommHandle::Impl {
+ public:
+  explicit AllHandles(std::vector<CommHandle> hs) : hs_(std::move(hs)) {}
+  Status Wait() override {
+    Status first;
+    for (CommHandle& h : hs_) {
+      Status s = h.Wait();
+      if (first.ok()) first = s;
+    }
+    return first;
+  }
+  Result<bool> Test() override {
+    bool all = true;
+    for (CommHandle& h : hs_) {
+      ASSIGN_OR_RETURN(const bool done, h.Test());
+      all = all && done;
+    }
+    return all;
+  }
+
+ private:
+  std::vector<CommHandle> hs_;
+};
+
+}  // namespace
+
+Result<CommHandle> Communicator::AllToAllAsync(const void* send, void* recv, size_t bytes) {
+  if (bytes > 0 && (send == nullptr || recv == nullptr)) return InvalidArgumentError("all_to_all: null buffer");
+  std::vector<CommHandle> hs;
+  for (int d = 0; d < size(); ++d) {  // to rank r + d its block, from rank r - d ours
+    const int to = ShiftTarget(d), from = ShiftTarget(-d);
+    ASSIGN_OR_RETURN(CommHandle h, ShiftAsync(static_cast<const char*>(send) + bytes * static_cast<size_t>(to), bytes,
+                                              static_cast<char*>(recv) + bytes * static_cast<size_t>(from), bytes, d),
+                     "all_to_all");
+    hs.push_back(std::move(h));
+  }
+  return CommHandle(std::make_unique<AllHandles>(std::move(hs)));
+}
+
 void Communicator::ShiftShape::Add(size_t n) {
   ++pieces;
   bytes += n;

@@ -86,6 +86,12 @@ class Communicator {
   // Either size may be 0. distance = 0 (mod size) copies send to recv.
   virtual Result<CommHandle> ShiftAsync(const void* send, size_t send_bytes, void* recv, size_t recv_bytes, int distance) = 0;
 
+  // All-to-all: `send` holds size() blocks of `bytes` bytes, block r for rank r; `recv` receives
+  // size() blocks, block r from rank r. Collective (the size checked with the other arguments).
+  // The default posts one ShiftAsync per distance and completes when all have; MpiCommunicator uses
+  // MPI_Ialltoall.
+  virtual Result<CommHandle> AllToAllAsync(const void* send, void* recv, size_t bytes);
+
   // Vectored ring shift (blocking): the pieces of `send` go to rank r + distance, in order, into the
   // pieces of `recv` there; those of `recv` come from rank r - distance. Each pair's lists must agree
   // in number and sizes (checked, InvalidArgument on every rank otherwise, nothing moved); a rank with
@@ -120,7 +126,7 @@ class Communicator {
   bool check_args() const { return check_args_; }
 
  protected:
-  enum class Collective : uint8_t { kBroadcast = 1, kAllReduce, kReduceScatter, kAllGather, kShift };
+  enum class Collective : uint8_t { kBroadcast = 1, kAllReduce, kReduceScatter, kAllGather, kShift, kAllToAll };
   // A shift's pieces as their receiver checks them: their number, their total and a hash of their
   // sizes in order (the peers are the job's own ranks: the hash guards against mistakes, not malice).
   struct ShiftShape {

@@ -104,6 +104,10 @@ TEST_P(LoopbackTest, ShiftVMovesEachRanksPiecesDistanceAway) {
   ASSERT_TRUE(RunLoopbackRanks(GetParam(), [](Communicator& c) { return testing::ShiftVCases(c); }).ok());
 }
 
+TEST_P(LoopbackTest, AllToAllSendsEachRankItsBlock) {
+  ASSERT_TRUE(RunLoopbackRanks(GetParam(), [](Communicator& c) { return testing::AllToAllCases(c); }).ok());
+}
+
 TEST_P(LoopbackTest, SplitGroupsByColorOrderedByKey) {
   const int n = GetParam();
   ASSERT_TRUE(RunLoopbackRanks(n, [n](Communicator& c) -> Status {

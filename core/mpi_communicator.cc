@@ -375,6 +375,16 @@ Result<CommHandle> MpiCommunicator::AllGatherAsync(const void* send, void* recv,
   return CommHandle(std::make_unique<MpiHandle>(req, nullptr, "all_gather"));
 }
 
+Result<CommHandle> MpiCommunicator::AllToAllAsync(const void* send, void* recv, size_t bytes) {
+  if (bytes > 0 && (send == nullptr || recv == nullptr)) return InvalidArgumentError("all_to_all: null buffer");
+  RETURN_IF_ERROR(CheckCount("all_to_all", bytes * static_cast<size_t>(size_)));
+  RETURN_IF_ERROR(CheckArgs(Collective::kAllToAll, static_cast<int64_t>(bytes), DType::kBytes, ReduceOp::kSum, 0));
+  MPI_Request req = MPI_REQUEST_NULL;
+  const int n = static_cast<int>(bytes);
+  RETURN_IF_ERROR(MpiStatus(MPI_Ialltoall(send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_, &req), "all_to_all"));
+  return CommHandle(std::make_unique<MpiHandle>(req, nullptr, "all_to_all"));
+}
+
 Result<CommHandle> MpiCommunicator::ShiftAsync(const void* send, size_t send_bytes, void* recv, size_t recv_bytes, int distance) {
   const ShiftSend out{send, send_bytes};
   const ShiftRecv in{recv, recv_bytes};

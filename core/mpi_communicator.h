@@ -59,6 +59,7 @@ class MpiCommunicator final : public Communicator {
   Result<CommHandle> AllGatherAsync(const void* send, void* recv, size_t send_count, DType dtype) override;
   Result<CommHandle> ShiftAsync(const void* send, size_t send_bytes, void* recv, size_t recv_bytes, int distance) override;
   Status ShiftV(std::span<const ShiftSend> send, std::span<const ShiftRecv> recv, int distance) override;
+  Result<CommHandle> AllToAllAsync(const void* send, void* recv, size_t bytes) override;
   Result<std::unique_ptr<Communicator>> Split(int color, int key) override;
   bool concurrent_splits() const override;
 

@@ -110,7 +110,8 @@ Result<EngineConfig> EngineConfigFromJson(const nlohmann::json& j, const EngineC
   RETURN_IF_ERROR(r.Read("max_live_gathered_bytes", &c.max_live_gathered_bytes));
   RETURN_IF_ERROR(r.Read("prefetch_depth", &c.prefetch_depth));
   RETURN_IF_ERROR(r.Read("quantized_weights", &c.quantized_weights));
-  RETURN_IF_ERROR(r.Read("quantized_weights_block", &c.quantized_weights_block));
+  RETURN_IF_ERROR(r.Read("quantized_gradients", &c.quantized_gradients));
+  RETURN_IF_ERROR(r.Read("quantization_block", &c.quantization_block));
   RETURN_IF_ERROR(r.Read("max_grad_norm", &c.max_grad_norm));
   RETURN_IF_ERROR(r.Read("grad_accum_steps", &c.grad_accum_steps));
   RETURN_IF_ERROR(r.Read("fp32_grads", &c.fp32_grads));
@@ -134,7 +135,8 @@ Result<EngineConfig> EngineConfigFromJson(const nlohmann::json& j, const EngineC
   if (!(c.max_grad_norm >= 0)) return InvalidArgumentError(r.Path("max_grad_norm"), ": must be >= 0 (0 = off)");
   if (c.prefetch_depth < 0) return InvalidArgumentError(r.Path("prefetch_depth"), ": must be >= 0");
   if (c.quantized_weights && c.stage != 3) return InvalidArgumentError(r.Path("quantized_weights"), ": needs stage 3");
-  if (c.quantized_weights_block < 1) return InvalidArgumentError(r.Path("quantized_weights_block"), ": must be >= 1");
+  if (c.quantized_gradients && c.stage == 0) return InvalidArgumentError(r.Path("quantized_gradients"), ": needs stage 1-3");
+  if (c.quantization_block < 1) return InvalidArgumentError(r.Path("quantization_block"), ": must be >= 1");
   RETURN_IF_ERROR(kernels::MakeAdamStepScalars(c.adam, 1).status(), r.Path("adam"));
   return c;
 }

@@ -134,14 +134,22 @@ Result<std::unique_ptr<EngineCore>> EngineCore::Create(Communicator* comm, Devic
     return InvalidArgumentError("engine: max_grad_norm must be finite and >= 0 (0 = off), got ", c.max_grad_norm);
   }
   if (c.prefetch_depth < 0) return InvalidArgumentError("engine: prefetch_depth must be >= 0");
+  if (c.quantized_gradients) {
+    if (c.stage == 0) {
+      return InvalidArgumentError("engine: quantized_gradients needs stage 1-3 (it quantizes the reduce-scatter; stage 0 all-reduces)");
+    }
+    if (!device->host_accessible()) {
+      return InvalidArgumentError("engine: quantized_gradients works on host memory (CPU ranks); device ", device->name(),
+                                  " is not addressable from the host");
+    }
+  }
+  if ((c.quantized_weights || c.quantized_gradients) && (c.quantization_block < 1 || c.quantization_block > kernels::kWeightQuantMaxBlock)) {
+    return InvalidArgumentError("engine: quantization_block must be in [1, ", kernels::kWeightQuantMaxBlock, "], got ", c.quantization_block);
+  }
   if (c.quantized_weights) {
     if (c.stage != 3) {
       return InvalidArgumentError("engine: quantized_weights needs stage 3 (at stage ", c.stage,
                                   " the gathered parameters are kept, and quantizing them would lose precision every step)");
-    }
-    if (c.quantized_weights_block < 1 || c.quantized_weights_block > kernels::kWeightQuantMaxBlock) {
-      return InvalidArgumentError("engine: quantized_weights_block must be in [1, ", kernels::kWeightQuantMaxBlock, "], got ",
-                                  c.quantized_weights_block);
     }
     if (!device->host_accessible()) {
       return InvalidArgumentError("engine: quantized_weights works on host memory (CPU ranks); device ", device->name(),
@@ -374,6 +382,7 @@ Status EngineCore::Allocate(const InitFn& init) {
   bo.all_reduce = config_.stage == 0;
   bo.total = reduced;  // buckets no larger than the model needs (none on one rank)
   bo.replicas = replicas_.get();
+  bo.quantized_block = config_.quantized_gradients ? config_.quantization_block : 0;
   ASSIGN_OR_RETURN(impl_->bucketer, GradBucketer::Create(shards_, device_, impl_->compute.get(), bo), "finalize");
   RETURN_IF_ERROR(store.Init(std::move(store_groups)), "finalize");
   if (config_.stage == 3) {
@@ -387,7 +396,7 @@ Status EngineCore::Allocate(const InitFn& init) {
     impl_->gatherer = std::make_unique<ParamGatherer>(shards_, &impl_->staging, impl_->host_staging.get(), upload,
                                                       config_.max_live_gathered_bytes, config_.prefetch_depth);
     impl_->gatherer->SetGroups(std::move(refs));
-    if (config_.quantized_weights) impl_->gatherer->QuantizeGathers(config_.quantized_weights_block);
+    if (config_.quantized_weights) impl_->gatherer->QuantizeGathers(config_.quantization_block);
   }
   return GatherUpdatedParams(true);
 }

@@ -123,12 +123,15 @@ struct EngineConfig {
   int64_t alignment = 64;                 // elements; each tensor and shard starts at a multiple
   int64_t max_live_gathered_bytes = int64_t{1} << 30;  // stage 3: bound for prefetching
   int prefetch_depth = 2;                 // stage 3: groups gathered ahead of use
-  // Stage 3, qwZ (ZeRO++): parameter gathers move int8 codes with an f32 scale per block of this many
-  // values (about half a 16-bit gather's bytes) and every rank decodes them into the gathered
-  // parameters; the shards, master and checkpoints stay exact (docs/engine.md "Quantized weight
-  // gathers"). Host memory only (CPU ranks).
+  // ZeRO++'s quantized collectives (docs/engine.md "Quantized collectives"), each off by default, each
+  // moving int8 codes with an f32 scale per `quantization_block` values (host memory only: CPU ranks).
+  // qwZ, stage 3: parameter gathers, decoded identically on every rank into the gathered parameters
+  // (the shards, master and checkpoints stay exact).
   bool quantized_weights = false;
-  int64_t quantized_weights_block = 256;
+  // qgZ, stages 1-3: gradient reduce-scatters as an all-to-all of each rank's codes, decoded and
+  // summed in f32 in rank order by the shard's owner (errors do not compound over hops).
+  bool quantized_gradients = false;
+  int64_t quantization_block = 256;
   double max_grad_norm = 0;               // global-norm clipping; 0 = off
   int grad_accum_steps = 1;               // gradients are divided by this at the step
   // 16-bit models: gradient buffers, accumulation over micro-steps, reductions' results and the

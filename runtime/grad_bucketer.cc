@@ -9,8 +9,40 @@
 #include "zrt/runtime/grad_bucketer.h"
 
 #include <algorithm>
+#include <functional>
+#include <utility>
+
+#include "zrt/core/base.h"
+#include "zrt/kernels/weight_quant.h"
 
 namespace zrt {
+
+namespace {
+
+// A collective whose results need one more step on the host once it finished (qgZ's decode).
+class ThenRun final : public CommHandle::Impl {
+ public:
+  ThenRun(CommHandle inner, std::function<void()> then) : inner_(std::move(inner)), then_(std::move(then)) {}
+  Status Wait() override {
+    RETURN_IF_ERROR(inner_.Wait());
+    Finish();
+    return Status();
+  }
+  Result<bool> Test() override {
+    ASSIGN_OR_RETURN(const bool done, inner_.Test());
+    if (done) Finish();
+    return done;
+  }
+
+ private:
+  void Finish() {
+    if (then_) std::exchange(then_, nullptr)();
+  }
+  CommHandle inner_;
+  std::function<void()> then_;
+};
+
+}  // namespace
 
 Result<std::unique_ptr<GradBucketer>> GradBucketer::Create(Communicator* comm, Device* device, Compute* compute,
                                                            const Options& o) {
@@ -48,7 +80,41 @@ Status GradBucketer::AllocateBucket(Bucket& b) {
     ASSIGN_OR_RETURN(b.out, device_->Allocate(static_cast<size_t>(capacity_) * esize, MemCategory::kCommunication),
                      "gradient bucket output");
   }
+  if (Quantized()) {
+    const size_t packed = PackedBytes(capacity_) * static_cast<size_t>(regions());
+    ASSIGN_OR_RETURN(b.qin, device_->Allocate(packed, MemCategory::kCommunication), "gradient bucket codes");
+    ASSIGN_OR_RETURN(b.qout, device_->Allocate(packed, MemCategory::kCommunication), "gradient bucket codes");
+    if (sum_.empty()) sum_.resize(static_cast<size_t>(2 * capacity_));
+  }
   return Status();
+}
+
+size_t GradBucketer::PackedBytes(int64_t used) const {
+  return static_cast<size_t>(AlignUp(kernels::PackedWeightBytes(used, o_.quantized_block), 4));
+}
+
+Result<CommHandle> GradBucketer::LaunchQuantized(Bucket& b) {
+  const size_t packed = PackedBytes(b.used), rsize = DTypeSize(o_.reduce_dtype);
+  for (int r = 0; r < regions(); ++r) {
+    kernels::QuantizeWeights(b.in.as<char>() + static_cast<size_t>(r * b.used) * rsize, o_.reduce_dtype, b.used, o_.quantized_block,
+                             b.qin.as<char>() + packed * static_cast<size_t>(r));
+  }
+  ASSIGN_OR_RETURN(CommHandle h, comm_->AllToAllAsync(b.qin.data(), b.qout.data(), packed));
+  return CommHandle(std::make_unique<ThenRun>(std::move(h), [this, &b] { DecodeQuantized(b); }));
+}
+
+// Every rank's codes of this rank's region, decoded and summed in rank order, averaged, rounded once.
+void GradBucketer::DecodeQuantized(Bucket& b) {
+  const size_t packed = PackedBytes(b.used);
+  float* sum = sum_.data();
+  float* part = sum_.data() + capacity_;
+  std::fill(sum, sum + b.used, 0.0f);
+  for (int r = 0; r < regions(); ++r) {
+    kernels::DequantizeWeights(b.qout.as<char>() + packed * static_cast<size_t>(r), b.used, o_.quantized_block, part, DType::kF32);
+    for (int64_t i = 0; i < b.used; ++i) sum[i] += part[i];
+  }
+  const float n = static_cast<float>(regions());
+  for (int64_t i = 0; i < b.used; ++i) StoreFromFloat(b.out.data(), i, o_.reduce_dtype, sum[i] / n);
 }
 
 Status GradBucketer::Add(const void* grad, DType grad_dtype, const ShardLayout& layout, void* shard_out, DType out_dtype) {
@@ -116,6 +182,9 @@ Status GradBucketer::Launch(Bucket& b) {
                                                      o_.reduce_dtype, ReduceOp::kAvg));
     stats_.reduce_bytes += 2 * bytes * (comm_->size() - 1) / comm_->size();
     if (across_replicas_) stats_.replica_bytes += 2 * bytes * (comm_->size() - 1) / comm_->size();
+  } else if (Quantized()) {
+    ASSIGN_OR_RETURN(b.handle, LaunchQuantized(b), "reducing a gradient bucket (quantized)");
+    stats_.reduce_bytes += static_cast<int64_t>(PackedBytes(b.used)) * n * (n - 1) / n;
   } else {
     ASSIGN_OR_RETURN(b.handle, comm_->ReduceScatterAsync(b.in.data(), b.out.data(), static_cast<size_t>(b.used),
                                                          o_.reduce_dtype, ReduceOp::kAvg));

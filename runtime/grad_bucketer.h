@@ -48,6 +48,11 @@ class GradBucketer {
     // Hybrid sharding: the ranks that hold the same shards (null or one rank: none). Outlives the
     // bucketer.
     Communicator* replicas = nullptr;
+    // qgZ (reduce-scatter only): each region travels as int8 codes with an f32 scale per this many
+    // values (kernels/weight_quant.h), an all-to-all of the codes; each rank decodes every rank's
+    // codes of its region and sums them in f32 in rank order, rounding once to reduce_dtype. 0: off.
+    // Host memory only.
+    int64_t quantized_block = 0;
   };
   // Buckets live on `device`; `compute` (for that device) does the copies and casts into and out of them.
   static Result<std::unique_ptr<GradBucketer>> Create(Communicator* comm, Device* device, Compute* compute,
@@ -74,6 +79,7 @@ class GradBucketer {
   struct Bucket {
     DeviceBuffer in;   // regions() x capacity_ elements of reduce_dtype
     DeviceBuffer out;  // capacity_ elements (reduce-scatter) or none (all-reduce: in place)
+    DeviceBuffer qin, qout;  // qgZ: every region's codes and scales, sent and received
     int64_t used = 0;  // elements per region
     std::vector<Dest> dests;
     CommHandle handle;
@@ -87,6 +93,10 @@ class GradBucketer {
   int regions() const { return o_.all_reduce ? 1 : comm_->size(); }
   bool alone() const { return comm_->size() == 1; }
   bool Replicated() const;
+  bool Quantized() const { return o_.quantized_block > 0 && !o_.all_reduce; }
+  size_t PackedBytes(int64_t used) const;  // qgZ: one region of `used` elements as codes and scales
+  Result<CommHandle> LaunchQuantized(Bucket& b);
+  void DecodeQuantized(Bucket& b);
   Status AddAlone(const char* grad, DType grad_dtype, int64_t count, char* shard_out, DType out_dtype);
   Status AllocateBucket(Bucket& b);
   Status Launch(Bucket& b);
@@ -101,6 +111,7 @@ class GradBucketer {
   int64_t capacity_;  // elements per region
   Bucket buckets_[2];  // empty when alone()
   DeviceBuffer scratch_;  // alone(): the reduce dtype's rounding, when neither side has that dtype
+  std::vector<float> sum_;  // qgZ: a region's running sum and one rank's decoded part
   int filling_ = 0;
   bool across_replicas_ = false;  // one rank per shard group: the all-reduce is the replicas'
   CommStats stats_;

@@ -1,10 +1,13 @@
 // GradBucketer on in-process ranks (1-4): every rank's shard ends up the average over ranks of its
 // slice of every group, whatever the bucket size (groups spanning buckets, buckets mixing groups),
-// for reduce-scatter and all-reduce (stage 0), f32 and bf16 on the wire; results land only at Flush.
+// for reduce-scatter and all-reduce (stage 0), f32 and bf16 on the wire, and block-quantized (qgZ)
+// within the codes' bound; results land only at Flush.
 #include "zrt/runtime/grad_bucketer.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <random>
 #include <vector>
 
@@ -19,6 +22,7 @@ struct Case {
   int64_t bucket_bytes;
   bool all_reduce;
   DType reduce;
+  int64_t quantized_block = 0;  // qgZ
 };
 
 class GradBucketerTest : public ::testing::TestWithParam<Case> {};
@@ -35,6 +39,7 @@ TEST_P(GradBucketerTest, ShardsAreTheAverageOfEveryRanksSlice) {
     o.bucket_bytes = c.bucket_bytes;
     o.reduce_dtype = c.reduce;
     o.all_reduce = c.all_reduce;
+    o.quantized_block = c.quantized_block;
     ASSIGN_OR_RETURN(auto b, GradBucketer::Create(&comm, &dev, compute.get(), o));
     const int n = c.all_reduce ? 1 : comm.size();
     std::vector<ShardLayout> layouts;
@@ -63,6 +68,19 @@ TEST_P(GradBucketerTest, ShardsAreTheAverageOfEveryRanksSlice) {
     }
     RETURN_IF_ERROR(b->Flush());
     const int me = c.all_reduce ? 0 : comm.rank();
+    // qgZ: each rank's value is off by at most half its block's scale, max |x| / 254 of that rank's
+    // region at most (bounded here by its largest gradient anywhere), and the average divides the sum.
+    float quant_bound = 0;
+    if (c.quantized_block > 0 && comm.size() > 1) {
+      for (int r = 0; r < comm.size(); ++r) {
+        float m = 0;
+        for (const auto& v : grads[static_cast<size_t>(r)]) {
+          for (float x : v) m = std::max(m, std::abs(x));
+        }
+        quant_bound += m / 254.0f * 1.001f / static_cast<float>(comm.size());
+      }
+    }
+    int differ = 0;
     for (size_t g = 0; g < groups.size(); ++g) {
       const int64_t begin = layouts[g].shard_begin(me);
       for (size_t i = 0; i < shards[g].size(); ++i) {
@@ -70,8 +88,13 @@ TEST_P(GradBucketerTest, ShardsAreTheAverageOfEveryRanksSlice) {
         for (int r = 0; r < comm.size(); ++r) sum += grads[static_cast<size_t>(r)][g][static_cast<size_t>(begin) + i];
         float want = sum / static_cast<float>(comm.size());
         if (c.reduce == DType::kBF16) want = Bf16ToFloat(FloatToBf16(want));
-        EXPECT_NEAR(shards[g][i], want, std::abs(want) * 1e-6f + 1e-7f) << "group " << g << " element " << i;
+        const float tol = std::abs(want) * (c.reduce == DType::kBF16 && quant_bound > 0 ? 0x1p-7f : 1e-6f) + 1e-7f + quant_bound;
+        EXPECT_NEAR(shards[g][i], want, tol) << "group " << g << " element " << i;
+        differ += shards[g][i] != want;
       }
+    }
+    if (quant_bound > 0) {
+      EXPECT_GT(differ, 0) << "quantized reductions that are all exact: nothing was quantized";
     }
     if (comm.size() > 1) {
       EXPECT_GT(b->stats().collectives, 0);
@@ -86,7 +109,9 @@ INSTANTIATE_TEST_SUITE_P(Cases, GradBucketerTest,
                          ::testing::Values(Case{1, 1 << 20, false, DType::kF32}, Case{2, 64, false, DType::kF32},
                                            Case{3, 100, false, DType::kF32}, Case{4, 1 << 20, false, DType::kF32},
                                            Case{3, 4096, false, DType::kBF16}, Case{3, 96, true, DType::kF32},
-                                           Case{4, 1 << 20, true, DType::kF32}));
+                                           Case{4, 1 << 20, true, DType::kF32}, Case{2, 64, false, DType::kF32, 16},
+                                           Case{3, 4096, false, DType::kBF16, 32}, Case{4, 1 << 20, false, DType::kF32, 256},
+                                           Case{1, 1 << 20, false, DType::kF32, 64}));
 
 TEST(GradBucketer, RefusesBucketsTooSmallForTheRanks) {
   ASSERT_TRUE(RunLoopbackRanks(4, [](Communicator& comm) -> Status {

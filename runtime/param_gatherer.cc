@@ -98,7 +98,7 @@ Status ParamGatherer::Start(int g) {
   ASSIGN_OR_RETURN(s.buffer, pool_->Acquire(Bytes(g)), "gathering group '", r.name, "'");
   live_bytes_ += static_cast<int64_t>(Bytes(g));
   int64_t moved = static_cast<int64_t>(Bytes(g));
-  if (quant_block_ > 0) {
+  if (quant_block_ > 0 && comm_->size() > 1) {  // (one rank moves nothing: its shard is the gather, exact)
     const size_t packed = PackedBytes(g);
     auto mine = pool_->Acquire(packed);
     auto all = mine.ok() ? pool_->Acquire(packed * static_cast<size_t>(comm_->size())) : Result<DeviceBuffer>(mine.status());

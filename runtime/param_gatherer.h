@@ -17,7 +17,8 @@
 // f32 scale per block (kernels/weight_quant.h) when its all-gather starts; the codes and scales are
 // all-gathered (about half a 16-bit shard's bytes) and every rank decodes every rank's codes, its own
 // included, into the full parameters, so all ranks hold the same values. The shards themselves (the
-// master's 16-bit copy) are untouched. Host memory only (the engine checks).
+// master's 16-bit copy) are untouched; a group of one rank gathers exactly (nothing moves). Host
+// memory only (the engine checks).
 //
 // Host-resident shards with device buffers (stage-3 parameters offloaded on a GPU; `compute` given):
 // each shard is copied into a pooled device buffer on the compute queue right before its all-gather,

@@ -57,7 +57,7 @@ struct Options {
   std::string preset = "tiny", ckpt, dump, init, init_names, data = "/usr/share/games/fortunes", offload = "none", nvme_dir, reference, trace;
   std::string moments = "f32";  // optimizer state precision (EngineConfig::state) of every group but the embeddings ...
   bool no_master = false;
-  bool quantized_weights = false;
+  bool quantized_weights = false, quantized_gradients = false;
   bool compact_embed = false;   // ... unless this (the 8-bit Adam paper keeps embeddings' state in 32 bits)
   int stage = 3, batch = 8, accum = 2, every = 50, keep_last = 2, print_every = 10, val_every = 100, sample = 120;
   int64_t steps = 200, warmup = 20;
@@ -259,6 +259,7 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
   cfg.state.exp_avg_sq = cfg.state.exp_avg;
   cfg.state.master = !o.no_master;
   cfg.quantized_weights = o.quantized_weights;
+  cfg.quantized_gradients = o.quantized_gradients;
   ASSIGN_OR_RETURN(cfg.offload.optimizer, zrt::ParseOffloadTarget(o.offload));
   if (o.stage == 3) cfg.offload.params = cfg.offload.optimizer;
   cfg.offload.nvme_dir = o.nvme_dir;
@@ -498,6 +499,7 @@ int main(int argc, char** argv) {
   app.add_option("--moments", o.moments, "Adam moments in f32, bf16 or q8 (8-bit block-wise)")->check(CLI::IsMember({"f32", "bf16", "q8"}));
   app.add_flag("--no-master", o.no_master, "no fp32 master: bf16 parameters updated with stochastic rounding");
   app.add_flag("--quantized-weights", o.quantized_weights, "stage 3: parameter gathers as int8 codes with a scale per 256 values (qwZ)");
+  app.add_flag("--quantized-gradients", o.quantized_gradients, "stages 1-3: gradient reduce-scatters as an all-to-all of int8 codes (qgZ)");
   app.add_flag("--compact-embed", o.compact_embed, "the embeddings' state in --moments / --no-master too (default: f32 with a master)");
   app.add_option("--nvme-dir", o.nvme_dir, "swap directory for --offload nvme");
   app.add_option("--ckpt", o.ckpt, "checkpoint root (resumes from its newest complete checkpoint)");

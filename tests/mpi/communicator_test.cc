@@ -292,6 +292,11 @@ TEST_F(CommTest, ShiftVChecksEveryPieceAtOnceAndMovesThemAll) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
+TEST_F(CommTest, AllToAllSendsEachRankItsBlock) {
+  const Status s = testing::AllToAllCases(*comm_);
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 TEST_F(CommTest, MismatchedArgumentsAreAnErrorOnEveryRank) {
   if (size() == 1) GTEST_SKIP() << "needs two ranks to disagree";
   std::vector<float> buf(64, 1.0f);

@@ -44,6 +44,7 @@ struct Mesh {
   OffloadTarget offload = OffloadTarget::kNone;
   int accum = 1;
   bool quantized_weights = false;  // qwZ, blocks of 64
+  bool quantized_gradients = false;  // qgZ, blocks of 64
   OffloadTarget offload_params = OffloadTarget::kNone;
 };
 
@@ -84,7 +85,8 @@ class HybridTest : public EngineTest {
     cfg.adam.weight_decay = 0.01;
     cfg.state = s.state;
     cfg.quantized_weights = s.quantized_weights;
-    cfg.quantized_weights_block = 64;
+    cfg.quantized_gradients = s.quantized_gradients;
+    cfg.quantization_block = 64;
     cfg.offload.optimizer = s.offload;
     cfg.offload.params = s.offload_params;
     if (s.offload == OffloadTarget::kNvme) {
@@ -165,6 +167,20 @@ class HybridTest : public EngineTest {
     EXPECT_TRUE((*c)->SaveAsync(e.state_view()).ok());
     EXPECT_TRUE((*c)->Wait().ok());
     return root + "/" + ckpt::StepDirName(e.steps());
+  }
+
+  // Training with quantized collectives against exact ones: Adam moves each element by about lr per
+  // step whatever the gradient's size, so an element whose tiny gradient changes sign may move the
+  // other way. The mean difference is small; none exceeds what the steps could move.
+  static void ExpectCloseTraining(const std::vector<float>& got, const std::vector<float>& want, int steps, const std::string& what) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    double total = 0, worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      total += std::fabs(got[i] - want[i]);
+      worst = std::max(worst, static_cast<double>(std::fabs(got[i] - want[i])));
+    }
+    EXPECT_LT(total / static_cast<double>(got.size()), 2e-3) << what << ": mean master difference";
+    EXPECT_LE(worst, steps * 2 * 1e-2 + 1e-3) << what << ": a master moved further than " << steps << " Adam steps of lr 1e-2 could";
   }
 
   static void ExpectNear(const std::vector<float>& got, const std::vector<float>& want, double tol, const std::string& what) {
@@ -298,7 +314,7 @@ TEST_F(HybridTest, CommunicationStaysInsideTheShardGroupButTheReplicasAllReduce)
 // group's largest magnitude / 254 (half a block's scale at most, plus the bf16 rounding) of the
 // exact one (the master rounded to bf16), and the same on every rank;
 // about half the gather bytes; training close to exact gathers (the gradients see the decoded
-// weights); the master, replicas and a checkpoint exact (saved and loaded bit for bit); and the
+// weights; ExpectCloseTraining); the master, replicas and a checkpoint exact (saved and loaded bit for bit); and the
 // option refused where it cannot work.
 TEST_F(HybridTest, QuantizedWeightGathersStayWithinTheirScaleAndTheStateExact) {
   std::vector<int> meshes = HybridSizes();
@@ -347,7 +363,7 @@ TEST_F(HybridTest, QuantizedWeightGathersStayWithinTheirScaleAndTheStateExact) {
         }
       }
       const std::vector<float> mq = Masters(**e), mr = Masters(**ref);
-      ExpectNear(mq, mr, 0.02, "masters after 3 steps, quantized vs exact gathers");
+      ExpectCloseTraining(mq, mr, 3, "masters after 3 steps, quantized vs exact gathers");
       const int shards = s == 0 ? size() : s;
       ExpectReplicasIdentical(**e, shards, "qwZ");
       if (shards > 1) {  // codes and a scale per 64 values: 0.53 of the bf16 bytes, some more for the small groups' padding
@@ -373,8 +389,46 @@ TEST_F(HybridTest, QuantizedWeightGathersStayWithinTheirScaleAndTheStateExact) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("stage 3"), std::string_view::npos) << r.status();
   cfg.stage = 3;
-  cfg.quantized_weights_block = 0;
+  cfg.quantization_block = 0;
   EXPECT_EQ(ZeroEngine::Create(comm_.get(), &device_, cfg).status().code(), StatusCode::kInvalidArgument);
+}
+
+// qgZ (EngineConfig::quantized_gradients) at stages 1-3, flat and hybrid (the shard group's
+// reduce-scatter quantized, the replicas' all-reduce exact), with qwZ too at stage 3: training
+// stays close to exact reductions (the mean master difference after 3 steps small, none beyond what
+// 3 Adam steps can move), replicas bit-identical, the reduce-scatters' bytes about a quarter of f32's.
+TEST_F(HybridTest, QuantizedGradientReductionsStayCloseToExactAndReplicasIdentical) {
+  std::vector<int> meshes = HybridSizes();
+  meshes.push_back(0);
+  for (int stage : {1, 2, 3}) {
+    for (int s : meshes) {
+      Mesh exact{.stage = stage, .shards = s, .dtype = DType::kBF16};
+      Mesh quant = exact;
+      quant.quantized_gradients = true;
+      quant.quantized_weights = stage == 3;
+      SCOPED_TRACE(Name(quant) + (quant.quantized_weights ? " + qwZ" : ""));
+      auto ref = Build(comm_.get(), exact);
+      auto e = Build(comm_.get(), quant);
+      ASSERT_TRUE(ref.ok() && e.ok()) << ref.status() << e.status();
+      Train(**ref, rank(), 0, 3, 1);
+      Train(**e, rank(), 0, 3, 1);
+      const std::vector<float> mq = Masters(**e), mr = Masters(**ref);
+      ExpectCloseTraining(mq, mr, 3, "masters after 3 steps, quantized vs exact reductions");
+      const int shards = s == 0 ? size() : s;
+      ExpectReplicasIdentical(**e, shards, "qgZ");
+      if (shards > 1) {  // the shard group's reduce-scatter: ~1.06 bytes per f32 value's 4 (blocks of 64), the replicas' all-reduce exact
+        const CommStats cq = (*e)->comm_stats(), cr = (*ref)->comm_stats();
+        EXPECT_LT(cq.reduce_bytes - cq.replica_bytes, (cr.reduce_bytes - cr.replica_bytes) * 4 / 10)
+            << cq.reduce_bytes << " vs " << cr.reduce_bytes;
+      }
+    }
+  }
+  EngineConfig cfg;
+  cfg.stage = 0;
+  cfg.quantized_gradients = true;
+  auto r = ZeroEngine::Create(comm_.get(), &device_, cfg);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("stage 1-3"), std::string_view::npos) << r.status();
 }
 
 // shard_group_size = node: the launcher's ranks per node, checked against the host names. On one

@@ -1,4 +1,4 @@
-// Communicator::ShiftV's cases, run on every rank of any backend (the loopback test runs the default,
+// Communicator::ShiftV's and AllToAllAsync's cases, run on every rank of any backend (the loopback test runs the default,
 // one Shift per piece; the MPI test MpiCommunicator's, one size check for all pieces): per-rank piece
 // counts and sizes, empty pieces, ranks with nothing to move, every distance; pieces whose total agrees
 // but whose sizes do not, and a missing piece, refused on every rank before anything moves.
@@ -50,6 +50,30 @@ inline Status ShiftVCases(Communicator& c) {
     s = c.ShiftV(send, recv, 1);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << "rank " << r << ": " << s;
     for (char x : buf) EXPECT_EQ(x, 0) << "rank " << r << ": a refused shift moved bytes";
+  }
+  return Status();
+}
+
+// Communicator::AllToAllAsync on every rank: block r of rank q's send is q * 31 + r + i at byte i,
+// and rank r receives it as its block q; odd block sizes, a zero-size one, overlapped with an
+// all-reduce.
+inline Status AllToAllCases(Communicator& c) {
+  const int n = c.size(), r = c.rank();
+  for (size_t bytes : {size_t{1}, size_t{13}, size_t{4096 + 5}, size_t{0}}) {
+    std::vector<char> out(bytes * static_cast<size_t>(n)), in(bytes * static_cast<size_t>(n), -1);
+    for (int to = 0; to < n; ++to) {
+      for (size_t i = 0; i < bytes; ++i) out[bytes * static_cast<size_t>(to) + i] = static_cast<char>(r * 31 + to + static_cast<int>(i));
+    }
+    ASSIGN_OR_RETURN(CommHandle h, c.AllToAllAsync(out.data(), in.data(), bytes));
+    float v = 1;
+    RETURN_IF_ERROR(c.AllReduce(&v, &v, 1, DType::kF32, ReduceOp::kSum));
+    RETURN_IF_ERROR(h.Wait());
+    for (int from = 0; from < n; ++from) {
+      for (size_t i = 0; i < bytes; ++i) {
+        EXPECT_EQ(in[bytes * static_cast<size_t>(from) + i], static_cast<char>(from * 31 + r + static_cast<int>(i)))
+            << "block from rank " << from << " byte " << i << " of " << bytes;
+      }
+    }
   }
   return Status();
 }
