@@ -32,7 +32,6 @@
 #include "zrt/core/thread_pool.h"
 #include "zrt/kernels/adam.h"
 #include "zrt/kernels/grad_norm.h"
-#include "zrt/kernels/weight_quant.h"
 #include "zrt/runtime/engine_internal.h"
 
 namespace zrt {
@@ -134,28 +133,7 @@ Result<std::unique_ptr<EngineCore>> EngineCore::Create(Communicator* comm, Devic
     return InvalidArgumentError("engine: max_grad_norm must be finite and >= 0 (0 = off), got ", c.max_grad_norm);
   }
   if (c.prefetch_depth < 0) return InvalidArgumentError("engine: prefetch_depth must be >= 0");
-  if (c.quantized_gradients) {
-    if (c.stage == 0) {
-      return InvalidArgumentError("engine: quantized_gradients needs stage 1-3 (it quantizes the reduce-scatter; stage 0 all-reduces)");
-    }
-    if (!device->host_accessible()) {
-      return InvalidArgumentError("engine: quantized_gradients works on host memory (CPU ranks); device ", device->name(),
-                                  " is not addressable from the host");
-    }
-  }
-  if ((c.quantized_weights || c.quantized_gradients) && (c.quantization_block < 1 || c.quantization_block > kernels::kWeightQuantMaxBlock)) {
-    return InvalidArgumentError("engine: quantization_block must be in [1, ", kernels::kWeightQuantMaxBlock, "], got ", c.quantization_block);
-  }
-  if (c.quantized_weights) {
-    if (c.stage != 3) {
-      return InvalidArgumentError("engine: quantized_weights needs stage 3 (at stage ", c.stage,
-                                  " the gathered parameters are kept, and quantizing them would lose precision every step)");
-    }
-    if (!device->host_accessible()) {
-      return InvalidArgumentError("engine: quantized_weights works on host memory (CPU ranks); device ", device->name(),
-                                  " is not addressable from the host");
-    }
-  }
+  RETURN_IF_ERROR(internal::CheckQuantizedCollectives(c, *device));
   if (c.shard_group_size < EngineConfig::kShardGroupNode || (c.shard_group_size > 0 && comm->size() % c.shard_group_size != 0)) {
     return InvalidArgumentError("engine: shard_group_size ", c.shard_group_size, " must divide the world size ", comm->size(),
                                 " (0: the whole world, -1: a node)");

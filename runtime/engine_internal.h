@@ -78,6 +78,8 @@ inline Status CheckRate(const char* what, const std::string& name, double v) {
   if (!(v >= 0) || !std::isfinite(v)) return InvalidArgumentError(what, " of '", name, "' must be finite and >= 0, got ", v);
   return Status();
 }
+// qwZ and qgZ (EngineConfig::quantized_weights, quantized_gradients): where each can work (engine_mesh.cc).
+Status CheckQuantizedCollectives(const EngineConfig& c, const Device& device);
 }  // namespace internal
 
 }  // namespace zrt

@@ -1,6 +1,6 @@
 // EngineCore::SplitMesh: the engine's mesh (EngineConfig::shard_group_size, docs/engine.md "Hybrid
 // sharding"): the shard group its layouts are over and the replica group that all-reduces each
-// reduced shard.
+// reduced shard; and where the quantized collectives over it can work.
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,9 +9,30 @@
 #include <vector>
 
 #include "zrt/core/thread_pool.h"
+#include "zrt/kernels/weight_quant.h"
 #include "zrt/runtime/engine_core.h"
+#include "zrt/runtime/engine_internal.h"
 
 namespace zrt {
+
+Status internal::CheckQuantizedCollectives(const EngineConfig& c, const Device& device) {
+  if (!c.quantized_weights && !c.quantized_gradients) return Status();
+  if (c.quantized_weights && c.stage != 3) {
+    return InvalidArgumentError("engine: quantized_weights needs stage 3 (at stage ", c.stage,
+                                " the gathered parameters are kept, and quantizing them would lose precision every step)");
+  }
+  if (c.quantized_gradients && c.stage == 0) {
+    return InvalidArgumentError("engine: quantized_gradients needs stage 1-3 (it quantizes the reduce-scatter; stage 0 all-reduces)");
+  }
+  if (c.quantization_block < 1 || c.quantization_block > kernels::kWeightQuantMaxBlock) {
+    return InvalidArgumentError("engine: quantization_block must be in [1, ", kernels::kWeightQuantMaxBlock, "], got ", c.quantization_block);
+  }
+  if (!device.host_accessible()) {
+    return InvalidArgumentError("engine: quantized_weights and quantized_gradients work on host memory (CPU ranks); device ", device.name(),
+                                " is not addressable from the host");
+  }
+  return Status();
+}
 
 // Shard groups of S consecutive ranks (rank / S), replica groups of the ranks with the same place in
 // theirs (rank % S): checkpoints and the memory tier rely on this numbering (core/state_view.h).
