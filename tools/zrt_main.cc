@@ -204,6 +204,9 @@ void AddPlanCommand(CLI::App& app, Args& a) {
   plan->add_option("--stage", pi.stage, "ZeRO stage 0..3")->check(CLI::IsMember({0, 1, 2, 3}))->capture_default_str();
   plan->add_option("--shard-group", pi.shard_group, "hybrid sharding: devices per shard group, replicated across (default: all --gpus)")
       ->check(AtLeast(1));
+  plan->add_flag("--quantized-weights", pi.quantized_weights, "stage 3: parameter gathers as int8 codes (qwZ; EngineConfig::quantized_weights)");
+  plan->add_flag("--quantized-gradients", pi.quantized_gradients, "stages 1-3: gradient reduce-scatters as int8 codes (qgZ)");
+  plan->add_option("--quantization-block", pi.quantization_block, "values per f32 scale of qwZ / qgZ")->check(AtLeast(1))->capture_default_str();
   plan->add_option("--tp", pi.tp, "tensor-parallel degree: the model per device is divided by TP x PP")->check(AtLeast(1))->capture_default_str();
   plan->add_option("--pp", pi.pp, "pipeline-parallel degree")->check(AtLeast(1))->capture_default_str();
   plan->add_option("--intra-gbps", pi.intra_gbps, "GB/s per device inside a node (with --inter-gbps: communication time per step)")

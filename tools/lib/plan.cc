@@ -23,7 +23,7 @@
 // + 5*a*s^2*b (the attention scores; none with FlashAttention); with full recomputation only the layer
 // input is kept: 2*s*b*h.
 // Communication per step per device (ring collectives): stages 0-2 2 Psi P (N-1)/N, stage 3
-// 3 Psi P (N-1)/N; with hybrid sharding (S devices per shard group, R = N/S) the group's collectives
+// 3 Psi P (N-1)/N (qwZ's gathers and qgZ's reduce-scatters at 1 + 4/block bytes per value instead of P); with hybrid sharding (S devices per shard group, R = N/S) the group's collectives
 // use S, plus 2 Psi P / S (R-1)/R across the replicas (LinksFor splits them by link). The model per
 // device is Psi / (TP x PP), and every sharded term divides by S instead of N. Time: 8 Psi T / (N X) with recomputation, 6 Psi T / (N X) without.
 // DeepSpeed's estimator (deepspeed.runtime.zero.stage_1_and_2 / stage3
@@ -216,8 +216,12 @@ struct Links {
 };
 
 Links LinksFor(const PlanInput& in, const Model& m, int shards) {
-  const double bytes = m.psi / (in.tp * in.pp) * in.param_bytes, s = shards, r = double(in.gpus) / shards;
-  const double group = (in.stage == 3 ? 3.0 : 2.0) * bytes * (s - 1) / s;
+  const double elements = m.psi / (in.tp * in.pp), bytes = elements * in.param_bytes, s = shards, r = double(in.gpus) / shards;
+  // Per element on the wire: the dtype's bytes, or with qwZ / qgZ a code and 4 / block of a scale.
+  const double q = 1 + 4.0 / static_cast<double>(in.quantization_block);
+  const double gather = in.quantized_weights ? q : in.param_bytes, reduce = in.quantized_gradients ? q : in.param_bytes;
+  // The shard group: stage 3 gathers twice and reduce-scatters; stages 1-2 reduce-scatter and gather once.
+  const double group = ((in.stage == 3 ? 2 : 1) * gather + reduce) * elements * (s - 1) / s;
   const double replicas = in.stage == 0 ? 0 : 2 * bytes / s * (r - 1) / r;
   Links l;
   const bool group_inside = shards <= PerNode(in) && PerNode(in) % shards == 0;
@@ -275,6 +279,9 @@ Status CheckInput(const PlanInput& in) {
     return InvalidArgumentError("plan: --shard-group must divide --gpus (", in.gpus, "), got ", in.shard_group);
   }
   if (in.stage == 0 && in.shard_group > 0 && in.shard_group != in.gpus) return InvalidArgumentError("plan: stage 0 shards nothing (--shard-group)");
+  if (in.quantized_weights && in.stage != 3) return InvalidArgumentError("plan: --quantized-weights needs stage 3");
+  if (in.quantized_gradients && in.stage == 0) return InvalidArgumentError("plan: --quantized-gradients needs stage 1-3");
+  if (in.quantization_block < 1) return InvalidArgumentError("plan: --quantization-block must be >= 1");
   if (in.tp < 1 || in.pp < 1) return InvalidArgumentError("plan: --tp and --pp must be >= 1");
   if (in.intra_gbps < 0 || in.inter_gbps < 0) return InvalidArgumentError("plan: --intra-gbps and --inter-gbps must be >= 0");
   for (const std::string* o : {&in.offload, &in.offload_params}) {
@@ -507,6 +514,9 @@ void PrintPlan(const PlanInput& in, const Model& m, const Estimate& e, std::ostr
   if (m.largest > 0) out << ", largest layer " << m.largest / 1e6 << " M";
   out << "; " << in.gpus << " device(s), ZeRO stage " << in.stage;
   if (Shards(in) < in.gpus && in.stage > 0) out << " in shard groups of " << Shards(in) << " (" << in.gpus / Shards(in) << " replicas)";
+  if (in.quantized_weights || in.quantized_gradients) {
+    out << ", int8 " << (in.quantized_weights ? in.quantized_gradients ? "gathers and reductions (qwZ, qgZ)" : "gathers (qwZ)" : "reductions (qgZ)");
+  }
   if (in.tp * in.pp > 1) out << ", TP " << in.tp << " x PP " << in.pp;
   out << ", offload " << in.offload;
   if (in.stage == 3) out << ", parameters offload " << in.offload_params;

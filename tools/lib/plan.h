@@ -31,6 +31,10 @@ struct PlanInput {
   // as divisors of the model each device holds (gpus counts data-parallel devices).
   int shard_group = 0;
   int tp = 1, pp = 1;
+  // ZeRO++'s quantized collectives (docs/engine.md "Quantized collectives"): stage-3 parameter gathers
+  // (qwZ) and stage 1-3 gradient reduce-scatters (qgZ) as int8 codes with an f32 scale per block.
+  bool quantized_weights = false, quantized_gradients = false;
+  int64_t quantization_block = 256;
   // Link rates per device, GB/s, for the communication time per step (0: not timed).
   double intra_gbps = 0, inter_gbps = 0;
   std::string offload = "none";         // optimizer state: none | cpu | nvme (stages 1-3)
