@@ -99,6 +99,25 @@ Figures Run(Communicator* comm, Device* dev, MPI_Comm node, int shards, DType re
   return f;
 }
 
+// Flat ZeRO-3 with qwZ (the gathers as int8 codes and a scale per 256 values), then with qgZ too (the
+// reduce-scatters), beside flat: the lines and the RESULT rows.
+void ReportQuantized(const Figures& flat, const Figures (&quantized)[2], int n, const std::string& reduce_name, double link_gbit) {
+  auto mb = [](double b) { return b / 1e6; };
+  for (int q = 0; q < 2; ++q) {
+    const Figures& f = quantized[q];
+    const char* name = q == 0 ? "qwZ" : "qwZ+qgZ";
+    std::printf("   flat ZeRO-3 + %s: step %.3f s; engine moved %.1f MB/rank (gathers %.1f, reductions %.1f)", name, f.step_s,
+                mb(f.gather + f.reduce), mb(f.gather), mb(f.reduce));
+    if (f.cross >= 0) std::printf("; crossed nodes %.1f MB/rank", mb(f.cross));
+    const double ratio = flat.cross > 0 && f.cross >= 0 ? f.cross / flat.cross : (f.gather + f.reduce) / (flat.gather + flat.reduce);
+    std::printf("; %.3f of flat's bytes, step %.2fx\n", ratio, f.step_s / flat.step_s);
+    const std::string tag = "N=" + std::to_string(n) + " " + name + " " + reduce_name + (link_gbit > 0 ? " " + std::to_string(static_cast<int>(link_gbit)) + "gbit" : "");
+    std::printf("RESULT\tmesh\t%s cross-node bytes\t%.0f\tMB/rank/step\t%.0f\tflat ZeRO-3\t%.3f\t-\t-\n", tag.c_str(),
+                mb(f.cross >= 0 ? f.cross : f.gather + f.reduce), mb(flat.cross >= 0 ? flat.cross : flat.gather + flat.reduce), ratio);
+    std::printf("RESULT\tmesh\t%s step\t%.3f\ts\t%.3f\tflat ZeRO-3\t%.3f\t-\t-\n", tag.c_str(), f.step_s, flat.step_s, f.step_s / flat.step_s);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -154,20 +173,7 @@ int main(int argc, char** argv) {
                   n, flat.step_s, mb(flat.gather + flat.reduce), mb(flat.gather), mb(flat.reduce), mb(flat_all));
       if (flat.cross >= 0) std::printf("; crossed nodes %.1f MB/rank", mb(flat.cross));
       std::printf("\n");
-      // qwZ: the gathers as int8 codes and a scale per 256 values; qgZ: the reduce-scatters too.
-      for (int q = 0; q < 2; ++q) {
-        const Figures& f = quantized[q];
-        const char* name = q == 0 ? "qwZ" : "qwZ+qgZ";
-        std::printf("   flat ZeRO-3 + %s: step %.3f s; engine moved %.1f MB/rank (gathers %.1f, reductions %.1f)", name, f.step_s,
-                    mb(f.gather + f.reduce), mb(f.gather), mb(f.reduce));
-        if (f.cross >= 0) std::printf("; crossed nodes %.1f MB/rank", mb(f.cross));
-        const double ratio = flat.cross > 0 && f.cross >= 0 ? f.cross / flat.cross : (f.gather + f.reduce) / (flat.gather + flat.reduce);
-        std::printf("; %.3f of flat's bytes, step %.2fx\n", ratio, f.step_s / flat.step_s);
-        const std::string tag = "N=" + std::to_string(n) + " " + name + " " + reduce_name + (link_gbit > 0 ? " " + std::to_string(static_cast<int>(link_gbit)) + "gbit" : "");
-        std::printf("RESULT\tmesh\t%s cross-node bytes\t%.0f\tMB/rank/step\t%.0f\tflat ZeRO-3\t%.3f\t-\t-\n", tag.c_str(),
-                    mb(f.cross >= 0 ? f.cross : f.gather + f.reduce), mb(flat.cross >= 0 ? flat.cross : flat.gather + flat.reduce), ratio);
-        std::printf("RESULT\tmesh\t%s step\t%.3f\ts\t%.3f\tflat ZeRO-3\t%.3f\t-\t-\n", tag.c_str(), f.step_s, flat.step_s, f.step_s / flat.step_s);
-      }
+      ReportQuantized(flat, quantized, n, reduce_name, link_gbit);
       if (hybrid_ok) {
         std::printf("   hybrid (S=%d, R=%d): step %.3f s; engine moved %.1f MB/rank (gathers %.1f, reductions %.1f of which replicas' %.1f); "
                     "analytic across %.1f MB",
