@@ -225,12 +225,10 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
     c.Hand(std::move(job), false, Status());
     return Status();
   }
-  std::vector<std::vector<int64_t>> counts;
-  for (const StateGroup& g : state.groups) counts.emplace_back(g.buffers.size(), g.layout.shard_size());
   ASSIGN_OR_RETURN(const std::vector<ShardLayout> layouts, SavedLayouts(m), "checkpoint step ", m.step);
   const PartPlan plan(m, layouts);
   c.stats.raw_bytes = plan.raw_bytes(job->part);
-  job->queue = std::make_shared<ChunkQueue>(std::move(counts), m.chunk_elements, c.o.staging_budget_bytes, c.device, std::move(c.staging),
+  job->queue = std::make_shared<ChunkQueue>(QueuedKinds(m, layouts), m.chunk_elements, c.o.staging_budget_bytes, c.device, std::move(c.staging),
                                             plan.Mask(job->part));
   job->owner = state.owner;
   std::shared_ptr<ChunkQueue> queue = job->queue;
@@ -287,6 +285,7 @@ Status Checkpointer::Impl::Commit() {
   if (job->queue) {
     stats.stall_seconds += job->queue->waited();
     stats.staging_bytes = job->queue->peak_bytes();
+    stats.encoded_elements = job->queue->encoded_elements();
     staging = job->queue->TakeBuffers();
   }
   stats.write_seconds = job->write_seconds;

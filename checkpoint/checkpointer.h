@@ -64,7 +64,10 @@ struct SaveStats {
                                   // known at the commit, as stored_bytes
   int64_t raw_bytes = 0;          // the state bytes this rank wrote (its part of its shard)
   int64_t stored_bytes = 0;       // after compression
-  int64_t staging_bytes = 0;      // the most host memory the save staged the state in at once (at the commit)
+  int64_t staging_bytes = 0;      // the most host memory the save staged the state in at once (at the commit),
+                                  // in the form the checkpoint stores it (a q8 kind: ~1 byte per element)
+  int64_t encoded_elements = 0;   // compact state the save received as f32 values and encoded itself (0
+                                  // when the owner handed every compact part over as it keeps it)
   std::string dir;                // the committed directory (empty if not committed)
 };
 

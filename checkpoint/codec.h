@@ -43,38 +43,10 @@ uint64_t CopyAndChecksum(void* to, const void* from, size_t bytes);
 // The two builds those choose between at run time (checksum.inc; the tests compare them). avx2's
 // only on a CPU with AVX2.
 namespace generic {
-// The stored form of `n` f32 state values (format.h StoredAs; docs/checkpoint-format.md "Stored
-// state"): bf16 values, or q8 codes of whole blocks of `block` (signed for exp_avg) followed by the
-// blocks' f32 scales; f32 is stored as it is and never comes here. The values must be exactly what
-// such a form decodes to (the owner keeps its state so): InvalidArgument naming the element otherwise,
-// so a save never changes a value. `out` holds StoredBytes(s, n, block) bytes.
-Status PackState(StoredAs s, bool is_signed, int64_t block, const float* in, int64_t n, char* out);
-// The same with a q8 form's codes and scales in places of their own (`scales` unused for bf16): a
-// chunk filled part by part.
-Status PackStateInto(StoredAs s, bool is_signed, int64_t block, const float* in, int64_t n, char* values, char* scales);
-// The values a stored form decodes to, after checking that it is one PackState writes: q8 scales
-// finite and >= 0, codes no larger than 1.0's, a block with a positive scale holding 1.0's code and
-// one with a zero scale only zeros. DataLoss naming the element or block otherwise.
-Status UnpackState(StoredAs s, bool is_signed, int64_t block, const char* in, int64_t n, float* out);
-
 uint64_t Checksum(const void* data, size_t bytes);
 uint64_t CopyAndChecksum(void* to, const void* from, size_t bytes);
 }  // namespace generic
 namespace avx2 {
-// The stored form of `n` f32 state values (format.h StoredAs; docs/checkpoint-format.md "Stored
-// state"): bf16 values, or q8 codes of whole blocks of `block` (signed for exp_avg) followed by the
-// blocks' f32 scales; f32 is stored as it is and never comes here. The values must be exactly what
-// such a form decodes to (the owner keeps its state so): InvalidArgument naming the element otherwise,
-// so a save never changes a value. `out` holds StoredBytes(s, n, block) bytes.
-Status PackState(StoredAs s, bool is_signed, int64_t block, const float* in, int64_t n, char* out);
-// The same with a q8 form's codes and scales in places of their own (`scales` unused for bf16): a
-// chunk filled part by part.
-Status PackStateInto(StoredAs s, bool is_signed, int64_t block, const float* in, int64_t n, char* values, char* scales);
-// The values a stored form decodes to, after checking that it is one PackState writes: q8 scales
-// finite and >= 0, codes no larger than 1.0's, a block with a positive scale holding 1.0's code and
-// one with a zero scale only zeros. DataLoss naming the element or block otherwise.
-Status UnpackState(StoredAs s, bool is_signed, int64_t block, const char* in, int64_t n, float* out);
-
 uint64_t Checksum(const void* data, size_t bytes);
 uint64_t CopyAndChecksum(void* to, const void* from, size_t bytes);
 }  // namespace avx2

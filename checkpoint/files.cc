@@ -209,7 +209,7 @@ Status FinishChunkRead(const IoFile& f, const Manifest& m, const ShardLayout& l,
                     f.path(), ": ", ChunkName(m, l, r, k));
     packed = unpacked.data();
   }
-  RETURN_IF_ERROR(UnpackState(as, ge.kinds[static_cast<size_t>(c.kind)] == "exp_avg", ge.block, packed, c.elements, out), f.path(), ": ",
+  RETURN_IF_ERROR(UnpackState(as, ge.signed_codes(static_cast<size_t>(c.kind)), ge.block, packed, c.elements, out), f.path(), ": ",
                   ChunkName(m, l, r, k));
   return Status();
 }
@@ -251,7 +251,7 @@ Result<const char*> StoredChunk(IoEngine& io, const IoFile& f, const Manifest& m
                     f.path(), ": ", ChunkName(m, l, r, k));
     stored = unpacked->data();
   }
-  RETURN_IF_ERROR(CheckStoredState(as, ge.kinds[static_cast<size_t>(c.kind)] == "exp_avg", ge.block, stored, c.elements), f.path(), ": ",
+  RETURN_IF_ERROR(CheckStoredState(as, ge.signed_codes(static_cast<size_t>(c.kind)), ge.block, stored, c.elements), f.path(), ": ",
                   ChunkName(m, l, r, k));
   return stored;
 }

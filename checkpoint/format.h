@@ -58,6 +58,8 @@ struct GroupEntry {
   std::vector<StoredAs> stored;
   int64_t block = 0;
   StoredAs stored_as(size_t kind) const { return kind < stored.size() ? stored[kind] : StoredAs::kF32; }
+  // Whether a q8 kind's codes are signed: the first moment's (docs/checkpoint-format.md "Stored state").
+  bool signed_codes(size_t kind) const { return kinds[kind] == "exp_avg"; }
 };
 
 std::string_view StoredAsName(StoredAs s);  // "f32", "bf16", "q8"

@@ -68,6 +68,7 @@ struct ShardWriter::InFlight {
   ChunkEntry entry;
   const char* raw = nullptr;
   std::function<void()> release;
+  bool as_stored = false;       // `raw` is the kind's stored form already (WriteStored)
   std::vector<char> packed;     // a bf16 or q8 kind's stored form (before compression)
   std::vector<char> buf;        // the encoded bytes (compressed chunks)
   const char* stored = nullptr; // what is written: raw, packed or buf
@@ -112,9 +113,9 @@ Status ShardWriter::Encode(InFlight& w, std::vector<char>* scratch) const {
   const StoredAs as = ge.stored_as(static_cast<size_t>(w.entry.kind));
   const char* raw = w.raw;
   const auto raw_bytes = static_cast<size_t>(StoredBytes(as, w.entry.elements, ge.block));
-  if (as != StoredAs::kF32) {  // the owner's compact state, stored as it keeps it
+  if (as != StoredAs::kF32 && !w.as_stored) {  // the owner's compact state, stored as it keeps it
     w.packed.resize(raw_bytes);
-    RETURN_IF_ERROR(PackState(as, kind == "exp_avg", ge.block, reinterpret_cast<const float*>(w.raw), w.entry.elements, w.packed.data()),
+    RETURN_IF_ERROR(PackState(as, ge.signed_codes(static_cast<size_t>(w.entry.kind)), ge.block, reinterpret_cast<const float*>(w.raw), w.entry.elements, w.packed.data()),
                     "shard ", index_.rank, ", group '", ge.name, "' ", kind, " at element ", w.entry.elem_offset);
     raw = w.packed.data();
   }
@@ -126,6 +127,14 @@ Status ShardWriter::Encode(InFlight& w, std::vector<char>* scratch) const {
 }
 
 Status ShardWriter::Write(int group, int kind, int64_t offset, int64_t count, const float* data, std::function<void()> release) {
+  return Take(group, kind, offset, count, reinterpret_cast<const char*>(data), false, std::move(release));
+}
+
+Status ShardWriter::WriteStored(int group, int kind, int64_t offset, int64_t count, const void* stored, std::function<void()> release) {
+  return Take(group, kind, offset, count, static_cast<const char*>(stored), true, std::move(release));
+}
+
+Status ShardWriter::Take(int group, int kind, int64_t offset, int64_t count, const char* data, bool stored, std::function<void()> release) {
   auto w = std::make_unique<InFlight>();
   w->release = std::move(release);  // called whatever happens below
   RETURN_IF_ERROR(failed_);
@@ -146,7 +155,8 @@ Status ShardWriter::Write(int group, int kind, int64_t offset, int64_t count, co
   }
   seen[static_cast<size_t>(offset / chunk)] = 1;
   w->entry = ChunkEntry{group, kind, offset, count, 0, 0, Codec::kRaw, 0};
-  w->raw = reinterpret_cast<const char*>(data);
+  w->raw = data;
+  w->as_stored = stored;
   if (o_.encoders == nullptr) {
     failed_ = Encode(*w, &scratch_);
   } else {
@@ -270,19 +280,36 @@ Status WriteShard(IoEngine& io, const std::string& dir, const Manifest& m, int s
 
 // ---- ChunkQueue ----------------------------------------------------------------------------------
 
-ChunkQueue::ChunkQueue(std::vector<std::vector<int64_t>> counts, int64_t chunk_elements, int64_t budget_bytes, Device* device,
+std::vector<std::vector<QueuedKind>> QueuedKinds(const Manifest& m, const std::vector<ShardLayout>& layouts) {
+  std::vector<std::vector<QueuedKind>> kinds;
+  for (size_t g = 0; g < m.groups.size(); ++g) {
+    const GroupEntry& ge = m.groups[g];
+    auto& group = kinds.emplace_back();
+    for (size_t k = 0; k < ge.kinds.size(); ++k) {
+      const StoredAs as = ge.stored_as(k);
+      group.push_back({layouts[g].shard_size(), as, as == StoredAs::kQ8 ? ge.block : 0, ge.signed_codes(k)});
+    }
+  }
+  return kinds;
+}
+
+ChunkQueue::ChunkQueue(std::vector<std::vector<QueuedKind>> kinds, int64_t chunk_elements, int64_t budget_bytes, Device* device,
                        std::vector<DeviceBuffer> spare, std::vector<std::vector<std::vector<char>>> keep)
     : chunk_(chunk_elements), keep_(std::move(keep)), device_(device), spare_(std::move(spare)) {
-  size_t kinds = 0;
-  for (const std::vector<int64_t>& g : counts) {
+  size_t most_kinds = 0;
+  int64_t largest = 0;
+  for (const std::vector<QueuedKind>& g : kinds) {
     std::vector<Filling>& f = fill_.emplace_back(g.size());
-    for (size_t k = 0; k < g.size(); ++k) f[k].count = g[k];
-    kinds = std::max(kinds, g.size());
+    for (size_t k = 0; k < g.size(); ++k) {
+      f[k].form = g[k];
+      largest = std::max(largest, StoredBytes(g[k].as, chunk_, g[k].block));
+    }
+    most_kinds = std::max(most_kinds, g.size());
   }
   // A capture fills at most one chunk per kind at once (the kinds of a window), and the writer holds
   // what it writes: with fewer buffers than that the two could wait for each other.
-  const size_t least = kinds + 2;
-  max_buffers_ = budget_bytes <= 0 ? SIZE_MAX : std::max(least, static_cast<size_t>(budget_bytes / (chunk_ * 4)));
+  const int64_t least = static_cast<int64_t>(most_kinds + 2) * largest;
+  max_bytes_ = budget_bytes <= 0 ? INT64_MAX : std::max(least, budget_bytes);
 }
 
 std::vector<DeviceBuffer> ChunkQueue::TakeBuffers() {
@@ -298,29 +325,34 @@ std::vector<DeviceBuffer> ChunkQueue::TakeBuffers() {
   return std::move(spare_);
 }
 
-Result<DeviceBuffer> ChunkQueue::Acquire(std::unique_lock<std::mutex>& lock) {
+// The smallest spare buffer that holds `bytes`, or a new one of `bytes`.
+Result<DeviceBuffer> ChunkQueue::Acquire(std::unique_lock<std::mutex>& lock, int64_t bytes) {
   for (;;) {
     if (stopped_) return status_;
-    if (held_ < max_buffers_) {
-      ++held_;
+    auto fit = spare_.end();
+    for (auto it = spare_.begin(); it != spare_.end(); ++it) {
+      if (static_cast<int64_t>(it->size()) >= bytes && (fit == spare_.end() || it->size() < fit->size())) fit = it;
+    }
+    const int64_t size = fit != spare_.end() ? static_cast<int64_t>(fit->size()) : bytes;
+    if (held_ == 0 || held_ + size <= max_bytes_) {
+      held_ += size;
       peak_ = std::max(peak_, held_);
-      if (!spare_.empty()) {
-        DeviceBuffer b = std::move(spare_.back());
-        spare_.pop_back();
+      if (fit != spare_.end()) {
+        DeviceBuffer b = std::move(*fit);
+        spare_.erase(fit);
         return b;
       }
       lock.unlock();
-      auto b = device_->Allocate(static_cast<size_t>(chunk_) * 4, MemCategory::kStaging, kIoAlignment);
+      auto b = device_->Allocate(static_cast<size_t>(bytes), MemCategory::kStaging, kIoAlignment);
       lock.lock();
-      if (!b.ok()) --held_;
+      if (!b.ok()) held_ -= size;
       return b;
     }
     cv_.wait(lock);
   }
 }
 
-Status ChunkQueue::Put(int group, int buffer, int64_t offset, int64_t n, const float* data) {
-  std::unique_lock<std::mutex> lock(mu_);
+Result<ChunkQueue::Filling*> ChunkQueue::Expect(int group, int buffer, int64_t offset, int64_t n) {
   if (stopped_) return status_;
   if (closed_) return FailedPreconditionError("a save's state: a part arrived after the delivery ended");
   if (group < 0 || static_cast<size_t>(group) >= fill_.size() || buffer < 0 ||
@@ -328,36 +360,88 @@ Status ChunkQueue::Put(int group, int buffer, int64_t offset, int64_t n, const f
     return InvalidArgumentError("a save's state: no buffer ", buffer, " in group ", group);
   }
   Filling& f = fill_[static_cast<size_t>(group)][static_cast<size_t>(buffer)];
-  if (offset != f.next || n < 0 || n > f.count - f.next) {
+  if (offset != f.next || n < 0 || n > f.form.count - f.next) {
     return InvalidArgumentError("a save's state: group ", group, " buffer ", buffer, ": elements ", offset, "+", n, " arrived where ",
-                                f.next, " of ", f.count, " was expected");
+                                f.next, " of ", f.form.count, " was expected");
   }
-  while (n > 0) {
-    const int64_t start = f.next / chunk_ * chunk_;
-    const int64_t take = std::min(n, chunk_ - (f.next - start));
+  if (f.form.as == StoredAs::kQ8 && (offset % f.form.block != 0 || (n % f.form.block != 0 && offset + n != f.form.count))) {
+    return InvalidArgumentError("a save's state: group ", group, " buffer ", buffer, ": elements ", offset, "+", n,
+                                " are not whole q8 blocks of ", f.form.block);
+  }
+  return &f;
+}
+
+template <typename Fill>
+Status ChunkQueue::Arrive(int group, int buffer, int64_t offset, int64_t n, Fill fill) {
+  std::unique_lock<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Filling* const f, Expect(group, buffer, offset, n));
+  int64_t done = 0;
+  while (done < n) {
+    const int64_t start = f->next / chunk_ * chunk_, count = std::min(chunk_, f->form.count - start);
+    const int64_t take = std::min(n - done, chunk_ - (f->next - start));
     if (!keep_.empty() && !keep_[static_cast<size_t>(group)][static_cast<size_t>(buffer)][static_cast<size_t>(start / chunk_)]) {
-      data += take;  // another writer's chunk
-      n -= take;
-      f.next += take;
+      done += take;  // another writer's chunk
+      f->next += take;
       continue;
     }
-    if (f.buf.empty()) {
-      ASSIGN_OR_RETURN(f.buf, Acquire(lock));
+    if (f->buf.empty()) {
+      // A whole chunk's bytes even for a shard's short last chunk: buffers stay interchangeable.
+      ASSIGN_OR_RETURN(f->buf, Acquire(lock, StoredBytes(f->form.as, chunk_, f->form.block)));
     }
     lock.unlock();  // only this producer touches a buffer being filled
-    std::memcpy(f.buf.as<float>() + (f.next - start), data, static_cast<size_t>(take) * 4);
+    Status s = fill(f->buf.as<char>(), count, f->next - start, done, take);
     lock.lock();
+    RETURN_IF_ERROR(s);
     if (stopped_) return status_;
-    data += take;
-    n -= take;
-    f.next += take;
-    if (f.next - start == chunk_ || f.next == f.count) {
-      ready_.push_back(Chunk{group, buffer, start, f.next - start, std::move(f.buf)});
-      f.buf = DeviceBuffer();
+    done += take;
+    f->next += take;
+    if (f->next - start == count) {
+      ready_.push_back(Chunk{group, buffer, start, count, std::move(f->buf)});
+      f->buf = DeviceBuffer();
       cv_.notify_all();
     }
   }
   return Status();
+}
+
+Status ChunkQueue::Put(int group, int buffer, int64_t offset, int64_t n, const float* data) {
+  return Arrive(group, buffer, offset, n, [&](char* chunk, int64_t count, int64_t at, int64_t done, int64_t take) -> Status {
+    const QueuedKind& form = fill_[static_cast<size_t>(group)][static_cast<size_t>(buffer)].form;
+    if (form.as == StoredAs::kF32) {
+      std::memcpy(chunk + at * 4, data + done, static_cast<size_t>(take) * 4);
+      return Status();
+    }
+    const size_t eb = form.as == StoredAs::kQ8 ? 1 : 2;
+    RETURN_IF_ERROR(PackStateInto(form.as, form.is_signed, form.block, data + done, take, chunk + static_cast<size_t>(at) * eb,
+                                  form.as == StoredAs::kQ8 ? chunk + count + 4 * (at / form.block) : nullptr),
+                    "a save's state: group ", group, " buffer ", buffer, " at element ", offset + done);
+    std::lock_guard<std::mutex> lock(mu_);
+    encoded_ += take;
+    return Status();
+  });
+}
+
+// Each chunk of a compact kind holds its values or codes, then (q8) its blocks' scales: the part's
+// codes and scales are copied to their places in the chunks they fall in.
+Status ChunkQueue::PutStored(int group, int buffer, int64_t offset, int64_t n, StoredAs stored, int64_t block, bool is_signed,
+                             const void* values, const float* scales) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (group >= 0 && static_cast<size_t>(group) < fill_.size() && buffer >= 0 && static_cast<size_t>(buffer) < fill_[static_cast<size_t>(group)].size()) {
+      const QueuedKind& form = fill_[static_cast<size_t>(group)][static_cast<size_t>(buffer)].form;
+      if (stored != form.as || (stored == StoredAs::kQ8 && (block != form.block || is_signed != form.is_signed))) {
+        return InvalidArgumentError("a save's state: group ", group, " buffer ", buffer, " arrived stored as ", StoredAsName(stored),
+                                    " (block ", block, ") where the checkpoint stores it as ", StoredAsName(form.as), " (block ", form.block, ")");
+      }
+    }
+  }
+  if (stored == StoredAs::kF32) return Put(group, buffer, offset, n, static_cast<const float*>(values));
+  const size_t eb = stored == StoredAs::kQ8 ? 1 : 2;
+  return Arrive(group, buffer, offset, n, [&](char* chunk, int64_t count, int64_t at, int64_t done, int64_t take) -> Status {
+    std::memcpy(chunk + static_cast<size_t>(at) * eb, static_cast<const char*>(values) + static_cast<size_t>(done) * eb, static_cast<size_t>(take) * eb);
+    if (stored == StoredAs::kQ8) std::memcpy(chunk + count + 4 * (at / block), scales + done / block, static_cast<size_t>((take + block - 1) / block) * 4);
+    return Status();
+  });
 }
 
 void ChunkQueue::Waited(double seconds) {
@@ -372,8 +456,8 @@ void ChunkQueue::Close(const Status& status) {
   Status s = status;
   for (size_t g = 0; g < fill_.size() && s.ok(); ++g) {
     for (size_t k = 0; k < fill_[g].size() && s.ok(); ++k) {
-      if (fill_[g][k].next != fill_[g][k].count) {
-        s = InternalError("a save's state: the delivery ended at element ", fill_[g][k].next, " of ", fill_[g][k].count, " of group ", g,
+      if (fill_[g][k].next != fill_[g][k].form.count) {
+        s = InternalError("a save's state: the delivery ended at element ", fill_[g][k].next, " of ", fill_[g][k].form.count, " of group ", g,
                           " buffer ", k);
       }
     }
@@ -411,8 +495,8 @@ Result<std::optional<ChunkQueue::Chunk>> ChunkQueue::Next(bool wait) {
 
 void ChunkQueue::Release(DeviceBuffer buffer) {
   std::lock_guard<std::mutex> lock(mu_);
+  held_ -= static_cast<int64_t>(buffer.size());
   spare_.push_back(std::move(buffer));
-  --held_;
   cv_.notify_all();
 }
 
@@ -423,7 +507,12 @@ double ChunkQueue::waited() const {
 
 int64_t ChunkQueue::peak_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return static_cast<int64_t>(peak_) * chunk_ * 4;
+  return peak_;
+}
+
+int64_t ChunkQueue::encoded_elements() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return encoded_;
 }
 
 // The chunks in the order they fill; when none is ready, the ones on their way finish first (their
@@ -440,8 +529,8 @@ Status WriteQueuedShard(IoEngine& io, const std::string& dir, const Manifest& m,
         if (!c) break;
       }
       auto buffer = std::make_shared<DeviceBuffer>(std::move(c->buffer));
-      RETURN_IF_ERROR(w->Write(c->group, c->kind, c->offset, c->count, buffer->as<float>(),
-                               [&queue, buffer] { queue.Release(std::move(*buffer)); }));
+      RETURN_IF_ERROR(w->WriteStored(c->group, c->kind, c->offset, c->count, buffer->data(),
+                                     [&queue, buffer] { queue.Release(std::move(*buffer)); }));
     }
     return w->Finish(stats);
   }();

@@ -64,6 +64,9 @@ class ShardWriter {
   // 4 KiB-aligned for raw writes to go O_DIRECT) must stay valid until `release` is called, on this
   // thread, once the chunk is written or the writer gives up on it. Each chunk once, in any order.
   Status Write(int group, int kind, int64_t offset, int64_t count, const float* data, std::function<void()> release = {});
+  // The same chunk already in the form the manifest stores its kind in (StoredBytes of it: f32 or
+  // bf16 values, or q8 codes then the blocks' scales), written as it is: nothing decoded or encoded.
+  Status WriteStored(int group, int kind, int64_t offset, int64_t count, const void* stored, std::function<void()> release = {});
   // Whether the chunk at `offset` of (group, kind) is this writer's part's.
   bool wants(int group, int kind, int64_t offset) const;
   // Every chunk given so far is written and released.
@@ -74,6 +77,7 @@ class ShardWriter {
  private:
   struct InFlight;
   ShardWriter(IoEngine& io, const std::string& dir, const Manifest& m, int shard, const ShardWriteOptions& o);
+  Status Take(int group, int kind, int64_t offset, int64_t count, const char* data, bool stored, std::function<void()> release);
   Status Encode(InFlight& w, std::vector<char>* scratch) const;
   Status Issue(size_t in_flight);  // the oldest encoded chunk, written at the end of the file
   Status Drain(size_t keep);       // waits for writes until `keep` are in flight
@@ -101,23 +105,37 @@ class ShardWriter {
 Status WriteShard(IoEngine& io, const std::string& dir, const Manifest& m, int shard, const StateView& state,
                   const ShardWriteOptions& options = {}, ShardWriteStats* stats = nullptr);
 
+// One kind of a group as the save's queue holds it: its shard elements and the form its chunks are
+// stored in (the manifest's: format.h GroupEntry::stored).
+struct QueuedKind {
+  int64_t count = 0;
+  StoredAs as = StoredAs::kF32;
+  int64_t block = 0;  // q8: elements per block
+  bool is_signed = false;
+};
+// The kinds of shard `layouts`' groups as the checkpoint `m` stores them.
+std::vector<std::vector<QueuedKind>> QueuedKinds(const Manifest& m, const std::vector<ShardLayout>& layouts);
+
 // The disk save's sink of a capture (core/state_view.h): each part is copied into chunk buffers
-// (chunk-aligned within its buffer) that the writer thread takes as they fill (Next), writes, and
-// gives back (Release). The buffers come from `spare` (the Checkpointer takes them back after the save,
-// TakeBuffers, and hands them to the next: memory is touched once) or are allocated from `device`
-// (which must outlive the queue), at most `budget_bytes` of them at once
-// (0: no bound, the whole state if the writer lags; never fewer than the kinds + 2 chunks a capture
-// can fill at once): Put waits for a buffer, so with a budget the owner's next change runs at the
-// writer's pace at worst. Thread-safe: the capture's producers, the writer thread, and the save's
-// owner (Stop).
+// (chunk-aligned within its buffer) in the form the checkpoint stores its kind (a compact part handed
+// over as the owner keeps it, PutStored, is copied as it is; f32 values of a compact kind are encoded
+// here), which the writer thread takes as they fill (Next), writes, and gives back (Release). The
+// buffers (a chunk's stored bytes each) come from `spare` (the Checkpointer takes them back after the
+// save, TakeBuffers, and hands them to the next: memory is touched once) or are allocated from
+// `device` (which must outlive the queue), at most `budget_bytes` of them at once (0: no bound, the
+// whole state if the writer lags; never fewer than the kinds + 2 of the largest chunks a capture can
+// fill at once): Put waits for a buffer, so with a budget the owner's next change runs at the writer's
+// pace at worst. Thread-safe: the capture's producers, the writer thread, and the save's owner (Stop).
 class ChunkQueue final : public StateSink {
  public:
-  // counts[g][k]: the shard elements of group g's kind k. `keep` (empty: every chunk), [g][k][chunk]:
-  // whether the chunk is wanted; the others' elements are passed over (a save spread over replicas).
-  ChunkQueue(std::vector<std::vector<int64_t>> counts, int64_t chunk_elements, int64_t budget_bytes, Device* device,
+  // kinds[g][k]: group g's kind k. `keep` (empty: every chunk), [g][k][chunk]: whether the chunk is
+  // wanted; the others' elements are passed over (a save spread over replicas).
+  ChunkQueue(std::vector<std::vector<QueuedKind>> kinds, int64_t chunk_elements, int64_t budget_bytes, Device* device,
              std::vector<DeviceBuffer> spare, std::vector<std::vector<std::vector<char>>> keep = {});
 
   Status Put(int group, int buffer, int64_t offset, int64_t n, const float* data) override;
+  Status PutStored(int group, int buffer, int64_t offset, int64_t n, StoredAs stored, int64_t block, bool is_signed, const void* values,
+                   const float* scales) override;
   void Waited(double seconds) override;
   void Close(const Status& status) override;
   // The save gives up (its writer failed, or its Checkpointer is going away): Put fails at once from
@@ -128,7 +146,7 @@ class ChunkQueue final : public StateSink {
   struct Chunk {
     int group = 0, kind = 0;
     int64_t offset = 0, count = 0;
-    DeviceBuffer buffer;  // chunk_elements x 4 bytes, 4 KiB-aligned; give it back with Release
+    DeviceBuffer buffer;  // the chunk's stored bytes (at least), 4 KiB-aligned; give it back with Release
   };
   // A filled chunk, or nullopt when none is filled yet (`wait` = false) or, waiting, once every part
   // arrived and was taken; an error if the delivery or the save stopped.
@@ -136,22 +154,31 @@ class ChunkQueue final : public StateSink {
   void Release(DeviceBuffer buffer);
   double waited() const;       // what the owner waited for this capture (Waited)
   int64_t peak_bytes() const;  // the most chunk buffers' bytes held at once
+  // Elements of compact kinds that arrived as f32 values and were encoded here (0 when the owner hands
+  // over every compact part as it keeps it).
+  int64_t encoded_elements() const;
   // Every buffer the queue holds, for the next save (once the writer gave its chunks back).
   std::vector<DeviceBuffer> TakeBuffers();
 
  private:
   struct Filling {
-    int64_t count = 0;  // the buffer's elements
-    int64_t next = 0;   // the next offset expected
-    DeviceBuffer buf;   // the chunk being filled (from next rounded down to a chunk)
+    QueuedKind form;   // the buffer's elements and stored form
+    int64_t next = 0;  // the next offset expected
+    DeviceBuffer buf;  // the chunk being filled (from next rounded down to a chunk)
   };
-  Result<DeviceBuffer> Acquire(std::unique_lock<std::mutex>& lock);
+  // `fill(chunk, chunk_count, at, done, take)` copies the part's elements [done, done + take) to
+  // element `at` of the chunk buffer `chunk` of `chunk_count` elements, without the lock.
+  template <typename Fill>
+  Status Arrive(int group, int buffer, int64_t offset, int64_t n, Fill fill);
+  Result<Filling*> Expect(int group, int buffer, int64_t offset, int64_t n);
+  Result<DeviceBuffer> Acquire(std::unique_lock<std::mutex>& lock, int64_t bytes);
 
   const int64_t chunk_;
   std::vector<std::vector<std::vector<char>>> keep_;
   Device* device_;
   std::vector<DeviceBuffer> spare_;
-  size_t max_buffers_ = 0, held_ = 0, peak_ = 0;
+  int64_t max_bytes_ = 0, held_ = 0, peak_ = 0;  // buffer bytes
+  int64_t encoded_ = 0;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::vector<Filling>> fill_;

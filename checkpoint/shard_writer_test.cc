@@ -103,6 +103,39 @@ class ShardWriterTest : public ::testing::TestWithParam<Codec> {
     }
     return bytes;
   }
+  // The manifest becomes one of a bf16 master and q8 moments in blocks of `block`; returns the three
+  // kinds' values as their owner keeps them (what their stored forms decode to).
+  std::vector<std::vector<float>> CompactState(int64_t block) {
+    m_.groups[0].alignment = block;
+    m_.groups[0].kinds = {"master", "exp_avg", "exp_avg_sq"};
+    m_.groups[0].stored = {StoredAs::kBF16, StoredAs::kQ8, StoredAs::kQ8};
+    m_.groups[0].block = block;
+    layout_ = *SavedLayout(m_, 0);
+    const int64_t n = layout_.shard_size();
+    EXPECT_EQ(n % block, 0);
+    std::vector<std::vector<float>> kept(3, std::vector<float>(static_cast<size_t>(n), 0.0f));
+    std::vector<uint8_t> codes(static_cast<size_t>(block));
+    for (int64_t i = 0; i < 2500; ++i) {
+      kept[0][static_cast<size_t>(i)] = Bf16ToFloat(FloatToBf16(std::sin(0.01f * static_cast<float>(i))));
+      kept[1][static_cast<size_t>(i)] = 1e-3f * std::cos(0.37f * static_cast<float>(i));
+      kept[2][static_cast<size_t>(i)] = 1e-6f * std::exp(-static_cast<float>(i % 300) / 20.0f);
+    }
+    for (int k = 1; k <= 2; ++k) {  // the moments as the optimizer keeps them: what their blocks decode to
+      for (int64_t b = 0; b < n / block; ++b) {
+        float* x = kept[static_cast<size_t>(k)].data() + b * block;
+        const float sc = Q8EncodeBlock(x, block, k == 1, codes.data());
+        for (int64_t i = 0; i < block; ++i) x[i] = Q8Value(codes[static_cast<size_t>(i)], k == 1) * sc;
+      }
+    }
+    return kept;
+  }
+  StateView View(std::vector<std::vector<float>>& kept) {
+    StateView v;
+    v.owner = &streamed_;
+    v.groups.push_back({"g", {}, layout_, {}});
+    for (size_t k = 0; k < kept.size(); ++k) v.groups[0].buffers.push_back({m_.groups[0].kinds[k], DType::kF32, kept[k].data(), layout_.shard_size()});
+    return v;
+  }
   fs::path dir_;
   Manifest m_;
   ShardLayout layout_;
@@ -214,7 +247,7 @@ TEST_P(ShardWriterTest, QueuedStateIsWrittenAsItFills) {
     for (bool complete : {true, false}) {
       fs::remove_all(dir_);
       fs::create_directories(dir_);
-      ChunkQueue queue({{n, n}}, m_.chunk_elements, 1, &host, {});
+      ChunkQueue queue({{{n}, {n}}}, m_.chunk_elements, 1, &host, {});
       std::thread owner([&] {
         for (int64_t off = 0; off < n; off += 1000) ASSERT_TRUE(queue.Put(0, 0, off, std::min<int64_t>(1000, n - off), master_.data() + off).ok());
         const int64_t upto = complete ? n : n - 5;
@@ -269,7 +302,7 @@ TEST_P(ShardWriterTest, ASpreadSaveWritesEachChunkOnceAcrossItsParts) {
     for (int k = 0; k < 2; ++k) {
       for (int64_t c = 0; c * m.chunk_elements < n; ++c) keep[0][static_cast<size_t>(k)].push_back(plan.part(0, k, c) == 1);
     }
-    ChunkQueue queue({{n, n}}, m.chunk_elements, 0, &host, {}, keep);
+    ChunkQueue queue({{{n}, {n}}}, m.chunk_elements, 0, &host, {}, keep);
     std::thread owner([&] {
       EXPECT_TRUE(queue.Put(0, 0, 0, n, master_.data()).ok());
       for (int64_t off = 0; off < n; off += 700) EXPECT_TRUE(queue.Put(0, 1, off, std::min<int64_t>(700, n - off), avg.data() + off).ok());
@@ -332,7 +365,7 @@ TEST_P(ShardWriterTest, ADeliveryWaitingForBuffersStopsWithTheSave) {
   const int64_t n = 200 * m_.chunk_elements;  // far more than the budget's chunks
   std::vector<float> big(static_cast<size_t>(n), 1.0f);
   CpuDevice host;
-  ChunkQueue queue({{n}}, m_.chunk_elements, 16 * m_.chunk_elements * 4, &host, {});
+  ChunkQueue queue({{{n}}}, m_.chunk_elements, 16 * m_.chunk_elements * 4, &host, {});
   Status put;
   std::thread owner([&] { put = queue.Put(0, 0, 0, n, big.data()); });  // no writer takes chunks
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -350,31 +383,9 @@ TEST_P(ShardWriterTest, ADeliveryWaitingForBuffersStopsWithTheSave) {
 // to match, by the form's own rules, naming the chunk.
 TEST_P(ShardWriterTest, CompactKindsAreStoredAsKeptAndReadBackBitForBit) {
   const int64_t block = 64;
-  m_.groups[0].alignment = block;
-  m_.groups[0].kinds = {"master", "exp_avg", "exp_avg_sq"};
-  m_.groups[0].stored = {StoredAs::kBF16, StoredAs::kQ8, StoredAs::kQ8};
-  m_.groups[0].block = block;
-  layout_ = *SavedLayout(m_, 0);
+  std::vector<std::vector<float>> kept = CompactState(block);
   const int64_t n = layout_.shard_size();
-  ASSERT_EQ(n % block, 0);
-  std::vector<std::vector<float>> kept(3, std::vector<float>(static_cast<size_t>(n), 0.0f));
-  std::vector<uint8_t> codes(static_cast<size_t>(block));
-  for (int64_t i = 0; i < 2500; ++i) {
-    kept[0][static_cast<size_t>(i)] = Bf16ToFloat(FloatToBf16(std::sin(0.01f * static_cast<float>(i))));
-    kept[1][static_cast<size_t>(i)] = 1e-3f * std::cos(0.37f * static_cast<float>(i));
-    kept[2][static_cast<size_t>(i)] = 1e-6f * std::exp(-static_cast<float>(i % 300) / 20.0f);
-  }
-  for (int k = 1; k <= 2; ++k) {  // the moments as the optimizer keeps them: what their blocks decode to
-    for (int64_t b = 0; b < n / block; ++b) {
-      float* x = kept[static_cast<size_t>(k)].data() + b * block;
-      const float sc = Q8EncodeBlock(x, block, k == 1, codes.data());
-      for (int64_t i = 0; i < block; ++i) x[i] = Q8Value(codes[static_cast<size_t>(i)], k == 1) * sc;
-    }
-  }
-  StateView v;
-  v.owner = &streamed_;
-  v.groups.push_back({"g", {}, layout_, {}});
-  for (int k = 0; k < 3; ++k) v.groups[0].buffers.push_back({m_.groups[0].kinds[static_cast<size_t>(k)], DType::kF32, kept[static_cast<size_t>(k)].data(), n});
+  StateView v = View(kept);
   auto io = IoEngine::Create();
   ASSERT_TRUE(io.ok());
   ShardWriteStats stats;
@@ -445,6 +456,70 @@ TEST_P(ShardWriterTest, CompactKindsAreStoredAsKeptAndReadBackBitForBit) {
   e = read_error();
   EXPECT_NE(e.find("q8 block 3: scale nan"), std::string::npos) << e;
   EXPECT_NE(e.find("exp_avg_sq, elements 0.."), std::string::npos) << e;
+}
+
+// The save's queue takes compact parts as their owner keeps them (bf16 values; q8 codes and scales)
+// in parts of 192 elements straddling chunks of 1024, and f32 values of a compact kind, which it
+// encodes: the files are byte for byte those written from the values, only the values' part was
+// encoded, and the staging holds stored bytes. A part stored otherwise than the checkpoint stores its
+// kind, a q8 part off its blocks and a value its form cannot hold are refused, naming the place.
+TEST_P(ShardWriterTest, AQueueTakesCompactPartsAsStored) {
+  const int64_t block = 64, n_part = 192;
+  std::vector<std::vector<float>> kept = CompactState(block);
+  const int64_t n = layout_.shard_size();
+  StateView v = View(kept);
+  auto io = IoEngine::Create();
+  ASSERT_TRUE(io.ok());
+  const fs::path a = dir_ / "a", b = dir_ / "b";
+  fs::create_directories(a);
+  fs::create_directories(b);
+  ASSERT_TRUE(WriteShard(**io, a.string(), m_, 0, v, {.compression = {GetParam(), 1}}).ok());
+  std::vector<uint16_t> master(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) master[static_cast<size_t>(i)] = FloatToBf16(kept[0][static_cast<size_t>(i)]);
+  std::vector<uint8_t> codes(static_cast<size_t>(n));
+  std::vector<float> scales(static_cast<size_t>(n / block));
+  for (int64_t q = 0; q < n / block; ++q) {
+    scales[static_cast<size_t>(q)] = Q8EncodeBlock(kept[1].data() + q * block, block, true, codes.data() + q * block);
+  }
+  CpuDevice host;
+  const std::vector<ShardLayout> layouts = {layout_};
+  ChunkQueue queue(QueuedKinds(m_, layouts), m_.chunk_elements, 1, &host, {});
+  std::thread owner([&] {
+    EXPECT_EQ(queue.PutStored(0, 1, 0, n_part, StoredAs::kBF16, 0, false, master.data(), nullptr).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(queue.PutStored(0, 1, 0, n_part, StoredAs::kQ8, block, false, codes.data(), scales.data()).code(), StatusCode::kInvalidArgument)
+        << "exp_avg's codes are signed";
+    EXPECT_EQ(queue.PutStored(0, 1, 0, 100, StoredAs::kQ8, block, true, codes.data(), scales.data()).code(), StatusCode::kInvalidArgument);
+    std::vector<float> bad(kept[0].begin(), kept[0].begin() + n_part);
+    bad[5] = 0.1f;
+    const Status s = queue.Put(0, 0, 0, n_part, bad.data());
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("at element 0"), std::string::npos) << s;
+    for (int64_t off = 0; off < n; off += n_part) {
+      const int64_t m = std::min(n_part, n - off);
+      EXPECT_TRUE(queue.PutStored(0, 0, off, m, StoredAs::kBF16, 0, false, master.data() + off, nullptr).ok());
+      EXPECT_TRUE(queue.PutStored(0, 1, off, m, StoredAs::kQ8, block, true, codes.data() + off, scales.data() + off / block).ok());
+      EXPECT_TRUE(queue.Put(0, 2, off, m, kept[2].data() + off).ok());
+    }
+    queue.Close(Status());
+  });
+  const Status s = WriteQueuedShard(**io, b.string(), m_, 0, queue, {.compression = {GetParam(), 1}});
+  owner.join();
+  ASSERT_TRUE(s.ok()) << s;
+  // The same chunks, byte for byte (their checksums), in the order they filled.
+  auto chunks = [](const fs::path& d) {
+    std::vector<std::tuple<int, int, int64_t, int64_t, int64_t, Codec, uint64_t>> c;
+    const Result<RankIndex> idx = DecodeIndex(Slurp(d / IndexFileName(0)), "index");
+    EXPECT_TRUE(idx.ok()) << idx.status();
+    if (!idx.ok()) return c;
+    for (const ChunkEntry& e : idx->chunks) {
+      c.emplace_back(e.group, e.kind, e.elem_offset, e.elements, e.stored_bytes, e.codec, e.xxh3);
+    }
+    return c;
+  };
+  EXPECT_EQ(chunks(a), chunks(b));
+  EXPECT_EQ(fs::file_size(a / DataFileName(0)), fs::file_size(b / DataFileName(0)));
+  EXPECT_EQ(queue.encoded_elements(), n) << "exp_avg_sq only, which came as values";
+  EXPECT_LE(queue.peak_bytes(), 5 * 2 * m_.chunk_elements) << "the kinds + 2 of the largest stored chunk (bf16)";
 }
 
 INSTANTIATE_TEST_SUITE_P(Codecs, ShardWriterTest, ::testing::Values(Codec::kRaw, Codec::kZstd, Codec::kByteGroupZstd),

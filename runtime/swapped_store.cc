@@ -304,12 +304,22 @@ class SwappedStore final : public OptimizerStore {
       const Slot& s = store_.slots_[static_cast<size_t>(g)];
       for (size_t k = 0; k < store_.kinds_.size(); ++k) {
         const float* values = Data(w, store_.kinds_[k]);
-        if (s.compact() && store_.KindBytes(s, static_cast<int>(k)) != 4) {  // the f32 values of the compact form
-          decoded_.resize(static_cast<size_t>(w.count));
+        if (s.compact() && store_.KindBytes(s, static_cast<int>(k)) != 4) {
           const auto [stream, scales] = store_.StoredStreams(s, static_cast<int>(k));
           const void* raw = stream >= 0 ? w.data[static_cast<size_t>(stream)]
                                         : static_cast<const char*>(store_.HostParams(store_.slots_[static_cast<size_t>(g)])) +
                                               static_cast<size_t>(w.offset) * store_.esize(s);
+          if (store_.TakesStored(s, static_cast<int>(k))) {  // as kept (windows are whole blocks): nothing decoded
+            const bool q8 = store_.KindBytes(s, static_cast<int>(k)) == 1;
+            for (auto& job : jobs_) {
+              if (!job->failed()) {
+                (void)job->PutStored(g, static_cast<int>(k), w.offset, w.count, q8 ? StoredAs::kQ8 : StoredAs::kBF16, q8 ? s.in.format.block : 0,
+                                     k == 1, raw, Data(w, scales));
+              }
+            }
+            continue;
+          }
+          decoded_.resize(static_cast<size_t>(w.count));  // the f32 values of the compact form
           const Status st = store_.DecodeKind(s, static_cast<int>(k), raw, Data(w, scales), w.offset, w.count, decoded_.data());
           if (!st.ok()) {
             for (auto& job : jobs_) job->Done(st);

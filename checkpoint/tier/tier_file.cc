@@ -55,7 +55,7 @@ Result<std::vector<Piece>> PlanFile(const Manifest& m, int64_t* total) {
     for (size_t k = 0; k < m.groups[g].kinds.size(); ++k) {
       const GroupEntry& ge = m.groups[g];
       const Piece& p = plan.emplace_back(Piece{static_cast<int>(g), static_cast<int>(k), layouts[g].shard_size(), off, ge.stored_as(k), ge.block,
-                                               ge.kinds[k] == "exp_avg"});
+                                               ge.signed_codes(k)});
       off = AlignUp(off + p.Bytes(p.count));
     }
   }

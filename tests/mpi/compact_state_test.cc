@@ -269,6 +269,7 @@ TEST_F(CompactStateTest, CheckpointsStoreTheCompactFormAndReshardBitExactly) {
     auto ck = ckpt::Checkpointer::Create(comm_.get(), &device_, o).value();
     ASSERT_TRUE(ck->SaveAsync(e->state_view()).ok());
     ASSERT_TRUE(ck->Wait().ok());
+    EXPECT_EQ(ck->last_stats().encoded_elements, 0) << "moved as kept: nothing decoded and encoded again";
     const std::string dir = root_ + "/" + sub + "/step-00000003";
     auto self = comm_->Split(comm_->rank() == 0 ? 0 : -1, 0).value();
     if (self) {
@@ -387,6 +388,7 @@ TEST_F(CompactStateTest, NvmeOffloadStreamsTheCompactFormBitForBit) {
     ASSERT_TRUE(ck->SaveAsync(nvme->state_view()).ok());  // streamed by the next step
     step(*nvme, 4);
     ASSERT_TRUE(ck->Wait().ok());
+    EXPECT_EQ(ck->last_stats().encoded_elements, 0) << "the windows' codes, scales and bf16 values moved as kept";
     auto from_nvme = make(comm_.get(), st, OffloadTarget::kHost, 8);
     LoadInto(*from_nvme, root_ + "/" + sub + "/step-00000003");
     step(*from_nvme, 4);
