@@ -49,18 +49,16 @@ inline __m256i Fmix32(__m256i h) {
   h = _mm256_mullo_epi32(h, Set(0xc2b2ae35u));
   return _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
 }
+// As cpu_avx512.cc's: the magnitude bits shifted into a float's top bits, and e = 0 fixed up exactly.
 template <bool kSigned>
 inline __m256 Q8Decode(__m256i c) {
   constexpr int kBias = kSigned ? 15 : 31;
-  const __m256i f = _mm256_and_si256(c, Set(7));
-  __m256i e = _mm256_srli_epi32(c, 3);
-  if constexpr (kSigned) e = _mm256_and_si256(e, Set(15));
-  const __m256i normal = _mm256_or_si256(_mm256_slli_epi32(_mm256_add_epi32(e, Set(127 - kBias)), 23), _mm256_slli_epi32(f, 20));
-  const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(f), _mm256_set1_ps(kSigned ? 0x1p-17f : 0x1p-33f));
-  const __m256i e_zero = _mm256_cmpeq_epi32(e, _mm256_setzero_si256());
-  __m256 v = _mm256_blendv_ps(_mm256_castsi256_ps(normal), sub, _mm256_castsi256_ps(e_zero));
-  if constexpr (kSigned) v = _mm256_or_ps(v, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(c, Set(0x80)), 24)));
-  return v;
+  const __m256i mag = kSigned ? _mm256_and_si256(c, Set(0x7f)) : c;
+  const __m256 v = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(mag, 20), Set((127u - kBias) << 23)));
+  const __m256 sub = _mm256_castsi256_ps(_mm256_cmpgt_epi32(Set(8), mag));
+  const __m256 x = _mm256_blendv_ps(v, _mm256_fmsub_ps(v, _mm256_set1_ps(2.0f), _mm256_set1_ps(kSigned ? 0x1p-14f : 0x1p-30f)), sub);
+  if constexpr (!kSigned) return x;
+  return _mm256_or_ps(x, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(c, Set(0x80)), 24)));
 }
 template <bool kSigned>
 inline __m256i Q8Encode(__m256 x, __m256 recip) {

@@ -49,18 +49,20 @@ inline __m512i Fmix32(__m512i h) {
   h = _mm512_mullo_epi32(h, Set(0xc2b2ae35u));
   return _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
 }
+// A code's magnitude bits shifted into a float's top bits are its value (exponent e + 127 - bias, 3
+// mantissa bits) for e > 0; for e = 0 that reads 2^-bias (1 + f/8), and the value f 2^(-bias-2) is
+// twice that less 2^-bias, exactly (one fused multiply-subtract).
 template <bool kSigned>
 inline __m512 Q8Decode(__m512i c) {
   constexpr int kBias = kSigned ? 15 : 31;
-  const __m512i f = _mm512_and_si512(c, Set(7));
-  __m512i e = _mm512_srli_epi32(c, 3);
-  if constexpr (kSigned) e = _mm512_and_si512(e, Set(15));
-  const __m512i normal = _mm512_or_si512(_mm512_slli_epi32(_mm512_add_epi32(e, Set(127 - kBias)), 23), _mm512_slli_epi32(f, 20));
-  const __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(f), _mm512_set1_ps(kSigned ? 0x1p-17f : 0x1p-33f));
-  const __mmask16 e_zero = _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512());
-  __m512 v = _mm512_mask_blend_ps(e_zero, _mm512_castsi512_ps(normal), sub);
-  if constexpr (kSigned) v = _mm512_or_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_and_si512(c, Set(0x80)), 24)));
-  return v;
+  const __m512i mag = kSigned ? _mm512_and_si512(c, Set(0x7f)) : c;
+  const __m512 v = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_slli_epi32(mag, 20), Set((127u - kBias) << 23)));
+  const __mmask16 sub = _mm512_cmplt_epu32_mask(mag, Set(8));
+  const __m512 lo2 = _mm512_set1_ps(kSigned ? 0x1p-14f : 0x1p-30f);  // 2 * 2^-bias
+  const __m512 x = _mm512_mask_fmsub_ps(v, sub, _mm512_set1_ps(2.0f), lo2);
+  if constexpr (!kSigned) return x;
+  // | the sign bit (bit 7 of the code, at bit 31 after the shift)
+  return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_castps_si512(x), _mm512_slli_epi32(c, 24), Set(0x80000000u), 0xF8));
 }
 template <bool kSigned>
 inline __m128i Q8Encode(__m512 x, __m512 recip) {

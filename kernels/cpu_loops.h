@@ -174,7 +174,7 @@ struct Kernels {
 
   template <int G, int C, bool kSr, int M1, int M2, class Tag>
   static void CompactAt(const AdamStepScalars& s, const CompactRange& r, float ms, float vs, int64_t b0, float* mt, float* vt,
-                        int64_t i, Tag tag) {
+                        V& vmax, int64_t i, Tag tag) {
     V p = Isa::template Load<kSr ? kElemBf16 : kElemF32>(r.param, i, tag);
     V g = Isa::template Load<G>(r.grad, i, tag);
     V m = LoadMoment<M1, true>(r.exp_avg, ms, i, tag);
@@ -189,16 +189,13 @@ struct Kernels {
     if constexpr (M1 == kMomQ8 || M2 == kMomQ8) {
       Isa::template Store<kElemF32>(mt, i - b0, m, tag);
       Isa::template Store<kElemF32>(vt, i - b0, v, tag);
+      if constexpr (M2 == kMomQ8) vmax = Max(vmax, Isa::Abs(v));  // a tail's missing lanes are 0
     } else {
       StoreMoment<M1>(r.exp_avg, i, m, tag);
       StoreMoment<M2>(r.exp_avg_sq, i, v, tag);
     }
   }
 
-  template <class Tag>
-  static void AbsMaxAt(const float* t, int64_t j, V& acc, Tag tag) {
-    acc = Max(acc, Isa::Abs(Isa::template Load<kElemF32>(t, j, tag)));
-  }
   // The second moment stored; the first moment coupled to it and stored, or (q8) kept for its scale.
   template <int M1, int M2, class Tag>
   static void CoupleAt(const CompactRange& r, float* mt, const float* vt, int64_t b0, int64_t j, float vr, V& am, Tag tag) {
@@ -221,19 +218,14 @@ struct Kernels {
   static void EncodeFirstAt(const CompactRange& r, const float* mt, int64_t b0, int64_t j, float mr, Tag tag) {
     Isa::template EncodeQ8<true>(r.exp_avg, b0 + j, Isa::template Load<kElemF32>(mt, j, tag), V(mr), tag);
   }
-  // The q8 block [b0, b1) held in mt/vt: the second moment's scale and codes, the coupling, then the
-  // first moment's scale (of what is stored: the largest magnitude after the coupling) and codes.
+  // The q8 block [b0, b1) held in mt/vt (`vmax`: the second moment's largest magnitudes, lane by lane):
+  // the second moment's scale and codes, the coupling, then the first moment's scale (of what is
+  // stored: the largest magnitude after the coupling) and codes.
   template <int M1, int M2>
-  static void StoreBlock(const CompactRange& r, float* mt, const float* vt, int64_t b0, int64_t b1) {
+  static void StoreBlock(const CompactRange& r, float* mt, const float* vt, V vmax, int64_t b0, int64_t b1) {
     const int64_t n = b1 - b0, q = b0 / r.block;
     float vr = 0;
-    if constexpr (M2 == kMomQ8) {
-      V av(0.0f);
-      int64_t j = 0;
-      for (; j + W <= n; j += W) AbsMaxAt(vt, j, av, typename Isa::Full{});
-      if (j < n) AbsMaxAt(vt, j, av, Isa::MakeTail(n - j));
-      vr = Q8Recip(r.exp_avg_sq_scale[q] = Isa::LaneMax(av));
-    }
+    if constexpr (M2 == kMomQ8) vr = Q8Recip(r.exp_avg_sq_scale[q] = Isa::LaneMax(vmax));
     V am(0.0f);
     int64_t j = 0;
     for (; j + W <= n; j += W) CoupleAt<M1, M2>(r, mt, vt, b0, j, vr, am, typename Isa::Full{});
@@ -242,6 +234,16 @@ struct Kernels {
       const float mr = Q8Recip(r.exp_avg_scale[q] = Isa::LaneMax(am));
       for (j = 0; j + W <= n; j += W) EncodeFirstAt(r, mt, b0, j, mr, typename Isa::Full{});
       if (j < n) EncodeFirstAt(r, mt, b0, j, mr, Isa::MakeTail(n - j));
+    }
+  }
+
+  // Prefetches the line of element i of a moment kept as M (q8: byte i, reached as a float's index).
+  template <int M>
+  static void PrefetchMoment(const void* base, int64_t i) {
+    if constexpr (M == kMomQ8) {
+      Isa::template Prefetch<kElemF32>(base, i / 4);
+    } else {
+      Isa::template Prefetch<M == kMomBf16 ? kElemBf16 : kElemF32>(base, i);
     }
   }
 
@@ -254,13 +256,17 @@ struct Kernels {
     for (int64_t b0 = r.begin; b0 < r.end; b0 += blk) {
       const int64_t b1 = std::min(b0 + blk, r.end);
       const float ms = M1 == kMomQ8 ? r.exp_avg_scale[b0 / blk] : 0.0f, vs = M2 == kMomQ8 ? r.exp_avg_sq_scale[b0 / blk] : 0.0f;
+      V vmax(0.0f);
       int64_t i = b0;
       for (; i + W <= b1; i += W) {
+        Isa::template Prefetch<kSr ? kElemBf16 : kElemF32>(r.param, i + kPrefetchElements);
         Isa::template Prefetch<G>(r.grad, i + kPrefetchElements);
-        CompactAt<G, C, kSr, M1, M2>(s, r, ms, vs, b0, mt, vt, i, typename Isa::Full{});
+        PrefetchMoment<M1>(r.exp_avg, i + kPrefetchElements);
+        PrefetchMoment<M2>(r.exp_avg_sq, i + kPrefetchElements);
+        CompactAt<G, C, kSr, M1, M2>(s, r, ms, vs, b0, mt, vt, vmax, i, typename Isa::Full{});
       }
-      if (i < b1) CompactAt<G, C, kSr, M1, M2>(s, r, ms, vs, b0, mt, vt, i, Isa::MakeTail(b1 - i));
-      if constexpr (kQ) StoreBlock<M1, M2>(r, mt, vt, b0, b1);
+      if (i < b1) CompactAt<G, C, kSr, M1, M2>(s, r, ms, vs, b0, mt, vt, vmax, i, Isa::MakeTail(b1 - i));
+      if constexpr (kQ) StoreBlock<M1, M2>(r, mt, vt, vmax, b0, b1);
     }
   }
 
