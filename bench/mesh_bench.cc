@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <tuple>
 #include <vector>
 
 #include "bench/bench_engine.h"
@@ -52,10 +53,11 @@ void Step(ZeroEngine& e, int64_t n_per_group) {
 }
 
 Figures Run(Communicator* comm, Device* dev, MPI_Comm node, int shards, DType reduce, int64_t params, int groups, int steps,
-            bool quantized_weights = false, bool quantized_gradients = false) {
+            bool quantized_weights = false, bool quantized_gradients = false, int secondary = 0) {
   EngineConfig cfg;
   cfg.quantized_weights = quantized_weights;
   cfg.quantized_gradients = quantized_gradients;
+  cfg.secondary_shard_group = secondary;
   cfg.reduce_dtype = reduce;
   cfg.stage = 3;
   cfg.shard_group_size = shards;
@@ -99,13 +101,14 @@ Figures Run(Communicator* comm, Device* dev, MPI_Comm node, int shards, DType re
   return f;
 }
 
-// Flat ZeRO-3 with qwZ (the gathers as int8 codes and a scale per 256 values), then with qgZ too (the
-// reduce-scatters), beside flat: the lines and the RESULT rows.
-void ReportQuantized(const Figures& flat, const Figures (&quantized)[2], int n, const std::string& reduce_name, double link_gbit) {
+// Flat ZeRO-3 with ZeRO++'s options (qwZ: the gathers as int8 codes and a scale per 256 values; qgZ:
+// the reduce-scatters likewise; hpZ: the backward's gathers inside a node), beside flat: the lines and
+// the RESULT rows.
+void ReportZeroPlusPlus(const Figures& flat, const std::vector<std::pair<std::string, Figures>>& runs, int n, const std::string& reduce_name,
+                        double link_gbit) {
   auto mb = [](double b) { return b / 1e6; };
-  for (int q = 0; q < 2; ++q) {
-    const Figures& f = quantized[q];
-    const char* name = q == 0 ? "qwZ" : "qwZ+qgZ";
+  for (const auto& [label, f] : runs) {
+    const char* name = label.c_str();
     std::printf("   flat ZeRO-3 + %s: step %.3f s; engine moved %.1f MB/rank (gathers %.1f, reductions %.1f)", name, f.step_s,
                 mb(f.gather + f.reduce), mb(f.gather), mb(f.reduce));
     if (f.cross >= 0) std::printf("; crossed nodes %.1f MB/rank", mb(f.cross));
@@ -116,6 +119,31 @@ void ReportQuantized(const Figures& flat, const Figures (&quantized)[2], int n, 
                 mb(f.cross >= 0 ? f.cross : f.gather + f.reduce), mb(flat.cross >= 0 ? flat.cross : flat.gather + flat.reduce), ratio);
     std::printf("RESULT\tmesh\t%s step\t%.3f\ts\t%.3f\tflat ZeRO-3\t%.3f\t-\t-\n", tag.c_str(), f.step_s, flat.step_s, f.step_s / flat.step_s);
   }
+}
+
+// Hybrid sharding over the nodes (S = ranks per node, R = nodes) beside flat: the lines and the RESULT rows.
+void ReportHybrid(const Figures& flat, const Figures& hybrid, int n, int per_node, int nodes, const std::string& reduce_name, double link_gbit,
+                  double hybrid_cross) {
+  auto mb = [](double b) { return b / 1e6; };
+  const double S = per_node;
+    std::printf("   hybrid (S=%d, R=%d): step %.3f s; engine moved %.1f MB/rank (gathers %.1f, reductions %.1f of which replicas' %.1f); "
+                "analytic across %.1f MB",
+                per_node, nodes, hybrid.step_s, mb(hybrid.gather + hybrid.reduce), mb(hybrid.gather), mb(hybrid.reduce),
+                mb(hybrid.replica), mb(hybrid_cross));
+    if (hybrid.cross >= 0) std::printf("; crossed nodes %.1f MB/rank", mb(hybrid.cross));
+    std::printf("\n");
+    const double ratio = flat.cross > 0 && hybrid.cross >= 0 ? hybrid.cross / flat.cross : hybrid.replica / (flat.gather + flat.reduce);
+    std::printf("   hybrid/flat: bytes across nodes %.3f (target <= 0.5; %s), step time %.2f (target < 1 at the slow link)\n", ratio,
+                flat.cross > 0 ? "measured on the links" : "engine figures, no emulated links", hybrid.step_s / flat.step_s);
+    if (link_gbit > 0 && hybrid.cross >= 0) {
+      std::printf("   the link: %.1f MB per step per node at %.1f Gbit/s is %.3f s flat, %.3f s hybrid\n", mb(flat.cross * S), link_gbit,
+                  flat.cross * S * 8 / (link_gbit * 1e9), hybrid.cross * S * 8 / (link_gbit * 1e9));
+    }
+    const std::string tag = "N=" + std::to_string(n) + " S=" + std::to_string(per_node) + " " + reduce_name + (link_gbit > 0 ? " " + std::to_string(static_cast<int>(link_gbit)) + "gbit" : "");
+    std::printf("RESULT\tmesh\t%s cross-node bytes\t%.0f\tMB/rank/step\t%.0f\tflat ZeRO-3\t%.3f\t-\t-\n", tag.c_str(),
+                mb(hybrid.cross >= 0 ? hybrid.cross : hybrid.replica), mb(flat.cross >= 0 ? flat.cross : flat.gather + flat.reduce), ratio);
+    std::printf("RESULT\tmesh\t%s step\t%.3f\ts\t%.3f\tflat ZeRO-3\t%.3f\t-\t-\n", tag.c_str(), hybrid.step_s, flat.step_s,
+                hybrid.step_s / flat.step_s);
 }
 
 }  // namespace
@@ -156,8 +184,13 @@ int main(int argc, char** argv) {
                   per_node, params / 1e6, reduce_name.c_str(), link_gbit > 0 ? (std::to_string(link_gbit) + " Gbit/s").c_str() : "not given");
     }
     const Figures flat = Run(comm.get(), &dev, node, 0, reduce, params, groups, steps);
-    const Figures quantized[2] = {Run(comm.get(), &dev, node, 0, reduce, params, groups, steps, true),
-                                  Run(comm.get(), &dev, node, 0, reduce, params, groups, steps, true, true)};
+    // ZeRO++'s options on flat ZeRO-3; hpZ's secondary group a node (where the world spans several).
+    std::vector<std::pair<std::string, Figures>> plus;
+    for (const auto& [name, qw, qg, hpz] : {std::tuple{"qwZ", true, false, false}, std::tuple{"qwZ+qgZ", true, true, false},
+                                            std::tuple{"hpZ", false, false, true}, std::tuple{"qwZ+hpZ+qgZ", true, true, true}}) {
+      if (hpz && !(per_node >= 2 && per_node < n && n % per_node == 0)) continue;
+      plus.emplace_back(name, Run(comm.get(), &dev, node, 0, reduce, params, groups, steps, qw, qg, hpz ? per_node : 0));
+    }
     Figures hybrid;
     const bool hybrid_ok = nodes > 1 && per_node * nodes == n;
     if (hybrid_ok) hybrid = Run(comm.get(), &dev, node, per_node, reduce, params, groups, steps);
@@ -173,27 +206,8 @@ int main(int argc, char** argv) {
                   n, flat.step_s, mb(flat.gather + flat.reduce), mb(flat.gather), mb(flat.reduce), mb(flat_all));
       if (flat.cross >= 0) std::printf("; crossed nodes %.1f MB/rank", mb(flat.cross));
       std::printf("\n");
-      ReportQuantized(flat, quantized, n, reduce_name, link_gbit);
-      if (hybrid_ok) {
-        std::printf("   hybrid (S=%d, R=%d): step %.3f s; engine moved %.1f MB/rank (gathers %.1f, reductions %.1f of which replicas' %.1f); "
-                    "analytic across %.1f MB",
-                    per_node, nodes, hybrid.step_s, mb(hybrid.gather + hybrid.reduce), mb(hybrid.gather), mb(hybrid.reduce),
-                    mb(hybrid.replica), mb(hybrid_cross));
-        if (hybrid.cross >= 0) std::printf("; crossed nodes %.1f MB/rank", mb(hybrid.cross));
-        std::printf("\n");
-        const double ratio = flat.cross > 0 && hybrid.cross >= 0 ? hybrid.cross / flat.cross : hybrid.replica / (flat.gather + flat.reduce);
-        std::printf("   hybrid/flat: bytes across nodes %.3f (target <= 0.5; %s), step time %.2f (target < 1 at the slow link)\n", ratio,
-                    flat.cross > 0 ? "measured on the links" : "engine figures, no emulated links", hybrid.step_s / flat.step_s);
-        if (link_gbit > 0 && hybrid.cross >= 0) {
-          std::printf("   the link: %.1f MB per step per node at %.1f Gbit/s is %.3f s flat, %.3f s hybrid\n", mb(flat.cross * S), link_gbit,
-                      flat.cross * S * 8 / (link_gbit * 1e9), hybrid.cross * S * 8 / (link_gbit * 1e9));
-        }
-        const std::string tag = "N=" + std::to_string(n) + " S=" + std::to_string(per_node) + " " + reduce_name + (link_gbit > 0 ? " " + std::to_string(static_cast<int>(link_gbit)) + "gbit" : "");
-        std::printf("RESULT\tmesh\t%s cross-node bytes\t%.0f\tMB/rank/step\t%.0f\tflat ZeRO-3\t%.3f\t-\t-\n", tag.c_str(),
-                    mb(hybrid.cross >= 0 ? hybrid.cross : hybrid.replica), mb(flat.cross >= 0 ? flat.cross : flat.gather + flat.reduce), ratio);
-        std::printf("RESULT\tmesh\t%s step\t%.3f\ts\t%.3f\tflat ZeRO-3\t%.3f\t-\t-\n", tag.c_str(), hybrid.step_s, flat.step_s,
-                    hybrid.step_s / flat.step_s);
-      }
+      ReportZeroPlusPlus(flat, plus, n, reduce_name, link_gbit);
+      if (hybrid_ok) ReportHybrid(flat, hybrid, n, per_node, nodes, reduce_name, link_gbit, hybrid_cross);
     }
     MPI_Comm_free(&node);
   }

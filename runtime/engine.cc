@@ -375,6 +375,7 @@ Status EngineCore::Allocate(const InitFn& init) {
                                                       config_.max_live_gathered_bytes, config_.prefetch_depth);
     impl_->gatherer->SetGroups(std::move(refs));
     if (config_.quantized_weights) impl_->gatherer->QuantizeGathers(config_.quantization_block);
+    if (secondary_) impl_->gatherer->SecondaryShards(secondary_.get(), device_);
   }
   return GatherUpdatedParams(true);
 }
@@ -751,6 +752,7 @@ Status EngineCore::RefreshParamsFromMaster() {
   if (!finalized_) return FailedPreconditionError("refresh: the engine is not finalized");
   RETURN_IF_ERROR(Settle(), "refresh");  // the gather rewrites frozen groups' parameters, which a capture may be reading
   RETURN_IF_ERROR(impl_->store->RefreshParams(), "refresh");
+  if (impl_->gatherer) impl_->gatherer->DropSecondary();  // hpZ's copies are of the parameters before
   return GatherUpdatedParams(true);
 }
 
@@ -787,6 +789,7 @@ CommStats EngineCore::comm_stats() const {
   }
   if (impl_->gatherer) {
     s.gather_bytes += impl_->gatherer->stats().gather_bytes;
+    s.secondary_gather_bytes += impl_->gatherer->stats().secondary_gather_bytes;
     s.collectives += impl_->gatherer->stats().collectives;
   }
   return s;

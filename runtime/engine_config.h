@@ -132,6 +132,13 @@ struct EngineConfig {
   // summed in f32 in rank order by the shard's owner (errors do not compound over hops).
   bool quantized_gradients = false;
   int64_t quantization_block = 256;
+  // hpZ, stage 3: a secondary copy of the parameters, partitioned over groups of this many
+  // consecutive ranks inside the shard group (make it a node: kShardGroupNode, -1, the launcher's
+  // ranks per node): a group's first gather in a step keeps the rank's 1/P of it, and its later
+  // gathers in the step (backward) all-gather those slices inside the group only. Costs padded model /
+  // P parameter bytes per rank (memory()'s parameters). 0: off; else in [2, shard group size), dividing
+  // it. Host memory only (CPU ranks).
+  int secondary_shard_group = 0;
   double max_grad_norm = 0;               // global-norm clipping; 0 = off
   int grad_accum_steps = 1;               // gradients are divided by this at the step
   // 16-bit models: gradient buffers, accumulation over micro-steps, reductions' results and the

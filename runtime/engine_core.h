@@ -109,6 +109,9 @@ class EngineCore {
   // (comm_ itself unless hybrid) and the replica group of the ranks that hold the same shards (null
   // unless hybrid). Agreement, the norm and the registration check stay on comm_, the whole world.
   Status SplitMesh();
+  Status SplitSecondary();
+  Result<int> NodeRanks(const char* setting);
+  Status OnOneHost(Communicator* group, const char* setting);
   int LayoutRank() const { return config_.stage == 0 ? 0 : shards_->rank(); }  // stage 0's layout has one "rank"
   int LayoutSize() const { return config_.stage == 0 ? 1 : shards_->size(); }
   int Replicas() const { return replicas_ ? replicas_->size() : 1; }
@@ -116,6 +119,7 @@ class EngineCore {
   Communicator* comm_;
   Communicator* shards_ = nullptr;
   std::unique_ptr<Communicator> own_shards_, replicas_;
+  std::unique_ptr<Communicator> secondary_;  // hpZ's group (EngineConfig::secondary_shard_group), or null
   Device* device_;
   EngineConfig config_;
   LossScaler scaler_;

@@ -16,6 +16,16 @@
 namespace zrt {
 
 Status internal::CheckQuantizedCollectives(const EngineConfig& c, const Device& device) {
+  if (c.secondary_shard_group != 0) {
+    if (c.stage != 3) return InvalidArgumentError("engine: secondary_shard_group (hpZ) needs stage 3 (only stage 3 gathers parameters)");
+    if (c.secondary_shard_group < EngineConfig::kShardGroupNode || c.secondary_shard_group == 1) {
+      return InvalidArgumentError("engine: secondary_shard_group must be 0 (off), -1 (a node) or >= 2, got ", c.secondary_shard_group);
+    }
+    if (!device.host_accessible()) {
+      return InvalidArgumentError("engine: secondary_shard_group works on host memory (CPU ranks); device ", device.name(),
+                                  " is not addressable from the host");
+    }
+  }
   if (!c.quantized_weights && !c.quantized_gradients) return Status();
   if (c.quantized_weights && c.stage != 3) {
     return InvalidArgumentError("engine: quantized_weights needs stage 3 (at stage ", c.stage,
@@ -42,14 +52,7 @@ Status EngineCore::SplitMesh() {
   if (config_.stage == 0) return Status();
   int s = config_.shard_group_size == 0 ? n : config_.shard_group_size;
   if (s == EngineConfig::kShardGroupNode) {
-    // One node: the launcher's ranks per node, the same on every rank and dividing the world.
-    s = ThreadPool::LauncherRanksPerNode();
-    float v[2] = {static_cast<float>(s), -static_cast<float>(s)};
-    RETURN_IF_ERROR(comm_->AllReduce(v, v, 2, DType::kF32, ReduceOp::kMax), "the shard group of a node");
-    if (v[0] != -v[1] || n % s != 0) {
-      return InvalidArgumentError("shard_group_size = node: the launcher's ranks per node (", s, " here) differ between nodes or do not "
-                                  "divide the world size ", n, "; set shard_group_size explicitly");
-    }
+    ASSIGN_OR_RETURN(s, NodeRanks("shard_group_size"));
   }
   if (s < n) {
     ASSIGN_OR_RETURN(own_shards_, comm_->Split(comm_->rank() / s, comm_->rank()), "the shard group");
@@ -65,19 +68,54 @@ Status EngineCore::SplitMesh() {
     replicas_->set_check_args(false);
     shards_ = own_shards_.get();
   }
-  if (config_.shard_group_size == EngineConfig::kShardGroupNode) {
-    // Each group must be one node: every rank of it on the same host.
-    char host[256] = {};
-    ::gethostname(host, sizeof(host) - 1);
-    const uint64_t mine = std::hash<std::string_view>{}(host);
-    std::vector<uint64_t> all(static_cast<size_t>(s));
-    RETURN_IF_ERROR(shards_->AllGather(&mine, all.data(), sizeof(mine), DType::kBytes), "the shard group of a node");
-    const bool one_host = std::all_of(all.begin(), all.end(), [&](uint64_t h) { return h == all[0]; });
-    RETURN_IF_ERROR(AgreeOnStatus(comm_, one_host ? Status() : InvalidArgumentError(
-        "shard_group_size = node: ranks ", comm_->rank() / s * s, "..", comm_->rank() / s * s + s - 1, " are not all on host ", host,
-        " (place ranks node by node, mpirun --map-by slot, or set shard_group_size explicitly)")), "the shard group of a node");
+  if (config_.shard_group_size == EngineConfig::kShardGroupNode) RETURN_IF_ERROR(OnOneHost(shards_, "shard_group_size"));
+  return SplitSecondary();
+}
+
+// hpZ's groups: P consecutive ranks of the shard group.
+Status EngineCore::SplitSecondary() {
+  int p = config_.secondary_shard_group;
+  if (p == 0) return Status();
+  if (p == EngineConfig::kShardGroupNode) {
+    ASSIGN_OR_RETURN(p, NodeRanks("secondary_shard_group"));
   }
+  const int s = shards_->size();
+  if (p < 2 || p >= s || s % p != 0) {
+    return InvalidArgumentError("engine: secondary_shard_group ", p, " must be in [2, ", s, ") and divide the shard group's ", s,
+                                " ranks (a secondary copy over the whole shard group would be the shards themselves)");
+  }
+  ASSIGN_OR_RETURN(secondary_, shards_->Split(shards_->rank() / p, shards_->rank()), "the secondary shard group");
+  if (!secondary_ || secondary_->size() != p) return InternalError("splitting ", s, " ranks into secondary groups of ", p, " failed");
+  secondary_->set_check_args(comm_->check_args());
+  if (config_.secondary_shard_group == EngineConfig::kShardGroupNode) RETURN_IF_ERROR(OnOneHost(secondary_.get(), "secondary_shard_group"));
   return Status();
+}
+
+// A node: the launcher's ranks per node, the same on every rank and dividing the world.
+Result<int> EngineCore::NodeRanks(const char* setting) {
+  const int n = comm_->size(), s = ThreadPool::LauncherRanksPerNode();
+  float v[2] = {static_cast<float>(s), -static_cast<float>(s)};
+  RETURN_IF_ERROR(comm_->AllReduce(v, v, 2, DType::kF32, ReduceOp::kMax), setting, " of a node");
+  if (v[0] != -v[1] || n % s != 0) {
+    return InvalidArgumentError(setting, " = node: the launcher's ranks per node (", s, " here) differ between nodes or do not "
+                                "divide the world size ", n, "; set ", setting, " explicitly");
+  }
+  return s;
+}
+
+// Each of the groups `group` is one of must be one node: every rank of it on the same host.
+Status EngineCore::OnOneHost(Communicator* group, const char* setting) {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  const uint64_t mine = std::hash<std::string_view>{}(host);
+  const int s = group->size();
+  std::vector<uint64_t> all(static_cast<size_t>(s));
+  RETURN_IF_ERROR(group->AllGather(&mine, all.data(), sizeof(mine), DType::kBytes), setting, " of a node");
+  const bool one_host = std::all_of(all.begin(), all.end(), [&](uint64_t h) { return h == all[0]; });
+  const int first = comm_->rank() - group->rank();
+  return AgreeOnStatus(comm_, one_host ? Status() : InvalidArgumentError(
+      setting, " = node: ranks ", first, "..", first + s - 1, " are not all on host ", host,
+      " (place ranks node by node, mpirun --map-by slot, or set ", setting, " explicitly)")).WithContext(std::string(setting) + " of a node");
 }
 
 }  // namespace zrt

@@ -1,6 +1,8 @@
 #include "zrt/runtime/param_gatherer.h"
 
 #include "zrt/core/base.h"
+
+#include <cstring>
 #include "zrt/kernels/weight_quant.h"
 
 namespace zrt {
@@ -69,9 +71,47 @@ void ParamGatherer::DropShard(int g) {
   load_pool_->Release(std::move(s.shard));
 }
 
+Status ParamGatherer::StartFromSecondary(int g) {
+  State& s = state_[static_cast<size_t>(g)];
+  const GroupRef& r = groups_[static_cast<size_t>(g)];
+  if (s.phase == Phase::kLoading) {  // a prefetched read of the shard, not needed now
+    (void)s.io.Wait();
+    DropShard(g);
+  }
+  ASSIGN_OR_RETURN(s.buffer, pool_->Acquire(Bytes(g)), "gathering group '", r.name, "'");
+  live_bytes_ += static_cast<int64_t>(Bytes(g));
+  const int p = node_->size();
+  ASSIGN_OR_RETURN(s.handle, node_->AllGatherAsync(s.secondary.data(), s.buffer.data(), static_cast<size_t>(r.layout->padded_size() / p), r.dtype),
+                   "gathering group '", r.name, "' in its secondary group");
+  s.phase = Phase::kInFlight;
+  const int64_t moved = static_cast<int64_t>(Bytes(g)) * (p - 1) / p;
+  stats_.gather_bytes += moved;
+  stats_.secondary_gather_bytes += moved;
+  ++stats_.collectives;
+  return Status();
+}
+
+Status ParamGatherer::KeepSecondary(int g) {
+  State& s = state_[static_cast<size_t>(g)];
+  const size_t bytes = Bytes(g) / static_cast<size_t>(node_->size());
+  if (s.secondary.empty()) {
+    ASSIGN_OR_RETURN(s.secondary, secondary_device_->Allocate(bytes, MemCategory::kParameters), "the secondary shard of group '",
+                     groups_[static_cast<size_t>(g)].name, "'");
+    secondary_bytes_ += static_cast<int64_t>(bytes);
+  }
+  std::memcpy(s.secondary.data(), s.buffer.as<char>() + bytes * static_cast<size_t>(node_->rank()), bytes);
+  s.secondary_valid = true;
+  return Status();
+}
+
+void ParamGatherer::DropSecondary() {
+  for (State& s : state_) s.secondary_valid = false;
+}
+
 Status ParamGatherer::Start(int g) {
   State& s = state_[static_cast<size_t>(g)];
   const GroupRef& r = groups_[static_cast<size_t>(g)];
+  if (node_ != nullptr && s.secondary_valid) return StartFromSecondary(g);
   const void* src = r.shard;
   if (r.load) {
     if (s.phase == Phase::kReleased) RETURN_IF_ERROR(Load(g));
@@ -149,7 +189,7 @@ void ParamGatherer::Prefetch(int g) {
   if (depth > 0 && k < order_.size()) {
     const int h = order_[k];
     const GroupRef& r = groups_[static_cast<size_t>(h)];
-    if (r.load && state_[static_cast<size_t>(h)].phase == Phase::kReleased &&
+    if (r.load && state_[static_cast<size_t>(h)].phase == Phase::kReleased && !state_[static_cast<size_t>(h)].secondary_valid &&
         live_bytes_ + static_cast<int64_t>(r.load_bytes) <= max_live_bytes_) {
       (void)Load(h);
     }
@@ -165,6 +205,7 @@ Result<void*> ParamGatherer::Gather(int g) {
     Status w = s.handle.Wait();
     if (w.ok() && !s.packed.empty()) w = Decode(g);
     DropShard(g);
+    if (w.ok() && node_ != nullptr && !s.secondary_valid) w = KeepSecondary(g);
     RETURN_IF_ERROR(w, "gathering group '", groups_[static_cast<size_t>(g)].name, "'");
     s.phase = Phase::kGathered;
   }
@@ -205,6 +246,7 @@ Status ParamGatherer::EndStep() {
   }
   if (recording_ && !order_.empty()) recording_ = false;
   cursor_ = 0;
+  DropSecondary();  // the step is about to change the parameters
   return first;
 }
 

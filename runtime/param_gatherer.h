@@ -20,6 +20,15 @@
 // master's 16-bit copy) are untouched; a group of one rank gathers exactly (nothing moves). Host
 // memory only (the engine checks).
 //
+// Secondary shards (hpZ, SecondaryShards(node)): the first gather of a group after EndStep keeps this
+// rank's 1/P of the gathered parameters (P = the node group's ranks, consecutive ranks of the
+// gather's communicator; the slice at the rank's place in the node group); the group's later gathers
+// in the step (the backward's, a recomputation's) all-gather those slices inside the node group only:
+// exactly what the first gather gave (qwZ's decoded values included), no byte across nodes. They are
+// dropped at EndStep (the step changes the parameters) and by DropSecondary (a load did). Their
+// memory, padded_size / P elements per group, is allocated at the first use and kept (parameters'
+// category). Host memory only (the engine checks).
+//
 // Host-resident shards with device buffers (stage-3 parameters offloaded on a GPU; `compute` given):
 // each shard is copied into a pooled device buffer on the compute queue right before its all-gather,
 // which the communicator orders after it, so prefetching stays asynchronous.
@@ -59,6 +68,15 @@ class ParamGatherer {
   void SetGroups(std::vector<GroupRef> groups);
   // qwZ: gathers move block-quantized int8 codes, `block` values per f32 scale (0: exact gathers).
   void QuantizeGathers(int64_t block) { quant_block_ = block; }
+  // hpZ: `node` (split from the gatherer's communicator, groups of consecutive ranks whose size
+  // divides it) gathers the secondary shards, allocated on `device`.
+  void SecondaryShards(Communicator* node, Device* device) {
+    node_ = node;
+    secondary_device_ = device;
+  }
+  // Every secondary shard is stale (the parameters changed outside a step): the next gathers go whole.
+  void DropSecondary();
+  int64_t secondary_bytes() const { return secondary_bytes_; }
   // Full parameters of group g (padded_size elements of its dtype), valid until Release(g).
   Result<void*> Gather(int g);
   Status Release(int g);
@@ -80,6 +98,8 @@ class ParamGatherer {
     DeviceBuffer device_shard;  // with `upload`: the shard's device copy, until the all-gather is done
     DeviceBuffer packed, packed_all;  // qwZ: this rank's codes and scales, every rank's, until decoded
     IoHandle io;
+    DeviceBuffer secondary;       // hpZ: this rank's slice of the parameters as last gathered
+    bool secondary_valid = false;  // ... and gathered in this step
   };
   size_t Bytes(int g) const;       // the full (gathered) parameters
   size_t ShardBytes(int g) const;  // this rank's shard
@@ -87,6 +107,8 @@ class ParamGatherer {
   Status Decode(int g);             // qwZ: every rank's codes into the full parameters
   Status Load(int g);
   Status Start(int g);
+  Status StartFromSecondary(int g);  // hpZ: the node group's slices
+  Status KeepSecondary(int g);       // hpZ: this rank's slice of the gathered parameters
   void DropShard(int g);
   void Prefetch(int g);
 
@@ -103,6 +125,9 @@ class ParamGatherer {
   size_t cursor_ = 0;  // position in order_ of the next expected Gather
   int64_t live_bytes_ = 0;
   int64_t quant_block_ = 0;
+  Communicator* node_ = nullptr;  // hpZ
+  Device* secondary_device_ = nullptr;
+  int64_t secondary_bytes_ = 0;
   CommStats stats_;
 };
 

@@ -1,7 +1,7 @@
 // ParamGatherer on in-process ranks (1-4): a gathered group is every rank's shard in rank order; later
 // steps prefetch in the order recorded in the first step, within the live-bytes bound; gathers off
 // the recorded order still work; offloaded shards (a load function) are read before their all-gather;
-// misuse is an error.
+// misuse is an error; hpZ's later gathers stay inside their secondary group.
 #include "zrt/runtime/param_gatherer.h"
 
 #include <gtest/gtest.h>
@@ -203,6 +203,76 @@ TEST(ParamGatherer, QuantizedGathersDecodeEveryRanksShardWithinItsBlockScale) {
         EXPECT_LE(quantized, exact * 6 / 10) << quantized << " of " << exact;
         return Status();
       }).ok());
+    }
+  }
+}
+
+// hpZ: a group's first gather in a step is the whole gather (exact, or qwZ's decoded values) and keeps
+// the rank's slice; its later gathers in the step (here: a backward in reverse order) come from the
+// slices of its P-rank group, bit for bit the same, moving (P - 1) / P of the parameters inside the
+// group and reading no offloaded shard; EndStep and DropSecondary make the next gather whole again.
+TEST(ParamGatherer, HpzLaterGathersInAStepComeFromTheSecondaryGroupBitForBit) {
+  for (const auto& [ranks, p] : {std::pair{4, 2}, std::pair{6, 2}, std::pair{6, 3}}) {
+    for (bool offloaded : {false, true}) {
+      for (int64_t quant : {int64_t{0}, int64_t{32}}) {
+        SCOPED_TRACE(std::to_string(ranks) + " ranks, groups of " + std::to_string(p) + (offloaded ? ", offloaded" : "") +
+                     (quant > 0 ? ", qwZ" : ""));
+        ASSERT_TRUE(RunLoopbackRanks(ranks, [&, p = p](Communicator& comm) -> Status {
+          Fixture f(comm, offloaded);
+          ASSIGN_OR_RETURN(std::unique_ptr<Communicator> node, comm.Split(comm.rank() / p, comm.rank()));
+          CpuDevice dev;
+          if (quant > 0) f.gatherer->QuantizeGathers(quant);
+          f.gatherer->SecondaryShards(node.get(), &dev);
+          int64_t slices = 0, secondary = 0;
+          for (const ShardLayout& l : f.layouts) {
+            slices += l.padded_size() / p * 2;
+            secondary += l.padded_size() * 2 * (p - 1) / p;
+          }
+          int64_t forward = -1;  // the forward's gather bytes per step
+          for (int step = 0; step < 3; ++step) {
+            const CommStats before = f.gatherer->stats();
+            const int loads = f.loads;
+            std::vector<std::vector<uint16_t>> first(4);
+            for (int g : {2, 0, 3, 1}) {
+              ASSIGN_OR_RETURN(void* x, f.gatherer->Gather(g));
+              if (quant == 0) f.ExpectGathered(static_cast<size_t>(g), x);
+              first[static_cast<size_t>(g)].assign(static_cast<const uint16_t*>(x),
+                                                    static_cast<const uint16_t*>(x) + f.layouts[static_cast<size_t>(g)].padded_size());
+              RETURN_IF_ERROR(f.gatherer->Release(g));
+            }
+            for (int g : {1, 3, 0, 2}) {
+              ASSIGN_OR_RETURN(void* x, f.gatherer->Gather(g));
+              EXPECT_EQ(0, std::memcmp(x, first[static_cast<size_t>(g)].data(), first[static_cast<size_t>(g)].size() * 2)) << "group " << g;
+              RETURN_IF_ERROR(f.gatherer->Release(g));
+            }
+            RETURN_IF_ERROR(f.gatherer->EndStep());
+            // (A step's prefetches may start the backward's first gathers during the forward.)
+            EXPECT_EQ(f.loads - loads, offloaded ? 4 : 0) << "no shard read for a gather inside the secondary group";
+            const int64_t moved = f.gatherer->stats().gather_bytes - before.gather_bytes,
+                          inside = f.gatherer->stats().secondary_gather_bytes - before.secondary_gather_bytes;
+            EXPECT_EQ(inside, secondary) << "step " << step << ": every backward gather inside the secondary group";
+            if (forward < 0) forward = moved - inside;
+            EXPECT_EQ(moved - inside, forward) << "step " << step << ": the forward's gathers, whole";
+            EXPECT_GT(forward, 0);
+          }
+          EXPECT_EQ(f.gatherer->secondary_bytes(), slices);
+          // After EndStep, and after DropSecondary, the next gather goes whole.
+          for (bool drop : {false, true}) {
+            const int64_t before = f.gatherer->stats().secondary_gather_bytes;
+            ASSIGN_OR_RETURN(void* x, f.gatherer->Gather(1));
+            (void)x;
+            RETURN_IF_ERROR(f.gatherer->Release(1));
+            if (drop) f.gatherer->DropSecondary();
+            ASSIGN_OR_RETURN(x, f.gatherer->Gather(1));
+            if (quant == 0) f.ExpectGathered(1, x);
+            RETURN_IF_ERROR(f.gatherer->Release(1));
+            EXPECT_EQ(f.gatherer->stats().secondary_gather_bytes - before, drop ? 0 : f.layouts[1].padded_size() * 2 * (p - 1) / p);
+            RETURN_IF_ERROR(f.gatherer->EndStep());
+          }
+          EXPECT_EQ(f.gatherer->live_bytes(), 0);
+          return Status();
+        }).ok());
+      }
     }
   }
 }

@@ -17,6 +17,9 @@ struct CommStats {
   // crosses nodes when the shard groups are nodes.
   int64_t replica_bytes = 0;
   int64_t gather_bytes = 0;
+  // Of gather_bytes, the stage-3 gathers inside the secondary group (hpZ, EngineConfig::
+  // secondary_shard_group): what stays inside a node when that group is one.
+  int64_t secondary_gather_bytes = 0;
   int64_t collectives = 0;
   // Gradient reductions, host clock: each collective's time from launch to the completion the engine
   // saw (it polls on every GradsReady), and the part of that the caller spent in them (blocked in a

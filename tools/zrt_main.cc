@@ -206,6 +206,10 @@ void AddPlanCommand(CLI::App& app, Args& a) {
       ->check(AtLeast(1));
   plan->add_flag("--quantized-weights", pi.quantized_weights, "stage 3: parameter gathers as int8 codes (qwZ; EngineConfig::quantized_weights)");
   plan->add_flag("--quantized-gradients", pi.quantized_gradients, "stages 1-3: gradient reduce-scatters as int8 codes (qgZ)");
+  plan->add_option("--secondary-shard-group", pi.secondary_shard_group,
+                   "stage 3: a secondary copy of the parameters over this many devices (a node), the backward's gathers inside it "
+                   "(hpZ; EngineConfig::secondary_shard_group)")
+      ->check(AtLeast(2));
   plan->add_option("--quantization-block", pi.quantization_block, "values per f32 scale of qwZ / qgZ")->check(AtLeast(1))->capture_default_str();
   plan->add_option("--tp", pi.tp, "tensor-parallel degree: the model per device is divided by TP x PP")->check(AtLeast(1))->capture_default_str();
   plan->add_option("--pp", pi.pp, "pipeline-parallel degree")->check(AtLeast(1))->capture_default_str();

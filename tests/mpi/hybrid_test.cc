@@ -46,6 +46,7 @@ struct Mesh {
   bool quantized_weights = false;  // qwZ, blocks of 64
   bool quantized_gradients = false;  // qgZ, blocks of 64
   OffloadTarget offload_params = OffloadTarget::kNone;
+  int secondary = 0;  // hpZ: secondary_shard_group
 };
 
 std::string Name(const Mesh& s) {
@@ -87,6 +88,7 @@ class HybridTest : public EngineTest {
     cfg.quantized_weights = s.quantized_weights;
     cfg.quantized_gradients = s.quantized_gradients;
     cfg.quantization_block = 64;
+    cfg.secondary_shard_group = s.secondary;
     cfg.offload.optimizer = s.offload;
     cfg.offload.params = s.offload_params;
     if (s.offload == OffloadTarget::kNvme) {
@@ -434,6 +436,62 @@ TEST_F(HybridTest, QuantizedGradientReductionsStayCloseToExactAndReplicasIdentic
 // shard_group_size = node: the launcher's ranks per node, checked against the host names. On one
 // machine that is the world (or what OMPI_COMM_WORLD_LOCAL_SIZE says); on emulated nodes
 // (tests/cluster) a node, and a group that would span hosts is refused on every rank.
+// hpZ (EngineConfig::secondary_shard_group) at stage 3, flat and hybrid, every P that divides the
+// shard group below it, exact and with qwZ, parameters resident and offloaded to the host: training
+// bit for bit as without it (the backward's gathers give what the forward's did), the backward's
+// gathers inside the P-rank groups (CommStats::secondary_gather_bytes: half of all gather bytes, the
+// forward's as many again), the copies counted as parameters in memory(); refused where it cannot work.
+TEST_F(HybridTest, SecondaryShardsGatherTheBackwardInsideTheirGroupBitForBit) {
+  std::vector<int> meshes = HybridSizes();
+  meshes.push_back(0);
+  int runs = 0;
+  for (int s : meshes) {
+    const int shards = s == 0 ? size() : s;
+    for (int p = 2; p < shards; ++p) {
+      if (shards % p != 0) continue;
+      for (bool qwz : {false, true}) {
+        for (OffloadTarget params : {OffloadTarget::kNone, OffloadTarget::kHost}) {
+          Mesh plain{.stage = 3, .shards = s, .dtype = DType::kBF16, .offload = params, .quantized_weights = qwz, .offload_params = params};
+          Mesh hpz = plain;
+          hpz.secondary = p;
+          SCOPED_TRACE(Name(hpz) + " P=" + std::to_string(p) + (qwz ? " qwZ" : "") + " params offload " + std::string(OffloadTargetName(params)));
+          auto ref = Build(comm_.get(), plain);
+          auto e = Build(comm_.get(), hpz);
+          ASSERT_TRUE(ref.ok() && e.ok()) << ref.status() << e.status();
+          auto params_bytes = [&] { return device_.memory().Read().current_of(MemCategory::kParameters); };
+          Train(**ref, rank(), 0, 3, 1);
+          const int64_t before = params_bytes();
+          Train(**e, rank(), 0, 3, 1);
+          if (!qwz) {  // the copies: 1/P of each gathered group, whose bytes the exact gathers tell (3 steps, 2 gathers each)
+            const int64_t gathered = (*ref)->comm_stats().gather_bytes / 6 * shards / (shards - 1);
+            EXPECT_EQ(params_bytes() - before, gathered / p) << "memory() counts the secondary copies as parameters";
+          }
+          const std::vector<float> want = Masters(**ref), got = Masters(**e);
+          EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * 4)) << "hpZ changed the training";
+          const CommStats st = (*e)->comm_stats();
+          EXPECT_GT(st.secondary_gather_bytes, 0);
+          ++runs;
+          EXPECT_EQ(st.gather_bytes, (*ref)->comm_stats().gather_bytes / 2 + st.secondary_gather_bytes)
+              << "the forward's gathers as before, the backward's inside the secondary group";
+        }
+      }
+    }
+  }
+  EXPECT_EQ(runs > 0, size() >= 4) << "every world of 4 ranks or more has a valid P";
+  EngineConfig cfg;
+  cfg.stage = 2;
+  cfg.secondary_shard_group = 2;
+  auto bad = ZeroEngine::Create(comm_.get(), &device_, cfg);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("stage 3"), std::string::npos) << bad.status();
+  cfg.stage = 3;
+  for (int p : {1, size(), size() + 1}) {
+    cfg.secondary_shard_group = p;
+    auto e = Make(cfg, kModel, DType::kF32, InitFn());
+    EXPECT_FALSE(e.ok()) << "P = " << p;
+  }
+}
+
 TEST_F(HybridTest, ANodeIsTheLaunchersRanksPerNode) {
   const int per_node = ThreadPool::LauncherRanksPerNode();
   EngineConfig cfg;

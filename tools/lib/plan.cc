@@ -107,6 +107,12 @@ struct Memory {
 // Bytes of one Adam moment per parameter as the state keeps it (--moments).
 double MomentBytes(const PlanInput& in) { return in.moments == "f32" ? 4 : in.moments == "bf16" ? 2 : 1 + 4.0 / in.q8_block; }
 
+// hpZ's group size over a shard group of `shards` devices, or 0 where it does not apply.
+int Secondary(const PlanInput& in, int shards) {
+  const int p = in.secondary_shard_group;
+  return in.stage == 3 && p >= 2 && p < shards && shards % p == 0 ? p : 0;
+}
+
 Memory MemoryFor(const PlanInput& in, const Model& m, const Config& c) {
   // Optimizer state per parameter: the moments, and an fp32 master for 16-bit models (an fp32 model's
   // parameters are its master, except on NVMe where the master streams beside the parameters).
@@ -143,6 +149,8 @@ Memory MemoryFor(const PlanInput& in, const Model& m, const Config& c) {
     (c.offload_params == "cpu" ? mem.host : mem.nvme) += mem.params;
     mem.params = 0;
   }
+  // hpZ's secondary copy of the parameters, 1/P of them, kept on the device through the step.
+  if (c.stage == 3 && Secondary(in, c.shards) > 0) mem.params += p * psi / Secondary(in, c.shards);
   if (m.shape) {
     const double s = double(in.seq), b = double(c.batch), h = in.hidden, a = in.heads;
     const double scores = in.flash_attention ? 0 : 5.0 * a * s * s * b;
@@ -220,12 +228,15 @@ Links LinksFor(const PlanInput& in, const Model& m, int shards) {
   // Per element on the wire: the dtype's bytes, or with qwZ / qgZ a code and 4 / block of a scale.
   const double q = 1 + 4.0 / static_cast<double>(in.quantization_block);
   const double gather = in.quantized_weights ? q : in.param_bytes, reduce = in.quantized_gradients ? q : in.param_bytes;
-  // The shard group: stage 3 gathers twice and reduce-scatters; stages 1-2 reduce-scatter and gather once.
-  const double group = ((in.stage == 3 ? 2 : 1) * gather + reduce) * elements * (s - 1) / s;
+  // The shard group: stage 3 gathers twice and reduce-scatters (with hpZ the backward's gather goes
+  // over the P-device secondary group, in the dtype); stages 1-2 reduce-scatter and gather once.
+  const int hpz = Secondary(in, shards);
+  const double group = ((in.stage == 3 && hpz == 0 ? 2 : 1) * gather + reduce) * elements * (s - 1) / s;
   const double replicas = in.stage == 0 ? 0 : 2 * bytes / s * (r - 1) / r;
   Links l;
-  const bool group_inside = shards <= PerNode(in) && PerNode(in) % shards == 0;
-  (group_inside ? l.inside : l.across) += in.stage == 0 ? 2 * bytes * (in.gpus - 1.0) / in.gpus : group;
+  auto inside = [&](int devices) { return devices <= PerNode(in) && PerNode(in) % devices == 0; };
+  (inside(shards) ? l.inside : l.across) += in.stage == 0 ? 2 * bytes * (in.gpus - 1.0) / in.gpus : group;
+  if (hpz > 0) (inside(hpz) ? l.inside : l.across) += bytes * (hpz - 1.0) / hpz;
   if (in.stage == 0 && in.gpus > PerNode(in)) l.across += l.inside, l.inside = 0;
   l.across += replicas;
   if (in.intra_gbps > 0 && in.inter_gbps > 0) l.seconds = l.inside / (in.intra_gbps * 1e9) + l.across / (in.inter_gbps * 1e9);
@@ -282,6 +293,10 @@ Status CheckInput(const PlanInput& in) {
   if (in.quantized_weights && in.stage != 3) return InvalidArgumentError("plan: --quantized-weights needs stage 3");
   if (in.quantized_gradients && in.stage == 0) return InvalidArgumentError("plan: --quantized-gradients needs stage 1-3");
   if (in.quantization_block < 1) return InvalidArgumentError("plan: --quantization-block must be >= 1");
+  if (in.secondary_shard_group != 0 && (in.stage != 3 || Secondary(in, Shards(in)) == 0)) {
+    return InvalidArgumentError("plan: --secondary-shard-group (hpZ) needs stage 3 and 2 <= P < the shard group's ", Shards(in),
+                                " devices, dividing it; got ", in.secondary_shard_group);
+  }
   if (in.tp < 1 || in.pp < 1) return InvalidArgumentError("plan: --tp and --pp must be >= 1");
   if (in.intra_gbps < 0 || in.inter_gbps < 0) return InvalidArgumentError("plan: --intra-gbps and --inter-gbps must be >= 0");
   for (const std::string* o : {&in.offload, &in.offload_params}) {
@@ -514,6 +529,7 @@ void PrintPlan(const PlanInput& in, const Model& m, const Estimate& e, std::ostr
   if (m.largest > 0) out << ", largest layer " << m.largest / 1e6 << " M";
   out << "; " << in.gpus << " device(s), ZeRO stage " << in.stage;
   if (Shards(in) < in.gpus && in.stage > 0) out << " in shard groups of " << Shards(in) << " (" << in.gpus / Shards(in) << " replicas)";
+  if (in.secondary_shard_group > 0) out << ", the backward's gathers over " << in.secondary_shard_group << " devices (hpZ)";
   if (in.quantized_weights || in.quantized_gradients) {
     out << ", int8 " << (in.quantized_weights ? in.quantized_gradients ? "gathers and reductions (qwZ, qgZ)" : "gathers (qwZ)" : "reductions (qgZ)");
   }

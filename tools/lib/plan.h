@@ -35,6 +35,10 @@ struct PlanInput {
   // (qwZ) and stage 1-3 gradient reduce-scatters (qgZ) as int8 codes with an f32 scale per block.
   bool quantized_weights = false, quantized_gradients = false;
   int64_t quantization_block = 256;
+  // hpZ (EngineConfig::secondary_shard_group), stage 3: a secondary copy of the parameters over P
+  // devices (a node: gpus_per_node), the backward's gathers inside it; 0: off. Applies to a shard group
+  // S with 2 <= P < S dividing it.
+  int secondary_shard_group = 0;
   // Link rates per device, GB/s, for the communication time per step (0: not timed).
   double intra_gbps = 0, inter_gbps = 0;
   std::string offload = "none";         // optimizer state: none | cpu | nvme (stages 1-3)

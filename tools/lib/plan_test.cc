@@ -138,6 +138,41 @@ TEST(Plan, QuantizedCollectivesShrinkTheirVolumes) {
   }
 }
 
+// hpZ: the backward's gather moves inside the node (in the dtype, over P devices), a P-th of the
+// parameters more on every device; refused where it cannot apply.
+TEST(Plan, SecondaryShardsMoveTheBackwardsGatherInsideTheNode) {
+  PlanInput in;
+  in.params = 8e9;
+  in.gpus = 128;
+  in.gpus_per_node = 8;
+  in.stage = 3;
+  in.intra_gbps = 100;
+  in.inter_gbps = 10;
+  const double E = 8e9, f = 127.0 / 128;
+  const auto flat = PlanJson(in);
+  in.secondary_shard_group = 8;
+  const auto hpz = PlanJson(in);
+  EXPECT_NEAR(hpz["comm_bytes_per_step"].get<double>(), 2 * 2 * E * f + 2 * E * 7.0 / 8, 1e3);
+  EXPECT_NEAR(hpz["device"]["params"].get<double>() - flat["device"]["params"].get<double>(), 2 * E / 8, 1e3);
+  const auto& row = hpz["mesh"]["by_shard_group"];
+  for (const auto& r : row) {
+    if (r["shard_group"].get<int>() != 128) continue;
+    EXPECT_NEAR(r["across_nodes_bytes"].get<double>(), 2 * 2 * E * f, 1e3) << "the forward's gather and the reduce-scatter";
+    EXPECT_NEAR(r["inside_node_bytes"].get<double>(), 2 * E * 7.0 / 8, 1e3) << "the backward's gather";
+  }
+  std::ostringstream text;
+  ASSERT_TRUE(Plan(in, false, text).ok());
+  EXPECT_NE(text.str().find("(hpZ)"), std::string::npos) << text.str();
+  for (auto [stage, p, shards] : {std::tuple{2, 8, 0}, std::tuple{3, 128, 0}, std::tuple{3, 3, 0}, std::tuple{3, 8, 8}}) {
+    PlanInput b = in;
+    b.stage = stage;
+    b.secondary_shard_group = p;
+    b.shard_group = shards;
+    std::ostringstream os;
+    EXPECT_EQ(Plan(b, true, os).code(), StatusCode::kInvalidArgument) << stage << " " << p << " " << shards;
+  }
+}
+
 TEST(Plan, TransformerShapeActivationsAndTime) {
   PlanInput in;  // GPT-3 175B-like shape
   in.layers = 96;
