@@ -361,6 +361,7 @@ Status EngineCore::Allocate(const InitFn& init) {
   bo.total = reduced;  // buckets no larger than the model needs (none on one rank)
   bo.replicas = replicas_.get();
   bo.quantized_block = config_.quantized_gradients ? config_.quantization_block : 0;
+  bo.node = node_.get(), bo.across = across_.get();  // qgZ's two levels, where the shard group spans nodes
   ASSIGN_OR_RETURN(impl_->bucketer, GradBucketer::Create(shards_, device_, impl_->compute.get(), bo), "finalize");
   RETURN_IF_ERROR(store.Init(std::move(store_groups)), "finalize");
   if (config_.stage == 3) {
@@ -783,6 +784,7 @@ CommStats EngineCore::comm_stats() const {
   if (impl_->bucketer) {
     s.reduce_bytes += impl_->bucketer->stats().reduce_bytes;
     s.replica_bytes += impl_->bucketer->stats().replica_bytes;
+    s.across_nodes_bytes += impl_->bucketer->stats().across_nodes_bytes;
     s.collectives += impl_->bucketer->stats().collectives;
     s.reduce_seconds += impl_->bucketer->stats().reduce_seconds;
     s.reduce_wait_seconds += impl_->bucketer->stats().reduce_wait_seconds;

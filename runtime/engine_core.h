@@ -110,6 +110,7 @@ class EngineCore {
   // unless hybrid). Agreement, the norm and the registration check stay on comm_, the whole world.
   Status SplitMesh();
   Status SplitSecondary();
+  Status SplitNodes();
   Result<int> NodeRanks(const char* setting);
   Status OnOneHost(Communicator* group, const char* setting);
   int LayoutRank() const { return config_.stage == 0 ? 0 : shards_->rank(); }  // stage 0's layout has one "rank"
@@ -120,6 +121,8 @@ class EngineCore {
   Communicator* shards_ = nullptr;
   std::unique_ptr<Communicator> own_shards_, replicas_;
   std::unique_ptr<Communicator> secondary_;  // hpZ's group (EngineConfig::secondary_shard_group), or null
+  // Two-level qgZ: the shard group's ranks on this node, and those at the same place on every node.
+  std::unique_ptr<Communicator> node_, across_;
   Device* device_;
   EngineConfig config_;
   LossScaler scaler_;

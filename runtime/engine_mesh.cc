@@ -69,7 +69,28 @@ Status EngineCore::SplitMesh() {
     shards_ = own_shards_.get();
   }
   if (config_.shard_group_size == EngineConfig::kShardGroupNode) RETURN_IF_ERROR(OnOneHost(shards_, "shard_group_size"));
-  return SplitSecondary();
+  RETURN_IF_ERROR(SplitSecondary());
+  return SplitNodes();
+}
+
+// qgZ goes two levels where the shard group spans nodes of P > 1 of its ranks each (the launcher's
+// ranks per node, placed node by node): one all-to-all inside the node, one across the nodes.
+Status EngineCore::SplitNodes() {
+  if (!config_.quantized_gradients) return Status();
+  const int s = shards_->size(), p = ThreadPool::LauncherRanksPerNode();
+  float v[2] = {static_cast<float>(p), -static_cast<float>(p)};
+  RETURN_IF_ERROR(comm_->AllReduce(v, v, 2, DType::kF32, ReduceOp::kMax), "qgZ's levels");
+  if (v[0] != -v[1] || p < 2 || p >= s || s % p != 0) return Status();  // one level
+  ASSIGN_OR_RETURN(node_, shards_->Split(shards_->rank() / p, shards_->rank()), "qgZ's node group");
+  ASSIGN_OR_RETURN(across_, shards_->Split(shards_->rank() % p, shards_->rank()), "qgZ's group across nodes");
+  if (!node_ || !across_ || node_->size() != p || across_->size() != s / p) return InternalError("splitting qgZ's levels");
+  node_->set_check_args(false);  // (as the replicas': the second level starts whenever a poll finds the first done)
+  across_->set_check_args(false);
+  if (!OnOneHost(node_.get(), "qgZ's node group").ok()) {  // agreed on every rank: ranks not placed node by node
+    node_.reset();
+    across_.reset();
+  }
+  return Status();
 }
 
 // hpZ's groups: P consecutive ranks of the shard group.

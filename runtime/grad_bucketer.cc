@@ -42,6 +42,46 @@ class ThenRun final : public CommHandle::Impl {
   std::function<void()> then_;
 };
 
+// Two collectives, the second launched (with the host work between) once the first finished.
+class TwoStages final : public CommHandle::Impl {
+ public:
+  TwoStages(CommHandle first, std::function<Result<CommHandle>()> second, std::function<void()> then)
+      : first_(std::move(first)), second_(std::move(second)), then_(std::move(then)) {}
+  Status Wait() override {
+    if (!started_) {
+      RETURN_IF_ERROR(first_.Wait());
+      RETURN_IF_ERROR(Start());
+    }
+    RETURN_IF_ERROR(handle_.Wait());
+    Finish();
+    return Status();
+  }
+  Result<bool> Test() override {
+    if (!started_) {
+      ASSIGN_OR_RETURN(const bool done, first_.Test());
+      if (!done) return false;
+      RETURN_IF_ERROR(Start());
+    }
+    ASSIGN_OR_RETURN(const bool done, handle_.Test());
+    if (done) Finish();
+    return done;
+  }
+
+ private:
+  Status Start() {
+    started_ = true;
+    ASSIGN_OR_RETURN(handle_, second_());
+    return Status();
+  }
+  void Finish() {
+    if (then_) std::exchange(then_, nullptr)();
+  }
+  CommHandle first_, handle_;
+  std::function<Result<CommHandle>()> second_;
+  std::function<void()> then_;
+  bool started_ = false;
+};
+
 }  // namespace
 
 Result<std::unique_ptr<GradBucketer>> GradBucketer::Create(Communicator* comm, Device* device, Compute* compute,
@@ -84,7 +124,8 @@ Status GradBucketer::AllocateBucket(Bucket& b) {
     const size_t packed = PackedBytes(capacity_) * static_cast<size_t>(regions());
     ASSIGN_OR_RETURN(b.qin, device_->Allocate(packed, MemCategory::kCommunication), "gradient bucket codes");
     ASSIGN_OR_RETURN(b.qout, device_->Allocate(packed, MemCategory::kCommunication), "gradient bucket codes");
-    if (sum_.empty()) sum_.resize(static_cast<size_t>(2 * capacity_));
+    // A region's running sum and one rank's decoded part; two levels: the node's K partial sums too.
+    if (sum_.empty()) sum_.resize(static_cast<size_t>((TwoLevel() ? 2 + o_.across->size() : 2) * capacity_));
   }
   return Status();
 }
@@ -94,26 +135,68 @@ size_t GradBucketer::PackedBytes(int64_t used) const {
 }
 
 Result<CommHandle> GradBucketer::LaunchQuantized(Bucket& b) {
+  if (TwoLevel()) return LaunchTwoLevel(b);
   const size_t packed = PackedBytes(b.used), rsize = DTypeSize(o_.reduce_dtype);
   for (int r = 0; r < regions(); ++r) {
     kernels::QuantizeWeights(b.in.as<char>() + static_cast<size_t>(r * b.used) * rsize, o_.reduce_dtype, b.used, o_.quantized_block,
                              b.qin.as<char>() + packed * static_cast<size_t>(r));
   }
   ASSIGN_OR_RETURN(CommHandle h, comm_->AllToAllAsync(b.qin.data(), b.qout.data(), packed));
-  return CommHandle(std::make_unique<ThenRun>(std::move(h), [this, &b] { DecodeQuantized(b); }));
+  stats_.reduce_bytes += static_cast<int64_t>(packed) * (regions() - 1);
+  return CommHandle(std::make_unique<ThenRun>(std::move(h), [this, &b] { DecodeQuantized(b, regions(), regions()); }));
 }
 
-// Every rank's codes of this rank's region, decoded and summed in rank order, averaged, rounded once.
-void GradBucketer::DecodeQuantized(Bucket& b) {
+// Rank r = k P + l (node k, place l): to each node rank l', the regions k' P + l' of every node k',
+// node by node.
+Result<CommHandle> GradBucketer::LaunchTwoLevel(Bucket& b) {
+  const int p = o_.node->size(), k = o_.across->size();
+  const size_t packed = PackedBytes(b.used), rsize = DTypeSize(o_.reduce_dtype);
+  for (int l = 0; l < p; ++l) {
+    for (int n = 0; n < k; ++n) {
+      kernels::QuantizeWeights(b.in.as<char>() + static_cast<size_t>((n * p + l) * b.used) * rsize, o_.reduce_dtype, b.used,
+                               o_.quantized_block, b.qin.as<char>() + packed * static_cast<size_t>(l * k + n));
+    }
+  }
+  ASSIGN_OR_RETURN(CommHandle h, o_.node->AllToAllAsync(b.qin.data(), b.qout.data(), packed * static_cast<size_t>(k)));
+  stats_.reduce_bytes += static_cast<int64_t>(packed) * k * (p - 1);
+  return CommHandle(std::make_unique<TwoStages>(std::move(h), [this, &b] { return AcrossNodes(b); },
+                                                [this, &b] { DecodeQuantized(b, o_.across->size(), regions()); }));
+}
+
+// The node's codes of this place's K regions summed in f32 in node-rank order, quantized again, and
+// each sum sent to its node.
+Result<CommHandle> GradBucketer::AcrossNodes(Bucket& b) {
+  const int p = o_.node->size(), k = o_.across->size();
+  const size_t packed = PackedBytes(b.used);
+  float* part = sum_.data() + capacity_;
+  float* node_sums = sum_.data() + 2 * capacity_;  // k x used
+  std::fill(node_sums, node_sums + k * b.used, 0.0f);
+  for (int l = 0; l < p; ++l) {
+    for (int n = 0; n < k; ++n) {
+      kernels::DequantizeWeights(b.qout.as<char>() + packed * static_cast<size_t>(l * k + n), b.used, o_.quantized_block, part, DType::kF32);
+      float* sum = node_sums + n * b.used;
+      for (int64_t i = 0; i < b.used; ++i) sum[i] += part[i];
+    }
+  }
+  for (int n = 0; n < k; ++n) {
+    kernels::QuantizeWeights(node_sums + n * b.used, DType::kF32, b.used, o_.quantized_block, b.qin.as<char>() + packed * static_cast<size_t>(n));
+  }
+  ASSIGN_OR_RETURN(CommHandle h, o_.across->AllToAllAsync(b.qin.data(), b.qout.data(), packed), "reducing a gradient bucket across nodes");
+  stats_.reduce_bytes += static_cast<int64_t>(packed) * (k - 1);
+  stats_.across_nodes_bytes += static_cast<int64_t>(packed) * (k - 1);
+  return h;
+}
+
+void GradBucketer::DecodeQuantized(Bucket& b, int sources, int divisor) {
   const size_t packed = PackedBytes(b.used);
   float* sum = sum_.data();
   float* part = sum_.data() + capacity_;
   std::fill(sum, sum + b.used, 0.0f);
-  for (int r = 0; r < regions(); ++r) {
+  for (int r = 0; r < sources; ++r) {
     kernels::DequantizeWeights(b.qout.as<char>() + packed * static_cast<size_t>(r), b.used, o_.quantized_block, part, DType::kF32);
     for (int64_t i = 0; i < b.used; ++i) sum[i] += part[i];
   }
-  const float n = static_cast<float>(regions());
+  const float n = static_cast<float>(divisor);
   for (int64_t i = 0; i < b.used; ++i) StoreFromFloat(b.out.data(), i, o_.reduce_dtype, sum[i] / n);
 }
 
@@ -184,7 +267,6 @@ Status GradBucketer::Launch(Bucket& b) {
     if (across_replicas_) stats_.replica_bytes += 2 * bytes * (comm_->size() - 1) / comm_->size();
   } else if (Quantized()) {
     ASSIGN_OR_RETURN(b.handle, LaunchQuantized(b), "reducing a gradient bucket (quantized)");
-    stats_.reduce_bytes += static_cast<int64_t>(PackedBytes(b.used)) * n * (n - 1) / n;
   } else {
     ASSIGN_OR_RETURN(b.handle, comm_->ReduceScatterAsync(b.in.data(), b.out.data(), static_cast<size_t>(b.used),
                                                          o_.reduce_dtype, ReduceOp::kAvg));
@@ -193,6 +275,7 @@ Status GradBucketer::Launch(Bucket& b) {
   ++stats_.collectives;
   b.in_flight = true;
   b.replicating = false;
+  b.seq = launches_++;
   b.launched = std::chrono::steady_clock::now();
   // On a device stream (NCCL) the replicas' all-reduce is queued at once, behind the reduce-scatter:
   // every rank then queues its collectives in the same order, which NCCL needs across communicators
@@ -241,8 +324,14 @@ Status GradBucketer::Complete(Bucket& b) {
 }
 
 Status GradBucketer::Poll() {
-  for (Bucket& b : buckets_) {
+  // Oldest first; with two levels a bucket finishes only after the older one did, so that every rank
+  // launches the second level's collectives in the same order.
+  const bool fifo = TwoLevel();
+  const int older = buckets_[0].seq <= buckets_[1].seq ? 0 : 1;
+  for (int k : {older, older ^ 1}) {
+    Bucket& b = buckets_[k];
     if (!b.in_flight) continue;
+    if (fifo && k != older && buckets_[older].in_flight) break;
     const auto testing = std::chrono::steady_clock::now();  // CPU MPI progresses the collective inside Test: not hidden
     ASSIGN_OR_RETURN(bool done, b.handle.Test(), "reducing a gradient bucket");
     if (done && Replicated() && !b.replicating) {

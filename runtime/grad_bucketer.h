@@ -53,6 +53,15 @@ class GradBucketer {
     // codes of its region and sums them in f32 in rank order, rounding once to reduce_dtype. 0: off.
     // Host memory only.
     int64_t quantized_block = 0;
+    // qgZ over two levels (ZeRO++'s hierarchical reduction): `node`, the P consecutive ranks of
+    // `comm` a node holds (rank / P), and `across`, the K = size / P ranks at the same place in each
+    // node (rank % P), both split from `comm` and outliving the bucketer. Each rank sends its node's
+    // ranks the regions of their places (an all-to-all of codes inside the node), sums the node's
+    // codes of its place's K regions in f32, quantizes those sums again and sends each to its node (an
+    // all-to-all of codes across nodes, 1/P of the bytes), where they are summed in node order: the
+    // same result layout, each value quantized twice. Null: one level.
+    Communicator* node = nullptr;
+    Communicator* across = nullptr;
   };
   // Buckets live on `device`; `compute` (for that device) does the copies and casts into and out of them.
   static Result<std::unique_ptr<GradBucketer>> Create(Communicator* comm, Device* device, Compute* compute,
@@ -85,6 +94,7 @@ class GradBucketer {
     CommHandle handle;
     bool in_flight = false;
     bool replicating = false;  // the handle is the replicas' all-reduce (the shard group's finished)
+    int64_t seq = 0;           // launch order (two-level qgZ finishes buckets in it)
     std::chrono::steady_clock::time_point launched;
   };
 
@@ -95,8 +105,13 @@ class GradBucketer {
   bool Replicated() const;
   bool Quantized() const { return o_.quantized_block > 0 && !o_.all_reduce; }
   size_t PackedBytes(int64_t used) const;  // qgZ: one region of `used` elements as codes and scales
+  bool TwoLevel() const { return Quantized() && o_.node != nullptr && o_.across != nullptr && o_.node->size() > 1 && o_.across->size() > 1; }
   Result<CommHandle> LaunchQuantized(Bucket& b);
-  void DecodeQuantized(Bucket& b);
+  Result<CommHandle> LaunchTwoLevel(Bucket& b);
+  Result<CommHandle> AcrossNodes(Bucket& b);
+  // `sources` ranks' codes of this rank's region in qout, decoded and summed in their order, divided
+  // by `divisor`, rounded once into `out`.
+  void DecodeQuantized(Bucket& b, int sources, int divisor);
   Status AddAlone(const char* grad, DType grad_dtype, int64_t count, char* shard_out, DType out_dtype);
   Status AllocateBucket(Bucket& b);
   Status Launch(Bucket& b);
@@ -113,6 +128,7 @@ class GradBucketer {
   DeviceBuffer scratch_;  // alone(): the reduce dtype's rounding, when neither side has that dtype
   std::vector<float> sum_;  // qgZ: a region's running sum and one rank's decoded part
   int filling_ = 0;
+  int64_t launches_ = 0;
   bool across_replicas_ = false;  // one rank per shard group: the all-reduce is the replicas'
   CommStats stats_;
 };

@@ -1,7 +1,7 @@
-// GradBucketer on in-process ranks (1-4): every rank's shard ends up the average over ranks of its
+// GradBucketer on in-process ranks (1-4, 6): every rank's shard ends up the average over ranks of its
 // slice of every group, whatever the bucket size (groups spanning buckets, buckets mixing groups),
 // for reduce-scatter and all-reduce (stage 0), f32 and bf16 on the wire, and block-quantized (qgZ)
-// within the codes' bound; results land only at Flush.
+// within the codes' bound, at one level or two (nodes of 2 or 3 ranks); results land only at Flush.
 #include "zrt/runtime/grad_bucketer.h"
 
 #include <gtest/gtest.h>
@@ -23,6 +23,7 @@ struct Case {
   bool all_reduce;
   DType reduce;
   int64_t quantized_block = 0;  // qgZ
+  int node = 0;                 // qgZ over two levels: nodes of this many ranks
 };
 
 class GradBucketerTest : public ::testing::TestWithParam<Case> {};
@@ -40,6 +41,13 @@ TEST_P(GradBucketerTest, ShardsAreTheAverageOfEveryRanksSlice) {
     o.reduce_dtype = c.reduce;
     o.all_reduce = c.all_reduce;
     o.quantized_block = c.quantized_block;
+    std::unique_ptr<Communicator> node, across;
+    if (c.node > 0) {
+      ASSIGN_OR_RETURN(node, comm.Split(comm.rank() / c.node, comm.rank()));
+      ASSIGN_OR_RETURN(across, comm.Split(comm.rank() % c.node, comm.rank()));
+      o.node = node.get();
+      o.across = across.get();
+    }
     ASSIGN_OR_RETURN(auto b, GradBucketer::Create(&comm, &dev, compute.get(), o));
     const int n = c.all_reduce ? 1 : comm.size();
     std::vector<ShardLayout> layouts;
@@ -79,6 +87,9 @@ TEST_P(GradBucketerTest, ShardsAreTheAverageOfEveryRanksSlice) {
         }
         quant_bound += m / 254.0f * 1.001f / static_cast<float>(comm.size());
       }
+      // Two levels: each node's sum quantized again, off by half its scale, at most the node's ranks'
+      // largest magnitudes (and their first errors) summed over 254: about the first bound again.
+      if (c.node > 0) quant_bound *= 2.01f;
     }
     int differ = 0;
     for (size_t g = 0; g < groups.size(); ++g) {
@@ -111,7 +122,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, GradBucketerTest,
                                            Case{3, 4096, false, DType::kBF16}, Case{3, 96, true, DType::kF32},
                                            Case{4, 1 << 20, true, DType::kF32}, Case{2, 64, false, DType::kF32, 16},
                                            Case{3, 4096, false, DType::kBF16, 32}, Case{4, 1 << 20, false, DType::kF32, 256},
-                                           Case{1, 1 << 20, false, DType::kF32, 64}));
+                                           Case{1, 1 << 20, false, DType::kF32, 64}, Case{4, 64, false, DType::kF32, 16, 2},
+                                           Case{6, 4096, false, DType::kBF16, 32, 3}, Case{6, 1 << 20, false, DType::kF32, 256, 2}));
 
 TEST(GradBucketer, RefusesBucketsTooSmallForTheRanks) {
   ASSERT_TRUE(RunLoopbackRanks(4, [](Communicator& comm) -> Status {

@@ -16,6 +16,8 @@ struct CommStats {
   // Of reduce_bytes, the all-reduce of reduced shards across replica groups (hybrid sharding): what
   // crosses nodes when the shard groups are nodes.
   int64_t replica_bytes = 0;
+  // Of reduce_bytes, two-level qgZ's second level: the node sums' codes sent across nodes.
+  int64_t across_nodes_bytes = 0;
   int64_t gather_bytes = 0;
   // Of gather_bytes, the stage-3 gathers inside the secondary group (hpZ, EngineConfig::
   // secondary_shard_group): what stays inside a node when that group is one.

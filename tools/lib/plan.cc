@@ -230,13 +230,21 @@ Links LinksFor(const PlanInput& in, const Model& m, int shards) {
   const double gather = in.quantized_weights ? q : in.param_bytes, reduce = in.quantized_gradients ? q : in.param_bytes;
   // The shard group: stage 3 gathers twice and reduce-scatters (with hpZ the backward's gather goes
   // over the P-device secondary group, in the dtype); stages 1-2 reduce-scatter and gather once.
-  const int hpz = Secondary(in, shards);
-  const double group = ((in.stage == 3 && hpz == 0 ? 2 : 1) * gather + reduce) * elements * (s - 1) / s;
+  // qgZ over a shard group spanning nodes of P devices goes two levels: (P-1)/P of the codes inside
+  // the node, then the node sums' codes, 1/P of them, across: (K-1)/K of those, K = S / P.
+  const int hpz = Secondary(in, shards), per_node = PerNode(in);
+  const bool two_level = in.quantized_gradients && per_node > 1 && shards > per_node && shards % per_node == 0;
+  const double group = ((in.stage == 3 && hpz == 0 ? 2 : 1) * gather + (two_level ? 0 : reduce)) * elements * (s - 1) / s;
   const double replicas = in.stage == 0 ? 0 : 2 * bytes / s * (r - 1) / r;
   Links l;
-  auto inside = [&](int devices) { return devices <= PerNode(in) && PerNode(in) % devices == 0; };
+  auto inside = [&](int devices) { return devices <= per_node && per_node % devices == 0; };
   (inside(shards) ? l.inside : l.across) += in.stage == 0 ? 2 * bytes * (in.gpus - 1.0) / in.gpus : group;
   if (hpz > 0) (inside(hpz) ? l.inside : l.across) += bytes * (hpz - 1.0) / hpz;
+  if (two_level) {
+    const double k = s / per_node;
+    l.inside += reduce * elements * (per_node - 1.0) / per_node;
+    l.across += reduce * elements / per_node * (k - 1) / k;
+  }
   if (in.stage == 0 && in.gpus > PerNode(in)) l.across += l.inside, l.inside = 0;
   l.across += replicas;
   if (in.intra_gbps > 0 && in.inter_gbps > 0) l.seconds = l.inside / (in.intra_gbps * 1e9) + l.across / (in.inter_gbps * 1e9);

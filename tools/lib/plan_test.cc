@@ -102,7 +102,8 @@ TEST(Plan, TheMeshSplitsMemoryAndLinks) {
 }
 
 // qwZ and qgZ: the gathers and the reduce-scatter at 1 + 4/block bytes per value instead of the
-// dtype's 2, so at stage 3 flat across 16 nodes all three collectives cross at 1.0156 bytes.
+// dtype's 2; qgZ over 16 nodes of 8 goes two levels (7/8 of its codes inside the node, 1/8 of them
+// across).
 TEST(Plan, QuantizedCollectivesShrinkTheirVolumes) {
   PlanInput in;
   in.params = 8e9;
@@ -114,15 +115,18 @@ TEST(Plan, QuantizedCollectivesShrinkTheirVolumes) {
   EXPECT_NEAR(exact, 3 * 2 * E * f, 1e3);
   in.quantized_weights = true;
   EXPECT_NEAR(PlanJson(in)["comm_bytes_per_step"].get<double>(), (2 * (1 + 4.0 / 256) + 2) * E * f, 1e3);
-  in.quantized_gradients = true;
-  EXPECT_NEAR(PlanJson(in)["comm_bytes_per_step"].get<double>(), 3 * (1 + 4.0 / 256) * E * f, 1e3);
+  in.quantized_gradients = true;  // two levels: 7/8 of the codes inside a node, 1/8 x 15/16 across
+  const double two = 7.0 / 8 + 1.0 / 8 * 15 / 16;
+  EXPECT_NEAR(PlanJson(in)["comm_bytes_per_step"].get<double>(), (2 * f + two) * (1 + 4.0 / 256) * E, 1e3);
+  EXPECT_NEAR(PlanJson(in)["mesh"]["by_shard_group"].back()["across_nodes_bytes"].get<double>(),
+              (2 * f + 1.0 / 8 * 15 / 16) * (1 + 4.0 / 256) * E, 1e3);
   in.quantization_block = 64;
-  EXPECT_NEAR(PlanJson(in)["comm_bytes_per_step"].get<double>(), 3 * (1 + 4.0 / 64) * E * f, 1e3);
+  EXPECT_NEAR(PlanJson(in)["comm_bytes_per_step"].get<double>(), (2 * f + two) * (1 + 4.0 / 64) * E, 1e3);
   // Stage 2: the reduce-scatter quantized, the gather of the updated parameters exact.
   in.quantized_weights = false;
   in.quantization_block = 256;
   in.stage = 2;
-  EXPECT_NEAR(PlanJson(in)["comm_bytes_per_step"].get<double>(), ((1 + 4.0 / 256) + 2) * E * f, 1e3);
+  EXPECT_NEAR(PlanJson(in)["comm_bytes_per_step"].get<double>(), (1 + 4.0 / 256) * two * E + 2 * E * f, 1e3);
   std::ostringstream text;
   ASSERT_TRUE(Plan(in, false, text).ok());
   EXPECT_NE(text.str().find("int8 reductions (qgZ)"), std::string::npos) << text.str();
