@@ -92,7 +92,8 @@ class HybridTest : public EngineTest {
     cfg.offload.optimizer = s.offload;
     cfg.offload.params = s.offload_params;
     if (s.offload == OffloadTarget::kNvme) {
-      cfg.offload.nvme_dir = root_ + "/swap" + std::to_string(comm->rank()) + "of" + std::to_string(comm->size());
+      // One directory per engine: two may be alive at once (a run beside its reference).
+      cfg.offload.nvme_dir = root_ + "/swap" + std::to_string(comm->rank()) + "of" + std::to_string(comm->size()) + "-" + std::to_string(engines_++);
       fs::create_directories(cfg.offload.nvme_dir);
       cfg.offload.sub_group_elements = 1024;
     }
@@ -193,6 +194,7 @@ class HybridTest : public EngineTest {
   }
 
   std::string root_;
+  int engines_ = 0;
 };
 
 TEST_F(HybridTest, EveryStageMatchesFlatZeroAndReplicasStayBitIdentical) {
@@ -447,7 +449,7 @@ TEST_F(HybridTest, QuantizedGradientReductionsStayCloseToExactAndReplicasIdentic
 // machine that is the world (or what OMPI_COMM_WORLD_LOCAL_SIZE says); on emulated nodes
 // (tests/cluster) a node, and a group that would span hosts is refused on every rank.
 // hpZ (EngineConfig::secondary_shard_group) at stage 3, flat and hybrid, every P that divides the
-// shard group below it, exact and with qwZ, parameters resident and offloaded to the host: training
+// shard group below it, exact and with qwZ, parameters resident and offloaded to the host or NVMe: training
 // bit for bit as without it (the backward's gathers give what the forward's did), the backward's
 // gathers inside the P-rank groups (CommStats::secondary_gather_bytes: half of all gather bytes, the
 // forward's as many again), the copies counted as parameters in memory(); refused where it cannot work.
@@ -460,7 +462,7 @@ TEST_F(HybridTest, SecondaryShardsGatherTheBackwardInsideTheirGroupBitForBit) {
     for (int p = 2; p < shards; ++p) {
       if (shards % p != 0) continue;
       for (bool qwz : {false, true}) {
-        for (OffloadTarget params : {OffloadTarget::kNone, OffloadTarget::kHost}) {
+        for (OffloadTarget params : {OffloadTarget::kNone, OffloadTarget::kHost, OffloadTarget::kNvme}) {
           Mesh plain{.stage = 3, .shards = s, .dtype = DType::kBF16, .offload = params, .quantized_weights = qwz, .offload_params = params};
           Mesh hpz = plain;
           hpz.secondary = p;
