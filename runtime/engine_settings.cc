@@ -85,8 +85,9 @@ std::string EngineCore::EngineState() const {
 }
 
 namespace {
-// A checkpoint saved with another state precision loads converted (the checkpoint holds f32 values):
-// said once, per group.
+// A checkpoint saved with another state precision loads converted (the load decodes its stored form
+// to f32 values and the store keeps them in its own; the same precision loads as stored): said once,
+// per group.
 void ReportStateConversion(const std::vector<std::unique_ptr<EngineCore::Group>>& groups, const nlohmann::json& saved) {
   for (const auto& g : groups) {
     if (g->frozen) continue;
