@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
   int64_t steps = 400, warmup = -1;
   double lr = 1e-2;
   uint64_t seed = 1234;
-  std::string ckpt_root, dump, words_path = "/usr/share/dict/words", offload = "none", nvme_dir, device_name = "cpu";
+  std::string ckpt_root, dump, words_path = "/usr/share/dict/words", offload = "none", nvme_dir, device_name = "cpu", moments = "f32";
   charlm::Dims dims;
   app.add_option("--stage", stage, "ZeRO stage 0-3")->check(CLI::Range(0, 3));
   app.add_option("--shard-group-size", shard_group_size, "hybrid sharding: shard over groups of this many ranks, replicate across (0: all, -1: a node)")
@@ -80,6 +80,7 @@ int main(int argc, char** argv) {
   app.add_option("--offload", offload, "optimizer state (and at stage 3 the parameter shards) in: none, host or nvme")
       ->check(CLI::IsMember({"none", "host", "nvme"}));
   app.add_option("--nvme-dir", nvme_dir, "directory for the NVMe swap files (--offload nvme)");
+  app.add_option("--moments", moments, "Adam moments kept in f32, bf16 or q8 (EngineConfig::state)")->check(CLI::IsMember({"f32", "bf16", "q8"}));
   app.add_option("--device", device_name, "where the engine works: cpu, or cuda (one GPU per rank, NCCL)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   try {
@@ -142,6 +143,10 @@ int main(int argc, char** argv) {
   if (stage == 3) cfg.offload.params = *target;
   cfg.offload.nvme_dir = nvme_dir;
   cfg.offload.sub_group_elements = 4096;  // a small model: several sub-groups per group, so the pipeline streams
+  auto moment_format = kernels::ParseMomentFormat(moments);
+  if (!moment_format.ok()) return Fail(moment_format.status());
+  cfg.state.exp_avg = cfg.state.exp_avg_sq = *moment_format;
+  cfg.state.q8_block = 64;  // the small layers' alignment holds whole blocks
   auto engine_or = ZeroEngine::Create(engine_comm, device, cfg);
   if (!engine_or.ok()) return Fail(engine_or.status());
   ZeroEngine& engine = **engine_or;

@@ -7,7 +7,8 @@
 #   3. preemption: SIGUSR1 to one rank makes every rank save at the next step boundary and exit 0;
 #   4. each placement of the optimizer state (engine memory, host memory, NVMe: state and parameter
 #      shards in swap files, the dead run's are scratch: cleared) with a save every step: killed in the
-#      middle of a capture, restarted, final parameters identical to the in-memory baseline;
+#      middle of a capture, restarted, final parameters identical to the in-memory baseline; and q8
+#      moments (saved as kept) in memory and on NVMe likewise against the q8 baseline;
 #   5. hybrid sharding (S = 2) killed twice at random moments, restarted, identical to its own baseline;
 #      a 4-rank run killed, then resumed on 2 ranks (resharded) runs to the end;
 #   6. SIGTERM to the launcher (scripts/zrt-mpirun, the documented recipe): every rank saves, the job
@@ -79,33 +80,50 @@ else
   echo "   (the run finished before the signal arrived)"
 fi
 
-# Each placement of the optimizer state (engine memory, host memory, NVMe swap files), a save every
-# step: each step's capture streams while the next step runs (NVMe state: the next step hands it over),
-# so every kill lands in the middle of one. Killed twice, restarted, identical to the baseline.
-mkdir -p "$work/swap"
-nargs=(--steps $steps --stage 3 --batch 32 --every 1 --keep-last 2 --print-every 100000)
-for placement in none host nvme; do
-  echo "== optimizer state in $placement memory: killed mid-capture twice, restarted, identical to the baseline"
-  off=(--offload "$placement")
-  [ "$placement" = nvme ] && off+=(--nvme-dir "$work/swap")
-  root="$work/at-$placement"
-  pkilled=0
+# Runs charlm with a save every step under root $1, kills a random rank twice at random moments (each
+# step's capture streams while the next step runs, NVMe state handed over by the next step, so every
+# kill lands in the middle of one), restarts, and compares the final parameters with the dump $2.
+# The rest: charlm's arguments.
+killed_twice() {
+  local root=$1 base=$2 pkilled=0 before job
+  shift 2
   for attempt in 1 2 3 4; do
     [ $pkilled -ge 2 ] && break
     before=$(cat "$root/latest" 2>/dev/null || true)
-    mpi 4 "$bin" "${nargs[@]}" "${off[@]}" --ckpt "$root" > "$root.$attempt.log" 2>&1 &
+    mpi 4 "$bin" "$@" --ckpt "$root" > "$root.$attempt.log" 2>&1 &
     job=$!
     wait_for_checkpoint "$root" $job "$before"  # one of this run's own
     sleep "0.$((RANDOM % 6))"
     kill_random_rank "charlm.*$root" "$root" && pkilled=$((pkilled + 1))
     wait $job || true
   done
-  [ $pkilled -ge 1 ] || { echo "FAIL: never managed to kill a rank ($placement)"; exit 1; }
-  mpi 4 "$bin" "${nargs[@]}" "${off[@]}" --ckpt "$root" --dump "$root.bin" > "$root.final.log"
-  grep -q "resumed_from=$root/step-" "$root.final.log" || { echo "FAIL: the $placement run did not resume"; exit 1; }
+  [ $pkilled -ge 1 ] || { echo "FAIL: never managed to kill a rank ($root)"; exit 1; }
+  mpi 4 "$bin" "$@" --ckpt "$root" --dump "$root.bin" > "$root.final.log"
+  grep -q "resumed_from=$root/step-" "$root.final.log" || { echo "FAIL: $root did not resume"; exit 1; }
   tail -1 "$root.final.log"
-  cmp "$work/base.bin" "$root.bin" || { echo "FAIL: the resumed run ($placement) differs from the baseline"; exit 1; }
+  cmp "$base" "$root.bin" || { echo "FAIL: the resumed run ($root) differs from its baseline"; exit 1; }
   echo "   final parameters identical to the uninterrupted run"
+}
+
+# Each placement of the optimizer state (engine memory, host memory, NVMe swap files), a save every
+# step, killed twice mid-capture: identical to the in-memory baseline.
+mkdir -p "$work/swap"
+nargs=(--steps $steps --stage 3 --batch 32 --every 1 --keep-last 2 --print-every 100000)
+for placement in none host nvme; do
+  echo "== optimizer state in $placement memory: killed mid-capture twice, restarted, identical to the baseline"
+  off=(--offload "$placement")
+  [ "$placement" = nvme ] && off+=(--nvme-dir "$work/swap")
+  killed_twice "$work/at-$placement" "$work/base.bin" "${nargs[@]}" "${off[@]}"
+done
+# q8 moments (compact state: the saves stage and write the codes and scales as the optimizer keeps
+# them, from memory or as the step streams them from NVMe), killed twice mid-capture: identical to
+# the uninterrupted q8 run.
+mpi 4 "$bin" "${nargs[@]}" --moments q8 --ckpt "$work/q8-base" --dump "$work/q8-base.bin" > "$work/q8-base.log"
+for placement in none nvme; do
+  echo "== q8 moments in $placement memory: killed mid-capture twice, restarted, identical to the q8 baseline"
+  off=(--offload "$placement")
+  [ "$placement" = nvme ] && off+=(--nvme-dir "$work/swap")
+  killed_twice "$work/q8-at-$placement" "$work/q8-base.bin" "${nargs[@]}" --moments q8 "${off[@]}"
 done
 [ -z "$(ls -A "$work/swap")" ] || { echo "FAIL: swap files left behind: $(ls -R "$work/swap")"; exit 1; }
 
