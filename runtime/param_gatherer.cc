@@ -1,8 +1,8 @@
 #include "zrt/runtime/param_gatherer.h"
 
-#include "zrt/core/base.h"
-
 #include <cstring>
+
+#include "zrt/core/base.h"
 #include "zrt/kernels/weight_quant.h"
 
 namespace zrt {
