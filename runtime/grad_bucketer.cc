@@ -19,34 +19,18 @@ namespace zrt {
 
 namespace {
 
-// A collective whose results need one more step on the host once it finished (qgZ's decode).
-class ThenRun final : public CommHandle::Impl {
+// A collective whose results need host work once it finished (qgZ's decode, `then`), optionally
+// followed by a second collective that `second` launches (with the host work between) once the first
+// finished (qgZ's second level).
+class Staged final : public CommHandle::Impl {
  public:
-  ThenRun(CommHandle inner, std::function<void()> then) : inner_(std::move(inner)), then_(std::move(then)) {}
-  Status Wait() override {
-    RETURN_IF_ERROR(inner_.Wait());
-    Finish();
-    return Status();
+  Staged(CommHandle first, std::function<Result<CommHandle>()> second, std::function<void()> then)
+      : first_(std::move(first)), second_(std::move(second)), then_(std::move(then)) {
+    if (!second_) {  // one collective
+      handle_ = std::move(first_);
+      started_ = true;
+    }
   }
-  Result<bool> Test() override {
-    ASSIGN_OR_RETURN(const bool done, inner_.Test());
-    if (done) Finish();
-    return done;
-  }
-
- private:
-  void Finish() {
-    if (then_) std::exchange(then_, nullptr)();
-  }
-  CommHandle inner_;
-  std::function<void()> then_;
-};
-
-// Two collectives, the second launched (with the host work between) once the first finished.
-class TwoStages final : public CommHandle::Impl {
- public:
-  TwoStages(CommHandle first, std::function<Result<CommHandle>()> second, std::function<void()> then)
-      : first_(std::move(first)), second_(std::move(second)), then_(std::move(then)) {}
   Status Wait() override {
     if (!started_) {
       RETURN_IF_ERROR(first_.Wait());
@@ -143,7 +127,7 @@ Result<CommHandle> GradBucketer::LaunchQuantized(Bucket& b) {
   }
   ASSIGN_OR_RETURN(CommHandle h, comm_->AllToAllAsync(b.qin.data(), b.qout.data(), packed));
   stats_.reduce_bytes += static_cast<int64_t>(packed) * (regions() - 1);
-  return CommHandle(std::make_unique<ThenRun>(std::move(h), [this, &b] { DecodeQuantized(b, regions(), regions()); }));
+  return CommHandle(std::make_unique<Staged>(std::move(h), nullptr, [this, &b] { DecodeQuantized(b, regions(), regions()); }));
 }
 
 // Rank r = k P + l (node k, place l): to each node rank l', the regions k' P + l' of every node k',
@@ -159,7 +143,7 @@ Result<CommHandle> GradBucketer::LaunchTwoLevel(Bucket& b) {
   }
   ASSIGN_OR_RETURN(CommHandle h, o_.node->AllToAllAsync(b.qin.data(), b.qout.data(), packed * static_cast<size_t>(k)));
   stats_.reduce_bytes += static_cast<int64_t>(packed) * k * (p - 1);
-  return CommHandle(std::make_unique<TwoStages>(std::move(h), [this, &b] { return AcrossNodes(b); },
+  return CommHandle(std::make_unique<Staged>(std::move(h), [this, &b] { return AcrossNodes(b); },
                                                 [this, &b] { DecodeQuantized(b, o_.across->size(), regions()); }));
 }
 
