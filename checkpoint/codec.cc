@@ -55,6 +55,10 @@ bool HasAvx2() {
 
 uint64_t Checksum(const void* data, size_t bytes) { return HasAvx2() ? avx2::Checksum(data, bytes) : generic::Checksum(data, bytes); }
 
+uint64_t Checksum(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  return HasAvx2() ? avx2::Checksum(a, a_bytes, b, b_bytes) : generic::Checksum(a, a_bytes, b, b_bytes);
+}
+
 uint64_t CopyAndChecksum(void* to, const void* from, size_t bytes) {
   return HasAvx2() ? avx2::CopyAndChecksum(to, from, bytes) : generic::CopyAndChecksum(to, from, bytes);
 }
@@ -135,14 +139,18 @@ Status PackStateInto(StoredAs s, bool is_signed, int64_t block, const float* in,
 }
 
 Status CheckStoredState(StoredAs s, bool is_signed, int64_t block, const char* in, int64_t n) {
+  return CheckStoredState(s, is_signed, block, in, s == StoredAs::kQ8 ? in + n : nullptr, n);
+}
+
+Status CheckStoredState(StoredAs s, bool is_signed, int64_t block, const char* values, const char* scales, int64_t n) {
   if (s == StoredAs::kBF16) return Status();  // every bf16 value is one
   if (s != StoredAs::kQ8 || block <= 0 || n % block != 0) return DataLossError("q8 state of ", n, " elements in blocks of ", block);
-  const auto* codes = reinterpret_cast<const uint8_t*>(in);
+  const auto* codes = reinterpret_cast<const uint8_t*>(values);
   const uint8_t top = kQ8MaxCode[is_signed ? 1 : 0];
   const uint8_t mag_mask = is_signed ? 0x7f : 0xff;
   for (int64_t b = 0; b < n / block; ++b) {
     float scale;
-    std::memcpy(&scale, in + n + 4 * b, 4);
+    std::memcpy(&scale, scales + 4 * b, 4);
     if (!std::isfinite(scale) || !(scale >= 0)) return DataLossError("q8 block ", b, ": scale ", scale, " is not finite and >= 0");
     uint8_t largest = 0;
     bool negative_zero = false;

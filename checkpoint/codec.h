@@ -36,18 +36,24 @@ Status PackStateInto(StoredAs s, bool is_signed, int64_t block, const float* in,
 Status UnpackState(StoredAs s, bool is_signed, int64_t block, const char* in, int64_t n, float* out);
 // UnpackState's check alone: the form is one PackState writes (a load that keeps it as stored).
 Status CheckStoredState(StoredAs s, bool is_signed, int64_t block, const char* in, int64_t n);
+// The same with a q8 form's codes and scales in places of their own (`scales` unused for bf16).
+Status CheckStoredState(StoredAs s, bool is_signed, int64_t block, const char* values, const char* scales, int64_t n);
 
 uint64_t Checksum(const void* data, size_t bytes);  // xxh3-64 (with AVX2 where the CPU has it)
+// Checksum of the bytes of `a` followed by those of `b` (a q8 chunk's codes and scales kept apart).
+uint64_t Checksum(const void* a, size_t a_bytes, const void* b, size_t b_bytes);
 // Copies `bytes` from `from` to `to` and returns Checksum(to, bytes), reading memory once.
 uint64_t CopyAndChecksum(void* to, const void* from, size_t bytes);
 // The two builds those choose between at run time (checksum.inc; the tests compare them). avx2's
 // only on a CPU with AVX2.
 namespace generic {
 uint64_t Checksum(const void* data, size_t bytes);
+uint64_t Checksum(const void* a, size_t a_bytes, const void* b, size_t b_bytes);
 uint64_t CopyAndChecksum(void* to, const void* from, size_t bytes);
 }  // namespace generic
 namespace avx2 {
 uint64_t Checksum(const void* data, size_t bytes);
+uint64_t Checksum(const void* a, size_t a_bytes, const void* b, size_t b_bytes);
 uint64_t CopyAndChecksum(void* to, const void* from, size_t bytes);
 }  // namespace avx2
 

@@ -318,6 +318,15 @@ TEST(FormatTest, ChecksumsAreTheLibrarysXxh3AtEveryLengthAndAlignment) {
         EXPECT_EQ(avx2::Checksum(p, len), want) << len << " at +" << align;
         EXPECT_EQ(avx2::CopyAndChecksum(dst.data() + align, p, len), want) << len << " at +" << align;
       }
+      // In two parts kept apart (a q8 chunk's codes and scales), split anywhere.
+      for (size_t cut : {size_t{0}, len / 3, len}) {
+        std::vector<unsigned char> tail(p + cut, p + len);
+        EXPECT_EQ(Checksum(p, cut, tail.data(), tail.size()), want) << len << " cut at " << cut;
+        EXPECT_EQ(generic::Checksum(p, cut, tail.data(), tail.size()), want) << len << " cut at " << cut;
+        if (avx2) {
+          EXPECT_EQ(avx2::Checksum(p, cut, tail.data(), tail.size()), want) << len << " cut at " << cut;
+        }
+      }
     }
   }
 }

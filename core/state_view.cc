@@ -87,6 +87,11 @@ Status StateView::WriteStored(int group, int buffer, int64_t offset, int64_t n, 
   return UnavailableError("a view without an owner holds f32 values only");
 }
 
+Result<std::optional<StoredPart>> StateView::StoredMemory(int group, int buffer) const {
+  if (owner != nullptr) return owner->StoredMemory(group, buffer);
+  return std::optional<StoredPart>();
+}
+
 Status StateView::Restore(const StateCounters& saved) const { return owner != nullptr ? owner->Restore(saved) : Status(); }
 
 }  // namespace zrt

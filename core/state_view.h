@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,13 +65,14 @@ struct StateCounters {
 };
 
 // Where a part of a compact buffer is, as its owner keeps it: bf16 values, or q8 codes of whole blocks
-// of `block` (`is_signed`: the first moment's code) and their blocks' scales.
+// of `block` (`is_signed`: the first moment's code) and their blocks' scales. Read by a capture;
+// written only through StateView::StoredMemory's contract.
 struct StoredPart {
   StoredAs as = StoredAs::kF32;
   int64_t block = 0;
   bool is_signed = false;
-  const void* values = nullptr;
-  const float* scales = nullptr;
+  void* values = nullptr;
+  float* scales = nullptr;
 };
 
 // Receives one capture: the state as it was when Capture was called.
@@ -121,6 +123,12 @@ class StateOwner {
                              const float* /*scales*/) {
     return UnavailableError("the state's owner takes f32 values only");
   }
+  // Where a compact buffer's whole shard is kept in host memory as stored (StoredPart: its values or
+  // codes from element 0, the q8 blocks' scales from block 0), for a writer that fills all of it in
+  // place (the memory tier's peer restore: the transfer lands there, then is checked as a load checks
+  // it, the form included). Settles first. Nullopt where the owner keeps it otherwise (f32 values,
+  // device or NVMe memory, values a load staged): write it with WriteStored or Write then.
+  virtual Result<std::optional<StoredPart>> StoredMemory(int /*group*/, int /*buffer*/) { return std::optional<StoredPart>(); }
   // After a load wrote the buffers: takes the saved counters and re-derives what depends on the state
   // (the parameters, from master). Collective.
   virtual Status Restore(const StateCounters& saved) = 0;
@@ -152,6 +160,8 @@ struct StateView {
   Status Write(int group, int buffer, int64_t offset, int64_t n, const float* in) const;
   // The owner's WriteStored; Unavailable without an owner (resident buffers hold f32 values).
   Status WriteStored(int group, int buffer, int64_t offset, int64_t n, const void* values, const float* scales) const;
+  // The owner's StoredMemory; nullopt without an owner.
+  Result<std::optional<StoredPart>> StoredMemory(int group, int buffer) const;
   Status Restore(const StateCounters& saved) const;
 };
 

@@ -117,6 +117,10 @@ class EngineStateOwner final : public StateOwner {
     RETURN_IF_ERROR(e_->Settle());
     return e_->impl_->store->WriteStored(group, buffer, offset, n, values, scales);
   }
+  Result<std::optional<StoredPart>> StoredMemory(int group, int buffer) override {
+    RETURN_IF_ERROR(e_->Settle());
+    return e_->impl_->store->StoredMemory(group, buffer);
+  }
   Status Restore(const StateCounters& saved) override { return e_->Restore(saved); }
   void Stalled(double seconds) override { e_->impl_->clock.Charge(&StepTimes::checkpoint_stall, seconds); }
 

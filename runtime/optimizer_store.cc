@@ -275,6 +275,17 @@ Status OptimizerStore::WriteStored(int group, int kind, int64_t offset, int64_t 
   return WriteStoredState(group, kind, offset, n, values, scales);
 }
 
+Result<std::optional<StoredPart>> OptimizerStore::StoredMemory(int group, int kind) {
+  if (group < 0 || static_cast<size_t>(group) >= slots_.size()) return InvalidArgumentError("optimizer store: no group ", group);
+  Slot& s = slots_[static_cast<size_t>(group)];
+  if (kind < 0 || kind >= kinds(s)) return InvalidArgumentError("optimizer store: group '", s.in.name, "' has no kind ", kind);
+  if (!TakesStored(s, kind)) return std::optional<StoredPart>();
+  const auto kept = CaptureStored(s);  // where captures read it as kept: the same memory
+  if (!kept) return std::optional<StoredPart>();
+  RETURN_IF_ERROR(Settle());  // a capture still reading (or owed) the state gets it as it was
+  return kept(kind, 0, s.in.elements);
+}
+
 Result<std::unique_ptr<OptimizerStore>> OptimizerStore::Create(Communicator* comm, Device* device, Compute* compute,
                                                                HostMemory* host, Compute* host_compute, const Options& o) {
   if (comm == nullptr || device == nullptr || compute == nullptr || host == nullptr || host_compute == nullptr) {

@@ -138,6 +138,10 @@ class OptimizerStore {
   // A compact kind's elements as stored (StateOwner::WriteStored): copied as they are. Unavailable for
   // f32 kinds, frozen groups and parameters of another dtype than the stored bf16.
   Status WriteStored(int group, int kind, int64_t offset, int64_t n, const void* values, const float* scales);
+  // Where a compact kind's whole shard is kept as stored in host memory (StateOwner::StoredMemory),
+  // for a writer that fills it in place; nullopt where WriteStored cannot take it or it is not host
+  // memory (device, NVMe) or a load staged f32 values of it. Settles first.
+  Result<std::optional<StoredPart>> StoredMemory(int group, int kind);
   // Seconds Update and Settle waited for captures since the last call (the engine's checkpoint stall).
   double TakeCaptureWait();
 

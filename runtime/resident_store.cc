@@ -86,7 +86,7 @@ class ResidentStore final : public OptimizerStore {
       const size_t eb = KindBytes(s, k);
       StoredPart st;
       st.as = eb == 1 ? StoredAs::kQ8 : StoredAs::kBF16;
-      st.values = static_cast<const char*>(KindMemory(s, k)) + static_cast<size_t>(off) * eb;
+      st.values = static_cast<char*>(KindMemory(s, k)) + static_cast<size_t>(off) * eb;
       if (eb == 1) {
         st.block = s.in.format.block;
         st.is_signed = k == 1;

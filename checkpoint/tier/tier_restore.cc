@@ -9,13 +9,16 @@
 //                the data file mapped) to its source; one vectored shift moves the manifest and the
 //                index, checked by the receiver (bounded sizes, the format's rules, the step); then one
 //                vectored shift moves the data file's pieces (a (group, kind) of PlanFile's layout):
-//                  direct   where every target buffer is host f32 memory laid out as its piece (the
-//                           same engine restarted: the usual case), each piece lands in its buffer
-//                           and each chunk is checked there against the index: the restore costs the
-//                           transfer and one hash pass, and allocates nothing;
-//                  file     else (compact or device state, a load that is not strict) into a file
-//                           of the size the target's shard must be (checked before it is allocated),
-//                           placed as the rank's own copy again and loaded, checked like any.
+//                  direct   where every target buffer is host memory laid out as its piece (the
+//                           same engine restarted: the usual case), f32 values or a compact form
+//                           kept as it is stored (StateView::StoredMemory: bf16 values, q8 codes and
+//                           their scales, which a q8 chunk's two spans reach apart), each piece
+//                           lands in its buffer and each chunk is checked there against the index
+//                           (and a compact form as a load checks it): the restore costs the transfer
+//                           and one hash pass, and allocates nothing;
+//                  file     else (device or NVMe state, a load that is not strict) into a file of the
+//                           size the target's shard must be (checked before it is allocated), placed
+//                           as the rank's own copy again and loaded, checked like any.
 //                A rank that cannot take what its holder offers says why (agreed) before the data
 //                moves, and every rank drops the candidate with that reason.
 #include <algorithm>
@@ -43,6 +46,7 @@ struct Offer {
   std::string files[2];
   Mapping data;
   std::vector<Piece> plan;
+  int64_t chunk = 0;  // the manifest's chunk_elements
   int64_t sizes[3] = {0, 0, 0};
 };
 Offer OfferReplica(const std::string& rep, int source, int64_t step) {
@@ -51,6 +55,7 @@ Offer OfferReplica(const std::string& rep, int source, int64_t step) {
     ASSIGN_OR_RETURN(CheckpointDir cd, CheckpointDir::Open(rep));
     ASSIGN_OR_RETURN(o.files[0], cd.ReadFile(kManifestFile));
     ASSIGN_OR_RETURN(Manifest m, DecodeManifest(o.files[0], cd.PathOf(kManifestFile)));
+    o.chunk = m.chunk_elements;
     const int shard = source % m.shards;  // core/state_view.h's numbering
     ASSIGN_OR_RETURN(o.files[1], cd.ReadFile(IndexFileName(shard)));
     int64_t total = 0;
@@ -68,6 +73,36 @@ Offer OfferReplica(const std::string& rep, int source, int64_t step) {
   return Offer{};
 }
 
+// The spans a piece of the data file moves in, the same on both sides of the shift: its bytes whole,
+// or for q8 each chunk's codes and then its blocks' scales (PlanFile's layout), so that a receiver
+// can place the two apart.
+struct Span {
+  int64_t at, bytes;  // within the piece's bytes in the file
+  int64_t element;    // the chunk's first element
+  bool scales;        // q8: the chunk's scales (else its codes, or the values)
+};
+std::vector<Span> Spans(const Piece& p, int64_t chunk) {
+  if (p.stored != StoredAs::kQ8) return {Span{0, p.Bytes(p.count), 0, false}};
+  std::vector<Span> out;
+  for (int64_t c0 = 0; c0 < p.count; c0 += chunk) {
+    const int64_t cn = std::min(chunk, p.count - c0), at = p.Bytes(c0);
+    out.push_back({at, cn, c0, false});
+    out.push_back({at + cn, p.Bytes(cn) - cn, c0, true});
+  }
+  return out;
+}
+
+// Where a piece lands: its buffer's values (f32, bf16, q8 codes) and, kept apart, the q8 blocks'
+// scales (direct); or its place in the received file (`scales` null: the piece's bytes as laid out).
+struct Target {
+  char* values = nullptr;
+  char* scales = nullptr;
+  char* Of(const Piece& p, const Span& s) const {
+    if (scales == nullptr) return values + s.at;
+    return s.scales ? scales + 4 * (s.element / p.block) : values + s.element;
+  }
+};
+
 // What a rank receives from its holder: the manifest and index (taken when their sizes are within the
 // format's bounds), then, once they are checked, where each piece of the data goes.
 struct Receipt {
@@ -76,19 +111,31 @@ struct Receipt {
   Manifest m;
   RankIndex index;
   std::vector<Piece> plan;
-  std::vector<char*> into;  // per piece: its target buffer (direct) or its place in `file`
-  Mapping file;             // not direct: the data file in the temp directory
+  std::vector<Target> into;  // per piece: its target buffer (direct) or its place in `file`
+  Mapping file;              // not direct: the data file in the temp directory
   Status prepared = InternalError("memory tier: nothing offered");
   bool direct() const { return prepared.ok() && !file.data(); }
   bool take() const { return receiving && prepared.ok(); }
 };
 
-// Each piece's target buffer when every one is host f32 memory laid out as the replica's (the same
-// tensors, offsets, shard size and kinds, in order), else empty.
-std::vector<char*> DirectTargets(const Manifest& m, const std::vector<Piece>& plan, const StateView& target, const LoadOptions& load) {
+// Where piece p lands in the target's buffer b: host f32 memory, or the compact form p stores kept so
+// in host memory; null values when it cannot land there.
+Target DirectTarget(const Piece& p, const StateBuffer& b, const StateView& target) {
+  if (p.stored == StoredAs::kF32) return Target{b.dtype == DType::kF32 && b.stored == StoredAs::kF32 ? static_cast<char*>(b.data) : nullptr};
+  if (b.stored != p.stored || (p.stored == StoredAs::kQ8 && b.block != p.block)) return Target{};
+  auto kept = target.StoredMemory(p.group, p.kind);
+  if (!kept.ok() || !kept->has_value()) return Target{};
+  const StoredPart& sp = **kept;
+  if (sp.as != p.stored || sp.is_signed != p.is_signed || (p.stored == StoredAs::kQ8 && (sp.block != p.block || sp.scales == nullptr))) return Target{};
+  return Target{static_cast<char*>(sp.values), p.stored == StoredAs::kQ8 ? reinterpret_cast<char*>(sp.scales) : nullptr};
+}
+
+// Each piece's target when every one is host memory laid out as the replica's (the same tensors,
+// offsets, shard size and kinds, in order, each kept as the replica stores it), else empty.
+std::vector<Target> DirectTargets(const Manifest& m, const std::vector<Piece>& plan, const StateView& target, const LoadOptions& load) {
   auto layouts = SavedLayouts(m);
   if (!load.strict || load.params_only || !layouts.ok() || m.groups.size() != target.groups.size()) return {};
-  std::vector<char*> into;
+  std::vector<Target> into;
   for (const Piece& p : plan) {
     const GroupEntry& ge = m.groups[static_cast<size_t>(p.group)];
     const StateGroup& tg = target.groups[static_cast<size_t>(p.group)];
@@ -102,11 +149,10 @@ std::vector<char*> DirectTargets(const Manifest& m, const std::vector<Piece>& pl
       if (te.name != spec.name || te.shape != spec.shape || te.dtype != spec.dtype || te.offset != tg.layout.tensor_offset(static_cast<int64_t>(t))) return {};
     }
     const StateBuffer& b = tg.buffers[k];
-    if (b.kind != ge.kinds[k] || b.dtype != DType::kF32 || b.data == nullptr || b.stored != StoredAs::kF32 || p.stored != StoredAs::kF32 ||
-        b.count != p.count) {
-      return {};
-    }
-    into.push_back(static_cast<char*>(b.data));
+    if (b.kind != ge.kinds[k] || b.count != p.count || (p.count > 0 && p.stored == StoredAs::kQ8 && m.chunk_elements % p.block != 0)) return {};
+    const Target t = DirectTarget(p, b, target);
+    if (t.values == nullptr && p.count > 0) return {};
+    into.push_back(t);
   }
   return into;
 }
@@ -138,12 +184,12 @@ Status PlanReceipt(Receipt& rc, const StateView& target, const LoadOptions& load
   RETURN_IF_ERROR(RemoveTree(tmp));
   RETURN_IF_ERROR(MakeTierDir(tmp));
   ASSIGN_OR_RETURN(rc.file, Mapping::Map(tmp + "/" + DataFileName(shard), total, true));
-  for (const Piece& p : rc.plan) rc.into.push_back(rc.file.data() + p.offset);
+  for (const Piece& p : rc.plan) rc.into.push_back(Target{rc.file.data() + p.offset});
   return Status();
 }
 
-// Direct: every chunk of the index checked where it landed (raw f32 at its piece's place: anything
-// else in the index is refused), and the outcome a load would give.
+// Direct: every chunk of the index checked where it landed (raw, at its piece's place: anything else
+// in the index is refused; a compact form also as a load checks it), and the outcome a load would give.
 Result<LoadResult> CheckDirect(const Receipt& rc, const std::string& what) {
   std::vector<size_t> piece_of(rc.m.groups.size() + 1, 0);  // group g's kind k is piece piece_of[g] + k
   for (size_t g = 0; g < rc.m.groups.size(); ++g) piece_of[g + 1] = piece_of[g] + rc.m.groups[g].kinds.size();
@@ -151,15 +197,22 @@ Result<LoadResult> CheckDirect(const Receipt& rc, const std::string& what) {
     const ChunkEntry& c = rc.index.chunks[k];
     const size_t i = piece_of[static_cast<size_t>(c.group)] + static_cast<size_t>(c.kind);
     const Piece& p = rc.plan[i];
-    const char* at = rc.into[i] + c.elem_offset * 4;
-    if (c.codec != Codec::kRaw || c.stored_bytes != c.elements * 4 || c.file_offset != p.offset + c.elem_offset * 4) {
+    const bool q8 = p.stored == StoredAs::kQ8;
+    if (c.codec != Codec::kRaw || c.stored_bytes != p.Bytes(c.elements) || c.file_offset != p.offset + p.Bytes(c.elem_offset) ||
+        (q8 && c.elem_offset % p.block != 0)) {
       return DataLossError(what, ": chunk ", k, " is not where the replica's layout puts it");
     }
-    if (Checksum(at, static_cast<size_t>(c.stored_bytes)) != c.xxh3) {
-      return DataLossError(what, ": chunk ", k, " (group '", rc.m.groups[static_cast<size_t>(c.group)].name, "', ",
-                           rc.m.groups[static_cast<size_t>(c.group)].kinds[static_cast<size_t>(c.kind)], ", elements ", c.elem_offset, "..",
-                           c.elem_offset + c.elements, "): checksum mismatch (the data is corrupt)");
-    }
+    const Target& t = rc.into[i];
+    const Span values{p.Bytes(c.elem_offset), q8 ? c.elements : c.stored_bytes, c.elem_offset, false};
+    const char* at = t.Of(p, values);
+    const char* scales = q8 ? t.Of(p, Span{values.at + c.elements, c.stored_bytes - c.elements, c.elem_offset, true}) : nullptr;
+    const uint64_t sum = q8 ? Checksum(at, static_cast<size_t>(c.elements), scales, static_cast<size_t>(c.stored_bytes - c.elements))
+                            : Checksum(at, static_cast<size_t>(c.stored_bytes));
+    const GroupEntry& ge = rc.m.groups[static_cast<size_t>(c.group)];
+    const std::string chunk = "chunk " + std::to_string(k) + " (group '" + ge.name + "', " + ge.kinds[static_cast<size_t>(c.kind)] + ", elements " +
+                              std::to_string(c.elem_offset) + ".." + std::to_string(c.elem_offset + c.elements) + ")";
+    if (sum != c.xxh3) return DataLossError(what, ": ", chunk, ": checksum mismatch (the data is corrupt)");
+    if (p.stored != StoredAs::kF32) RETURN_IF_ERROR(CheckStoredState(p.stored, p.is_signed, p.block, at, scales, c.elements), what, ": ", chunk);
   }
   LoadResult r;
   r.counters = {rc.m.step, rc.m.loss_scale, rc.m.scaler_good_steps, rc.m.scaler_hysteresis_left, rc.m.engine_state.dump()};
@@ -226,8 +279,12 @@ Status Round(Communicator* comm, const TierPlace& p, int64_t step, int distance,
   // The data: every piece in one vectored shift (one size check for all of them).
   send.clear();
   recv.clear();
-  for (const Piece& piece : offer.plan) send.push_back({offer.data.data() + piece.offset, static_cast<size_t>(piece.Bytes(piece.count))});
-  for (size_t i = 0; rc.take() && i < rc.plan.size(); ++i) recv.push_back({rc.into[i], static_cast<size_t>(rc.plan[i].Bytes(rc.plan[i].count))});
+  for (const Piece& piece : offer.plan) {
+    for (const Span& sp : Spans(piece, offer.chunk)) send.push_back({offer.data.data() + piece.offset + sp.at, static_cast<size_t>(sp.bytes)});
+  }
+  for (size_t i = 0; rc.take() && i < rc.plan.size(); ++i) {
+    for (const Span& sp : Spans(rc.plan[i], rc.m.chunk_elements)) recv.push_back({rc.into[i].Of(rc.plan[i], sp), static_cast<size_t>(sp.bytes)});
+  }
   RETURN_IF_ERROR(comm->ShiftV(send, recv, -distance), "memory tier: restoring step ", step);
   if (!receives) return Status();
   ZRT_LOG(kInfo) << "memory tier: rank " << p.rank << "'s copy of step " << step << " unusable (" << why
