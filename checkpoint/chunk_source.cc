@@ -1,6 +1,7 @@
 // The chunk pipeline (chunk_source.h).
 #include "zrt/checkpoint/chunk_source.h"
 #include "zrt/core/base.h"
+#include "zrt/checkpoint/codec.h"
 
 #include <linux/magic.h>
 #include <sys/mman.h>
@@ -130,6 +131,42 @@ Status ShardSource::ForEachStored(int rank, int group, int kind, int64_t count,
     const char* mapped = part.memory.data() != nullptr ? part.memory.data() + c.file_offset : nullptr;
     ASSIGN_OR_RETURN(const char* stored, StoredChunk(io_, part.file, m_, l, part.index, ref.k, mapped, &unpacked, &scratch_, &bytes_read_));
     RETURN_IF_ERROR(fn(c.elem_offset, c.elements, stored), ChunkName(m_, l, part.index, ref.k));
+  }
+  return Status();
+}
+
+Status ShardSource::CopyStored(int rank, int group, int kind, int64_t count, const StoredPart& into) {
+  ASSIGN_OR_RETURN(Rank * r, Open(rank));
+  const ShardLayout& l = layouts_[static_cast<size_t>(group)];
+  const GroupEntry& ge = m_.groups[static_cast<size_t>(group)];
+  const StoredAs as = ge.stored_as(static_cast<size_t>(kind));
+  const bool q8 = as == StoredAs::kQ8;
+  const int64_t eb = q8 ? 1 : 2;
+  std::vector<char> unpacked;
+  for (const Ref ref : r->by_kind[{group, kind}]) {  // sorted by elem_offset; they tile the shard (ReadShardIndexes)
+    const Part& part = r->parts[ref.p];
+    const ChunkEntry& c = r->chunk(ref);
+    if (c.elem_offset < 0 || c.elem_offset + c.elements > count || (q8 && c.elem_offset % ge.block != 0)) {
+      return DataLossError(part.index.data_file, ": ", ChunkName(m_, l, part.index, ref.k), " outside the shard of ", count,
+                           " elements or not at a block's start");
+    }
+    char* values = static_cast<char*>(into.values) + c.elem_offset * eb;
+    char* scales = q8 ? reinterpret_cast<char*>(into.scales + c.elem_offset / ge.block) : nullptr;
+    const int64_t value_bytes = c.elements * eb, stored_bytes = StoredBytes(as, c.elements, ge.block);
+    if (part.memory.data() == nullptr || c.codec != Codec::kRaw) {  // read or decompressed, checked, then copied
+      ASSIGN_OR_RETURN(const char* stored, StoredChunk(io_, part.file, m_, l, part.index, ref.k, nullptr, &unpacked, &scratch_, &bytes_read_));
+      std::memcpy(values, stored, static_cast<size_t>(value_bytes));
+      if (q8) std::memcpy(scales, stored + value_bytes, static_cast<size_t>(stored_bytes - value_bytes));
+      continue;
+    }
+    RETURN_IF_ERROR(CheckRawChunkSize(part.file, m_, l, part.index, ref.k));
+    const char* mapped = part.memory.data() + c.file_offset;
+    if (CopyAndChecksum(values, static_cast<size_t>(value_bytes), scales, mapped, static_cast<size_t>(c.stored_bytes)) != c.xxh3) {
+      return DataLossError(part.file.path(), ": ", ChunkName(m_, l, part.index, ref.k), ": checksum mismatch (the data is corrupt)");
+    }
+    bytes_read_ += c.stored_bytes;
+    RETURN_IF_ERROR(CheckStoredState(as, ge.signed_codes(static_cast<size_t>(kind)), ge.block, values, scales, c.elements), part.file.path(), ": ",
+                    ChunkName(m_, l, part.index, ref.k));
   }
   return Status();
 }

@@ -2,6 +2,10 @@
 
 #include <zstd.h>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -61,6 +65,10 @@ uint64_t Checksum(const void* a, size_t a_bytes, const void* b, size_t b_bytes) 
 
 uint64_t CopyAndChecksum(void* to, const void* from, size_t bytes) {
   return HasAvx2() ? avx2::CopyAndChecksum(to, from, bytes) : generic::CopyAndChecksum(to, from, bytes);
+}
+
+uint64_t CopyAndChecksum(void* to, size_t to_bytes, void* then, const void* from, size_t bytes) {
+  return HasAvx2() ? avx2::CopyAndChecksum(to, to_bytes, then, from, bytes) : generic::CopyAndChecksum(to, to_bytes, then, from, bytes);
 }
 
 Result<Codec> EncodeChunk(const void* raw, size_t bytes, size_t elem_size, const CompressOptions& o,
@@ -138,6 +146,41 @@ Status PackStateInto(StoredAs s, bool is_signed, int64_t block, const float* in,
   return Status();
 }
 
+namespace {
+
+// A q8 block's largest magnitude (code & mask) and whether it holds the signed code's negative zero
+// (0x80, never written): 16 codes at a time where the block allows (a restore checks every code).
+uint8_t ScanBlock(const uint8_t* codes, int64_t n, bool is_signed, bool* negative_zero) {
+  const uint8_t mask = is_signed ? 0x7f : 0xff;
+  uint8_t largest = 0;
+  int64_t i = 0;
+#if defined(__SSE2__)
+  if (n >= 16) {
+    const __m128i m = _mm_set1_epi8(static_cast<char>(mask)), zero = _mm_set1_epi8(static_cast<char>(0x80));
+    __m128i top = _mm_setzero_si128(), neg = _mm_setzero_si128();
+    for (; i + 16 <= n; i += 16) {
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i));
+      top = _mm_max_epu8(top, _mm_and_si128(v, m));
+      neg = _mm_or_si128(neg, _mm_cmpeq_epi8(v, zero));
+    }
+    top = _mm_max_epu8(top, _mm_srli_si128(top, 8));
+    top = _mm_max_epu8(top, _mm_srli_si128(top, 4));
+    top = _mm_max_epu8(top, _mm_srli_si128(top, 2));
+    top = _mm_max_epu8(top, _mm_srli_si128(top, 1));
+    largest = static_cast<uint8_t>(_mm_cvtsi128_si32(top) & 0xff);
+    *negative_zero |= is_signed && _mm_movemask_epi8(neg) != 0;
+  }
+#endif
+  for (; i < n; ++i) {
+    const uint8_t mag = codes[i] & mask;
+    *negative_zero |= mag == 0 && codes[i] != 0;
+    largest = std::max(largest, mag);
+  }
+  return largest;
+}
+
+}  // namespace
+
 Status CheckStoredState(StoredAs s, bool is_signed, int64_t block, const char* in, int64_t n) {
   return CheckStoredState(s, is_signed, block, in, s == StoredAs::kQ8 ? in + n : nullptr, n);
 }
@@ -152,13 +195,8 @@ Status CheckStoredState(StoredAs s, bool is_signed, int64_t block, const char* v
     float scale;
     std::memcpy(&scale, scales + 4 * b, 4);
     if (!std::isfinite(scale) || !(scale >= 0)) return DataLossError("q8 block ", b, ": scale ", scale, " is not finite and >= 0");
-    uint8_t largest = 0;
     bool negative_zero = false;
-    for (int64_t i = b * block; i < (b + 1) * block; ++i) {
-      const uint8_t mag = codes[i] & mag_mask;
-      negative_zero |= mag == 0 && codes[i] != 0;
-      largest = std::max(largest, mag);
-    }
+    const uint8_t largest = ScanBlock(codes + b * block, block, is_signed, &negative_zero);
     if (largest > top || negative_zero) {
       for (int64_t i = b * block; i < (b + 1) * block; ++i) {
         const uint8_t mag = codes[i] & mag_mask;

@@ -44,17 +44,22 @@ uint64_t Checksum(const void* data, size_t bytes);  // xxh3-64 (with AVX2 where 
 uint64_t Checksum(const void* a, size_t a_bytes, const void* b, size_t b_bytes);
 // Copies `bytes` from `from` to `to` and returns Checksum(to, bytes), reading memory once.
 uint64_t CopyAndChecksum(void* to, const void* from, size_t bytes);
+// The same with the first `to_bytes` copied to `to` and the rest to `then` (a q8 chunk's codes and
+// scales, placed apart): the checksum of all `bytes` as they are in `from`.
+uint64_t CopyAndChecksum(void* to, size_t to_bytes, void* then, const void* from, size_t bytes);
 // The two builds those choose between at run time (checksum.inc; the tests compare them). avx2's
 // only on a CPU with AVX2.
 namespace generic {
 uint64_t Checksum(const void* data, size_t bytes);
 uint64_t Checksum(const void* a, size_t a_bytes, const void* b, size_t b_bytes);
 uint64_t CopyAndChecksum(void* to, const void* from, size_t bytes);
+uint64_t CopyAndChecksum(void* to, size_t to_bytes, void* then, const void* from, size_t bytes);
 }  // namespace generic
 namespace avx2 {
 uint64_t Checksum(const void* data, size_t bytes);
 uint64_t Checksum(const void* a, size_t a_bytes, const void* b, size_t b_bytes);
 uint64_t CopyAndChecksum(void* to, const void* from, size_t bytes);
+uint64_t CopyAndChecksum(void* to, size_t to_bytes, void* then, const void* from, size_t bytes);
 }  // namespace avx2
 
 }  // namespace zrt::ckpt

@@ -92,8 +92,10 @@ TEST(Format, StoredTypesRoundTripAndTheirRulesAreChecked) {
 TEST(Codec, StoredStateRoundTripsAndHostileFormsAreRefused) {
   std::mt19937 rng(7);
   std::normal_distribution<float> d(0, 1e-3f);
-  const int64_t block = 64, n = 4 * block;
+  for (const int64_t block : {int64_t{8}, int64_t{64}})  // codes checked one by one, and 16 at a time
   for (const bool is_signed : {true, false}) {
+    SCOPED_TRACE("block " + std::to_string(block) + (is_signed ? ", signed" : ""));
+    const int64_t n = 4 * block;
     std::vector<float> x(static_cast<size_t>(n)), kept(x.size());
     for (float& v : x) v = is_signed ? d(rng) : d(rng) * d(rng);
     std::fill(x.begin() + block, x.begin() + 2 * block, 0.0f);  // an all-zero block: scale 0
@@ -323,8 +325,14 @@ TEST(FormatTest, ChecksumsAreTheLibrarysXxh3AtEveryLengthAndAlignment) {
         std::vector<unsigned char> tail(p + cut, p + len);
         EXPECT_EQ(Checksum(p, cut, tail.data(), tail.size()), want) << len << " cut at " << cut;
         EXPECT_EQ(generic::Checksum(p, cut, tail.data(), tail.size()), want) << len << " cut at " << cut;
+        std::vector<unsigned char> head(cut + 1, 0), rest(len - cut + 1, 0);  // and copied into two places
+        EXPECT_EQ(CopyAndChecksum(head.data(), cut, rest.data(), p, len), want) << len << " cut at " << cut;
+        EXPECT_TRUE(std::equal(p, p + cut, head.data()) && std::equal(p + cut, p + len, rest.data())) << len << " cut at " << cut;
+        EXPECT_EQ(head[cut] + rest[len - cut], 0) << "wrote past the end: " << len << " cut at " << cut;
+        EXPECT_EQ(generic::CopyAndChecksum(head.data(), cut, rest.data(), p, len), want) << len << " cut at " << cut;
         if (avx2) {
           EXPECT_EQ(avx2::Checksum(p, cut, tail.data(), tail.size()), want) << len << " cut at " << cut;
+          EXPECT_EQ(avx2::CopyAndChecksum(head.data(), cut, rest.data(), p, len), want) << len << " cut at " << cut;
         }
       }
     }

@@ -144,6 +144,11 @@ Status FillStored(const std::string& dir, const StateView& target, int gi, int b
   const StateGroup& tg = target.groups[static_cast<size_t>(gi)];
   const StateBuffer& b = tg.buffers[static_cast<size_t>(bi)];
   *taken = true;
+  ASSIGN_OR_RETURN(const std::optional<StoredPart> kept, target.StoredMemory(gi, bi), "loading group '", tg.name, "' (", b.kind, ")");
+  if (kept.has_value()) {  // straight into the owner's memory
+    return src.CopyStored(tg.layout.world_size() == 1 ? 0 : target.rank, bp.stored_group, bp.stored_kind, b.count, *kept)
+        .WithContext("loading group '" + tg.name + "' (" + b.kind + ") from " + dir);
+  }
   const int64_t unit = b.stored == StoredAs::kQ8 ? b.block : 1;
   Status s = src.ForEachStored(tg.layout.world_size() == 1 ? 0 : target.rank, bp.stored_group, bp.stored_kind, b.count,
                                [&](int64_t begin, int64_t n, const char* stored) -> Status {

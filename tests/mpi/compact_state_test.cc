@@ -494,11 +494,39 @@ TEST_F(CompactStateTest, TheMemoryTierHoldsTheCompactFormAndRestartsBitForBit) {
   }
 }
 
-// A q8 replica lands straight in the state's codes and scales (no file on the way: the lost rank's
-// own copy is not written again) and is checked there as a load checks it: a flipped code, a flipped
-// scale, and a scale no encoding writes under a matching checksum are each caught, and every rank
-// resumes from the older disk checkpoint together and trains on bit for bit.
-TEST_F(CompactStateTest, AQ8ReplicaLandsInThePlaceOfTheStateAndIsCheckedThere) {
+// Corrupts the first q8 chunk of the tier copy in `dir` (rank 0's shard): a code flipped, a scale
+// flipped, or (`form`) a negative scale under the checksum of what is there.
+void CorruptQ8Chunk(const std::string& dir, const std::string& how) {
+  const std::string data = dir + "/rank-00000.data", index = dir + "/rank-00000.index.json";
+  ASSERT_TRUE(fs::exists(data) && fs::exists(index)) << dir;
+  std::ifstream in(index);
+  auto idx = ckpt::DecodeIndex(std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()), index).value();
+  auto m = ckpt::ReadManifest(dir).value();
+  auto c = std::find_if(idx.chunks.begin(), idx.chunks.end(), [&](const ckpt::ChunkEntry& e) {
+    return m.groups[static_cast<size_t>(e.group)].stored_as(static_cast<size_t>(e.kind)) == StoredAs::kQ8;
+  });
+  ASSERT_NE(c, idx.chunks.end());
+  std::fstream f(data, std::ios::in | std::ios::out | std::ios::binary);
+  std::string bytes(static_cast<size_t>(c->stored_bytes), '\0');
+  f.seekg(c->file_offset).read(bytes.data(), c->stored_bytes);
+  if (how == "code") bytes[1] ^= 0x01;
+  if (how == "scale") bytes[static_cast<size_t>(c->elements) + 1] ^= 0x01;
+  if (how == "form") {
+    const float bad = -1.0f;
+    std::memcpy(bytes.data() + c->elements, &bad, 4);
+    c->xxh3 = ckpt::Checksum(bytes.data(), bytes.size());
+    std::ofstream(index, std::ios::trunc) << ckpt::EncodeIndex(idx);
+  }
+  f.seekp(c->file_offset).write(bytes.data(), c->stored_bytes);
+}
+
+// q8 state restored from the tier lands straight in the state's codes and scales: the own copy copied
+// there as it is hashed, a peer's replica received there (no file on the way: the lost rank's own copy
+// is not written again). Each is checked where it lands as a load checks it: a flipped code, a flipped
+// scale, and a scale no encoding writes under a matching checksum are each caught; a bad own copy is
+// served by the peer's replica, a bad replica sends every rank to the older disk checkpoint together;
+// either way training goes on bit for bit.
+TEST_F(CompactStateTest, Q8StateFromTheTierLandsInPlaceAndIsCheckedThere) {
   if (comm_->size() == 1) GTEST_SKIP() << "no peer to hold a replica";
   const StatePrecision q8 = kPrecisions[3].state;  // q8 moments, no master
   ckpt::MemoryTierOptions tier;
@@ -509,68 +537,50 @@ TEST_F(CompactStateTest, AQ8ReplicaLandsInThePlaceOfTheStateAndIsCheckedThere) {
   for (int s = 1; s <= 5; ++s) Train(*want_engine, s);
   const auto want = FullParams(*want_engine);
   const int d = comm_->size() > tier.ranks_per_node ? tier.ranks_per_node : 1;  // rank 0's replica is on rank d
-  for (const std::string how : {"intact", "code", "scale", "form"}) {
-    SCOPED_TRACE(how);
-    const std::string sub = "q8replica-" + how;
-    {
+  for (const std::string where : {"replica", "own"}) {
+    for (const std::string how : {"intact", "code", "scale", "form"}) {
+      SCOPED_TRACE(where + " " + how);
+      const std::string sub = "q8-" + where + "-" + how;
+      {
+        auto e = Make(comm_.get(), 3, q8).value();
+        auto ck = TierCheckpointer(sub, tier);
+        for (int s = 1; s <= 2; ++s) Train(*e, s);
+        ASSERT_TRUE(ck->SaveAsync(e->state_view()).ok());
+        ASSERT_TRUE(ck->Wait().ok());
+        Train(*e, 3);
+        ASSERT_TRUE(ck->SaveToMemory(e->state_view()).ok());
+        ASSERT_TRUE(ck->Wait().ok());
+      }
+      const std::string own0 = ckpt::MemoryTier::RankDir(root_ + "/" + sub, tier, 0) + "/own/" + ckpt::StepDirName(3);
+      if (comm_->rank() == 0 && where == "replica") {
+        fs::remove_all(own0);
+        if (how != "intact") CorruptQ8Chunk(ckpt::MemoryTier::RankDir(root_ + "/" + sub, tier, d) + "/replica-00000/" + ckpt::StepDirName(3), how);
+      }
+      if (comm_->rank() == 0 && where == "own" && how != "intact") CorruptQ8Chunk(own0, how);
+      ASSERT_TRUE(comm_->Barrier().ok());
       auto e = Make(comm_.get(), 3, q8).value();
       auto ck = TierCheckpointer(sub, tier);
-      for (int s = 1; s <= 2; ++s) Train(*e, s);
-      ASSERT_TRUE(ck->SaveAsync(e->state_view()).ok());
+      auto r = ck->Resume(e->state_view());
+      ASSERT_TRUE(r.ok()) << r.status();
+      if (where == "replica" && how != "intact") {
+        EXPECT_EQ(r->step, 2);
+        EXPECT_EQ(r->source, "disk");
+        std::string skipped;
+        for (const std::string& why : r->skipped) skipped += why + "\n";
+        if (comm_->rank() == 0) {
+          EXPECT_NE(skipped.find(how == "form" ? "q8 block" : "checksum mismatch"), std::string::npos) << skipped;
+        }
+      } else {
+        EXPECT_EQ(r->step, 3);
+        EXPECT_EQ(r->source, comm_->rank() == 0 && (where == "replica" || how != "intact") ? "peer" : "memory");
+        if (comm_->rank() == 0 && where == "replica") {
+          EXPECT_FALSE(fs::exists(own0)) << "received through a file, not in place";
+        }
+      }
+      for (int64_t s = r->step + 1; s <= 5; ++s) Train(*e, s);
+      EXPECT_EQ(FullParams(*e), want) << "resumed from " << r->source;
       ASSERT_TRUE(ck->Wait().ok());
-      Train(*e, 3);
-      ASSERT_TRUE(ck->SaveToMemory(e->state_view()).ok());
-      ASSERT_TRUE(ck->Wait().ok());
     }
-    const std::string own0 = ckpt::MemoryTier::RankDir(root_ + "/" + sub, tier, 0) + "/own/" + ckpt::StepDirName(3);
-    if (comm_->rank() == 0) {
-      fs::remove_all(own0);
-      const std::string rep = ckpt::MemoryTier::RankDir(root_ + "/" + sub, tier, d) + "/replica-00000/" + ckpt::StepDirName(3);
-      const std::string data = rep + "/rank-00000.data", index = rep + "/rank-00000.index.json";
-      ASSERT_TRUE(fs::exists(data) && fs::exists(index)) << rep;
-      std::ifstream in(index);
-      auto idx = ckpt::DecodeIndex(std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()), index).value();
-      auto m = ckpt::ReadManifest(rep).value();
-      auto c = std::find_if(idx.chunks.begin(), idx.chunks.end(), [&](const ckpt::ChunkEntry& e) {
-        return m.groups[static_cast<size_t>(e.group)].stored_as(static_cast<size_t>(e.kind)) == StoredAs::kQ8;
-      });
-      ASSERT_NE(c, idx.chunks.end());
-      std::fstream f(data, std::ios::in | std::ios::out | std::ios::binary);
-      std::string bytes(static_cast<size_t>(c->stored_bytes), '\0');
-      f.seekg(c->file_offset).read(bytes.data(), c->stored_bytes);
-      if (how == "code") bytes[1] ^= 0x01;
-      if (how == "scale") bytes[static_cast<size_t>(c->elements) + 1] ^= 0x01;
-      if (how == "form") {  // a negative scale, under the checksum of what is there
-        const float bad = -1.0f;
-        std::memcpy(bytes.data() + c->elements, &bad, 4);
-        c->xxh3 = ckpt::Checksum(bytes.data(), bytes.size());
-        std::ofstream(index, std::ios::trunc) << ckpt::EncodeIndex(idx);
-      }
-      f.seekp(c->file_offset).write(bytes.data(), c->stored_bytes);
-    }
-    ASSERT_TRUE(comm_->Barrier().ok());
-    auto e = Make(comm_.get(), 3, q8).value();
-    auto ck = TierCheckpointer(sub, tier);
-    auto r = ck->Resume(e->state_view());
-    ASSERT_TRUE(r.ok()) << r.status();
-    if (how == "intact") {
-      EXPECT_EQ(r->step, 3);
-      EXPECT_EQ(r->source, comm_->rank() == 0 ? "peer" : "memory");
-      if (comm_->rank() == 0) {
-        EXPECT_FALSE(fs::exists(own0)) << "received through a file, not in place";
-      }
-    } else {
-      EXPECT_EQ(r->step, 2);
-      EXPECT_EQ(r->source, "disk");
-      std::string skipped;
-      for (const std::string& why : r->skipped) skipped += why + "\n";
-      if (comm_->rank() == 0) {
-        EXPECT_NE(skipped.find(how == "form" ? "q8 block" : "checksum mismatch"), std::string::npos) << skipped;
-      }
-    }
-    for (int64_t s = r->step + 1; s <= 5; ++s) Train(*e, s);
-    EXPECT_EQ(FullParams(*e), want) << "resumed from " << r->source;
-    ASSERT_TRUE(ck->Wait().ok());
   }
 }
 
