@@ -141,7 +141,7 @@ Status ShardSource::CopyStored(int rank, int group, int kind, int64_t count, con
   const GroupEntry& ge = m_.groups[static_cast<size_t>(group)];
   const StoredAs as = ge.stored_as(static_cast<size_t>(kind));
   const bool q8 = as == StoredAs::kQ8;
-  const int64_t eb = q8 ? 1 : 2;
+  const int64_t eb = ValueBytes(as);
   std::vector<char> unpacked;
   for (const Ref ref : r->by_kind[{group, kind}]) {  // sorted by elem_offset; they tile the shard (ReadShardIndexes)
     const Part& part = r->parts[ref.p];

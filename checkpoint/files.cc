@@ -205,7 +205,7 @@ Status FinishChunkRead(const IoFile& f, const Manifest& m, const ShardLayout& l,
     thread_local std::vector<char> unpacked;
     unpacked.resize(static_cast<size_t>(StoredBytes(as, c.elements, ge.block)));
     RETURN_IF_ERROR(DecodeChunk(c.codec, stored, static_cast<size_t>(c.stored_bytes), unpacked.data(), unpacked.size(),
-                                as == StoredAs::kBF16 ? 2 : 1, scratch),
+                                static_cast<size_t>(ValueBytes(as)), scratch),
                     f.path(), ": ", ChunkName(m, l, r, k));
     packed = unpacked.data();
   }
@@ -246,7 +246,7 @@ Result<const char*> StoredChunk(IoEngine& io, const IoFile& f, const Manifest& m
   *bytes_read += c.stored_bytes;
   if (c.codec != Codec::kRaw) {
     unpacked->resize(static_cast<size_t>(StoredBytes(as, c.elements, ge.block)));
-    RETURN_IF_ERROR(DecodeChunk(c.codec, stored, static_cast<size_t>(c.stored_bytes), unpacked->data(), unpacked->size(), as == StoredAs::kBF16 ? 2 : 1,
+    RETURN_IF_ERROR(DecodeChunk(c.codec, stored, static_cast<size_t>(c.stored_bytes), unpacked->data(), unpacked->size(), static_cast<size_t>(ValueBytes(as)),
                                 scratch),
                     f.path(), ": ", ChunkName(m, l, r, k));
     stored = unpacked->data();

@@ -532,12 +532,7 @@ std::string_view StoredAsName(StoredAs s) {
 }
 
 int64_t StoredBytes(StoredAs s, int64_t elements, int64_t block) {
-  switch (s) {
-    case StoredAs::kF32: return elements * 4;
-    case StoredAs::kBF16: return elements * 2;
-    case StoredAs::kQ8: return elements + 4 * (elements / block);
-  }
-  return 0;
+  return elements * ValueBytes(s) + (s == StoredAs::kQ8 ? 4 * (elements / block) : 0);
 }
 
 Result<ShardLayout> SavedLayout(const Manifest& m, int group) {

@@ -119,7 +119,7 @@ Status ShardWriter::Encode(InFlight& w, std::vector<char>* scratch) const {
                     "shard ", index_.rank, ", group '", ge.name, "' ", kind, " at element ", w.entry.elem_offset);
     raw = w.packed.data();
   }
-  ASSIGN_OR_RETURN(w.entry.codec, EncodeChunk(raw, raw_bytes, as == StoredAs::kF32 ? 4 : as == StoredAs::kBF16 ? 2 : 1, o_.compression, scratch, &w.buf));
+  ASSIGN_OR_RETURN(w.entry.codec, EncodeChunk(raw, raw_bytes, static_cast<size_t>(ValueBytes(as)), o_.compression, scratch, &w.buf));
   w.stored = w.entry.codec == Codec::kRaw ? raw : w.buf.data();
   w.entry.stored_bytes = static_cast<int64_t>(w.entry.codec == Codec::kRaw ? raw_bytes : w.buf.size());
   w.entry.xxh3 = Checksum(w.stored, static_cast<size_t>(w.entry.stored_bytes));
@@ -411,7 +411,7 @@ Status ChunkQueue::Put(int group, int buffer, int64_t offset, int64_t n, const f
       std::memcpy(chunk + at * 4, data + done, static_cast<size_t>(take) * 4);
       return Status();
     }
-    const size_t eb = form.as == StoredAs::kQ8 ? 1 : 2;
+    const auto eb = static_cast<size_t>(ValueBytes(form.as));
     RETURN_IF_ERROR(PackStateInto(form.as, form.is_signed, form.block, data + done, take, chunk + static_cast<size_t>(at) * eb,
                                   form.as == StoredAs::kQ8 ? chunk + count + 4 * (at / form.block) : nullptr),
                     "a save's state: group ", group, " buffer ", buffer, " at element ", offset + done);
@@ -436,7 +436,7 @@ Status ChunkQueue::PutStored(int group, int buffer, int64_t offset, int64_t n, S
     }
   }
   if (stored == StoredAs::kF32) return Put(group, buffer, offset, n, static_cast<const float*>(values));
-  const size_t eb = stored == StoredAs::kQ8 ? 1 : 2;
+  const auto eb = static_cast<size_t>(ValueBytes(stored));
   return Arrive(group, buffer, offset, n, [&](char* chunk, int64_t count, int64_t at, int64_t done, int64_t take) -> Status {
     std::memcpy(chunk + static_cast<size_t>(at) * eb, static_cast<const char*>(values) + static_cast<size_t>(done) * eb, static_cast<size_t>(take) * eb);
     if (stored == StoredAs::kQ8) std::memcpy(chunk + count + 4 * (at / block), scales + done / block, static_cast<size_t>((take + block - 1) / block) * 4);

@@ -33,6 +33,9 @@ namespace zrt {
 // (8-bit codes per block of `block` elements with an f32 scale; core/quant_math.h). The view's values
 // are f32 either way; a bf16 or q8 kind's are exactly what its stored form decodes to.
 enum class StoredAs : uint8_t { kF32, kBF16, kQ8 };
+// Bytes of one element's value in a stored form: f32 4, bf16 2, q8 1 (its code; the block's scale
+// lies apart).
+constexpr int64_t ValueBytes(StoredAs s) { return s == StoredAs::kF32 ? 4 : s == StoredAs::kBF16 ? 2 : 1; }
 
 struct StateBuffer {
   std::string kind;  // "master" (fp32 weights), "exp_avg", "exp_avg_sq", "max_exp_avg_sq"

@@ -179,7 +179,7 @@ Status TierSink::PutStored(int group, int buffer, int64_t offset, int64_t n, Sto
     return InternalError("memory tier: group ", group, " buffer ", buffer, " arrived stored otherwise than the snapshot keeps it");
   }
   char* base = into_.data() + p.offset;
-  const size_t eb = q8 ? 1 : 2;
+  const auto eb = static_cast<size_t>(ValueBytes(p.stored));
   for (int64_t done = 0; done < n;) {
     const int64_t c0 = (offset + done) / chunk_ * chunk_, cn = std::min(chunk_, p.count - c0), at = offset + done - c0;
     const int64_t take = std::min(n - done, cn - at);
