@@ -126,7 +126,7 @@ Target DirectTarget(const Piece& p, const StateBuffer& b, const StateView& targe
   auto kept = target.StoredMemory(p.group, p.kind);
   if (!kept.ok() || !kept->has_value()) return Target{};
   const StoredPart& sp = **kept;
-  if (sp.as != p.stored || sp.is_signed != p.is_signed || (p.stored == StoredAs::kQ8 && (sp.block != p.block || sp.scales == nullptr))) return Target{};
+  if (sp.as != p.stored || (p.stored == StoredAs::kQ8 && (sp.is_signed != p.is_signed || sp.block != p.block || sp.scales == nullptr))) return Target{};
   return Target{static_cast<char*>(sp.values), p.stored == StoredAs::kQ8 ? reinterpret_cast<char*>(sp.scales) : nullptr};
 }
 

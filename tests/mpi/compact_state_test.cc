@@ -486,6 +486,9 @@ TEST_F(CompactStateTest, TheMemoryTierHoldsTheCompactFormAndRestartsBitForBit) {
       EXPECT_EQ(r->step, 3);
       const bool lost = std::string(from) == "peer" && comm_->rank() < tier.ranks_per_node;
       EXPECT_EQ(r->source, lost ? "peer" : "memory") << from;
+      if (lost) {  // received in place: no file on the way
+        EXPECT_FALSE(fs::exists(ckpt::MemoryTier::RankDir(root_ + "/" + sub, tier, comm_->rank()) + "/own/" + ckpt::StepDirName(3)));
+      }
       Train(*e, 4);
       Train(*e, 5);
       EXPECT_EQ(FullParams(*e), want) << "restarted from " << r->source;
