@@ -1,7 +1,6 @@
 // EngineCore (ZeroEngine's implementation, engine_core.h): orchestrates the components (layouts and
-// buffers per group, GradBucketer, ParamGatherer, LossScaler, OptimizerStore) for one training step; see engine.h for the API, and
-// engine_settings.cc for the optimizer settings (per-tensor runs, lr, schedule) and their checkpointed
-// state.
+// buffers per group, GradBucketer, ParamGatherer, LossScaler, OptimizerStore) for one training step; see
+// engine.h for the API, and engine_settings.cc for the optimizer settings (per-tensor runs, lr, schedule) and their checkpointed state.
 //
 // Buffers per group (E = bytes per element of the group's dtype, P = padded size, S = P / N); the
 // optimizer state (fp32 master, m, v: S each; P at stage 0, whose layout has one "rank") is the
@@ -99,16 +98,13 @@ Status EngineCore::Settle() {
   return s;
 }
 
-// The engine as its views' owner (core/state_view.h): the state is the optimizer store's, the
-// counters and what derives from the state (Restore) the engine's.
+// The engine as its views' owner (core/state_view.h): the state is the store's, the counters and what derives from it (Restore) the engine's.
 class EngineStateOwner final : public StateOwner {
  public:
   explicit EngineStateOwner(EngineCore* e) : e_(e) {}
   Status Capture(std::shared_ptr<StateSink> sink) override { return e_->impl_->store->Capture(std::move(sink)); }
   Status Settle() override { return e_->Settle(); }
-  Status Read(int group, int buffer, int64_t offset, int64_t n, float* out) override {
-    return e_->impl_->store->Read(group, buffer, offset, n, out);
-  }
+  Status Read(int group, int buffer, int64_t offset, int64_t n, float* out) override { return e_->impl_->store->Read(group, buffer, offset, n, out); }
   Status Write(int group, int buffer, int64_t offset, int64_t n, const float* in) override {
     RETURN_IF_ERROR(e_->Settle());
     return e_->impl_->store->Write(group, buffer, offset, n, in);
