@@ -161,12 +161,13 @@ Status ShardSource::CopyStored(int rank, int group, int kind, int64_t count, con
     }
     RETURN_IF_ERROR(CheckRawChunkSize(part.file, m_, l, part.index, ref.k));
     const char* mapped = part.memory.data() + c.file_offset;
-    if (CopyAndChecksum(values, static_cast<size_t>(value_bytes), scales, mapped, static_cast<size_t>(c.stored_bytes)) != c.xxh3) {
+    Q8Scan scan(ge.signed_codes(static_cast<size_t>(kind)), ge.block, q8 ? c.elements : 0);  // the codes checked as they land
+    if (CopyAndChecksum(values, static_cast<size_t>(value_bytes), scales, mapped, static_cast<size_t>(c.stored_bytes), q8 ? &Q8Scan::Seen : nullptr,
+                        &scan) != c.xxh3) {
       return DataLossError(part.file.path(), ": ", ChunkName(m_, l, part.index, ref.k), ": checksum mismatch (the data is corrupt)");
     }
     bytes_read_ += c.stored_bytes;
-    RETURN_IF_ERROR(CheckStoredState(as, ge.signed_codes(static_cast<size_t>(kind)), ge.block, values, scales, c.elements), part.file.path(), ": ",
-                    ChunkName(m_, l, part.index, ref.k));
+    if (q8) RETURN_IF_ERROR(scan.Check(values, scales), part.file.path(), ": ", ChunkName(m_, l, part.index, ref.k));
   }
   return Status();
 }

@@ -67,8 +67,8 @@ uint64_t CopyAndChecksum(void* to, const void* from, size_t bytes) {
   return HasAvx2() ? avx2::CopyAndChecksum(to, from, bytes) : generic::CopyAndChecksum(to, from, bytes);
 }
 
-uint64_t CopyAndChecksum(void* to, size_t to_bytes, void* then, const void* from, size_t bytes) {
-  return HasAvx2() ? avx2::CopyAndChecksum(to, to_bytes, then, from, bytes) : generic::CopyAndChecksum(to, to_bytes, then, from, bytes);
+uint64_t CopyAndChecksum(void* to, size_t to_bytes, void* then, const void* from, size_t bytes, SeenFn seen, void* ctx) {
+  return HasAvx2() ? avx2::CopyAndChecksum(to, to_bytes, then, from, bytes, seen, ctx) : generic::CopyAndChecksum(to, to_bytes, then, from, bytes, seen, ctx);
 }
 
 Result<Codec> EncodeChunk(const void* raw, size_t bytes, size_t elem_size, const CompressOptions& o,
@@ -188,16 +188,40 @@ Status CheckStoredState(StoredAs s, bool is_signed, int64_t block, const char* i
 Status CheckStoredState(StoredAs s, bool is_signed, int64_t block, const char* values, const char* scales, int64_t n) {
   if (s == StoredAs::kBF16) return Status();  // every bf16 value is one
   if (s != StoredAs::kQ8 || block <= 0 || n % block != 0) return DataLossError("q8 state of ", n, " elements in blocks of ", block);
+  Q8Scan scan(is_signed, block, n);
+  scan.Take(values, static_cast<size_t>(n));
+  return scan.Check(values, scales);
+}
+
+Q8Scan::Q8Scan(bool is_signed, int64_t block, int64_t n)
+    : is_signed_(is_signed), block_(block), n_(n), largest_(static_cast<size_t>(block > 0 ? n / block : 0)), negative_zero_(largest_.size()) {}
+
+void Q8Scan::Take(const char* codes, size_t bytes) {
+  const auto* c = reinterpret_cast<const uint8_t*>(codes);
+  while (bytes > 0 && at_ < n_ && block_ > 0) {
+    const auto b = static_cast<size_t>(at_ / block_);
+    const int64_t take = std::min({static_cast<int64_t>(bytes), block_ - at_ % block_, n_ - at_});
+    bool negative_zero = false;
+    largest_[b] = std::max(largest_[b], ScanBlock(c, take, is_signed_, &negative_zero));
+    negative_zero_[b] |= negative_zero ? 1 : 0;
+    c += take;
+    bytes -= static_cast<size_t>(take);
+    at_ += take;
+  }
+}
+
+Status Q8Scan::Check(const char* values, const char* scales) const {
+  if (block_ <= 0 || n_ % block_ != 0 || at_ != n_) return DataLossError("q8 state of ", n_, " elements in blocks of ", block_);
   const auto* codes = reinterpret_cast<const uint8_t*>(values);
-  const uint8_t top = kQ8MaxCode[is_signed ? 1 : 0];
-  const uint8_t mag_mask = is_signed ? 0x7f : 0xff;
-  for (int64_t b = 0; b < n / block; ++b) {
+  const uint8_t top = kQ8MaxCode[is_signed_ ? 1 : 0];
+  const uint8_t mag_mask = is_signed_ ? 0x7f : 0xff;
+  const int64_t block = block_;
+  for (int64_t b = 0; b < n_ / block; ++b) {
     float scale;
     std::memcpy(&scale, scales + 4 * b, 4);
     if (!std::isfinite(scale) || !(scale >= 0)) return DataLossError("q8 block ", b, ": scale ", scale, " is not finite and >= 0");
-    bool negative_zero = false;
-    const uint8_t largest = ScanBlock(codes + b * block, block, is_signed, &negative_zero);
-    if (largest > top || negative_zero) {
+    const uint8_t largest = largest_[static_cast<size_t>(b)];
+    if (largest > top || negative_zero_[static_cast<size_t>(b)] != 0) {
       for (int64_t i = b * block; i < (b + 1) * block; ++i) {
         const uint8_t mag = codes[i] & mag_mask;
         if (mag > top || (mag == 0 && codes[i] != 0)) return DataLossError("q8 block ", b, ": code ", int{codes[i]}, " is never written");

@@ -38,6 +38,21 @@ Status UnpackState(StoredAs s, bool is_signed, int64_t block, const char* in, in
 Status CheckStoredState(StoredAs s, bool is_signed, int64_t block, const char* in, int64_t n);
 // The same with a q8 form's codes and scales in places of their own (`scales` unused for bf16).
 Status CheckStoredState(StoredAs s, bool is_signed, int64_t block, const char* values, const char* scales, int64_t n);
+// That check of q8 codes in two halves: the codes scanned as they go by, in pieces of any size and
+// in order (CopyAndChecksum's `seen`: each piece while it is in cache), then judged with the scales
+// once they are all there (Check: the same verdicts and messages as CheckStoredState).
+class Q8Scan {
+ public:
+  Q8Scan(bool is_signed, int64_t block, int64_t n);
+  void Take(const char* codes, size_t bytes);  // the next codes (any beyond n are ignored)
+  static void Seen(void* scan, const char* codes, size_t bytes) { static_cast<Q8Scan*>(scan)->Take(codes, bytes); }
+  Status Check(const char* codes, const char* scales) const;  // every code taken, and where they are now
+
+ private:
+  bool is_signed_;
+  int64_t block_, n_, at_ = 0;
+  std::vector<uint8_t> largest_, negative_zero_;  // per block
+};
 
 uint64_t Checksum(const void* data, size_t bytes);  // xxh3-64 (with AVX2 where the CPU has it)
 // Checksum of the bytes of `a` followed by those of `b` (a q8 chunk's codes and scales kept apart).
@@ -45,21 +60,23 @@ uint64_t Checksum(const void* a, size_t a_bytes, const void* b, size_t b_bytes);
 // Copies `bytes` from `from` to `to` and returns Checksum(to, bytes), reading memory once.
 uint64_t CopyAndChecksum(void* to, const void* from, size_t bytes);
 // The same with the first `to_bytes` copied to `to` and the rest to `then` (a q8 chunk's codes and
-// scales, placed apart): the checksum of all `bytes` as they are in `from`.
-uint64_t CopyAndChecksum(void* to, size_t to_bytes, void* then, const void* from, size_t bytes);
+// scales, placed apart): the checksum of all `bytes` as they are in `from`. `seen` (optional) gets
+// the first `to_bytes` in order, piece by piece as they are hashed and written (what lands).
+using SeenFn = void (*)(void* ctx, const char* data, size_t bytes);
+uint64_t CopyAndChecksum(void* to, size_t to_bytes, void* then, const void* from, size_t bytes, SeenFn seen = nullptr, void* ctx = nullptr);
 // The two builds those choose between at run time (checksum.inc; the tests compare them). avx2's
 // only on a CPU with AVX2.
 namespace generic {
 uint64_t Checksum(const void* data, size_t bytes);
 uint64_t Checksum(const void* a, size_t a_bytes, const void* b, size_t b_bytes);
 uint64_t CopyAndChecksum(void* to, const void* from, size_t bytes);
-uint64_t CopyAndChecksum(void* to, size_t to_bytes, void* then, const void* from, size_t bytes);
+uint64_t CopyAndChecksum(void* to, size_t to_bytes, void* then, const void* from, size_t bytes, SeenFn seen, void* ctx);
 }  // namespace generic
 namespace avx2 {
 uint64_t Checksum(const void* data, size_t bytes);
 uint64_t Checksum(const void* a, size_t a_bytes, const void* b, size_t b_bytes);
 uint64_t CopyAndChecksum(void* to, const void* from, size_t bytes);
-uint64_t CopyAndChecksum(void* to, size_t to_bytes, void* then, const void* from, size_t bytes);
+uint64_t CopyAndChecksum(void* to, size_t to_bytes, void* then, const void* from, size_t bytes, SeenFn seen, void* ctx);
 }  // namespace avx2
 
 }  // namespace zrt::ckpt

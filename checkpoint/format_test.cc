@@ -109,6 +109,13 @@ TEST(Codec, StoredStateRoundTripsAndHostileFormsAreRefused) {
     EXPECT_EQ(0, std::memcmp(packed.data(), codes.data(), codes.size())) << "the codes are stored as they are";
     std::vector<float> back(x.size());
     ASSERT_TRUE(UnpackState(StoredAs::kQ8, is_signed, block, packed.data(), n, back.data()).ok());
+    {
+      Q8Scan scan(is_signed, block, n);
+      scan.Take(packed.data(), 5);
+      EXPECT_EQ(scan.Check(packed.data(), packed.data() + n).code(), StatusCode::kDataLoss) << "not every code taken";
+      scan.Take(packed.data() + 5, static_cast<size_t>(n - 5) + 100);  // what follows the codes is not taken
+      EXPECT_TRUE(scan.Check(packed.data(), packed.data() + n).ok());
+    }
     EXPECT_EQ(0, std::memcmp(back.data(), kept.data(), kept.size() * 4));
     x[5] = kept[5] * 1.0001f + 1e-9f;  // not what its block decodes to
     kept[5] = x[5];
@@ -120,6 +127,9 @@ TEST(Codec, StoredStateRoundTripsAndHostileFormsAreRefused) {
       const Status s = UnpackState(StoredAs::kQ8, is_signed, block, p.data(), n, back.data());
       EXPECT_EQ(s.code(), StatusCode::kDataLoss) << what;
       EXPECT_NE(s.message().find(what), std::string_view::npos) << s;
+      Q8Scan scan(is_signed, block, n);  // the codes taken as they go by, in pieces that cut blocks
+      for (int64_t at = 0; at < n; at += 7) scan.Take(p.data() + at, static_cast<size_t>(std::min<int64_t>(7, n - at)));
+      EXPECT_EQ(scan.Check(p.data(), p.data() + n).message(), s.message()) << what;
     };
     auto scale = [&](std::vector<char>& p, int64_t b, float v) { std::memcpy(p.data() + n + 4 * b, &v, 4); };
     refused("scale nan", [&](std::vector<char>& p) { scale(p, 0, std::nanf("")); });
@@ -329,10 +339,15 @@ TEST(FormatTest, ChecksumsAreTheLibrarysXxh3AtEveryLengthAndAlignment) {
         EXPECT_EQ(CopyAndChecksum(head.data(), cut, rest.data(), p, len), want) << len << " cut at " << cut;
         EXPECT_TRUE(std::equal(p, p + cut, head.data()) && std::equal(p + cut, p + len, rest.data())) << len << " cut at " << cut;
         EXPECT_EQ(head[cut] + rest[len - cut], 0) << "wrote past the end: " << len << " cut at " << cut;
-        EXPECT_EQ(generic::CopyAndChecksum(head.data(), cut, rest.data(), p, len), want) << len << " cut at " << cut;
+        std::string seen;  // what `seen` is handed: the first part, in order
+        auto collect = [](void* to, const char* data, size_t n) { static_cast<std::string*>(to)->append(data, n); };
+        EXPECT_EQ(generic::CopyAndChecksum(head.data(), cut, rest.data(), p, len, collect, &seen), want) << len << " cut at " << cut;
+        EXPECT_EQ(seen, std::string(reinterpret_cast<const char*>(p), cut)) << len << " cut at " << cut;
         if (avx2) {
           EXPECT_EQ(avx2::Checksum(p, cut, tail.data(), tail.size()), want) << len << " cut at " << cut;
-          EXPECT_EQ(avx2::CopyAndChecksum(head.data(), cut, rest.data(), p, len), want) << len << " cut at " << cut;
+          seen.clear();
+          EXPECT_EQ(avx2::CopyAndChecksum(head.data(), cut, rest.data(), p, len, collect, &seen), want) << len << " cut at " << cut;
+          EXPECT_EQ(seen, std::string(reinterpret_cast<const char*>(p), cut)) << len << " cut at " << cut;
         }
       }
     }
