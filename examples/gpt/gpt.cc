@@ -244,10 +244,10 @@ Status WriteReference(const gpt::Config& c, const Options& o, const std::string&
   return Status();
 }
 
-Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o, const std::string& text) {
-  const int rank = comm.rank(), world = comm.size();
-  const size_t split = text.size() / 10 * 9;  // train: the first 90%, validation: the rest
-  zrt::CpuDevice device;
+// The engine's configuration from the command line, with each core's GEMM peak for MFU, measured by
+// each rank in turn (so that no rank shares its core while it measures), the best of them: MFU is
+// against a core per rank, also when ranks share cores.
+zrt::Result<zrt::EngineConfig> MakeEngineConfig(zrt::Communicator& comm, const gpt::Config& c, const Options& o) {
   zrt::EngineConfig cfg;
   cfg.stage = o.stage;
   cfg.adam = {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
@@ -268,64 +268,198 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
   const double tokens_per_step = static_cast<double>(o.batch) * o.accum * c.context;
   cfg.metrics.tokens_per_step = tokens_per_step;
   cfg.metrics.flops_per_step = tokens_per_step * c.flops_per_token();
-  // The GEMM peak of one core, measured now by each rank in turn (so that no rank shares its core
-  // while it measures), the best of them: MFU is against a core per rank, also when ranks share cores.
   double peak = 0;
-  for (int r = 0; r < world; ++r) {
-    if (r == rank) peak = gpt::MeasurePeakGemmFlops();
+  for (int r = 0; r < comm.size(); ++r) {
+    if (r == comm.rank()) peak = gpt::MeasurePeakGemmFlops();
     RETURN_IF_ERROR(comm.Barrier());
   }
   float peak_f = static_cast<float>(peak);
   RETURN_IF_ERROR(comm.AllReduce(&peak_f, &peak_f, 1, zrt::DType::kF32, zrt::ReduceOp::kMax));
   cfg.metrics.peak_flops = peak_f;
-  ASSIGN_OR_RETURN(auto engine, zrt::ZeroEngine::Create(&comm, &device, cfg));
+  return cfg;
+}
+
+// What a run adds up for its report.
+struct RunTotals {
+  double loss = 0, val_loss = -1;
+  double tok_s = 0, mfu = 0, reduce_s = 0, reduce_wait_s = 0;  // summed over `timed` steady steps
+  int timed = 0;
+  int saves = 0;
+  double stall = 0;  // the saves' stalls
+  std::string resumed_from = "-";
+};
+
+// --sample: text from the trained model (every rank runs the forwards: stage 3 gathers are collective).
+Status SampleText(zrt::ZeroEngine& engine, Net& net, const gpt::Config& c, const Options& o, int rank) {
+  gpt::Model one(c, 1);
+  std::string out = "The ";
+  std::vector<uint8_t> ctx(static_cast<size_t>(c.context) + 1, ' ');
+  uint64_t rng = o.seed;
+  while (static_cast<int>(out.size()) < o.sample) {
+    const size_t n = std::min(out.size(), static_cast<size_t>(c.context));
+    std::fill(ctx.begin(), ctx.end(), ' ');
+    std::copy_n(out.end() - static_cast<std::ptrdiff_t>(n), n, ctx.begin());
+    RETURN_IF_ERROR(net.Forward(one, ctx.data()).status());
+    RETURN_IF_ERROR(engine.Release(net.head()));
+    RETURN_IF_ERROR(engine.Release(net.embed()));
+    // p^(1 / temperature), renormalised: below 1 the likelier bytes win more often.
+    const float* p = one.probs(static_cast<int>(n) - 1);
+    std::vector<double> w(static_cast<size_t>(c.vocab));
+    double sum = 0;
+    for (int v = 0; v < c.vocab; ++v) sum += w[static_cast<size_t>(v)] = std::pow(static_cast<double>(p[v]), 1.0 / o.temperature);
+    rng = Mix(rng);
+    double u = static_cast<double>(rng >> 11) * 0x1.0p-53 * sum, acc = 0;
+    int next = 0;
+    for (; next < c.vocab - 1; ++next) {
+      if ((acc += w[static_cast<size_t>(next)]) > u) break;
+    }
+    out.push_back(static_cast<char>(next));
+  }
+  for (char& ch : out) {  // bytes the model made up that are not printable text
+    if ((ch < 32 && ch != '\n') || static_cast<unsigned char>(ch) >= 127) ch = '?';
+  }
+  if (rank == 0) std::printf("sample: %s\n", out.c_str());
+  return Status();
+}
+
+// Rank 0's report: memory per rank by category beside the ZeRO paper's model-state formula (bf16
+// parameters and fp32 gradients here: 2 + 4 + K bytes per parameter before sharding; K = 12 for f32
+// state, the embeddings' unless --compact-embed, else two moments at --moments and a master unless
+// --no-master), the gradient reductions hidden behind backward, and the SUMMARY line.
+void PrintReport(zrt::ZeroEngine& engine, const zrt::EngineConfig& cfg, const gpt::Config& c, const Options& o, int world, const gpt::Model& model,
+                 const RunTotals& t) {
+  const double mb = o.moments == "f32" ? 4 : o.moments == "bf16" ? 2 : 1 + 4.0 / cfg.state.q8_block;
+  double psi_embed = 0;
+  for (const gpt::TensorDef& d : gpt::Tensors(c)) {
+    if (d.group == "embed" && !o.compact_embed) psi_embed += static_cast<double>(zrt::TensorSpec{d.name, d.shape, zrt::DType::kBF16}.numel());
+  }
+  const double psi = static_cast<double>(c.num_params()), n = o.stage == 0 ? 1 : world;
+  const double K = 12 * psi_embed + (2 * mb + (o.no_master ? 0 : 4)) * (psi - psi_embed);  // optimizer bytes, all tensors
+  const double formula[] = {6 * psi + K, 6 * psi + K / n, 2 * psi + (4 * psi + K) / n, (6 * psi + K) / n};
+  const auto m = engine.memory();
+  const double state = static_cast<double>(m.peak_of(zrt::MemCategory::kParameters) + m.peak_of(zrt::MemCategory::kGradients) +
+                                           m.peak_of(zrt::MemCategory::kOptimizerState));
+  std::printf("memory per rank: model state %.1f MiB (ZeRO formula %.1f MiB) + activations %.1f MiB\n%s", state / 1048576,
+              formula[o.stage] / 1048576, static_cast<double>(model.activation_bytes()) / 1048576, m.ToString().c_str());
+  if (o.offload != "none") std::printf("host memory (offload):\n%s", engine.host_memory().ToString().c_str());
+  // Gradient reductions hidden behind backward: 1 - (time blocked on them) / (time they were in flight).
+  const double hidden = t.reduce_s > 0 ? 1 - t.reduce_wait_s / t.reduce_s : 0;
+  if (world > 1 && t.timed > 0) {
+    std::printf("gradient reductions: %.1f ms in flight per step, %.1f ms of it waited for: %.0f%% hidden behind backward\n",
+                1e3 * t.reduce_s / t.timed, 1e3 * t.reduce_wait_s / t.timed, 100 * hidden);
+  }
+  std::printf("SUMMARY steps=%lld loss=%.4f val_loss=%.4f tokens_per_s=%.0f mfu=%.4f reduce_hidden=%.3f checkpoints=%d stall_per_save_ms=%.2f resumed_from=%s\n",
+              static_cast<long long>(engine.steps()), t.loss, t.val_loss, t.timed ? t.tok_s / t.timed : 0.0, t.timed ? t.mfu / t.timed : 0.0, hidden,
+              t.saves, t.saves ? 1e3 * t.stall / t.saves : 0.0, t.resumed_from.c_str());
+}
+
+// The model's tensors registered with the engine (each group's own state precision, the embeddings'
+// f32 unless --compact-embed) and initialised.
+zrt::Result<std::vector<zrt::ParamHandle>> AddModel(zrt::ZeroEngine& engine, const gpt::Config& c, const Options& o) {
   const auto defs = gpt::Tensors(c);
   std::vector<zrt::ParamHandle> handles;
   for (const gpt::TensorDef& d : defs) {
     zrt::ParamOptions po{.group = d.group};
     if (!d.decay) po.weight_decay = 0;
     if (d.group == "embed" && !o.compact_embed) po.state = zrt::StatePrecision{};
-    ASSIGN_OR_RETURN(zrt::ParamHandle h, engine->AddParam(d.name, d.shape, zrt::DType::kBF16, po));
+    ASSIGN_OR_RETURN(zrt::ParamHandle h, engine.AddParam(d.name, d.shape, zrt::DType::kBF16, po));
     handles.push_back(h);
   }
-  RETURN_IF_ERROR(engine->Finalize([&](int64_t t, int64_t off, int64_t n, float* out) {
+  RETURN_IF_ERROR(engine.Finalize([&](int64_t t, int64_t off, int64_t n, float* out) {
     for (int64_t i = 0; i < n; ++i) out[i] = gpt::InitValue(c, defs, o.seed, t, off + i);
   }));
-  Net net(*engine, c, handles);
-  std::unique_ptr<zrt::ckpt::Checkpointer> ck;
-  std::string resumed_from = "-";
-  int saves = 0;
-  double stall = 0, val_loss = -1;
-  auto save = [&]() -> Status {
-    if (saves > 0) stall += ck->last_stats().stall_seconds;  // the previous save's, the next step's wait included
-    RETURN_IF_ERROR(ck->SaveAsync(engine->state_view(), {{"seed", o.seed}}));
-    ++saves;
-    return Status();
-  };
+  return handles;
+}
+
+// Where the run starts: the newest checkpoint under --ckpt (then `ck` saves there), else the
+// pretrained weights of --init, else the initialisation. Sets t.resumed_from.
+Status StartFrom(zrt::Communicator& comm, zrt::Device& device, zrt::ZeroEngine& engine, const zrt::EngineConfig& cfg, const Options& o,
+                 std::unique_ptr<zrt::ckpt::Checkpointer>* ck, RunTotals& t) {
   if (!o.ckpt.empty()) {
-    ASSIGN_OR_RETURN(ck, zrt::ckpt::Checkpointer::Create(&comm, &device, {.root = o.ckpt, .keep_last = o.keep_last}));
+    ASSIGN_OR_RETURN(*ck, zrt::ckpt::Checkpointer::Create(&comm, &device, {.root = o.ckpt, .keep_last = o.keep_last}));
     zrt::ckpt::InstallPreemptionHandler();
-    auto r = zrt::ckpt::Resume(&comm, {.root = o.ckpt}, engine->state_view());
-    if (r.ok()) resumed_from = r->dir;
-    if (r.ok() && rank == 0) {
+    auto r = zrt::ckpt::Resume(&comm, {.root = o.ckpt}, engine.state_view());
+    if (r.ok()) t.resumed_from = r->dir;
+    if (r.ok() && comm.rank() == 0) {
       std::printf("resumed from %s (saved by %d ranks at stage %d)\n", r->dir.c_str(), r->loaded.saved_world_size, r->loaded.saved_stage);
     }
     if (!r.ok() && r.status().code() != zrt::StatusCode::kNotFound) return r.status();
     // A resume brings back the saved schedule; this run's --steps decides where it ends (the same
     // schedule when the command line is the same).
-    RETURN_IF_ERROR(engine->SetLrSchedule(cfg.lr_schedule));
+    RETURN_IF_ERROR(engine.SetLrSchedule(cfg.lr_schedule));
   }
-  if (!o.init.empty() && resumed_from == "-") {  // a fresh start from pretrained weights (a resume wins)
+  if (!o.init.empty() && t.resumed_from == "-") {  // a fresh start from pretrained weights (a resume wins)
     zrt::ckpt::SafetensorsLoadOptions lo;
     if (!o.init_names.empty()) {
       ASSIGN_OR_RETURN(lo.names, zrt::ckpt::NameMap::FromJsonFile(o.init_names));
     }
-    ASSIGN_OR_RETURN(zrt::ckpt::LoadResult l, zrt::ckpt::LoadSafetensors(&comm, o.init, engine->state_view(), lo));
-    if (rank == 0) {
+    ASSIGN_OR_RETURN(zrt::ckpt::LoadResult l, zrt::ckpt::LoadSafetensors(&comm, o.init, engine.state_view(), lo));
+    if (comm.rank() == 0) {
       std::printf("initialised from %s (%.1f MiB of weights on rank 0%s)\n", o.init.c_str(), static_cast<double>(l.bytes_read) / 1048576,
                   l.unexpected.empty() ? "" : ", some tensors dropped by the name map");
     }
   }
+  return Status();
+}
+
+// A batch of `batch` rows of context + 1 bytes, each from a place of [lo, hi) of the text drawn by `key`.
+struct Batches {
+  const std::string& text;
+  int batch;
+  size_t row;
+  std::vector<uint8_t> tokens = std::vector<uint8_t>(static_cast<size_t>(batch) * row);
+  const uint8_t* Fill(uint64_t key, size_t lo, size_t hi) {
+    for (int b = 0; b < batch; ++b) {
+      const size_t at = lo + Mix(key * 131 + static_cast<uint64_t>(b)) % (hi - lo - row);
+      std::copy_n(text.begin() + static_cast<std::ptrdiff_t>(at), row, tokens.begin() + static_cast<std::ptrdiff_t>(b * row));
+    }
+    return tokens.data();
+  }
+};
+
+// The validation loss after step `step`: four batches from the held-out tail of the text (from
+// `split`), averaged over the ranks.
+zrt::Result<double> Validate(zrt::Communicator& comm, zrt::ZeroEngine& engine, Net& net, gpt::Model& model, Batches& batches, int64_t step, size_t split) {
+  double val = 0;
+  for (int k = 0; k < 4; ++k) {
+    const uint64_t key = Mix(static_cast<uint64_t>(step) * 7 + static_cast<uint64_t>(k) * 1000003 + static_cast<uint64_t>(comm.rank()));
+    ASSIGN_OR_RETURN(double l, net.Forward(model, batches.Fill(key, split, batches.text.size())));
+    val += l / 4;
+    RETURN_IF_ERROR(engine.Release(net.head()));
+    RETURN_IF_ERROR(engine.Release(net.embed()));
+  }
+  float v = static_cast<float>(val);
+  RETURN_IF_ERROR(comm.AllReduce(&v, &v, 1, zrt::DType::kF32, zrt::ReduceOp::kAvg));
+  return static_cast<double>(v);
+}
+
+// Rank 0's line for step r.
+void PrintStep(const zrt::StepResult& r, double loss) {
+  const zrt::StepTimes& st = r.times;
+  std::printf("step %5lld  loss %.4f  lr %.2e  norm %.2f  %.0f tok/s  MFU %.1f%%  %.1f ms (fwd %.0f%% bwd %.0f%% comm %.0f%% opt %.0f%% io %.0f%% ckpt %.0f%%)\n",
+              static_cast<long long>(r.step), loss, r.lr, r.grad_norm, r.tokens_per_second, 100 * r.mfu, 1e3 * st.total, 100 * st.forward / st.total,
+              100 * st.backward / st.total, 100 * st.comm_wait / st.total, 100 * st.optimizer / st.total, 100 * st.offload_io / st.total,
+              100 * st.checkpoint_stall / st.total);
+  std::fflush(stdout);
+}
+
+Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o, const std::string& text) {
+  const int rank = comm.rank(), world = comm.size();
+  const size_t split = text.size() / 10 * 9;  // train: the first 90%, validation: the rest
+  zrt::CpuDevice device;
+  ASSIGN_OR_RETURN(const zrt::EngineConfig cfg, MakeEngineConfig(comm, c, o));
+  ASSIGN_OR_RETURN(auto engine, zrt::ZeroEngine::Create(&comm, &device, cfg));
+  ASSIGN_OR_RETURN(std::vector<zrt::ParamHandle> handles, AddModel(*engine, c, o));
+  Net net(*engine, c, handles);
+  std::unique_ptr<zrt::ckpt::Checkpointer> ck;
+  RunTotals t;
+  auto save = [&]() -> Status {
+    if (t.saves > 0) t.stall += ck->last_stats().stall_seconds;  // the previous save's, the next step's wait included
+    RETURN_IF_ERROR(ck->SaveAsync(engine->state_view(), {{"seed", o.seed}}));
+    ++t.saves;
+    return Status();
+  };
+  RETURN_IF_ERROR(StartFrom(comm, device, *engine, cfg, o, &ck, t));
   if (rank == 0) {
     std::printf("gpt %s: %lld parameters, %d layers, dim %d, %d heads, context %d; %d ranks, stage %d, offload %s; state %s%s; %zu bytes "
                 "of text; GEMM peak %.1f GFLOP/s per core\n",
@@ -333,27 +467,20 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
                 o.offload.c_str(), zrt::StatePrecisionName(cfg.state).c_str(), o.compact_embed ? "" : " (embeddings: f32 with a master)",
                 text.size(), cfg.metrics.peak_flops / 1e9);
   }
-  if (!o.trace.empty()) RETURN_IF_ERROR(BeginTrace(c, o, comm, resumed_from != "-" || !o.init.empty()));
+  if (!o.trace.empty()) RETURN_IF_ERROR(BeginTrace(c, o, comm, t.resumed_from != "-" || !o.init.empty()));
   gpt::Model model(c, o.batch);
-  const size_t row = static_cast<size_t>(c.context) + 1;
-  std::vector<uint8_t> tokens(static_cast<size_t>(o.batch) * row);
-  auto fill = [&](uint64_t key, size_t lo, size_t hi) {
-    for (int b = 0; b < o.batch; ++b) {
-      const size_t at = lo + Mix(key * 131 + static_cast<uint64_t>(b)) % (hi - lo - row);
-      std::copy_n(text.begin() + static_cast<std::ptrdiff_t>(at), row, tokens.begin() + static_cast<std::ptrdiff_t>(b * row));
-    }
-  };
-  double loss = 0, tok_s = 0, mfu = 0, reduce_s = 0, reduce_wait_s = 0;
-  int timed = 0;
+  Batches batches{text, o.batch, static_cast<size_t>(c.context) + 1};
+  double& loss = t.loss;
   zrt::CommStats comm_before = engine->comm_stats();
   while (engine->steps() < o.steps) {
     loss = 0;
     for (int micro = 0; micro < o.accum; ++micro) {
       engine->SetSync(micro == o.accum - 1);
-      fill(Mix(o.seed ^ Mix(static_cast<uint64_t>(engine->steps()) * 1009 + static_cast<uint64_t>(micro) * 37 + static_cast<uint64_t>(rank))), 0, split);
-      if (!o.trace.empty()) Append(o.trace + "/tokens.rank" + std::to_string(rank) + ".bin", tokens.data(), tokens.size());
+      const uint8_t* tokens =
+          batches.Fill(Mix(o.seed ^ Mix(static_cast<uint64_t>(engine->steps()) * 1009 + static_cast<uint64_t>(micro) * 37 + static_cast<uint64_t>(rank))), 0, split);
+      if (!o.trace.empty()) Append(o.trace + "/tokens.rank" + std::to_string(rank) + ".bin", tokens, batches.tokens.size());
       engine->Mark(zrt::Phase::kForward);
-      ASSIGN_OR_RETURN(double l, net.Forward(model, tokens.data()));
+      ASSIGN_OR_RETURN(double l, net.Forward(model, tokens));
       loss += l / o.accum;
       engine->Mark(zrt::Phase::kBackward);
       RETURN_IF_ERROR(net.Backward(model));
@@ -369,34 +496,17 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
     }
     const zrt::CommStats comm_now = engine->comm_stats();
     if (r.step > 2 && r.times.checkpoint_stall == 0) {  // steady state: past warm-up, no save in it
-      tok_s += r.tokens_per_second;
-      mfu += r.mfu;
-      reduce_s += comm_now.reduce_seconds - comm_before.reduce_seconds;
-      reduce_wait_s += comm_now.reduce_wait_seconds - comm_before.reduce_wait_seconds;
-      ++timed;
+      t.tok_s += r.tokens_per_second;
+      t.mfu += r.mfu;
+      t.reduce_s += comm_now.reduce_seconds - comm_before.reduce_seconds;
+      t.reduce_wait_s += comm_now.reduce_wait_seconds - comm_before.reduce_wait_seconds;
+      ++t.timed;
     }
     comm_before = comm_now;
-    if (rank == 0 && (r.step % o.print_every == 0 || r.step == o.steps)) {
-      const zrt::StepTimes& t = r.times;
-      std::printf("step %5lld  loss %.4f  lr %.2e  norm %.2f  %.0f tok/s  MFU %.1f%%  %.1f ms (fwd %.0f%% bwd %.0f%% comm %.0f%% opt %.0f%% io %.0f%% ckpt %.0f%%)\n",
-                  static_cast<long long>(r.step), loss, r.lr, r.grad_norm, r.tokens_per_second, 100 * r.mfu, 1e3 * t.total,
-                  100 * t.forward / t.total, 100 * t.backward / t.total, 100 * t.comm_wait / t.total, 100 * t.optimizer / t.total,
-                  100 * t.offload_io / t.total, 100 * t.checkpoint_stall / t.total);
-      std::fflush(stdout);
-    }
+    if (rank == 0 && (r.step % o.print_every == 0 || r.step == o.steps)) PrintStep(r, loss);
     if (o.val_every > 0 && (r.step % o.val_every == 0 || r.step == o.steps)) {
-      double val = 0;
-      for (int k = 0; k < 4; ++k) {
-        fill(Mix(static_cast<uint64_t>(r.step) * 7 + static_cast<uint64_t>(k) * 1000003 + static_cast<uint64_t>(rank)), split, text.size());
-        ASSIGN_OR_RETURN(double l, net.Forward(model, tokens.data()));
-        val += l / 4;
-        RETURN_IF_ERROR(engine->Release(net.head()));
-        RETURN_IF_ERROR(engine->Release(net.embed()));
-      }
-      float v = static_cast<float>(val);
-      RETURN_IF_ERROR(comm.AllReduce(&v, &v, 1, zrt::DType::kF32, zrt::ReduceOp::kAvg));
-      val_loss = v;
-      if (rank == 0) std::printf("step %5lld  validation loss %.4f\n", static_cast<long long>(r.step), v);
+      ASSIGN_OR_RETURN(t.val_loss, Validate(comm, *engine, net, model, batches, r.step, split));
+      if (rank == 0) std::printf("step %5lld  validation loss %.4f\n", static_cast<long long>(r.step), t.val_loss);
     }
     if (ck) {
       if (o.every > 0 && r.step % o.every == 0) RETURN_IF_ERROR(save());
@@ -411,74 +521,16 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
   }
   if (ck) {
     RETURN_IF_ERROR(ck->Wait());
-    if (saves > 0) stall += ck->last_stats().stall_seconds;
+    if (t.saves > 0) t.stall += ck->last_stats().stall_seconds;
   }
-  // Sample text (every rank runs the forwards: stage 3 gathers are collective).
-  if (o.sample > 0) {
-    gpt::Model one(c, 1);
-    std::string out = "The ";
-    std::vector<uint8_t> ctx(row, ' ');
-    uint64_t rng = o.seed;
-    while (static_cast<int>(out.size()) < o.sample) {
-      const size_t n = std::min(out.size(), static_cast<size_t>(c.context));
-      std::fill(ctx.begin(), ctx.end(), ' ');
-      std::copy_n(out.end() - static_cast<std::ptrdiff_t>(n), n, ctx.begin());
-      RETURN_IF_ERROR(net.Forward(one, ctx.data()).status());
-      RETURN_IF_ERROR(engine->Release(net.head()));
-      RETURN_IF_ERROR(engine->Release(net.embed()));
-      // p^(1 / temperature), renormalised: below 1 the likelier bytes win more often.
-      const float* p = one.probs(static_cast<int>(n) - 1);
-      std::vector<double> w(static_cast<size_t>(c.vocab));
-      double sum = 0;
-      for (int v = 0; v < c.vocab; ++v) sum += w[static_cast<size_t>(v)] = std::pow(static_cast<double>(p[v]), 1.0 / o.temperature);
-      rng = Mix(rng);
-      double u = static_cast<double>(rng >> 11) * 0x1.0p-53 * sum, acc = 0;
-      int next = 0;
-      for (; next < c.vocab - 1; ++next) {
-        if ((acc += w[static_cast<size_t>(next)]) > u) break;
-      }
-      out.push_back(static_cast<char>(next));
-    }
-    for (char& ch : out) {  // bytes the model made up that are not printable text
-      if ((ch < 32 && ch != '\n') || static_cast<unsigned char>(ch) >= 127) ch = '?';
-    }
-    if (rank == 0) std::printf("sample: %s\n", out.c_str());
-  }
+  if (o.sample > 0) RETURN_IF_ERROR(SampleText(*engine, net, c, o, rank));
   std::ofstream dump;
   if (rank == 0 && !o.dump.empty()) dump.open(o.dump, std::ios::binary | std::ios::trunc);
   RETURN_IF_ERROR(engine->ForEachFullTensor({}, [&](const zrt::TensorSpec&, std::string_view, std::span<const float> v) {
     dump.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size_bytes()));
     return Status();
   }));
-  if (rank == 0) {
-    // Memory per rank: the engine's by category, beside the ZeRO paper's model-state formula
-    // (bf16 parameters and fp32 gradients here: 2 + 4 + K bytes per parameter before sharding; K = 12
-    // for f32 state, the embeddings' unless --compact-embed, else two moments at --moments and a master
-    // unless --no-master).
-    const double mb = o.moments == "f32" ? 4 : o.moments == "bf16" ? 2 : 1 + 4.0 / cfg.state.q8_block;
-    double psi_embed = 0;
-    for (const gpt::TensorDef& d : defs) {
-      if (d.group == "embed" && !o.compact_embed) psi_embed += static_cast<double>(zrt::TensorSpec{d.name, d.shape, zrt::DType::kBF16}.numel());
-    }
-    const double psi = static_cast<double>(c.num_params()), n = o.stage == 0 ? 1 : world;
-    const double K = 12 * psi_embed + (2 * mb + (o.no_master ? 0 : 4)) * (psi - psi_embed);  // optimizer bytes, all tensors
-    const double formula[] = {6 * psi + K, 6 * psi + K / n, 2 * psi + (4 * psi + K) / n, (6 * psi + K) / n};
-    const auto m = engine->memory();
-    const double state = static_cast<double>(m.peak_of(zrt::MemCategory::kParameters) + m.peak_of(zrt::MemCategory::kGradients) +
-                                             m.peak_of(zrt::MemCategory::kOptimizerState));
-    std::printf("memory per rank: model state %.1f MiB (ZeRO formula %.1f MiB) + activations %.1f MiB\n%s", state / 1048576,
-                formula[o.stage] / 1048576, static_cast<double>(model.activation_bytes()) / 1048576, m.ToString().c_str());
-    if (o.offload != "none") std::printf("host memory (offload):\n%s", engine->host_memory().ToString().c_str());
-    // Gradient reductions hidden behind backward: 1 - (time blocked on them) / (time they were in flight).
-    const double hidden = reduce_s > 0 ? 1 - reduce_wait_s / reduce_s : 0;
-    if (world > 1 && timed > 0) {
-      std::printf("gradient reductions: %.1f ms in flight per step, %.1f ms of it waited for: %.0f%% hidden behind backward\n",
-                  1e3 * reduce_s / timed, 1e3 * reduce_wait_s / timed, 100 * hidden);
-    }
-    std::printf("SUMMARY steps=%lld loss=%.4f val_loss=%.4f tokens_per_s=%.0f mfu=%.4f reduce_hidden=%.3f checkpoints=%d stall_per_save_ms=%.2f resumed_from=%s\n",
-                static_cast<long long>(engine->steps()), loss, val_loss, timed ? tok_s / timed : 0.0, timed ? mfu / timed : 0.0, hidden,
-                saves, saves ? 1e3 * stall / saves : 0.0, resumed_from.c_str());
-  }
+  if (rank == 0) PrintReport(*engine, cfg, c, o, world, model, t);
   return Status();
 }
 
