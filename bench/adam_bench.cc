@@ -119,20 +119,20 @@ void ByteProbe(ThreadPool& pool, int threads, const std::vector<Stream>& streams
 void CompactCases(ThreadPool& pool, Buffers& b, DeviceBuffer& ms, DeviceBuffer& vs, int64_t n, int reps, CpuIsa isa, const AdamStepScalars& s) {
   struct Case {
     const char* name;
-    MomentFormat m, v;
+    Precision m, v;
     bool master;
   };
-  const Case cases[] = {{"f32 moments + master", MomentFormat::kF32, MomentFormat::kF32, true},
-                        {"bf16 moments + master", MomentFormat::kBf16, MomentFormat::kBf16, true},
-                        {"q8 moments + master", MomentFormat::kQ8, MomentFormat::kQ8, true},
-                        {"bf16 moments, no master", MomentFormat::kBf16, MomentFormat::kBf16, false},
-                        {"q8 moments, no master", MomentFormat::kQ8, MomentFormat::kQ8, false}};
+  const Case cases[] = {{"f32 moments + master", Precision::kF32, Precision::kF32, true},
+                        {"bf16 moments + master", Precision::kBF16, Precision::kBF16, true},
+                        {"q8 moments + master", Precision::kQ8, Precision::kQ8, true},
+                        {"bf16 moments, no master", Precision::kBF16, Precision::kBF16, false},
+                        {"q8 moments, no master", Precision::kQ8, Precision::kQ8, false}};
   std::printf("\ncompact state, 2 threads, bf16 gradients (bytes per parameter moved: read + written)\n");
   std::printf("%-26s %8s %12s %10s %12s %8s %10s\n", "case", "B/param", "adam Gel/s", "adam GB/s", "probe GB/s", "ratio", "vs f32");
   double f32_rate = 0;
   for (const Case& c : cases) {
     const CompactFormat f{.exp_avg = c.m, .exp_avg_sq = c.v, .master = c.master};
-    auto mb = [](MomentFormat k) { return k == MomentFormat::kF32 ? 4.0 : k == MomentFormat::kBf16 ? 2.0 : 1.0 + 4.0 / 256; };
+    auto mb = [](Precision k) { return k == Precision::kF32 ? 4.0 : k == Precision::kBF16 ? 2.0 : 1.0 + 4.0 / 256; };
     void* param = c.master ? b.p.data() : b.copy.data();
     const AdamCompactArgs t{param, b.g16.data(), b.m.data(), ms.as<float>(), b.v.data(), vs.as<float>(), c.master ? b.copy.data() : nullptr,
                             n, 0, f};

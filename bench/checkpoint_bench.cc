@@ -55,12 +55,11 @@ void DropCaches(Communicator& comm) {
 // Per state precision (EngineConfig::state): a save's bytes on disk, stored as the state is kept,
 // and its time (SaveAsync to the commit), each under a root of its own.
 void SavePerPrecision(Communicator* comm, Device* dev, const CheckpointOptions& co, const std::string& dir, int64_t params, int groups) {
-  using kernels::MomentFormat;
   const std::pair<const char*, StatePrecision> precisions[] = {
       {"f32 state", {}},
-      {"bf16 moments", {MomentFormat::kBf16, MomentFormat::kBf16, true, 256}},
-      {"q8 moments", {MomentFormat::kQ8, MomentFormat::kQ8, true, 256}},
-      {"q8 moments, no master", {MomentFormat::kQ8, MomentFormat::kQ8, false, 256}}};
+      {"bf16 moments", {Precision::kBF16, Precision::kBF16, true, 256}},
+      {"q8 moments", {Precision::kQ8, Precision::kQ8, true, 256}},
+      {"q8 moments, no master", {Precision::kQ8, Precision::kQ8, false, 256}}};
   double f32_per_param = 0, f32_save = 0;
   for (const auto& [name, st] : precisions) {
     auto ep = MakeEngine(comm, dev, 3, params, groups, "", st);

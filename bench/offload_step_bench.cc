@@ -124,9 +124,8 @@ int main(int argc, char** argv) {
   bench::PrintResult("offload_step", "nvme step: Adam share", n.swap.update_seconds / n.swap.seconds, "fraction", 1, "whole step");
 
   // The same step with compact state: fewer bytes through the disk.
-  using kernels::MomentFormat;
-  for (const StatePrecision& st : {StatePrecision{MomentFormat::kQ8, MomentFormat::kQ8, true, 256},
-                                   StatePrecision{MomentFormat::kQ8, MomentFormat::kQ8, false, 256}}) {
+  for (const StatePrecision& st : {StatePrecision{Precision::kQ8, Precision::kQ8, true, 256},
+                                   StatePrecision{Precision::kQ8, Precision::kQ8, false, 256}}) {
     auto c = Run(comm->get(), params, OffloadTarget::kNvme, dir, budget, steps, st);
     if (!c.ok()) {
       std::fprintf(stderr, "nvme %s: %s\n", StatePrecisionName(st).c_str(), c.status().ToString().c_str());

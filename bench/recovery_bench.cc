@@ -216,8 +216,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"f32", "bf16", "q8", "q8-no-master"}))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  using kernels::MomentFormat;
-  const MomentFormat moments = state_name == "f32" ? MomentFormat::kF32 : state_name == "bf16" ? MomentFormat::kBf16 : MomentFormat::kQ8;
+  const Precision moments = state_name == "f32" ? Precision::kF32 : state_name == "bf16" ? Precision::kBF16 : Precision::kQ8;
   const StatePrecision precision{moments, moments, state_name != "q8-no-master", 256};
   auto make_engine = [&](Communicator* c, Device* d) { return MakeEngine(c, d, 3, params, groups, "", precision, shard_group); };
   auto session = MpiSession::Init(&argc, &argv).value();
@@ -233,7 +232,7 @@ int main(int argc, char** argv) {
   auto e = make_engine(comm.get(), &dev);
   int64_t bytes = 0;
   for (const StateGroup& g : e->state_view().groups) {
-    for (const StateBuffer& b : g.buffers) bytes += StoredBytes(b.stored, b.count, b.block);
+    for (const StateBuffer& b : g.buffers) bytes += b.format.Bytes(b.count);
   }
   std::vector<char> from(static_cast<size_t>(bytes), 2), sink(static_cast<size_t>(bytes), 1);
   comm->Barrier().IgnoreError();  // every rank copies at once, as every rank restores at once

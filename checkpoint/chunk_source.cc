@@ -139,9 +139,8 @@ Status ShardSource::CopyStored(int rank, int group, int kind, int64_t count, con
   ASSIGN_OR_RETURN(Rank * r, Open(rank));
   const ShardLayout& l = layouts_[static_cast<size_t>(group)];
   const GroupEntry& ge = m_.groups[static_cast<size_t>(group)];
-  const StoredAs as = ge.stored_as(static_cast<size_t>(kind));
-  const bool q8 = as == StoredAs::kQ8;
-  const int64_t eb = ValueBytes(as);
+  const StateFormat form = ge.format(static_cast<size_t>(kind));
+  const bool q8 = form.Scales(1) > 0;
   std::vector<char> unpacked;
   for (const Ref ref : r->by_kind[{group, kind}]) {  // sorted by elem_offset; they tile the shard (ReadShardIndexes)
     const Part& part = r->parts[ref.p];
@@ -150,9 +149,9 @@ Status ShardSource::CopyStored(int rank, int group, int kind, int64_t count, con
       return DataLossError(part.index.data_file, ": ", ChunkName(m_, l, part.index, ref.k), " outside the shard of ", count,
                            " elements or not at a block's start");
     }
-    char* values = static_cast<char*>(into.values) + c.elem_offset * eb;
-    char* scales = q8 ? reinterpret_cast<char*>(into.scales + c.elem_offset / ge.block) : nullptr;
-    const int64_t value_bytes = c.elements * eb, stored_bytes = StoredBytes(as, c.elements, ge.block);
+    char* values = static_cast<char*>(into.values) + form.ValuesBytes(c.elem_offset);
+    float* scales = q8 ? into.scales + c.elem_offset / ge.block : nullptr;
+    const int64_t value_bytes = form.ValuesBytes(c.elements), stored_bytes = form.Bytes(c.elements);
     if (part.memory.data() == nullptr || c.codec != Codec::kRaw) {  // read or decompressed, checked, then copied
       ASSIGN_OR_RETURN(const char* stored, StoredChunk(io_, part.file, m_, l, part.index, ref.k, nullptr, &unpacked, &scratch_, &bytes_read_));
       std::memcpy(values, stored, static_cast<size_t>(value_bytes));
@@ -161,7 +160,7 @@ Status ShardSource::CopyStored(int rank, int group, int kind, int64_t count, con
     }
     RETURN_IF_ERROR(CheckRawChunkSize(part.file, m_, l, part.index, ref.k));
     const char* mapped = part.memory.data() + c.file_offset;
-    Q8Scan scan(ge.signed_codes(static_cast<size_t>(kind)), ge.block, q8 ? c.elements : 0);  // the codes checked as they land
+    Q8Scan scan(form.is_signed, ge.block, q8 ? c.elements : 0);  // the codes checked as they land
     if (CopyAndChecksum(values, static_cast<size_t>(value_bytes), scales, mapped, static_cast<size_t>(c.stored_bytes), q8 ? &Q8Scan::Seen : nullptr,
                         &scan) != c.xxh3) {
       return DataLossError(part.file.path(), ": ", ChunkName(m_, l, part.index, ref.k), ": checksum mismatch (the data is corrupt)");

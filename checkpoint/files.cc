@@ -170,13 +170,13 @@ Result<char*> ThreadBuffer(size_t bytes) {
 }  // namespace
 
 bool ChunkInPlace(const Manifest& m, const ChunkEntry& c) {
-  return c.codec == Codec::kRaw && m.groups[static_cast<size_t>(c.group)].stored_as(static_cast<size_t>(c.kind)) == StoredAs::kF32;
+  return c.codec == Codec::kRaw && m.groups[static_cast<size_t>(c.group)].stored_as(static_cast<size_t>(c.kind)) == Precision::kF32;
 }
 
 Status CheckRawChunkSize(const IoFile& f, const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k) {
   const ChunkEntry& c = r.chunks[k];
   const GroupEntry& ge = m.groups[static_cast<size_t>(c.group)];
-  const int64_t bytes = StoredBytes(ge.stored_as(static_cast<size_t>(c.kind)), c.elements, ge.block);
+  const int64_t bytes = ge.format(static_cast<size_t>(c.kind)).Bytes(c.elements);
   if (c.codec == Codec::kRaw && c.stored_bytes != bytes) {  // before reading: `out` holds the elements
     return DataLossError(f.path(), ": ", ChunkName(m, l, r, k), ": raw chunk of ", c.stored_bytes, " bytes, expected ", bytes);
   }
@@ -187,30 +187,30 @@ Status FinishChunkRead(const IoFile& f, const Manifest& m, const ShardLayout& l,
                        float* out, std::vector<char>* scratch) {
   const ChunkEntry& c = r.chunks[k];
   const GroupEntry& ge = m.groups[static_cast<size_t>(c.group)];
-  const StoredAs as = ge.stored_as(static_cast<size_t>(c.kind));
+  const StateFormat form = ge.format(static_cast<size_t>(c.kind));
   // A raw f32 chunk stored elsewhere (a mapped file) is copied and hashed in one pass.
   const bool copy = ChunkInPlace(m, c) && stored != reinterpret_cast<const char*>(out);
   const uint64_t sum = copy ? CopyAndChecksum(out, stored, static_cast<size_t>(c.stored_bytes)) : Checksum(stored, static_cast<size_t>(c.stored_bytes));
   if (sum != c.xxh3) return DataLossError(f.path(), ": ", ChunkName(m, l, r, k), ": checksum mismatch (the data is corrupt)");
-  if (as == StoredAs::kF32) {
+  if (!form.compact()) {
     if (c.codec != Codec::kRaw) {
       RETURN_IF_ERROR(DecodeChunk(c.codec, stored, static_cast<size_t>(c.stored_bytes), out, static_cast<size_t>(c.elements) * 4, 4, scratch),
                       f.path(), ": ", ChunkName(m, l, r, k));
     }
     return Status();
   }
-  // A compact kind (format.h StoredAs): its stored form, decompressed if need be, then decoded.
+  // A compact kind (core/state_view.h): its stored form, decompressed if need be, checked, decoded.
   const char* packed = stored;
   if (c.codec != Codec::kRaw) {
     thread_local std::vector<char> unpacked;
-    unpacked.resize(static_cast<size_t>(StoredBytes(as, c.elements, ge.block)));
+    unpacked.resize(static_cast<size_t>(form.Bytes(c.elements)));
     RETURN_IF_ERROR(DecodeChunk(c.codec, stored, static_cast<size_t>(c.stored_bytes), unpacked.data(), unpacked.size(),
-                                static_cast<size_t>(ValueBytes(as)), scratch),
+                                static_cast<size_t>(form.value_bytes()), scratch),
                     f.path(), ": ", ChunkName(m, l, r, k));
     packed = unpacked.data();
   }
-  RETURN_IF_ERROR(UnpackState(as, ge.signed_codes(static_cast<size_t>(c.kind)), ge.block, packed, c.elements, out), f.path(), ": ",
-                  ChunkName(m, l, r, k));
+  RETURN_IF_ERROR(form.DecodeChecked(packed, reinterpret_cast<const float*>(packed + form.ValuesBytes(c.elements)), c.elements, out),
+                  f.path(), ": ", ChunkName(m, l, r, k));
   return Status();
 }
 
@@ -231,8 +231,8 @@ Result<const char*> StoredChunk(IoEngine& io, const IoFile& f, const Manifest& m
                                 const char* mapped, std::vector<char>* unpacked, std::vector<char>* scratch, int64_t* bytes_read) {
   const ChunkEntry& c = r.chunks[k];
   const GroupEntry& ge = m.groups[static_cast<size_t>(c.group)];
-  const StoredAs as = ge.stored_as(static_cast<size_t>(c.kind));
-  if (as == StoredAs::kF32) return InvalidArgumentError(f.path(), ": ", ChunkName(m, l, r, k), " is f32 values, not a compact form");
+  const StateFormat form = ge.format(static_cast<size_t>(c.kind));
+  if (!form.compact()) return InvalidArgumentError(f.path(), ": ", ChunkName(m, l, r, k), " is f32 values, not a compact form");
   RETURN_IF_ERROR(CheckRawChunkSize(f, m, l, r, k));
   const char* stored = mapped;
   if (stored == nullptr) {
@@ -245,13 +245,13 @@ Result<const char*> StoredChunk(IoEngine& io, const IoFile& f, const Manifest& m
   }
   *bytes_read += c.stored_bytes;
   if (c.codec != Codec::kRaw) {
-    unpacked->resize(static_cast<size_t>(StoredBytes(as, c.elements, ge.block)));
-    RETURN_IF_ERROR(DecodeChunk(c.codec, stored, static_cast<size_t>(c.stored_bytes), unpacked->data(), unpacked->size(), static_cast<size_t>(ValueBytes(as)),
-                                scratch),
+    unpacked->resize(static_cast<size_t>(form.Bytes(c.elements)));
+    RETURN_IF_ERROR(DecodeChunk(c.codec, stored, static_cast<size_t>(c.stored_bytes), unpacked->data(), unpacked->size(),
+                                static_cast<size_t>(form.value_bytes()), scratch),
                     f.path(), ": ", ChunkName(m, l, r, k));
     stored = unpacked->data();
   }
-  RETURN_IF_ERROR(CheckStoredState(as, ge.signed_codes(static_cast<size_t>(c.kind)), ge.block, stored, c.elements), f.path(), ": ",
+  RETURN_IF_ERROR(form.Check(stored, reinterpret_cast<const float*>(stored + form.ValuesBytes(c.elements)), c.elements), f.path(), ": ",
                   ChunkName(m, l, r, k));
   return stored;
 }

@@ -60,9 +60,9 @@ Result<RankIndex> ReadIndex(const CheckpointDir& dir, const Manifest& m, std::sp
 std::string ChunkName(const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k);
 
 // Reads chunk k of a rank's data file `f` (the index validated), checks its checksum and decodes it
-// into `out` (its elements, fp32; a bf16 or q8 kind's stored form checked and decoded: codec.h
-// UnpackState). `scratch` is reused between calls; *bytes_read grows by the stored
-// bytes.
+// into `out` (its elements, fp32; a bf16 or q8 kind's stored form checked and decoded:
+// StateFormat::DecodeChecked, core/state_view.h). `scratch` is reused between calls; *bytes_read grows
+// by the stored bytes.
 Status ReadChunk(IoEngine& io, const IoFile& f, const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k,
                  std::vector<float>* out, std::vector<char>* scratch, int64_t* bytes_read);
 // The same into `out`, kIoAlignment-aligned with room for max(elements * 4, stored bytes) rounded up
@@ -80,7 +80,7 @@ bool ChunkInPlace(const Manifest& m, const ChunkEntry& c);
 Status CheckRawChunkSize(const IoFile& f, const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k);
 // Chunk k of a compact kind as it is stored (bf16 values, or q8 codes then their blocks' scales):
 // read (or, `mapped` not null, its bytes there), checked against its checksum, decompressed into
-// `unpacked` where compressed, and checked to be a form encoding writes (codec.h CheckStoredState).
+// `unpacked` where compressed, and checked to be a form encoding writes (StateFormat::Check).
 // Returns where the form is, valid until the next call on this thread or `unpacked` changes.
 Result<const char*> StoredChunk(IoEngine& io, const IoFile& f, const Manifest& m, const ShardLayout& l, const RankIndex& r, size_t k,
                                 const char* mapped, std::vector<char>* unpacked, std::vector<char>* scratch, int64_t* bytes_read);

@@ -33,10 +33,10 @@ Status ValidateStored(const Manifest& m, const GroupEntry& g) {
   }
   bool q8 = false;
   for (size_t k = 0; k < g.stored.size(); ++k) {
-    if (g.stored[k] == StoredAs::kQ8 && g.kinds[k] != "exp_avg" && g.kinds[k] != "exp_avg_sq") {
+    if (g.stored[k] == Precision::kQ8 && g.kinds[k] != "exp_avg" && g.kinds[k] != "exp_avg_sq") {
       return DataLossError("group '", g.name, "': ", g.kinds[k], " cannot be stored as q8 (only exp_avg and exp_avg_sq)");
     }
-    q8 = q8 || g.stored[k] == StoredAs::kQ8;
+    q8 = q8 || g.stored[k] == Precision::kQ8;
   }
   if (!q8) {
     if (g.block != 0) return DataLossError("group '", g.name, "': a block size without a q8 kind");
@@ -228,7 +228,7 @@ PartPlan::PartPlan(const Manifest& m, std::span<const ShardLayout> layouts)
     const GroupEntry& ge = m.groups[g];
     const int64_t shard = layouts[g].shard_size();
     for (size_t k = 0; k < ge.kinds.size(); ++k) {
-      total += StoredBytes(ge.stored_as(k), shard, ge.block);
+      total += ge.format(k).Bytes(shard);
     }
   }
   int64_t at = 0;
@@ -238,7 +238,7 @@ PartPlan::PartPlan(const Manifest& m, std::span<const ShardLayout> layouts)
     auto& kinds = parts_.emplace_back(ge.kinds.size());
     for (size_t k = 0; k < ge.kinds.size(); ++k) {
       for (int64_t e = 0; e < shard; e += m.chunk_elements) {
-        const int64_t bytes = StoredBytes(ge.stored_as(k), std::min(m.chunk_elements, shard - e), ge.block);
+        const int64_t bytes = ge.format(k).Bytes(std::min(m.chunk_elements, shard - e));
         const int p = total == 0 ? 0 : static_cast<int>(static_cast<Wide>(at) * m.parts / total);  // exact: every rank agrees
         kinds[k].push_back(p);
         raw_[static_cast<size_t>(p)] += bytes;
@@ -300,8 +300,8 @@ json ManifestJson(const Manifest& m) {
     }
     json& o = groups.emplace_back(json{{"name", g.name}, {"lr", g.lr}, {"weight_decay", g.weight_decay}, {"alignment", g.alignment},
                                        {"kinds", g.kinds}, {"tensors", std::move(tensors)}});
-    if (std::any_of(g.stored.begin(), g.stored.end(), [](StoredAs a) { return a != StoredAs::kF32; })) {  // else as before it existed
-      for (StoredAs a : g.stored) o["stored"].push_back(StoredAsName(a));
+    if (std::any_of(g.stored.begin(), g.stored.end(), [](Precision a) { return a != Precision::kF32; })) {  // else as before it existed
+      for (Precision a : g.stored) o["stored"].push_back(PrecisionName(a));
       if (g.block != 0) o["block"] = g.block;
     }
   }
@@ -343,8 +343,9 @@ Result<Manifest> DecodeManifest(std::string_view text, const std::string& where)
       if (g.contains("stored")) {
         for (const json& k : Arr(g["stored"], "stored")) {
           const std::string t = Str(k, "stored");
-          if (t != "f32" && t != "bf16" && t != "q8") throw FieldError("group '" + ge.name + "': unknown stored type '" + t + "' (f32, bf16, q8)");
-          ge.stored.push_back(t == "f32" ? StoredAs::kF32 : t == "bf16" ? StoredAs::kBF16 : StoredAs::kQ8);
+          const Result<Precision> p = ParsePrecision(t);
+          if (!p.ok()) throw FieldError("group '" + ge.name + "': unknown stored type '" + t + "' (f32, bf16, q8)");
+          ge.stored.push_back(*p);
         }
       }
       if (g.contains("block")) ge.block = I64(g["block"], "block");
@@ -464,14 +465,14 @@ Status ValidateIndexFile(const Manifest& m, std::span<const ShardLayout> layouts
       return DataLossError(where, ": chunk ", k, " (elements ", c.elem_offset, "+", c.elements, ") lies outside the shard of ",
                            shard, " elements of group '", ge.name, "' (chunks hold at most ", m.chunk_elements, ")");
     }
-    const StoredAs as = ge.stored_as(static_cast<size_t>(c.kind));
-    if (as == StoredAs::kQ8 && (c.elem_offset % ge.block != 0 || c.elements % ge.block != 0)) {
+    const Precision as = ge.stored_as(static_cast<size_t>(c.kind));
+    if (as == Precision::kQ8 && (c.elem_offset % ge.block != 0 || c.elements % ge.block != 0)) {
       return DataLossError(where, ": chunk ", k, " (elements ", c.elem_offset, "+", c.elements, ") of q8 state splits a block of ", ge.block);
     }
-    const int64_t bytes = StoredBytes(as, c.elements, ge.block);
+    const int64_t bytes = ge.format(static_cast<size_t>(c.kind)).Bytes(c.elements);
     if (c.codec == Codec::kRaw ? c.stored_bytes != bytes : (c.stored_bytes < 1 || c.stored_bytes >= bytes)) {
       return DataLossError(where, ": chunk ", k, " stores ", c.stored_bytes, " bytes for ", c.elements, " elements (",
-                           CodecName(c.codec), ", ", StoredAsName(as), ")");
+                           CodecName(c.codec), ", ", PrecisionName(as), ")");
     }
     spans.emplace_back(c.file_offset, c.stored_bytes);
   }
@@ -522,18 +523,6 @@ Status ValidateIndex(const Manifest& m, std::span<const ShardLayout> layouts, co
   return ValidateCover(m, layouts, std::span<const RankIndex>(&r, 1), where);
 }
 
-std::string_view StoredAsName(StoredAs s) {
-  switch (s) {
-    case StoredAs::kF32: return "f32";
-    case StoredAs::kBF16: return "bf16";
-    case StoredAs::kQ8: return "q8";
-  }
-  return "invalid";
-}
-
-int64_t StoredBytes(StoredAs s, int64_t elements, int64_t block) {
-  return elements * ValueBytes(s) + (s == StoredAs::kQ8 ? 4 * (elements / block) : 0);
-}
 
 Result<ShardLayout> SavedLayout(const Manifest& m, int group) {
   if (group < 0 || group >= static_cast<int>(m.groups.size())) return DataLossError("manifest: no group #", group);

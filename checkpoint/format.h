@@ -55,17 +55,13 @@ struct GroupEntry {
   std::vector<std::string> kinds;  // state kinds saved: "master", "exp_avg", "exp_avg_sq", ...
   // How each kind's chunks store it (kinds' order; "stored" in the file, all f32 when absent) and,
   // with a q8 kind, its elements per block.
-  std::vector<StoredAs> stored;
+  std::vector<Precision> stored;
   int64_t block = 0;
-  StoredAs stored_as(size_t kind) const { return kind < stored.size() ? stored[kind] : StoredAs::kF32; }
-  // Whether a q8 kind's codes are signed: the first moment's (docs/checkpoint-format.md "Stored state").
-  bool signed_codes(size_t kind) const { return kinds[kind] == "exp_avg"; }
+  Precision stored_as(size_t kind) const { return kind < stored.size() ? stored[kind] : Precision::kF32; }
+  // How kind `kind`'s chunks are stored (a chunk of n elements: format(kind).Bytes(n) bytes before
+  // compression; q8: whole blocks' codes, then their f32 scales; docs/checkpoint-format.md "Stored state").
+  StateFormat format(size_t kind) const { return StateFormat::Of(stored_as(kind), kind < kinds.size() ? kinds[kind] : "", block); }
 };
-
-std::string_view StoredAsName(StoredAs s);  // "f32", "bf16", "q8"
-// The bytes `elements` elements of a kind stored as `s` take before compression (q8: whole blocks'
-// codes, then their f32 scales).
-int64_t StoredBytes(StoredAs s, int64_t elements, int64_t block);
 
 struct Manifest {
   std::string nonce;  // shared by the manifest and every index of one save

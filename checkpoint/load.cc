@@ -108,8 +108,7 @@ Result<BufferPlan> PlanBuffer(const std::string& dir, const Manifest& m, const s
         plan.whole_kind = kind;
         return plan;
       }
-      const StoredAs as = ge.stored_as(static_cast<size_t>(kind));
-      if (as != StoredAs::kF32 && as == b.stored && (as != StoredAs::kQ8 || ge.block == b.block)) {
+      if (b.format.compact() && ge.format(static_cast<size_t>(kind)) == b.format) {
         plan.stored_group = same;
         plan.stored_kind = kind;
       }
@@ -149,7 +148,7 @@ Status FillStored(const std::string& dir, const StateView& target, int gi, int b
     return src.CopyStored(tg.layout.world_size() == 1 ? 0 : target.rank, bp.stored_group, bp.stored_kind, b.count, *kept)
         .WithContext("loading group '" + tg.name + "' (" + b.kind + ") from " + dir);
   }
-  const int64_t unit = b.stored == StoredAs::kQ8 ? b.block : 1;
+  const int64_t unit = b.format.Scales(1) > 0 ? b.format.block : 1;
   Status s = src.ForEachStored(tg.layout.world_size() == 1 ? 0 : target.rank, bp.stored_group, bp.stored_kind, b.count,
                                [&](int64_t begin, int64_t n, const char* stored) -> Status {
                                  if (begin % unit != 0) return DataLossError("a q8 chunk starts inside a block of ", unit);

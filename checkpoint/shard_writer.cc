@@ -45,14 +45,19 @@ Result<Manifest> ManifestFor(const StateView& state, const nlohmann::json& train
     for (const StateBuffer& b : g.buffers) {
       if (b.dtype != DType::kF32) return InvalidArgumentError("checkpoint: state '", b.kind, "' must be f32");
       ge.kinds.push_back(b.kind);
-      ge.stored.push_back(b.stored);
-      if (b.stored == StoredAs::kQ8) {
-        if (b.block < 1 || ge.alignment % b.block != 0) {
-          return InvalidArgumentError("checkpoint: group '", g.name, "': q8 blocks of ", b.block, " do not divide its alignment ", ge.alignment);
+      ge.stored.push_back(b.format.precision);
+      if (b.format.precision == Precision::kQ8) {
+        const int64_t block = b.format.block;
+        if (block < 1 || ge.alignment % block != 0) {
+          return InvalidArgumentError("checkpoint: group '", g.name, "': q8 blocks of ", block, " do not divide its alignment ", ge.alignment);
         }
-        if (ge.block != 0 && ge.block != b.block) return InvalidArgumentError("checkpoint: group '", g.name, "' has q8 kinds of two block sizes");
-        ge.block = b.block;
-        m.chunk_elements = (m.chunk_elements + b.block - 1) / b.block * b.block;  // chunks hold whole blocks
+        if (ge.block != 0 && ge.block != block) return InvalidArgumentError("checkpoint: group '", g.name, "' has q8 kinds of two block sizes");
+        ge.block = block;
+        m.chunk_elements = (m.chunk_elements + block - 1) / block * block;  // chunks hold whole blocks
+      }
+      if (b.format != StateFormat::Of(b.format.precision, b.kind, ge.block)) {
+        return InvalidArgumentError("checkpoint: group '", g.name, "': ", b.kind, " stored as ", PrecisionName(b.format.precision),
+                                    b.format.is_signed ? " signed" : " unsigned", " (block ", b.format.block, "), which the format does not hold");
       }
     }
     m.groups.push_back(std::move(ge));
@@ -110,16 +115,18 @@ bool ShardWriter::wants(int group, int kind, int64_t offset) const {
 Status ShardWriter::Encode(InFlight& w, std::vector<char>* scratch) const {
   const GroupEntry& ge = m_.groups[static_cast<size_t>(w.entry.group)];
   const std::string& kind = ge.kinds[static_cast<size_t>(w.entry.kind)];
-  const StoredAs as = ge.stored_as(static_cast<size_t>(w.entry.kind));
+  const StateFormat form = ge.format(static_cast<size_t>(w.entry.kind));
   const char* raw = w.raw;
-  const auto raw_bytes = static_cast<size_t>(StoredBytes(as, w.entry.elements, ge.block));
-  if (as != StoredAs::kF32 && !w.as_stored) {  // the owner's compact state, stored as it keeps it
+  const auto raw_bytes = static_cast<size_t>(form.Bytes(w.entry.elements));
+  if (form.compact() && !w.as_stored) {  // the owner's compact state, stored as it keeps it
     w.packed.resize(raw_bytes);
-    RETURN_IF_ERROR(PackState(as, ge.signed_codes(static_cast<size_t>(w.entry.kind)), ge.block, reinterpret_cast<const float*>(w.raw), w.entry.elements, w.packed.data()),
+    char* values = w.packed.data();
+    RETURN_IF_ERROR(form.EncodeExact(reinterpret_cast<const float*>(w.raw), w.entry.elements, values,
+                                     reinterpret_cast<float*>(values + form.ValuesBytes(w.entry.elements))),
                     "shard ", index_.rank, ", group '", ge.name, "' ", kind, " at element ", w.entry.elem_offset);
     raw = w.packed.data();
   }
-  ASSIGN_OR_RETURN(w.entry.codec, EncodeChunk(raw, raw_bytes, static_cast<size_t>(ValueBytes(as)), o_.compression, scratch, &w.buf));
+  ASSIGN_OR_RETURN(w.entry.codec, EncodeChunk(raw, raw_bytes, static_cast<size_t>(form.value_bytes()), o_.compression, scratch, &w.buf));
   w.stored = w.entry.codec == Codec::kRaw ? raw : w.buf.data();
   w.entry.stored_bytes = static_cast<int64_t>(w.entry.codec == Codec::kRaw ? raw_bytes : w.buf.size());
   w.entry.xxh3 = Checksum(w.stored, static_cast<size_t>(w.entry.stored_bytes));
@@ -285,10 +292,7 @@ std::vector<std::vector<QueuedKind>> QueuedKinds(const Manifest& m, const std::v
   for (size_t g = 0; g < m.groups.size(); ++g) {
     const GroupEntry& ge = m.groups[g];
     auto& group = kinds.emplace_back();
-    for (size_t k = 0; k < ge.kinds.size(); ++k) {
-      const StoredAs as = ge.stored_as(k);
-      group.push_back({layouts[g].shard_size(), as, as == StoredAs::kQ8 ? ge.block : 0, ge.signed_codes(k)});
-    }
+    for (size_t k = 0; k < ge.kinds.size(); ++k) group.push_back({layouts[g].shard_size(), ge.format(k)});
   }
   return kinds;
 }
@@ -302,7 +306,7 @@ ChunkQueue::ChunkQueue(std::vector<std::vector<QueuedKind>> kinds, int64_t chunk
     std::vector<Filling>& f = fill_.emplace_back(g.size());
     for (size_t k = 0; k < g.size(); ++k) {
       f[k].form = g[k];
-      largest = std::max(largest, StoredBytes(g[k].as, chunk_, g[k].block));
+      largest = std::max(largest, g[k].format.Bytes(chunk_));
     }
     most_kinds = std::max(most_kinds, g.size());
   }
@@ -364,9 +368,10 @@ Result<ChunkQueue::Filling*> ChunkQueue::Expect(int group, int buffer, int64_t o
     return InvalidArgumentError("a save's state: group ", group, " buffer ", buffer, ": elements ", offset, "+", n, " arrived where ",
                                 f.next, " of ", f.form.count, " was expected");
   }
-  if (f.form.as == StoredAs::kQ8 && (offset % f.form.block != 0 || (n % f.form.block != 0 && offset + n != f.form.count))) {
+  const int64_t block = f.form.format.Scales(1) > 0 ? f.form.format.block : 1;
+  if (offset % block != 0 || (n % block != 0 && offset + n != f.form.count)) {
     return InvalidArgumentError("a save's state: group ", group, " buffer ", buffer, ": elements ", offset, "+", n,
-                                " are not whole q8 blocks of ", f.form.block);
+                                " are not whole q8 blocks of ", block);
   }
   return &f;
 }
@@ -386,7 +391,7 @@ Status ChunkQueue::Arrive(int group, int buffer, int64_t offset, int64_t n, Fill
     }
     if (f->buf.empty()) {
       // A whole chunk's bytes even for a shard's short last chunk: buffers stay interchangeable.
-      ASSIGN_OR_RETURN(f->buf, Acquire(lock, StoredBytes(f->form.as, chunk_, f->form.block)));
+      ASSIGN_OR_RETURN(f->buf, Acquire(lock, f->form.format.Bytes(chunk_)));
     }
     lock.unlock();  // only this producer touches a buffer being filled
     Status s = fill(f->buf.as<char>(), count, f->next - start, done, take);
@@ -406,14 +411,12 @@ Status ChunkQueue::Arrive(int group, int buffer, int64_t offset, int64_t n, Fill
 
 Status ChunkQueue::Put(int group, int buffer, int64_t offset, int64_t n, const float* data) {
   return Arrive(group, buffer, offset, n, [&](char* chunk, int64_t count, int64_t at, int64_t done, int64_t take) -> Status {
-    const QueuedKind& form = fill_[static_cast<size_t>(group)][static_cast<size_t>(buffer)].form;
-    if (form.as == StoredAs::kF32) {
+    const StateFormat& form = fill_[static_cast<size_t>(group)][static_cast<size_t>(buffer)].form.format;
+    if (!form.compact()) {
       std::memcpy(chunk + at * 4, data + done, static_cast<size_t>(take) * 4);
       return Status();
     }
-    const auto eb = static_cast<size_t>(ValueBytes(form.as));
-    RETURN_IF_ERROR(PackStateInto(form.as, form.is_signed, form.block, data + done, take, chunk + static_cast<size_t>(at) * eb,
-                                  form.as == StoredAs::kQ8 ? chunk + count + 4 * (at / form.block) : nullptr),
+    RETURN_IF_ERROR(form.EncodeExact(data + done, take, chunk + form.ValuesBytes(at), reinterpret_cast<float*>(chunk + form.ValuesBytes(count)) + form.Scales(at)),
                     "a save's state: group ", group, " buffer ", buffer, " at element ", offset + done);
     std::lock_guard<std::mutex> lock(mu_);
     encoded_ += take;
@@ -423,23 +426,24 @@ Status ChunkQueue::Put(int group, int buffer, int64_t offset, int64_t n, const f
 
 // Each chunk of a compact kind holds its values or codes, then (q8) its blocks' scales: the part's
 // codes and scales are copied to their places in the chunks they fall in.
-Status ChunkQueue::PutStored(int group, int buffer, int64_t offset, int64_t n, StoredAs stored, int64_t block, bool is_signed,
-                             const void* values, const float* scales) {
+Status ChunkQueue::PutStored(int group, int buffer, int64_t offset, int64_t n, const StateFormat& format, const void* values,
+                             const float* scales) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (group >= 0 && static_cast<size_t>(group) < fill_.size() && buffer >= 0 && static_cast<size_t>(buffer) < fill_[static_cast<size_t>(group)].size()) {
-      const QueuedKind& form = fill_[static_cast<size_t>(group)][static_cast<size_t>(buffer)].form;
-      if (stored != form.as || (stored == StoredAs::kQ8 && (block != form.block || is_signed != form.is_signed))) {
-        return InvalidArgumentError("a save's state: group ", group, " buffer ", buffer, " arrived stored as ", StoredAsName(stored),
-                                    " (block ", block, ") where the checkpoint stores it as ", StoredAsName(form.as), " (block ", form.block, ")");
+      const StateFormat& form = fill_[static_cast<size_t>(group)][static_cast<size_t>(buffer)].form.format;
+      if (format != form) {
+        return InvalidArgumentError("a save's state: group ", group, " buffer ", buffer, " arrived stored as ", PrecisionName(format.precision),
+                                    " (block ", format.block, ") where the checkpoint stores it as ", PrecisionName(form.precision), " (block ", form.block, ")");
       }
     }
   }
-  if (stored == StoredAs::kF32) return Put(group, buffer, offset, n, static_cast<const float*>(values));
-  const auto eb = static_cast<size_t>(ValueBytes(stored));
+  if (!format.compact()) return Put(group, buffer, offset, n, static_cast<const float*>(values));
   return Arrive(group, buffer, offset, n, [&](char* chunk, int64_t count, int64_t at, int64_t done, int64_t take) -> Status {
-    std::memcpy(chunk + static_cast<size_t>(at) * eb, static_cast<const char*>(values) + static_cast<size_t>(done) * eb, static_cast<size_t>(take) * eb);
-    if (stored == StoredAs::kQ8) std::memcpy(chunk + count + 4 * (at / block), scales + done / block, static_cast<size_t>((take + block - 1) / block) * 4);
+    std::memcpy(chunk + format.ValuesBytes(at), static_cast<const char*>(values) + format.ValuesBytes(done), static_cast<size_t>(format.ValuesBytes(take)));
+    if (format.Scales(1) > 0) {
+      std::memcpy(chunk + format.ValuesBytes(count) + 4 * format.Scales(at), scales + format.Scales(done), static_cast<size_t>(format.Scales(take)) * 4);
+    }
     return Status();
   });
 }

@@ -64,7 +64,7 @@ class ShardWriter {
   // 4 KiB-aligned for raw writes to go O_DIRECT) must stay valid until `release` is called, on this
   // thread, once the chunk is written or the writer gives up on it. Each chunk once, in any order.
   Status Write(int group, int kind, int64_t offset, int64_t count, const float* data, std::function<void()> release = {});
-  // The same chunk already in the form the manifest stores its kind in (StoredBytes of it: f32 or
+  // The same chunk already in the form the manifest stores its kind in (format.h GroupEntry::format(kind).Bytes of it: f32 or
   // bf16 values, or q8 codes then the blocks' scales), written as it is: nothing decoded or encoded.
   Status WriteStored(int group, int kind, int64_t offset, int64_t count, const void* stored, std::function<void()> release = {});
   // Whether the chunk at `offset` of (group, kind) is this writer's part's.
@@ -109,9 +109,7 @@ Status WriteShard(IoEngine& io, const std::string& dir, const Manifest& m, int s
 // stored in (the manifest's: format.h GroupEntry::stored).
 struct QueuedKind {
   int64_t count = 0;
-  StoredAs as = StoredAs::kF32;
-  int64_t block = 0;  // q8: elements per block
-  bool is_signed = false;
+  StateFormat format;
 };
 // The kinds of shard `layouts`' groups as the checkpoint `m` stores them.
 std::vector<std::vector<QueuedKind>> QueuedKinds(const Manifest& m, const std::vector<ShardLayout>& layouts);
@@ -134,7 +132,7 @@ class ChunkQueue final : public StateSink {
              std::vector<DeviceBuffer> spare, std::vector<std::vector<std::vector<char>>> keep = {});
 
   Status Put(int group, int buffer, int64_t offset, int64_t n, const float* data) override;
-  Status PutStored(int group, int buffer, int64_t offset, int64_t n, StoredAs stored, int64_t block, bool is_signed, const void* values,
+  Status PutStored(int group, int buffer, int64_t offset, int64_t n, const StateFormat& format, const void* values,
                    const float* scales) override;
   void Waited(double seconds) override;
   void Close(const Status& status) override;

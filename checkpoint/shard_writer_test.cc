@@ -108,7 +108,7 @@ class ShardWriterTest : public ::testing::TestWithParam<Codec> {
   std::vector<std::vector<float>> CompactState(int64_t block) {
     m_.groups[0].alignment = block;
     m_.groups[0].kinds = {"master", "exp_avg", "exp_avg_sq"};
-    m_.groups[0].stored = {StoredAs::kBF16, StoredAs::kQ8, StoredAs::kQ8};
+    m_.groups[0].stored = {Precision::kBF16, Precision::kQ8, Precision::kQ8};
     m_.groups[0].block = block;
     layout_ = *SavedLayout(m_, 0);
     const int64_t n = layout_.shard_size();
@@ -377,7 +377,7 @@ TEST_P(ShardWriterTest, ADeliveryWaitingForBuffersStopsWithTheSave) {
   EXPECT_EQ(queue.Next(true).status().code(), StatusCode::kIo);
 }
 
-// Compact kinds (format.h StoredAs) are stored as their owner keeps them: bf16 master, q8 moments of
+// Compact kinds (format.h Precision) are stored as their owner keeps them: bf16 master, q8 moments of
 // 64-element blocks; every chunk reads back bit for bit from fewer bytes; a value the form cannot hold
 // fails the save naming it; a corrupt scale is caught by its checksum and, with the checksum forged
 // to match, by the form's own rules, naming the chunk.
@@ -485,10 +485,10 @@ TEST_P(ShardWriterTest, AQueueTakesCompactPartsAsStored) {
   const std::vector<ShardLayout> layouts = {layout_};
   ChunkQueue queue(QueuedKinds(m_, layouts), m_.chunk_elements, 1, &host, {});
   std::thread owner([&] {
-    EXPECT_EQ(queue.PutStored(0, 1, 0, n_part, StoredAs::kBF16, 0, false, master.data(), nullptr).code(), StatusCode::kInvalidArgument);
-    EXPECT_EQ(queue.PutStored(0, 1, 0, n_part, StoredAs::kQ8, block, false, codes.data(), scales.data()).code(), StatusCode::kInvalidArgument)
+    EXPECT_EQ(queue.PutStored(0, 1, 0, n_part, StateFormat{Precision::kBF16, false, 0}, master.data(), nullptr).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(queue.PutStored(0, 1, 0, n_part, StateFormat{Precision::kQ8, false, block}, codes.data(), scales.data()).code(), StatusCode::kInvalidArgument)
         << "exp_avg's codes are signed";
-    EXPECT_EQ(queue.PutStored(0, 1, 0, 100, StoredAs::kQ8, block, true, codes.data(), scales.data()).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(queue.PutStored(0, 1, 0, 100, StateFormat{Precision::kQ8, true, block}, codes.data(), scales.data()).code(), StatusCode::kInvalidArgument);
     std::vector<float> bad(kept[0].begin(), kept[0].begin() + n_part);
     bad[5] = 0.1f;
     const Status s = queue.Put(0, 0, 0, n_part, bad.data());
@@ -496,8 +496,8 @@ TEST_P(ShardWriterTest, AQueueTakesCompactPartsAsStored) {
     EXPECT_NE(s.message().find("at element 0"), std::string::npos) << s;
     for (int64_t off = 0; off < n; off += n_part) {
       const int64_t m = std::min(n_part, n - off);
-      EXPECT_TRUE(queue.PutStored(0, 0, off, m, StoredAs::kBF16, 0, false, master.data() + off, nullptr).ok());
-      EXPECT_TRUE(queue.PutStored(0, 1, off, m, StoredAs::kQ8, block, true, codes.data() + off, scales.data() + off / block).ok());
+      EXPECT_TRUE(queue.PutStored(0, 0, off, m, StateFormat{Precision::kBF16, false, 0}, master.data() + off, nullptr).ok());
+      EXPECT_TRUE(queue.PutStored(0, 1, off, m, StateFormat{Precision::kQ8, true, block}, codes.data() + off, scales.data() + off / block).ok());
       EXPECT_TRUE(queue.Put(0, 2, off, m, kept[2].data() + off).ok());
     }
     queue.Close(Status());

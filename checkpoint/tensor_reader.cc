@@ -34,11 +34,11 @@ Result<TensorReader::Stored> TensorReader::StoredBytes() {
       out.chunks += static_cast<int64_t>(idx.chunks.size());
       for (const ChunkEntry& c : idx.chunks) {
         const GroupEntry& ge = m.groups[static_cast<size_t>(c.group)];
-        const StoredAs as = ge.stored_as(static_cast<size_t>(c.kind));
+        const Precision as = ge.stored_as(static_cast<size_t>(c.kind));
         std::string key = ge.kinds[static_cast<size_t>(c.kind)];
-        if (as != StoredAs::kF32) key += " (" + std::string(StoredAsName(as)) + ")";
+        if (as != Precision::kF32) key += " (" + std::string(PrecisionName(as)) + ")";
         auto& [raw, stored] = out.bytes[key];
-        raw += ckpt::StoredBytes(as, c.elements, ge.block);
+        raw += ge.format(static_cast<size_t>(c.kind)).Bytes(c.elements);
         stored += c.stored_bytes;
       }
     }

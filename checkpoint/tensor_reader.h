@@ -25,7 +25,7 @@ class TensorReader {
   // What the shard files hold, from every rank's index (each read and checked): per state kind the
   // raw (fp32) and stored bytes, and the chunks in all.
   struct Stored {
-    // kind ("exp_avg", or "exp_avg (q8)" for a kind stored compact: format.h StoredAs) -> (its stored
+    // kind ("exp_avg", or "exp_avg (q8)" for a kind stored compact: format.h Precision) -> (its stored
     // form's bytes, after compression)
     std::map<std::string, std::pair<int64_t, int64_t>> bytes;
     int64_t chunks = 0;

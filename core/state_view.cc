@@ -5,7 +5,6 @@
 #include <vector>
 
 #include "zrt/core/dtype.h"
-#include "zrt/core/quant_math.h"
 
 namespace zrt {
 
@@ -65,20 +64,14 @@ Status StateView::Write(int group, int buffer, int64_t offset, int64_t n, const 
   return Status();
 }
 
-Status StateSink::PutStored(int group, int buffer, int64_t offset, int64_t n, StoredAs stored, int64_t block, bool is_signed,
-                            const void* values, const float* scales) {
+Status StateSink::PutStored(int group, int buffer, int64_t offset, int64_t n, const StateFormat& format, const void* values,
+                            const float* scales) {
+  if (!format.compact() || (format.precision == Precision::kQ8 && format.block <= 0)) {
+    return InvalidArgumentError("state sink: a part stored as ", PrecisionName(format.precision), " in blocks of ", format.block);
+  }
   thread_local std::vector<float> decoded;
   decoded.resize(static_cast<size_t>(n));
-  if (stored == StoredAs::kBF16) {
-    const auto* h = static_cast<const uint16_t*>(values);
-    for (int64_t i = 0; i < n; ++i) decoded[static_cast<size_t>(i)] = Bf16ToFloat(h[i]);
-  } else if (stored == StoredAs::kQ8 && block > 0) {
-    const auto* codes = static_cast<const uint8_t*>(values);
-    const float* table = Q8Table(is_signed);
-    for (int64_t i = 0; i < n; ++i) decoded[static_cast<size_t>(i)] = table[codes[i]] * scales[i / block];
-  } else {
-    return InvalidArgumentError("state sink: a part stored as ", static_cast<int>(stored), " in blocks of ", block);
-  }
+  format.Decode(values, scales, 0, n, decoded.data());
   return Put(group, buffer, offset, n, decoded.data());
 }
 

@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "zrt/core/dtype.h"
@@ -25,25 +26,90 @@
 
 namespace zrt {
 
+// ---- How a buffer is stored (docs/checkpoint-format.md "Stored state", docs/kernels.md "Compact
+// state"; the q8 rule is core/quant_math.h; defined in state_format.cc) ----
+// The one definition the engine's configuration, its store, the checkpoint format, the memory tier
+// and the tools share. A Precision is what a trainer chooses per moment; a StateFormat is a buffer
+// stored in one: the precision, and for q8 the code's sign (the first moment's code is signed, the
+// second's not) and the elements per block. A stored part of n elements is n values of ValueBytes
+// each, followed (q8) by its blocks' f32 scales, the codes and the scales in places of their own
+// where the owner keeps them so. Parts start at a block boundary; only the last may end inside a block.
+
+enum class Precision : uint8_t {
+  kF32 = 0,   // f32 values
+  kBF16 = 1,  // bf16 values (round to nearest even)
+  kQ8 = 2,    // 8-bit codes per block with an f32 scale per block
+  kBf16 = kBF16,  // 0.1's spelling (kernels::MomentFormat, now an alias of this type)
+};
+std::string_view PrecisionName(Precision p);  // "f32", "bf16", "q8"
+// The names above; InvalidArgument listing them otherwise.
+Result<Precision> ParsePrecision(std::string_view name);
+// Bytes of one element's value: f32 4, bf16 2, q8 1 (its code; the block's scale lies apart).
+constexpr int64_t ValueBytes(Precision p) { return p == Precision::kF32 ? 4 : p == Precision::kBF16 ? 2 : 1; }
+
+struct StateFormat {
+  Precision precision = Precision::kF32;
+  bool is_signed = false;  // q8: the first moment's code
+  int64_t block = 0;       // q8: elements per block (a power of two); 0 otherwise
+
+  // A buffer of `kind` ("master", "exp_avg", ...) stored as `p`: q8 codes are signed for exp_avg
+  // only (the format's rule: the one place a kind's name decides it).
+  static StateFormat Of(Precision p, std::string_view kind, int64_t block);
+
+  bool compact() const { return precision != Precision::kF32; }
+  int64_t value_bytes() const { return ValueBytes(precision); }
+  int64_t Scales(int64_t n) const { return precision == Precision::kQ8 && block > 0 ? (n + block - 1) / block : 0; }
+  int64_t ValuesBytes(int64_t n) const { return n * value_bytes(); }
+  int64_t Bytes(int64_t n) const { return ValuesBytes(n) + 4 * Scales(n); }  // values, then scales
+
+  // `n` values into their stored form, rounding (bf16: to nearest even; q8: each block's scale its
+  // largest magnitude). `scales`: Scales(n) floats (unused unless q8).
+  void Encode(const float* in, int64_t n, void* values, float* scales) const;
+  // The same, refusing values the form does not hold exactly (InvalidArgument naming the element):
+  // a save never changes a value.
+  Status EncodeExact(const float* in, int64_t n, void* values, float* scales) const;
+  // What `n` stored elements from element `first` of the buffer decode to: `values` from that
+  // element's, `scales` from the scale of the block holding it. No check (the caller's own memory).
+  void Decode(const void* values, const float* scales, int64_t first, int64_t n, float* out) const;
+  // The form is one encoding writes (whole blocks): q8 scales finite and >= 0, codes no larger than
+  // 1.0's, a block with a positive scale holding 1.0's code and one with a zero scale only zeros;
+  // DataLoss naming the block otherwise. What a load checks before it trusts stored bytes.
+  Status Check(const void* values, const float* scales, int64_t n) const;
+  // Check, then Decode.
+  Status DecodeChecked(const void* values, const float* scales, int64_t n, float* out) const;
+
+  friend bool operator==(const StateFormat&, const StateFormat&) = default;
+};
+
+// Check of q8 codes in two halves: the codes taken as they go by, in pieces of any size and in order
+// (a copy's bounce blocks, while in cache), then judged with the scales once all are there: the same
+// verdicts and messages as StateFormat::Check.
+class Q8Scan {
+ public:
+  Q8Scan(bool is_signed, int64_t block, int64_t n);
+  void Take(const char* codes, size_t bytes);  // the next codes (any beyond n are ignored)
+  static void Seen(void* scan, const char* codes, size_t bytes) { static_cast<Q8Scan*>(scan)->Take(codes, bytes); }
+  Status Check(const void* codes, const float* scales) const;  // every code taken, and where they are now
+
+ private:
+  bool is_signed_;
+  int64_t block_, n_, at_ = 0;
+  std::vector<uint8_t> largest_, negative_zero_;  // per block
+};
+
 // This rank's shard of one group's flat buffer: `count` = layout.shard_size() elements of `dtype`.
 // `data`: host memory that loads write and captures read directly (resident); null: the state lives
 // elsewhere (device memory, NVMe swap files, a cast of the parameters) and is reached through the
 // view's owner.
-// How the owner keeps a kind, and so how a disk checkpoint stores it: f32 values, bf16 values, or q8
-// (8-bit codes per block of `block` elements with an f32 scale; core/quant_math.h). The view's values
-// are f32 either way; a bf16 or q8 kind's are exactly what its stored form decodes to.
-enum class StoredAs : uint8_t { kF32, kBF16, kQ8 };
-// Bytes of one element's value in a stored form: f32 4, bf16 2, q8 1 (its code; the block's scale
-// lies apart).
-constexpr int64_t ValueBytes(StoredAs s) { return s == StoredAs::kF32 ? 4 : s == StoredAs::kBF16 ? 2 : 1; }
-
 struct StateBuffer {
   std::string kind;  // "master" (fp32 weights), "exp_avg", "exp_avg_sq", "max_exp_avg_sq"
   DType dtype = DType::kF32;
   void* data = nullptr;
   int64_t count = 0;
-  StoredAs stored = StoredAs::kF32;
-  int64_t block = 0;  // q8: elements per block (a power of two dividing the layout's alignment)
+  // How the owner keeps it, and so how a disk checkpoint stores it: f32, bf16 or q8 (a q8 block a
+  // power of two dividing the layout's alignment). The view's values are f32 either way; a compact
+  // buffer's are exactly what its stored form decodes to.
+  StateFormat format;
   bool resident() const { return data != nullptr || count == 0; }
 };
 
@@ -71,9 +137,7 @@ struct StateCounters {
 // of `block` (`is_signed`: the first moment's code) and their blocks' scales. Read by a capture;
 // written only through StateView::StoredMemory's contract.
 struct StoredPart {
-  StoredAs as = StoredAs::kF32;
-  int64_t block = 0;
-  bool is_signed = false;
+  StateFormat format;
   void* values = nullptr;
   float* scales = nullptr;
 };
@@ -88,12 +152,12 @@ class StateSink {
   // once, in order of offset (parts of different buffers interleave). `data` is valid during the call
   // only. An error ends the delivery to this sink: no more Put, and Close gets the error.
   virtual Status Put(int group, int buffer, int64_t offset, int64_t n, const float* data) = 0;
-  // The same part of a compact buffer as the owner keeps it (StateBuffer::stored, `stored` here):
-  // bf16 values, or q8 codes of whole blocks of `block` from a block boundary (`is_signed`: the first
-  // moment's code) with their blocks' scales. The default decodes them and puts the values; a sink
-  // that stores the form (the memory tier) takes it as it is, nothing decoded and encoded again.
-  virtual Status PutStored(int group, int buffer, int64_t offset, int64_t n, StoredAs stored, int64_t block, bool is_signed,
-                           const void* values, const float* scales);
+  // The same part of a compact buffer as the owner keeps it (StateBuffer::format, `format` here):
+  // bf16 values, or q8 codes of whole blocks from a block boundary with their blocks' scales. The
+  // default decodes them and puts the values; a sink that stores the form (the memory tier) takes it
+  // as it is, nothing decoded and encoded again.
+  virtual Status PutStored(int group, int buffer, int64_t offset, int64_t n, const StateFormat& format, const void* values,
+                           const float* scales);
   // The owner's thread waited `seconds` for this capture before changing its state (what the capture
   // cost training beyond the Capture call itself).
   virtual void Waited(double /*seconds*/) {}
@@ -117,7 +181,7 @@ class StateOwner {
   // Random access for loads and queries, synchronous; Write settles first.
   virtual Status Read(int group, int buffer, int64_t offset, int64_t n, float* out) = 0;
   virtual Status Write(int group, int buffer, int64_t offset, int64_t n, const float* in) = 0;
-  // A compact buffer's elements [offset, offset + n) as they are stored (StateBuffer::stored): bf16
+  // A compact buffer's elements [offset, offset + n) as they are stored (StateBuffer::format): bf16
   // values, or q8 codes of whole blocks from a block boundary (n: whole blocks, or up to the end of
   // the shard) with their blocks' scales; the form already checked by the caller (a load: it is one
   // that encoding writes). Restored as stored: nothing decoded or encoded again. Settles first.

@@ -38,7 +38,7 @@ TEST(StateSinkTest, PutStoredDecodesForASinkOfValues) {
     std::vector<uint8_t> codes(24);
     for (uint8_t& c : codes) c = static_cast<uint8_t>(rng() & 0xff);
     const std::vector<float> scales = {0.5f, 0.0f, 3.25e-3f};
-    ASSERT_TRUE(r.PutStored(2, 1, 64, 24, StoredAs::kQ8, 8, is_signed, codes.data(), scales.data()).ok());
+    ASSERT_TRUE(r.PutStored(2, 1, 64, 24, StateFormat{Precision::kQ8, is_signed, 8}, codes.data(), scales.data()).ok());
     EXPECT_EQ(r.group_, 2);
     EXPECT_EQ(r.buffer_, 1);
     EXPECT_EQ(r.offset_, 64);
@@ -47,11 +47,11 @@ TEST(StateSinkTest, PutStoredDecodesForASinkOfValues) {
   }
   std::vector<uint16_t> h(13);
   for (uint16_t& x : h) x = static_cast<uint16_t>(rng() & 0x7f7f);  // finite values
-  ASSERT_TRUE(r.PutStored(0, 0, 5, 13, StoredAs::kBF16, 0, false, h.data(), nullptr).ok());
+  ASSERT_TRUE(r.PutStored(0, 0, 5, 13, StateFormat{Precision::kBF16, false, 0}, h.data(), nullptr).ok());
   ASSERT_EQ(r.values_.size(), 13u);
   for (size_t i = 0; i < 13; ++i) EXPECT_EQ(r.values_[i], Bf16ToFloat(h[i])) << i;
-  EXPECT_EQ(r.PutStored(0, 0, 0, 4, StoredAs::kF32, 0, false, h.data(), nullptr).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(r.PutStored(0, 0, 0, 4, StoredAs::kQ8, 0, false, h.data(), nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.PutStored(0, 0, 0, 4, StateFormat{Precision::kF32, false, 0}, h.data(), nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.PutStored(0, 0, 0, 4, StateFormat{Precision::kQ8, false, 0}, h.data(), nullptr).code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -115,9 +115,9 @@ Status AdamCompactCuda(const AdamStepScalars& s, int64_t step, std::span<const A
     const AdamCompactArgs& a = tensors[i];
     RETURN_IF_ERROR(CheckCompactFormat(a.format), "adam (cuda): tensor ", i);
     if (a.numel <= 0) continue;
-    const bool q8 = a.format.exp_avg == MomentFormat::kQ8 || a.format.exp_avg_sq == MomentFormat::kQ8;
-    if (!a.param || !a.grad || !a.exp_avg || !a.exp_avg_sq || (a.format.exp_avg == MomentFormat::kQ8 && !a.exp_avg_scale) ||
-        (a.format.exp_avg_sq == MomentFormat::kQ8 && !a.exp_avg_sq_scale) || (!a.format.master && a.param_copy) ||
+    const bool q8 = a.format.exp_avg == Precision::kQ8 || a.format.exp_avg_sq == Precision::kQ8;
+    if (!a.param || !a.grad || !a.exp_avg || !a.exp_avg_sq || (a.format.exp_avg == Precision::kQ8 && !a.exp_avg_scale) ||
+        (a.format.exp_avg_sq == Precision::kQ8 && !a.exp_avg_sq_scale) || (!a.format.master && a.param_copy) ||
         (q8 && a.index % a.format.block != 0) || a.index < 0) {
       return InvalidArgumentError("adam (cuda): tensor ", i, " has a null pointer, a copy without a master or misaligned q8 blocks");
     }

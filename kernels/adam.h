@@ -46,12 +46,12 @@ Status AdamCpu(const AdamStepScalars& s, std::span<const AdamTensorArgs> tensors
 // block; the parameters updated through an fp32 master, or (bf16 models) directly, rounded
 // stochastically with bits keyed by (seed, step, global element index).
 struct CompactFormat {
-  MomentFormat exp_avg = MomentFormat::kF32;
-  MomentFormat exp_avg_sq = MomentFormat::kF32;
+  Precision exp_avg = Precision::kF32;
+  Precision exp_avg_sq = Precision::kF32;
   bool master = true;    // false: AdamCompactArgs::param is the bf16 parameters themselves
   int64_t block = 256;   // q8: elements per block, a power of two in [8, kMaxQuantBlock]
   uint32_t seed = 0;     // stochastic rounding (without a master)
-  bool compact() const { return exp_avg != MomentFormat::kF32 || exp_avg_sq != MomentFormat::kF32 || !master; }
+  bool compact() const { return exp_avg != Precision::kF32 || exp_avg_sq != Precision::kF32 || !master; }
 };
 // q8: the scales of `numel` elements (one per block, the last one maybe partial).
 inline int64_t Q8Blocks(int64_t numel, int64_t block) { return (numel + block - 1) / block; }

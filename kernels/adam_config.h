@@ -3,8 +3,8 @@
 #pragma once
 
 #include <cstdint>
-#include <string_view>
 
+#include "zrt/core/state_view.h"
 #include "zrt/core/status.h"
 
 namespace zrt::kernels {
@@ -14,12 +14,8 @@ enum class AdamMode : uint8_t {
   kAdamL2 = 1,  // weight decay added to the gradient (torch.optim.Adam)
 };
 
-// How an Adam moment is stored (docs/kernels.md "Compact state"): f32, bf16 (round to nearest even) or
-// q8 (8-bit codes per block with an f32 scale; the rule is core/quant_math.h).
-enum class MomentFormat : uint8_t { kF32 = 0, kBf16 = 1, kQ8 = 2 };
-std::string_view MomentFormatName(MomentFormat f);  // "f32", "bf16", "q8"
-// The names above; InvalidArgument listing them otherwise.
-Result<MomentFormat> ParseMomentFormat(std::string_view name);
+// How an Adam moment is stored: the state precision (core/state_view.h), by its 0.1 name.
+using MomentFormat = zrt::Precision;
 
 // Hyperparameters, in double as the trainer states them (PyTorch keeps Python floats).
 struct AdamConfig {

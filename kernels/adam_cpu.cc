@@ -76,25 +76,9 @@ Status AdamCpu(const AdamStepScalars& s, std::span<const AdamTensorArgs> tensors
   return Status();
 }
 
-std::string_view MomentFormatName(MomentFormat f) {
-  switch (f) {
-    case MomentFormat::kF32: return "f32";
-    case MomentFormat::kBf16: return "bf16";
-    case MomentFormat::kQ8: return "q8";
-  }
-  return "invalid";
-}
-
-Result<MomentFormat> ParseMomentFormat(std::string_view name) {
-  for (MomentFormat f : {MomentFormat::kF32, MomentFormat::kBf16, MomentFormat::kQ8}) {
-    if (name == MomentFormatName(f)) return f;
-  }
-  return InvalidArgumentError("moment format must be f32, bf16 or q8, got '", std::string(name), "'");
-}
-
 Status CheckCompactFormat(const CompactFormat& f) {
-  for (MomentFormat m : {f.exp_avg, f.exp_avg_sq}) {
-    if (m != MomentFormat::kF32 && m != MomentFormat::kBf16 && m != MomentFormat::kQ8) return InvalidArgumentError("invalid moment format");
+  for (Precision m : {f.exp_avg, f.exp_avg_sq}) {
+    if (m != Precision::kF32 && m != Precision::kBF16 && m != Precision::kQ8) return InvalidArgumentError("invalid moment format");
   }
   if (f.block < 8 || f.block > kMaxQuantBlock || (f.block & (f.block - 1)) != 0) {
     return InvalidArgumentError("q8 block must be a power of two in [8, ", kMaxQuantBlock, "], got ", f.block);
@@ -106,11 +90,11 @@ namespace {
 
 Status CheckCompactArgs(const AdamCompactArgs& t, size_t i, DType copy_dtype) {
   RETURN_IF_ERROR(CheckCompactFormat(t.format), "adam: tensor ", i);
-  const bool q8 = t.format.exp_avg == MomentFormat::kQ8 || t.format.exp_avg_sq == MomentFormat::kQ8;
+  const bool q8 = t.format.exp_avg == Precision::kQ8 || t.format.exp_avg_sq == Precision::kQ8;
   if (t.numel < 0 || t.index < 0) return InvalidArgumentError("adam: tensor ", i, " has negative numel or index");
   if (t.numel == 0) return Status();
   if (!t.param || !t.grad || !t.exp_avg || !t.exp_avg_sq) return InvalidArgumentError("adam: tensor ", i, " has a null param, grad or moment");
-  if ((t.format.exp_avg == MomentFormat::kQ8 && !t.exp_avg_scale) || (t.format.exp_avg_sq == MomentFormat::kQ8 && !t.exp_avg_sq_scale)) {
+  if ((t.format.exp_avg == Precision::kQ8 && !t.exp_avg_scale) || (t.format.exp_avg_sq == Precision::kQ8 && !t.exp_avg_sq_scale)) {
     return InvalidArgumentError("adam: tensor ", i, ": a q8 moment needs its scales");
   }
   if (q8 && t.index % t.format.block != 0) {

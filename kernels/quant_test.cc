@@ -105,7 +105,7 @@ struct Buffers {
   std::vector<float> ms, vs;
 };
 
-size_t MomentBytes(MomentFormat f) { return f == MomentFormat::kF32 ? 4 : f == MomentFormat::kBf16 ? 2 : 1; }
+size_t MomentBytes(Precision f) { return f == Precision::kF32 ? 4 : f == Precision::kBF16 ? 2 : 1; }
 
 // Random state in the given formats: parameters ~ N(0, 1), gradients ~ N(0, 1) with a few blocks much
 // smaller, valid codes and positive scales for q8 moments.
@@ -126,8 +126,8 @@ Buffers RandomState(const CompactFormat& f, int64_t n, DType grad, std::mt19937&
       }
     }
   };
-  auto moment = [&](std::vector<uint8_t>& out, std::vector<float>& scales, MomentFormat mf, bool is_signed, float scale) {
-    if (mf != MomentFormat::kQ8) return fill_floats(out, mf == MomentFormat::kBf16, scale, !is_signed);
+  auto moment = [&](std::vector<uint8_t>& out, std::vector<float>& scales, Precision mf, bool is_signed, float scale) {
+    if (mf != Precision::kQ8) return fill_floats(out, mf == Precision::kBF16, scale, !is_signed);
     out.resize(static_cast<size_t>(n));
     for (auto& c : out) {
       const int v = byte(rng);
@@ -170,8 +170,8 @@ AdamStepScalars Scalars(bool l2, int64_t step) {
 std::vector<CompactFormat> AllFormats() {
   std::vector<CompactFormat> out;
   for (bool master : {true, false}) {
-    for (MomentFormat m : {MomentFormat::kF32, MomentFormat::kBf16, MomentFormat::kQ8}) {
-      for (MomentFormat v : {MomentFormat::kF32, MomentFormat::kBf16, MomentFormat::kQ8}) {
+    for (Precision m : {Precision::kF32, Precision::kBF16, Precision::kQ8}) {
+      for (Precision v : {Precision::kF32, Precision::kBF16, Precision::kQ8}) {
         out.push_back({.exp_avg = m, .exp_avg_sq = v, .master = master, .block = 256, .seed = 1234});
       }
     }
@@ -180,7 +180,7 @@ std::vector<CompactFormat> AllFormats() {
 }
 
 std::string Name(const CompactFormat& f) {
-  return std::string(MomentFormatName(f.exp_avg)) + "/" + std::string(MomentFormatName(f.exp_avg_sq)) + (f.master ? " master" : " no master");
+  return std::string(PrecisionName(f.exp_avg)) + "/" + std::string(PrecisionName(f.exp_avg_sq)) + (f.master ? " master" : " no master");
 }
 
 // Every ISA this CPU has, every thread count and chunk: the same bytes as the scalar path.
@@ -266,7 +266,7 @@ TEST(AdamCompact, APieceOfAShardUpdatesAsTheWholeDoes) {
 // codes decode to, so f32 values of a q8 moment (a checkpoint's view) quantize back to the same bytes.
 TEST(AdamCompact, StoredBlocksDecodeAndEncodeBackToThemselves) {
   std::mt19937 rng(std::random_device{}());
-  const CompactFormat f{.exp_avg = MomentFormat::kQ8, .exp_avg_sq = MomentFormat::kQ8, .block = 64};
+  const CompactFormat f{.exp_avg = Precision::kQ8, .exp_avg_sq = Precision::kQ8, .block = 64};
   const int64_t n = 64 * 50 + 13;
   Buffers b = RandomState(f, n, DType::kF32, rng);
   AdamCompactArgs a = ArgsOf(b, f, n, 0);
@@ -290,7 +290,7 @@ TEST(AdamCompact, StoredBlocksDecodeAndEncodeBackToThemselves) {
 
 // A second moment too small for its block's codes takes its first moment with it.
 TEST(AdamCompact, AnUnderflowingSecondMomentZeroesItsFirstMoment) {
-  const CompactFormat f{.exp_avg = MomentFormat::kBf16, .exp_avg_sq = MomentFormat::kQ8, .block = 8};
+  const CompactFormat f{.exp_avg = Precision::kBF16, .exp_avg_sq = Precision::kQ8, .block = 8};
   std::vector<float> p(8, 1.0f), g = {1e-20f, 1, 1, 1, 1, 1, 1, 1};
   std::vector<uint16_t> m(8, FloatToBf16(0.5f));
   std::vector<uint8_t> v(8, 0);
@@ -312,7 +312,7 @@ TEST(AdamCompact, NonsenseIsRejected) {
   EXPECT_EQ(run(a), StatusCode::kOk);
   EXPECT_EQ(run(a, 0), StatusCode::kInvalidArgument);
   AdamCompactArgs t = a;
-  t.format.exp_avg = MomentFormat::kQ8;
+  t.format.exp_avg = Precision::kQ8;
   EXPECT_EQ(run(t), StatusCode::kInvalidArgument);  // no scales
   t.exp_avg_scale = s.data();
   t.format.block = 8;
@@ -331,8 +331,8 @@ TEST(AdamCompact, NonsenseIsRejected) {
   AdamConfig ams;
   ams.amsgrad = true;
   EXPECT_EQ(AdamCompactCpu(MakeAdamStepScalars(ams, 1).value(), 1, {&a, 1}, DType::kF32, DType::kBF16).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(ParseMomentFormat("q8").value(), MomentFormat::kQ8);
-  EXPECT_FALSE(ParseMomentFormat("int8").ok());
+  EXPECT_EQ(ParsePrecision("q8").value(), Precision::kQ8);
+  EXPECT_FALSE(ParsePrecision("int8").ok());
 }
 
 // ---- against NumPy ----------------------------------------------------------------------------------
@@ -380,7 +380,7 @@ TEST(AdamCompact, MatchesAnIndependentNumPyImplementationOfTheRule) {
         ASSERT_TRUE(AdamCompactCpu(s, step, {&a, 1}, grad, DType::kBF16).ok());
         dump("out");
         cases.push_back({{"id", id}, {"numel", n}, {"index", index}, {"block", f.block}, {"seed", f.seed}, {"step", step},
-                         {"m", MomentFormatName(f.exp_avg)}, {"v", MomentFormatName(f.exp_avg_sq)}, {"master", f.master},
+                         {"m", PrecisionName(f.exp_avg)}, {"v", PrecisionName(f.exp_avg_sq)}, {"master", f.master},
                          {"copy", f.master}, {"grad", grad == DType::kF32 ? "f32" : "bf16"},
                          {"scalars", {{"beta1", Bits(s.beta1)}, {"beta2", Bits(s.beta2)}, {"omb1", Bits(s.one_minus_beta1)},
                                       {"omb2", Bits(s.one_minus_beta2)}, {"eps", Bits(s.eps)}, {"l2", Bits(s.l2)}, {"decay", Bits(s.decay)},

@@ -16,12 +16,12 @@ Status CaptureJob::Put(int group, int buffer, int64_t offset, int64_t n, const f
   return s;
 }
 
-Status CaptureJob::PutStored(int group, int buffer, int64_t offset, int64_t n, StoredAs stored, int64_t block, bool is_signed,
-                             const void* values, const float* scales) {
+Status CaptureJob::PutStored(int group, int buffer, int64_t offset, int64_t n, const StateFormat& format, const void* values,
+                             const float* scales) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!status_.ok()) return status_;
   if (closed_) return FailedPreconditionError("capture: a part came after the sink was closed");
-  Status s = sink_->PutStored(group, buffer, offset, n, stored, block, is_signed, values, scales);
+  Status s = sink_->PutStored(group, buffer, offset, n, format, values, scales);
   if (!s.ok()) status_ = s;
   return s;
 }
@@ -124,7 +124,7 @@ void Captures::Stream(Running& r) {
           }
           if (*st) {
             const StoredPart& f = **st;
-            s = r.job->PutStored(sl.group, k, off, n, f.as, f.block, f.is_signed, f.values, f.scales);
+            s = r.job->PutStored(sl.group, k, off, n, f.format, f.values, f.scales);
             continue;
           }
         }

@@ -35,7 +35,7 @@ class CaptureJob {
   CaptureJob(std::shared_ptr<StateSink> sink, int producers) : sink_(std::move(sink)), producers_(producers) {}
   // The sink's Put, one producer at a time; after the first error nothing more is put.
   Status Put(int group, int buffer, int64_t offset, int64_t n, const float* data);
-  Status PutStored(int group, int buffer, int64_t offset, int64_t n, StoredAs stored, int64_t block, bool is_signed, const void* values,
+  Status PutStored(int group, int buffer, int64_t offset, int64_t n, const StateFormat& format, const void* values,
                    const float* scales);
   void Waited(double seconds);
   // A producer finished (`status`: its outcome); the last one closes the sink with the first error

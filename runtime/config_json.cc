@@ -72,8 +72,8 @@ Status ReadOffload(JsonReader& r, EngineConfig& c) {
 // "state": {"exp_avg": "q8", "exp_avg_sq": "q8", "master": false, "q8_block": 256}
 Status ReadState(JsonReader& r, EngineConfig& c) {
   ASSIGN_OR_RETURN(JsonReader st, r.Child("state"));
-  RETURN_IF_ERROR(st.Read<kernels::MomentFormat>("exp_avg", &c.state.exp_avg, kernels::ParseMomentFormat));
-  RETURN_IF_ERROR(st.Read<kernels::MomentFormat>("exp_avg_sq", &c.state.exp_avg_sq, kernels::ParseMomentFormat));
+  RETURN_IF_ERROR(st.Read<Precision>("exp_avg", &c.state.exp_avg, ParsePrecision));
+  RETURN_IF_ERROR(st.Read<Precision>("exp_avg_sq", &c.state.exp_avg_sq, ParsePrecision));
   RETURN_IF_ERROR(st.Read("master", &c.state.master));
   RETURN_IF_ERROR(st.Read("q8_block", &c.state.q8_block));
   RETURN_IF_ERROR(st.Finish());

@@ -11,7 +11,7 @@ TEST(EngineConfigJson, StatePrecision) {
   ASSERT_TRUE(j.ok());
   auto c = EngineConfigFromJson(*j);
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->state, (StatePrecision{kernels::MomentFormat::kQ8, kernels::MomentFormat::kBf16, false, 128}));
+  EXPECT_EQ(c->state, (StatePrecision{Precision::kQ8, Precision::kBf16, false, 128}));
   for (const char* bad : {R"({"state": {"exp_avg": "int8"}})", R"({"state": {"q8_block": 100}})", R"({"state": {"masters": true}})",
                           R"({"adam": {"amsgrad": true}, "state": {"exp_avg": "bf16"}})"}) {
     auto b = EngineConfigFromJson(*ParseJson(bad, "test"));

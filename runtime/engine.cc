@@ -63,7 +63,7 @@ uint64_t SpecHash(const TensorSpec& s, const std::string& group, double lr_scale
 }  // namespace
 
 std::string StatePrecisionName(const StatePrecision& p) {
-  return "exp_avg=" + std::string(kernels::MomentFormatName(p.exp_avg)) + " exp_avg_sq=" + std::string(kernels::MomentFormatName(p.exp_avg_sq)) +
+  return "exp_avg=" + std::string(PrecisionName(p.exp_avg)) + " exp_avg_sq=" + std::string(PrecisionName(p.exp_avg_sq)) +
          " master=" + (p.master ? "yes" : "no") + " block=" + std::to_string(p.q8_block);
 }
 
@@ -307,7 +307,7 @@ Status EngineCore::CheckGroupState(const Group& g) const {
 namespace {
 // The layout's alignment: q8 blocks must start at a multiple of the block in the group's flat buffer.
 int64_t GroupAlignment(int64_t alignment, const StatePrecision& st) {
-  const bool q8 = st.exp_avg == kernels::MomentFormat::kQ8 || st.exp_avg_sq == kernels::MomentFormat::kQ8;
+  const bool q8 = st.exp_avg == Precision::kQ8 || st.exp_avg_sq == Precision::kQ8;
   return q8 ? std::lcm(alignment, st.q8_block) : alignment;
 }
 }  // namespace

@@ -94,12 +94,12 @@ struct OffloadConfig {
 // updates rounded stochastically, keyed by step and element so a resumed or resharded run is
 // bitwise the same). A group's tensors share one; amsgrad needs the default.
 struct StatePrecision {
-  kernels::MomentFormat exp_avg = kernels::MomentFormat::kF32;
-  kernels::MomentFormat exp_avg_sq = kernels::MomentFormat::kF32;
+  Precision exp_avg = Precision::kF32;
+  Precision exp_avg_sq = Precision::kF32;
   bool master = true;
   int64_t q8_block = 256;  // a power of two in [8, 4096]
   bool compact() const {
-    return exp_avg != kernels::MomentFormat::kF32 || exp_avg_sq != kernels::MomentFormat::kF32 || !master;
+    return exp_avg != Precision::kF32 || exp_avg_sq != Precision::kF32 || !master;
   }
   friend bool operator==(const StatePrecision&, const StatePrecision&) = default;
 };

@@ -128,58 +128,34 @@ Status OptimizerStore::FrozenWrite(Slot& s, int64_t offset, int64_t n, const flo
 
 // ---- the state as a checkpoint sees it ------------------------------------------------------------
 
+namespace {
+constexpr const char* kKinds[] = {"master", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+}  // namespace
+
 std::vector<StateBuffer> OptimizerStore::StateBuffers(int group) {
-  static constexpr const char* kKinds[] = {"master", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
   Slot& s = slots_[static_cast<size_t>(group)];
   std::vector<StateBuffer> out;
   for (int k = 0; k < kinds(s); ++k) {
-    StateBuffer& b = out.emplace_back(StateBuffer{kKinds[k], DType::kF32, s.in.frozen ? nullptr : HostState(s, k), s.in.elements});
-    if (!s.compact() || k > 2) continue;  // a checkpoint stores the compact kinds as they are
-    const kernels::CompactFormat& f = s.in.format;
-    const kernels::MomentFormat m = k == 1 ? f.exp_avg : f.exp_avg_sq;
-    if (k == 0) b.stored = f.master ? StoredAs::kF32 : StoredAs::kBF16;  // without a master: the bf16 parameters
-    if (k > 0) b.stored = m == kernels::MomentFormat::kF32 ? StoredAs::kF32 : m == kernels::MomentFormat::kBf16 ? StoredAs::kBF16 : StoredAs::kQ8;
-    if (b.stored == StoredAs::kQ8) b.block = f.block;
+    // A checkpoint stores the compact kinds as they are kept (without a master: the bf16 parameters).
+    out.push_back(StateBuffer{kKinds[k], DType::kF32, s.in.frozen ? nullptr : HostState(s, k), s.in.elements, KindFormat(s, k)});
   }
   return out;
 }
 
-size_t OptimizerStore::KindBytes(const Slot& s, int kind) const {
-  if (!s.compact()) return 4;
-  if (kind == 0) return s.in.format.master ? 4 : esize(s);
-  const kernels::MomentFormat f = kind == 1 ? s.in.format.exp_avg : s.in.format.exp_avg_sq;
-  return f == kernels::MomentFormat::kF32 ? 4 : f == kernels::MomentFormat::kBf16 ? 2 : 1;
+StateFormat OptimizerStore::KindFormat(const Slot& s, int kind) const {
+  if (!s.compact() || kind > 2) return StateFormat{};
+  const kernels::CompactFormat& f = s.in.format;
+  const Precision p = kind == 0 ? (f.master ? Precision::kF32 : Precision::kBF16) : kind == 1 ? f.exp_avg : f.exp_avg_sq;
+  return StateFormat::Of(p, kKinds[kind], f.block);
 }
 
 Status OptimizerStore::DecodeKind(const Slot& s, int k, const void* raw, const float* scales, int64_t off, int64_t n, float* out) const {
-  const size_t eb = KindBytes(s, k);
-  if (eb == 4) {
-    std::memcpy(out, raw, static_cast<size_t>(n) * 4);
-    return Status();
-  }
-  if (eb == 2) return kernels::CastCpu(raw, k == 0 ? s.in.dtype : DType::kBF16, out, DType::kF32, n);
-  const auto* codes = static_cast<const uint8_t*>(raw);
-  const float* value = Q8Table(k == 1);
-  const int64_t block = s.in.format.block;
-  for (int64_t i = 0; i < n;) {  // block by block from `off` (which may start inside one)
-    const int64_t end = std::min(n, (off + i) / block * block + block - off);
-    const float scale = scales[(off + i) / block - off / block];
-    for (; i < end; ++i) out[i] = value[codes[i]] * scale;
-  }
+  KindFormat(s, k).Decode(raw, scales, off, n, out);
   return Status();
 }
 
 Status OptimizerStore::EncodeKind(const Slot& s, int k, const float* in, int64_t n, void* raw, float* scales) const {
-  const size_t eb = KindBytes(s, k);
-  if (eb == 4) {
-    std::memcpy(raw, in, static_cast<size_t>(n) * 4);
-    return Status();
-  }
-  if (eb == 2) return kernels::CastCpu(in, DType::kF32, raw, k == 0 ? s.in.dtype : DType::kBF16, n);  // nearest even
-  const int64_t block = s.in.format.block;  // each block's scale its largest magnitude
-  for (int64_t q = 0; q < kernels::Q8Blocks(n, block); ++q) {
-    scales[q] = Q8EncodeBlock(in + q * block, std::min(block, n - q * block), k == 1, static_cast<uint8_t*>(raw) + q * block);
-  }
+  KindFormat(s, k).Encode(in, n, raw, scales);  // bf16 to nearest even; each q8 block's scale its largest magnitude
   return Status();
 }
 

@@ -177,9 +177,10 @@ class OptimizerStore {
                  const Options& o);
   virtual Status Allocate() = 0;  // the trainable slots' state, after the mirrors and held parameters exist
   size_t esize(const Slot& s) const { return DTypeSize(s.in.dtype); }
-  // Bytes per element of a kind as the slot keeps it: 4 for f32; compact: 2 (bf16), 1 (q8 codes), and
-  // without a master the parameters' for kind 0.
-  size_t KindBytes(const Slot& s, int kind) const;
+  // How kind `kind` (0 master, 1 exp_avg, 2 exp_avg_sq, 3 max_exp_avg_sq) is kept: a compact slot's
+  // moments in their precision, its master as the bf16 parameters where it has none; f32 otherwise.
+  StateFormat KindFormat(const Slot& s, int kind) const;
+  size_t KindBytes(const Slot& s, int kind) const { return static_cast<size_t>(KindFormat(s, kind).value_bytes()); }
   // n elements of a compact kind from the form the slot keeps it in (`raw` at shard element `off`; q8:
   // `scales` from the block holding `off`) into f32, and back (whole blocks: `off` and, but at the end
   // of the shard, `n` multiples of the block). Kind 0 without a master: the parameters.

@@ -72,8 +72,7 @@ class ResidentStore final : public OptimizerStore {
   }
   static bool StoredF32(const Slot& s, int kind) {
     if (!s.compact()) return true;
-    const kernels::CompactFormat& f = s.in.format;
-    return kind == 0 ? f.master : (kind == 1 ? f.exp_avg : f.exp_avg_sq) == kernels::MomentFormat::kF32;
+    return kind == 0 ? s.in.format.master : (kind == 1 ? s.in.format.exp_avg : s.in.format.exp_avg_sq) == Precision::kF32;
   }
 
   // Compact kinds in host memory stream as kept (codes, scales, bf16 values), where the store keeps
@@ -83,15 +82,9 @@ class ResidentStore final : public OptimizerStore {
     if (!s.compact() || !state_dev_->host_accessible()) return {};
     return [this, &s](int k, int64_t off, int64_t) -> Result<std::optional<StoredPart>> {
       if (!TakesStored(s, k) || (k > 0 && !s.staged[k].empty())) return std::nullopt;
-      const size_t eb = KindBytes(s, k);
-      StoredPart st;
-      st.as = eb == 1 ? StoredAs::kQ8 : StoredAs::kBF16;
-      st.values = static_cast<char*>(KindMemory(s, k)) + static_cast<size_t>(off) * eb;
-      if (eb == 1) {
-        st.block = s.in.format.block;
-        st.is_signed = k == 1;
-        st.scales = (k == 1 ? s.exp_avg_scale : s.exp_avg_sq_scale).as<float>() + off / st.block;
-      }
+      StoredPart st{KindFormat(s, k)};
+      st.values = static_cast<char*>(KindMemory(s, k)) + st.format.ValuesBytes(off);
+      if (st.format.Scales(1) > 0) st.scales = (k == 1 ? s.exp_avg_scale : s.exp_avg_sq_scale).as<float>() + off / st.format.block;
       return std::optional<StoredPart>(st);
     };
   }
@@ -270,7 +263,7 @@ class ResidentStore final : public OptimizerStore {
     const kernels::CompactFormat& f = s.in.format;
     const auto bytes = static_cast<size_t>(kernels::Q8Blocks(s.in.elements, f.block)) * 4;
     for (auto [fmt, buf] : {std::pair{f.exp_avg, &s.exp_avg_scale}, std::pair{f.exp_avg_sq, &s.exp_avg_sq_scale}}) {
-      if (fmt != kernels::MomentFormat::kQ8) continue;
+      if (fmt != Precision::kQ8) continue;
       ASSIGN_OR_RETURN(*buf, state_dev_->Allocate(bytes, MemCategory::kOptimizerState));
       RETURN_IF_ERROR(state_dev_->Fill(buf->data(), 0, bytes));
     }

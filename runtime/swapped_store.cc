@@ -140,8 +140,9 @@ class SwappedStore final : public OptimizerStore {
     return Status();
   }
   // The q8 blocks (or bf16 elements) holding [offset, offset + n).
-  static std::pair<int64_t, int64_t> Blocks(const Slot& s, int kind, int64_t offset, int64_t n) {
-    const int64_t unit = s.compact() && kind > 0 && s.in.format.block > 0 && (kind == 1 ? s.in.format.exp_avg : s.in.format.exp_avg_sq) == kernels::MomentFormat::kQ8 ? s.in.format.block : 1;
+  std::pair<int64_t, int64_t> Blocks(const Slot& s, int kind, int64_t offset, int64_t n) const {
+    const StateFormat f = KindFormat(s, kind);
+    const int64_t unit = f.Scales(1) > 0 ? f.block : 1;
     return {offset / unit * unit, (offset + n + unit - 1) / unit * unit};
   }
   // Bytes of `count` elements (whole blocks for scales) of `stream` in slot s's region.
@@ -310,12 +311,9 @@ class SwappedStore final : public OptimizerStore {
                                         : static_cast<const char*>(store_.HostParams(store_.slots_[static_cast<size_t>(g)])) +
                                               static_cast<size_t>(w.offset) * store_.esize(s);
           if (store_.TakesStored(s, static_cast<int>(k))) {  // as kept (windows are whole blocks): nothing decoded
-            const bool q8 = store_.KindBytes(s, static_cast<int>(k)) == 1;
+            const StateFormat format = store_.KindFormat(s, static_cast<int>(k));
             for (auto& job : jobs_) {
-              if (!job->failed()) {
-                (void)job->PutStored(g, static_cast<int>(k), w.offset, w.count, q8 ? StoredAs::kQ8 : StoredAs::kBF16, q8 ? s.in.format.block : 0,
-                                     k == 1, raw, Data(w, scales));
-              }
+              if (!job->failed()) (void)job->PutStored(g, static_cast<int>(k), w.offset, w.count, format, raw, Data(w, scales));
             }
             continue;
           }

@@ -54,8 +54,7 @@ Result<std::vector<Piece>> PlanFile(const Manifest& m, int64_t* total) {
   for (size_t g = 0; g < m.groups.size(); ++g) {
     for (size_t k = 0; k < m.groups[g].kinds.size(); ++k) {
       const GroupEntry& ge = m.groups[g];
-      const Piece& p = plan.emplace_back(Piece{static_cast<int>(g), static_cast<int>(k), layouts[g].shard_size(), off, ge.stored_as(k), ge.block,
-                                               ge.signed_codes(k)});
+      const Piece& p = plan.emplace_back(Piece{static_cast<int>(g), static_cast<int>(k), layouts[g].shard_size(), off, ge.format(k)});
       off = AlignUp(off + p.Bytes(p.count));
     }
   }
@@ -93,7 +92,7 @@ TierSink::TierSink(const Manifest& m, std::vector<Piece> plan, std::string path,
 // Whole chunks from a chunk boundary are copied and hashed in one pass; the rest is copied, and each
 // chunk hashed once its last part is there.
 Status TierSink::Copy(const Piece& p, Part& part, int64_t offset, int64_t n, const float* data) {
-  if (p.stored != StoredAs::kF32) return Pack(p, part, offset, n, data);
+  if (p.format.compact()) return Pack(p, part, offset, n, data);
   char* base = into_.data() + p.offset;
   const size_t first = first_[static_cast<size_t>(&p - plan_.data())];
   int64_t done = 0;
@@ -112,17 +111,16 @@ Status TierSink::Copy(const Piece& p, Part& part, int64_t offset, int64_t n, con
 // Compact state, packed chunk by chunk as in a disk checkpoint (each chunk's values or codes, then a
 // q8 chunk's scales); each chunk hashed once its last part is there.
 Status TierSink::Pack(const Piece& p, Part& part, int64_t offset, int64_t n, const float* data) {
-  if (p.stored == StoredAs::kQ8 && (offset % p.block != 0 || n % p.block != 0)) {
-    return InternalError("memory tier: q8 state arrived at elements [", offset, ", ", offset + n, "), not whole blocks of ", p.block);
+  if (p.q8() && (offset % p.format.block != 0 || n % p.format.block != 0)) {
+    return InternalError("memory tier: q8 state arrived at elements [", offset, ", ", offset + n, "), not whole blocks of ", p.format.block);
   }
   char* base = into_.data() + p.offset;
   for (int64_t done = 0; done < n;) {
     const int64_t c0 = (offset + done) / chunk_ * chunk_, cn = std::min(chunk_, p.count - c0), at = offset + done - c0;
     const int64_t take = std::min(n - done, cn - at);
     char* chunk = base + p.Bytes(c0);
-    const bool q8 = p.stored == StoredAs::kQ8;
-    RETURN_IF_ERROR(PackStateInto(p.stored, p.is_signed, p.block, data + done, take, chunk + (q8 ? at : p.Bytes(at)),
-                                  q8 ? chunk + cn + 4 * (at / p.block) : nullptr),
+    const StateFormat& f = p.format;
+    RETURN_IF_ERROR(f.EncodeExact(data + done, take, chunk + f.ValuesBytes(at), reinterpret_cast<float*>(chunk + f.ValuesBytes(cn)) + f.Scales(at)),
                     "memory tier: group ", p.group, " kind ", p.kind);
     done += take;
   }
@@ -169,23 +167,22 @@ Status TierSink::Put(int group, int buffer, int64_t offset, int64_t n, const flo
 
 // Each chunk of a compact piece holds its values or codes, then (q8) its blocks' scales: the part's
 // codes and scales are copied to their places in the chunks they fall in.
-Status TierSink::PutStored(int group, int buffer, int64_t offset, int64_t n, StoredAs stored, int64_t block, bool is_signed,
-                           const void* values, const float* scales) {
+Status TierSink::PutStored(int group, int buffer, int64_t offset, int64_t n, const StateFormat& format, const void* values,
+                           const float* scales) {
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(const size_t piece, Arriving(group, buffer, offset, n));
   const Piece& p = plan_[piece];
-  const bool q8 = p.stored == StoredAs::kQ8;
-  if (stored != p.stored || (q8 && (block != p.block || is_signed != p.is_signed || offset % block != 0 || (n % block != 0 && offset + n != p.count)))) {
+  const int64_t block = p.q8() ? format.block : 1;
+  if (format != p.format || offset % block != 0 || (n % block != 0 && offset + n != p.count)) {
     return InternalError("memory tier: group ", group, " buffer ", buffer, " arrived stored otherwise than the snapshot keeps it");
   }
   char* base = into_.data() + p.offset;
-  const auto eb = static_cast<size_t>(ValueBytes(p.stored));
   for (int64_t done = 0; done < n;) {
     const int64_t c0 = (offset + done) / chunk_ * chunk_, cn = std::min(chunk_, p.count - c0), at = offset + done - c0;
     const int64_t take = std::min(n - done, cn - at);
     char* chunk = base + p.Bytes(c0);
-    std::memcpy(chunk + at * static_cast<int64_t>(eb), static_cast<const char*>(values) + done * static_cast<int64_t>(eb), static_cast<size_t>(take) * eb);
-    if (q8) std::memcpy(chunk + cn + 4 * (at / block), scales + done / block, static_cast<size_t>((take + block - 1) / block) * 4);
+    std::memcpy(chunk + format.ValuesBytes(at), static_cast<const char*>(values) + format.ValuesBytes(done), static_cast<size_t>(format.ValuesBytes(take)));
+    if (p.q8()) std::memcpy(chunk + cn + 4 * (at / block), scales + done / block, static_cast<size_t>(format.Scales(take)) * 4);
     done += take;
   }
   HashFilled(p, parts_[piece], offset + n);

@@ -113,10 +113,9 @@ class Mapping {
 struct Piece {
   int group, kind;
   int64_t count, offset;
-  StoredAs stored = StoredAs::kF32;  // compact state: stored as kept (format.h), packed as it arrives
-  int64_t block = 0;
-  bool is_signed = false;  // q8 exp_avg
-  int64_t Bytes(int64_t elements) const { return StoredBytes(stored, elements, block); }
+  StateFormat format;  // compact state: stored as kept (format.h), packed as it arrives
+  bool q8() const { return format.Scales(1) > 0; }
+  int64_t Bytes(int64_t elements) const { return format.Bytes(elements); }
 };
 Result<std::vector<Piece>> PlanFile(const Manifest& m, int64_t* total);
 
@@ -140,7 +139,7 @@ class TierSink final : public StateSink {
 
   Status Put(int group, int buffer, int64_t offset, int64_t n, const float* data) override;
   // Compact state as the owner keeps it: copied into its chunks as they are stored (nothing encoded).
-  Status PutStored(int group, int buffer, int64_t offset, int64_t n, StoredAs stored, int64_t block, bool is_signed, const void* values,
+  Status PutStored(int group, int buffer, int64_t offset, int64_t n, const StateFormat& format, const void* values,
                    const float* scales) override;
   void Waited(double seconds) override;
   void Close(const Status& status) override;

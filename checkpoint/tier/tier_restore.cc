@@ -82,7 +82,7 @@ struct Span {
   bool scales;        // q8: the chunk's scales (else its codes, or the values)
 };
 std::vector<Span> Spans(const Piece& p, int64_t chunk) {
-  if (p.stored != StoredAs::kQ8) return {Span{0, p.Bytes(p.count), 0, false}};
+  if (!p.q8()) return {Span{0, p.Bytes(p.count), 0, false}};
   std::vector<Span> out;
   for (int64_t c0 = 0; c0 < p.count; c0 += chunk) {
     const int64_t cn = std::min(chunk, p.count - c0), at = p.Bytes(c0);
@@ -99,7 +99,7 @@ struct Target {
   char* scales = nullptr;
   char* Of(const Piece& p, const Span& s) const {
     if (scales == nullptr) return values + s.at;
-    return s.scales ? scales + 4 * (s.element / p.block) : values + s.element;
+    return s.scales ? scales + 4 * (s.element / p.format.block) : values + s.element;
   }
 };
 
@@ -121,13 +121,13 @@ struct Receipt {
 // Where piece p lands in the target's buffer b: host f32 memory, or the compact form p stores kept so
 // in host memory; null values when it cannot land there.
 Target DirectTarget(const Piece& p, const StateBuffer& b, const StateView& target) {
-  if (p.stored == StoredAs::kF32) return Target{b.dtype == DType::kF32 && b.stored == StoredAs::kF32 ? static_cast<char*>(b.data) : nullptr};
-  if (b.stored != p.stored || (p.stored == StoredAs::kQ8 && b.block != p.block)) return Target{};
+  if (!p.format.compact()) return Target{b.dtype == DType::kF32 && !b.format.compact() ? static_cast<char*>(b.data) : nullptr};
+  if (b.format != p.format) return Target{};
   auto kept = target.StoredMemory(p.group, p.kind);
   if (!kept.ok() || !kept->has_value()) return Target{};
   const StoredPart& sp = **kept;
-  if (sp.as != p.stored || (p.stored == StoredAs::kQ8 && (sp.is_signed != p.is_signed || sp.block != p.block || sp.scales == nullptr))) return Target{};
-  return Target{static_cast<char*>(sp.values), p.stored == StoredAs::kQ8 ? reinterpret_cast<char*>(sp.scales) : nullptr};
+  if (sp.format != p.format || (p.q8() && sp.scales == nullptr)) return Target{};
+  return Target{static_cast<char*>(sp.values), p.q8() ? reinterpret_cast<char*>(sp.scales) : nullptr};
 }
 
 // Each piece's target when every one is host memory laid out as the replica's (the same tensors,
@@ -149,7 +149,7 @@ std::vector<Target> DirectTargets(const Manifest& m, const std::vector<Piece>& p
       if (te.name != spec.name || te.shape != spec.shape || te.dtype != spec.dtype || te.offset != tg.layout.tensor_offset(static_cast<int64_t>(t))) return {};
     }
     const StateBuffer& b = tg.buffers[k];
-    if (b.kind != ge.kinds[k] || b.count != p.count || (p.count > 0 && p.stored == StoredAs::kQ8 && m.chunk_elements % p.block != 0)) return {};
+    if (b.kind != ge.kinds[k] || b.count != p.count || (p.count > 0 && p.q8() && m.chunk_elements % p.format.block != 0)) return {};
     const Target t = DirectTarget(p, b, target);
     if (t.values == nullptr && p.count > 0) return {};
     into.push_back(t);
@@ -178,7 +178,7 @@ Status PlanReceipt(Receipt& rc, const StateView& target, const LoadOptions& load
   if (!rc.into.empty()) return target.Settle();  // a capture still reading the buffers ends before they change
   int64_t expected = 0;
   for (const StateGroup& g : target.groups) {
-    for (const StateBuffer& b : g.buffers) expected = AlignUp(expected) + StoredBytes(b.stored, b.count, b.block);  // PlanFile's layout
+    for (const StateBuffer& b : g.buffers) expected = AlignUp(expected) + b.format.Bytes(b.count);  // PlanFile's layout
   }
   if (expected != total) return DataLossError(what, ": ", total, " bytes of data, this rank's shard is ", expected);
   RETURN_IF_ERROR(RemoveTree(tmp));
@@ -197,9 +197,9 @@ Result<LoadResult> CheckDirect(const Receipt& rc, const std::string& what) {
     const ChunkEntry& c = rc.index.chunks[k];
     const size_t i = piece_of[static_cast<size_t>(c.group)] + static_cast<size_t>(c.kind);
     const Piece& p = rc.plan[i];
-    const bool q8 = p.stored == StoredAs::kQ8;
+    const bool q8 = p.q8();
     if (c.codec != Codec::kRaw || c.stored_bytes != p.Bytes(c.elements) || c.file_offset != p.offset + p.Bytes(c.elem_offset) ||
-        (q8 && c.elem_offset % p.block != 0)) {
+        (q8 && c.elem_offset % p.format.block != 0)) {
       return DataLossError(what, ": chunk ", k, " is not where the replica's layout puts it");
     }
     const Target& t = rc.into[i];
@@ -212,7 +212,7 @@ Result<LoadResult> CheckDirect(const Receipt& rc, const std::string& what) {
     const std::string chunk = "chunk " + std::to_string(k) + " (group '" + ge.name + "', " + ge.kinds[static_cast<size_t>(c.kind)] + ", elements " +
                               std::to_string(c.elem_offset) + ".." + std::to_string(c.elem_offset + c.elements) + ")";
     if (sum != c.xxh3) return DataLossError(what, ": ", chunk, ": checksum mismatch (the data is corrupt)");
-    if (p.stored != StoredAs::kF32) RETURN_IF_ERROR(CheckStoredState(p.stored, p.is_signed, p.block, at, scales, c.elements), what, ": ", chunk);
+    RETURN_IF_ERROR(p.format.Check(at, reinterpret_cast<const float*>(scales), c.elements), what, ": ", chunk);
   }
   LoadResult r;
   r.counters = {rc.m.step, rc.m.loss_scale, rc.m.scaler_good_steps, rc.m.scaler_hysteresis_left, rc.m.engine_state.dump()};

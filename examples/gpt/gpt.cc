@@ -256,7 +256,7 @@ zrt::Result<zrt::EngineConfig> MakeEngineConfig(zrt::Communicator& comm, const g
   cfg.grad_accum_steps = o.accum;
   cfg.fp32_grads = true;
   cfg.bucket_bytes = 4 << 20;
-  ASSIGN_OR_RETURN(cfg.state.exp_avg, zrt::kernels::ParseMomentFormat(o.moments));
+  ASSIGN_OR_RETURN(cfg.state.exp_avg, zrt::ParsePrecision(o.moments));
   cfg.state.exp_avg_sq = cfg.state.exp_avg;
   cfg.state.master = !o.no_master;
   cfg.quantized_weights = o.quantized_weights;

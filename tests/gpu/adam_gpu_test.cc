@@ -90,10 +90,10 @@ TEST(AdamCuda, MatchesCpuBitForBitOnManyTensors) {
 TEST(AdamCompactCuda, MatchesCpuBitForBit) {
   ZRT_REQUIRE_GPU();
   std::mt19937_64 rng(testing::TestSeed());
-  const MomentFormat kinds[] = {MomentFormat::kF32, MomentFormat::kBf16, MomentFormat::kQ8};
+  const Precision kinds[] = {Precision::kF32, Precision::kBF16, Precision::kQ8};
   for (bool master : {true, false}) {
-    for (MomentFormat mf : kinds) {
-      for (MomentFormat vf : kinds) {
+    for (Precision mf : kinds) {
+      for (Precision vf : kinds) {
         for (int64_t block : {64, 4096}) {
           const CompactFormat f{.exp_avg = mf, .exp_avg_sq = vf, .master = master, .block = block, .seed = 99};
           const int64_t n = 3 * block + 17 + static_cast<int64_t>(rng() % 1000), index = (int64_t{1} << 32) - 2 * block;
@@ -111,10 +111,10 @@ TEST(AdamCompactCuda, MatchesCpuBitForBit) {
             }
             return b;
           };
-          auto moment = [&](MomentFormat k, bool is_signed) {
-            if (k == MomentFormat::kF32) return floats(static_cast<size_t>(n), 0.01f, !is_signed);
-            std::vector<uint8_t> b = k == MomentFormat::kBf16 ? std::vector<uint8_t>(static_cast<size_t>(n) * 2) : bytes(static_cast<size_t>(n));
-            if (k == MomentFormat::kBf16) {
+          auto moment = [&](Precision k, bool is_signed) {
+            if (k == Precision::kF32) return floats(static_cast<size_t>(n), 0.01f, !is_signed);
+            std::vector<uint8_t> b = k == Precision::kBF16 ? std::vector<uint8_t>(static_cast<size_t>(n) * 2) : bytes(static_cast<size_t>(n));
+            if (k == Precision::kBF16) {
               const auto x = floats(static_cast<size_t>(n), 0.01f, !is_signed);
               for (int64_t i = 0; i < n; ++i) {
                 float y;
@@ -127,7 +127,7 @@ TEST(AdamCompactCuda, MatchesCpuBitForBit) {
             }
             return b;
           };
-          std::vector<uint8_t> p = master ? floats(static_cast<size_t>(n), 1, false) : moment(MomentFormat::kBf16, true);
+          std::vector<uint8_t> p = master ? floats(static_cast<size_t>(n), 1, false) : moment(Precision::kBF16, true);
           std::vector<uint8_t> g = floats(static_cast<size_t>(n), 0.1f, false), m = moment(mf, true), v = moment(vf, false);
           std::vector<float> ms(static_cast<size_t>(Q8Blocks(n, block))), vs(ms.size());
           for (size_t i = 0; i < ms.size(); ++i) ms[i] = 0.01f * (1 + i % 7), vs[i] = 1e-4f * (1 + i % 5);
@@ -140,15 +140,15 @@ TEST(AdamCompactCuda, MatchesCpuBitForBit) {
           ASSERT_TRUE(AdamCompactCuda(s, 5, std::span(&dev, 1), DType::kF32, DType::kBF16).ok());
           ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
           ASSERT_TRUE(AdamCompactCpu(s, 5, std::span(&cpu, 1), DType::kF32, DType::kBF16).ok());
-          const std::string what = std::string(MomentFormatName(mf)) + "/" + std::string(MomentFormatName(vf)) + (master ? " master" : "") +
+          const std::string what = std::string(PrecisionName(mf)) + "/" + std::string(PrecisionName(vf)) + (master ? " master" : "") +
                                    " block " + std::to_string(block);
           EXPECT_EQ(dp.Download(), p) << what;
           EXPECT_EQ(dm.Download(), m) << what;
           EXPECT_EQ(dv.Download(), v) << what;
-          if (mf == MomentFormat::kQ8) {
+          if (mf == Precision::kQ8) {
             EXPECT_EQ(dms.Download(), ms) << what;
           }
-          if (vf == MomentFormat::kQ8) {
+          if (vf == Precision::kQ8) {
             EXPECT_EQ(dvs.Download(), vs) << what;
           }
           EXPECT_EQ(dc.Download(), copy) << what;

@@ -31,23 +31,22 @@ namespace zrt {
 namespace {
 
 namespace fs = std::filesystem;
-using kernels::MomentFormat;
 
 // Awkward sizes: a tensor smaller than a q8 block, one not divisible by any world size, an embedding
 // in a group of its own (f32 moments there, as the 8-bit Adam paper advises).
 const std::vector<std::tuple<std::string, std::vector<int64_t>, std::string>> kModel = {
     {"embed", {37, 29}, "embed"}, {"w1", {1001}, "g1"}, {"b1", {3}, "g1"}, {"w2", {4099}, "g2"}, {"tiny", {1}, "g2"}};
 
-struct Precision {
+struct NamedPrecision {
   const char* name;
   StatePrecision state;
 };
-const Precision kPrecisions[] = {
+const NamedPrecision kPrecisions[] = {
     {"f32", {}},
-    {"bf16 moments", {MomentFormat::kBf16, MomentFormat::kBf16, true, 256}},
-    {"q8 moments", {MomentFormat::kQ8, MomentFormat::kQ8, true, 64}},
-    {"q8 moments, no master", {MomentFormat::kQ8, MomentFormat::kQ8, false, 256}},
-    {"bf16 m, q8 v, no master", {MomentFormat::kBf16, MomentFormat::kQ8, false, 128}},
+    {"bf16 moments", {Precision::kBF16, Precision::kBF16, true, 256}},
+    {"q8 moments", {Precision::kQ8, Precision::kQ8, true, 64}},
+    {"q8 moments, no master", {Precision::kQ8, Precision::kQ8, false, 256}},
+    {"bf16 m, q8 v, no master", {Precision::kBF16, Precision::kQ8, false, 128}},
 };
 
 class CompactStateTest : public ::testing::Test {
@@ -170,7 +169,7 @@ TEST_F(CompactStateTest, EveryPrecisionTrainsAtEveryStageCloseToF32State) {
     cfg.offload.nvme_dir = root_ + "/swap";
     fs::create_directories(cfg.offload.nvme_dir);
     std::vector<float> f32;
-    for (const Precision& pr : kPrecisions) {
+    for (const NamedPrecision& pr : kPrecisions) {
       SCOPED_TRACE(std::string(pr.name) + ", stage " + std::to_string(stage) + ", optimizer offloaded to " + std::string(OffloadTargetName(where)));
       auto e = Make(comm_.get(), stage, pr.state, cfg);
       ASSERT_TRUE(e.ok()) << e.status();
@@ -192,7 +191,7 @@ TEST_F(CompactStateTest, EveryPrecisionTrainsAtEveryStageCloseToF32State) {
 
 TEST_F(CompactStateTest, ResumeContinuesBitForBit) {
   for (int stage = 0; stage <= 3; ++stage) {
-    for (const Precision& pr : kPrecisions) {
+    for (const NamedPrecision& pr : kPrecisions) {
       SCOPED_TRACE(std::string(pr.name) + ", stage " + std::to_string(stage));
       auto e = Make(comm_.get(), stage, pr.state).value();
       const std::string sub = "resume" + std::to_string(stage) + std::string(pr.name).substr(0, 4) + std::to_string(pr.state.q8_block);
@@ -217,7 +216,7 @@ TEST_F(CompactStateTest, ResumeContinuesBitForBit) {
 // Saved by the first K ranks, loaded by the first M at another stage and saved again: rank 0 alone
 // loads both and finds the same state, every buffer's f32 view byte for byte.
 TEST_F(CompactStateTest, AnyNToAnyMKeepsTheState) {
-  for (const Precision& pr : kPrecisions) {
+  for (const NamedPrecision& pr : kPrecisions) {
     SCOPED_TRACE(pr.name);
     for (int k = 1; k <= comm_->size(); ++k) {
       auto sub = comm_->Split(comm_->rank() < k ? 0 : -1, comm_->rank()).value();
@@ -265,7 +264,7 @@ TEST_F(CompactStateTest, CheckpointsStoreTheCompactFormAndReshardBitExactly) {
     }
     return n;
   };
-  for (const Precision& pr : kPrecisions) {
+  for (const NamedPrecision& pr : kPrecisions) {
     SCOPED_TRACE(pr.name);
     const std::string sub = "form" + std::to_string(&pr - kPrecisions);
     auto e = Make(comm_.get(), 3, pr.state).value();
@@ -286,11 +285,10 @@ TEST_F(CompactStateTest, CheckpointsStoreTheCompactFormAndReshardBitExactly) {
         const bool compact = ge.name != "embed" && &pr != kPrecisions;
         ASSERT_EQ(ge.stored.empty(), !compact) << ge.name;
         if (!compact) continue;
-        EXPECT_EQ(ge.stored[0], pr.state.master ? StoredAs::kF32 : StoredAs::kBF16) << ge.name;
-        auto as = [](MomentFormat f) { return f == MomentFormat::kQ8 ? StoredAs::kQ8 : f == MomentFormat::kBf16 ? StoredAs::kBF16 : StoredAs::kF32; };
-        EXPECT_EQ(ge.stored[1], as(pr.state.exp_avg)) << ge.name;
-        EXPECT_EQ(ge.stored[2], as(pr.state.exp_avg_sq)) << ge.name;
-        const bool q8 = pr.state.exp_avg == MomentFormat::kQ8 || pr.state.exp_avg_sq == MomentFormat::kQ8;
+        EXPECT_EQ(ge.stored[0], pr.state.master ? Precision::kF32 : Precision::kBF16) << ge.name;
+        EXPECT_EQ(ge.stored[1], pr.state.exp_avg) << ge.name;
+        EXPECT_EQ(ge.stored[2], pr.state.exp_avg_sq) << ge.name;
+        const bool q8 = pr.state.exp_avg == Precision::kQ8 || pr.state.exp_avg_sq == Precision::kQ8;
         EXPECT_EQ(ge.block, q8 ? pr.state.q8_block : 0) << ge.name;
       }
       // Exactly each kind's form over the padded group (raw chunks): 4 bytes per element for f32, 2
@@ -298,7 +296,7 @@ TEST_F(CompactStateTest, CheckpointsStoreTheCompactFormAndReshardBitExactly) {
       int64_t expected = 0;
       for (int g = 0; g < static_cast<int>(m.groups.size()); ++g) {
         const ckpt::GroupEntry& ge = m.groups[static_cast<size_t>(g)];
-        for (size_t k = 0; k < ge.kinds.size(); ++k) expected += ckpt::StoredBytes(ge.stored_as(k), ckpt::SavedLayout(m, g)->padded_size(), ge.block);
+        for (size_t k = 0; k < ge.kinds.size(); ++k) expected += ge.format(k).Bytes(ckpt::SavedLayout(m, g)->padded_size());
       }
       const int64_t bytes = stored_bytes(dir);
       EXPECT_EQ(bytes, expected);
@@ -381,8 +379,8 @@ TEST_F(CompactStateTest, NvmeOffloadStreamsTheCompactFormBitForBit) {
   auto ckf = Checkpointer(comm_.get(), "nvme-f32");
   ASSERT_TRUE(ckf->SaveAsync(f32->state_view()).ok());
   ASSERT_TRUE(ckf->Wait().ok());
-  for (const StatePrecision& st : {StatePrecision{MomentFormat::kQ8, MomentFormat::kQ8, true, 64},
-                                   StatePrecision{MomentFormat::kBf16, MomentFormat::kQ8, false, 128}}) {
+  for (const StatePrecision& st : {StatePrecision{Precision::kQ8, Precision::kQ8, true, 64},
+                                   StatePrecision{Precision::kBF16, Precision::kQ8, false, 128}}) {
     SCOPED_TRACE(StatePrecisionName(st));
     auto nvme = make(comm_.get(), st, OffloadTarget::kNvme, 8);
     auto host = make(comm_.get(), st, OffloadTarget::kHost, 8);
@@ -448,7 +446,7 @@ TEST_F(CompactStateTest, TheMemoryTierHoldsTheCompactFormAndRestartsBitForBit) {
   fs::create_directories(tier.dir);
   auto ck_for = [&](const std::string& sub) { return TierCheckpointer(sub, tier); };
   int64_t f32_bytes = 0;
-  for (const Precision& pr : kPrecisions) {
+  for (const NamedPrecision& pr : kPrecisions) {
     SCOPED_TRACE(pr.name);
     const std::string sub = "tier" + std::to_string(&pr - kPrecisions);
     {
@@ -460,11 +458,11 @@ TEST_F(CompactStateTest, TheMemoryTierHoldsTheCompactFormAndRestartsBitForBit) {
       const int64_t bytes = ck->memory_stats()->snapshot_bytes;
       int64_t expected = 0;  // each buffer's stored form, 4 KiB-aligned
       for (const StateGroup& g : e->state_view().groups) {
-        for (const StateBuffer& b : g.buffers) expected = (expected + 4095) / 4096 * 4096 + ckpt::StoredBytes(b.stored, b.count, b.block);
+        for (const StateBuffer& b : g.buffers) expected = (expected + 4095) / 4096 * 4096 + b.format.Bytes(b.count);
       }
       EXPECT_EQ(bytes, expected);
       if (f32_bytes == 0) f32_bytes = bytes;
-      if (!pr.state.master && pr.state.exp_avg == MomentFormat::kQ8) {
+      if (!pr.state.master && pr.state.exp_avg == Precision::kQ8) {
         EXPECT_LT(bytes, f32_bytes) << "a snapshot of q8 state, no master";
       }
     }
@@ -506,7 +504,7 @@ void CorruptQ8Chunk(const std::string& dir, const std::string& how) {
   auto idx = ckpt::DecodeIndex(std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()), index).value();
   auto m = ckpt::ReadManifest(dir).value();
   auto c = std::find_if(idx.chunks.begin(), idx.chunks.end(), [&](const ckpt::ChunkEntry& e) {
-    return m.groups[static_cast<size_t>(e.group)].stored_as(static_cast<size_t>(e.kind)) == StoredAs::kQ8;
+    return m.groups[static_cast<size_t>(e.group)].stored_as(static_cast<size_t>(e.kind)) == Precision::kQ8;
   });
   ASSERT_NE(c, idx.chunks.end());
   std::fstream f(data, std::ios::in | std::ios::out | std::ios::binary);
@@ -637,7 +635,7 @@ TEST_F(CompactStateTest, AStoredFormEncodingNeverWritesIsRefusedAsStoredAndDecod
     ASSERT_TRUE(m.ok()) << m.status();
     auto c = std::find_if(idx->chunks.begin(), idx->chunks.end(), [&](const ckpt::ChunkEntry& entry) {
       const ckpt::GroupEntry& g = m->groups[static_cast<size_t>(entry.group)];
-      return g.stored_as(static_cast<size_t>(entry.kind)) == StoredAs::kQ8 && g.kinds[static_cast<size_t>(entry.kind)] == "exp_avg";
+      return g.stored_as(static_cast<size_t>(entry.kind)) == Precision::kQ8 && g.kinds[static_cast<size_t>(entry.kind)] == "exp_avg";
     });
     ASSERT_NE(c, idx->chunks.end());
     std::fstream d(dir + "/" + idx->data_file, std::ios::in | std::ios::out | std::ios::binary);
@@ -667,7 +665,7 @@ TEST_F(CompactStateTest, AStoredFormEncodingNeverWritesIsRefusedAsStoredAndDecod
 }
 
 TEST_F(CompactStateTest, WhatIsNotSupportedSaysSo) {
-  const StatePrecision no_master{MomentFormat::kQ8, MomentFormat::kQ8, false, 256};
+  const StatePrecision no_master{Precision::kQ8, Precision::kQ8, false, 256};
   auto make = [&](DType dtype, EngineConfig cfg, const StatePrecision& st) -> Status {
     cfg.state = st;
     ASSIGN_OR_RETURN(auto e, ZeroEngine::Create(comm_.get(), &device_, cfg));
@@ -680,8 +678,8 @@ TEST_F(CompactStateTest, WhatIsNotSupportedSaysSo) {
   EXPECT_EQ(make(DType::kF16, {}, no_master).code(), StatusCode::kInvalidArgument);
   EngineConfig ams;
   ams.adam.amsgrad = true;
-  EXPECT_NE(make(DType::kBF16, ams, {MomentFormat::kQ8, MomentFormat::kF32, true, 256}).message().find("amsgrad"), std::string::npos);
-  EXPECT_EQ(make(DType::kBF16, {}, {MomentFormat::kQ8, MomentFormat::kQ8, true, 100}).code(), StatusCode::kInvalidArgument);  // block
+  EXPECT_NE(make(DType::kBF16, ams, {Precision::kQ8, Precision::kF32, true, 256}).message().find("amsgrad"), std::string::npos);
+  EXPECT_EQ(make(DType::kBF16, {}, {Precision::kQ8, Precision::kQ8, true, 100}).code(), StatusCode::kInvalidArgument);  // block
   // Two precisions in one group.
   auto e = ZeroEngine::Create(comm_.get(), &device_, {}).value();
   ASSERT_TRUE(e->AddParam("a", {10}, DType::kBF16, {.group = "g"}).ok());
@@ -704,9 +702,9 @@ TEST_F(CompactStateTest, TheStateTakesItsFormatsBytes) {
   };
   const double shard = std::ceil((1 << 16) / static_cast<double>(comm_->size()));
   EXPECT_NEAR(bytes({}), 12 * shard, 12.0 * 256);
-  EXPECT_NEAR(bytes({MomentFormat::kQ8, MomentFormat::kQ8, true, 256}), (4 + 2 + 8.0 / 256) * shard, 12.0 * 256);
-  EXPECT_NEAR(bytes({MomentFormat::kQ8, MomentFormat::kQ8, false, 256}), (2 + 8.0 / 256) * shard, 12.0 * 256);
-  EXPECT_NEAR(bytes({MomentFormat::kBf16, MomentFormat::kBf16, false, 256}), 4 * shard, 12.0 * 256);
+  EXPECT_NEAR(bytes({Precision::kQ8, Precision::kQ8, true, 256}), (4 + 2 + 8.0 / 256) * shard, 12.0 * 256);
+  EXPECT_NEAR(bytes({Precision::kQ8, Precision::kQ8, false, 256}), (2 + 8.0 / 256) * shard, 12.0 * 256);
+  EXPECT_NEAR(bytes({Precision::kBF16, Precision::kBF16, false, 256}), 4 * shard, 12.0 * 256);
 }
 
 }  // namespace

@@ -245,10 +245,10 @@ TEST_F(HybridTest, RerunsAreBitIdentical) {
 
 TEST_F(HybridTest, CompactStateAndOffloadMatchFlat) {
   StatePrecision q8;
-  q8.exp_avg = q8.exp_avg_sq = kernels::MomentFormat::kQ8;
+  q8.exp_avg = q8.exp_avg_sq = Precision::kQ8;
   q8.q8_block = 64;
   StatePrecision bf16_no_master;
-  bf16_no_master.exp_avg = bf16_no_master.exp_avg_sq = kernels::MomentFormat::kBf16;
+  bf16_no_master.exp_avg = bf16_no_master.exp_avg_sq = Precision::kBf16;
   bf16_no_master.master = false;
   const std::vector<Mesh> setups = {
       {.stage = 3, .dtype = DType::kF32, .offload = OffloadTarget::kHost},
@@ -735,7 +735,7 @@ TEST_F(HybridTest, TheMemoryTierRestoresAHybridRun) {
 // served by the third replica where there is one, else every rank falls back to disk together.
 TEST_F(HybridTest, TheTiersPeerCopiesAreTheLiveReplicas) {
   StatePrecision q8;
-  q8.exp_avg = q8.exp_avg_sq = kernels::MomentFormat::kQ8;
+  q8.exp_avg = q8.exp_avg_sq = Precision::kQ8;
   q8.master = false;
   for (const StatePrecision& state : {StatePrecision{}, q8})
   for (int s : HybridSizes()) {

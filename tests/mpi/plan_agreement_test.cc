@@ -96,7 +96,7 @@ TEST(PlanAgreement, TheEngineAllocatesWhatThePlannerCounts) {
 
         EngineConfig cfg;
         cfg.stage = p.stage;
-        cfg.state.exp_avg = cfg.state.exp_avg_sq = kernels::ParseMomentFormat(st.moments).value();
+        cfg.state.exp_avg = cfg.state.exp_avg_sq = ParsePrecision(st.moments).value();
         cfg.state.master = st.master;
         cfg.offload.optimizer = Target(p.optimizer);
         cfg.offload.params = Target(p.params);

@@ -20,6 +20,8 @@ int main() {
   }
   zrt::EngineConfig cfg;
   cfg.stage = 3;
+  // A trainer written against 0.1's names of the state precision still builds (CHANGELOG).
+  cfg.state = {.exp_avg = zrt::kernels::MomentFormat::kQ8, .exp_avg_sq = zrt::kernels::MomentFormat::kBf16};
   std::printf("zrt %s shard_size=%lld bf16(1.0)=0x%04x %s\n", std::string(zrt::Version()).c_str(),
               static_cast<long long>(layout->shard_size()), zrt::FloatToBf16(1.0f), consumer::kMine);
   return layout->shard_size() == 6 && zrt::FloatToBf16(1.0f) == 0x3f80 && cfg.stage == 3 ? 0 : 1;

@@ -1,0 +1,154 @@
+#include "zrt/core/state_view.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+
+#include "zrt/core/dtype.h"
+#include "zrt/core/quant_math.h"
+
+namespace zrt {
+namespace {
+
+TEST(StateFormat, NamesSizesAndTheSignOfEachKind) {
+  for (Precision p : {Precision::kF32, Precision::kBF16, Precision::kQ8}) EXPECT_EQ(ParsePrecision(PrecisionName(p)).value(), p);
+  const Result<Precision> bad = ParsePrecision("int8");
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("'int8'"), std::string_view::npos) << bad.status();
+  EXPECT_EQ(Precision::kBf16, Precision::kBF16) << "0.1's spelling still names bf16";
+
+  EXPECT_EQ(StateFormat::Of(Precision::kQ8, "exp_avg", 64), (StateFormat{Precision::kQ8, true, 64}));
+  EXPECT_EQ(StateFormat::Of(Precision::kQ8, "exp_avg_sq", 64), (StateFormat{Precision::kQ8, false, 64}));
+  EXPECT_EQ(StateFormat::Of(Precision::kBF16, "exp_avg", 64), (StateFormat{Precision::kBF16, false, 0})) << "only q8 has a sign and blocks";
+  EXPECT_FALSE(StateFormat{}.compact());
+
+  const StateFormat q8{Precision::kQ8, false, 64}, bf16{Precision::kBF16, false, 0}, f32{};
+  EXPECT_EQ(q8.Bytes(256), 256 + 4 * 4);
+  EXPECT_EQ(q8.Bytes(200), 200 + 4 * 4) << "a short last block has its scale";
+  EXPECT_EQ(q8.Scales(65), 2);
+  EXPECT_EQ(bf16.Bytes(100), 200);
+  EXPECT_EQ(bf16.Scales(100), 0);
+  EXPECT_EQ(f32.Bytes(100), 400);
+}
+
+// Encode rounds (bf16 to nearest even, q8 block by block as core/quant_math.h says) and Decode from
+// any element, inside a block too, gives what each element's code and scale say.
+TEST(StateFormat, EncodeThenDecodeFromAnyElement) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> d(0, 1e-2f);
+  const int64_t n = 300, block = 64;  // the last block is short
+  std::vector<float> x(n);
+  for (float& v : x) v = d(rng);
+  for (const bool is_signed : {true, false}) {
+    const StateFormat f{Precision::kQ8, is_signed, block};
+    std::vector<float> in = x;
+    if (!is_signed) for (float& v : in) v = v * v;
+    std::vector<uint8_t> codes(n);
+    std::vector<float> scales(static_cast<size_t>(f.Scales(n)));
+    f.Encode(in.data(), n, codes.data(), scales.data());
+    for (int64_t b = 0; b < f.Scales(n); ++b) {
+      std::vector<uint8_t> want(static_cast<size_t>(block));
+      const int64_t m = std::min(block, n - b * block);
+      EXPECT_EQ(scales[static_cast<size_t>(b)], Q8EncodeBlock(in.data() + b * block, m, is_signed, want.data()));
+      EXPECT_EQ(0, std::memcmp(want.data(), codes.data() + b * block, static_cast<size_t>(m))) << "block " << b;
+    }
+    for (const int64_t first : {int64_t{0}, int64_t{1}, int64_t{63}, int64_t{64}, int64_t{130}}) {
+      std::vector<float> out(static_cast<size_t>(n - first));
+      f.Decode(codes.data() + first, scales.data() + first / block, first, n - first, out.data());
+      for (int64_t i = first; i < n; ++i) {
+        ASSERT_EQ(out[static_cast<size_t>(i - first)], Q8Value(codes[static_cast<size_t>(i)], is_signed) * scales[static_cast<size_t>(i / block)])
+            << "from " << first << ", element " << i;
+      }
+    }
+  }
+  const StateFormat bf16{Precision::kBF16, false, 0};
+  std::vector<uint16_t> h(n);
+  bf16.Encode(x.data(), n, h.data(), nullptr);
+  std::vector<float> back(n);
+  bf16.Decode(h.data() + 5, nullptr, 5, n - 5, back.data());
+  for (int64_t i = 5; i < n; ++i) ASSERT_EQ(back[static_cast<size_t>(i - 5)], Bf16ToFloat(FloatToBf16(x[static_cast<size_t>(i)])));
+  std::vector<float> copy(n);
+  StateFormat{}.Encode(x.data(), n, copy.data(), nullptr);
+  EXPECT_EQ(copy, x);
+}
+
+// The stored forms round trip bit for bit; a value the form cannot hold is refused at a save; a stored
+// form encoding never writes is DataLoss naming the block, from Check and from Q8Scan alike.
+TEST(StateFormat, StoredStateRoundTripsAndHostileFormsAreRefused) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> d(0, 1e-3f);
+  for (const int64_t block : {int64_t{8}, int64_t{64}})  // codes checked one by one, and 16 at a time
+  for (const bool is_signed : {true, false}) {
+    SCOPED_TRACE("block " + std::to_string(block) + (is_signed ? ", signed" : ""));
+    const StateFormat f{Precision::kQ8, is_signed, block};
+    const int64_t n = 4 * block;
+    std::vector<float> x(static_cast<size_t>(n)), kept(x.size());
+    for (float& v : x) v = is_signed ? d(rng) : d(rng) * d(rng);
+    std::fill(x.begin() + block, x.begin() + 2 * block, 0.0f);  // an all-zero block: scale 0
+    std::vector<uint8_t> codes(x.size());
+    for (int64_t b = 0; b < n / block; ++b) {  // what the optimizer keeps: values its blocks decode to
+      const float s = Q8EncodeBlock(x.data() + b * block, block, is_signed, codes.data() + b * block);
+      for (int64_t i = b * block; i < (b + 1) * block; ++i) kept[static_cast<size_t>(i)] = Q8Value(codes[static_cast<size_t>(i)], is_signed) * s;
+    }
+    std::vector<char> packed(static_cast<size_t>(f.Bytes(n)));
+    auto scales_of = [n](std::vector<char>& p) { return reinterpret_cast<float*>(p.data() + n); };
+    ASSERT_TRUE(f.EncodeExact(kept.data(), n, packed.data(), scales_of(packed)).ok());
+    EXPECT_EQ(0, std::memcmp(packed.data(), codes.data(), codes.size())) << "the codes are stored as they are";
+    std::vector<float> back(x.size());
+    ASSERT_TRUE(f.DecodeChecked(packed.data(), scales_of(packed), n, back.data()).ok());
+    {
+      Q8Scan scan(is_signed, block, n);
+      scan.Take(packed.data(), 5);
+      EXPECT_EQ(scan.Check(packed.data(), scales_of(packed)).code(), StatusCode::kDataLoss) << "not every code taken";
+      scan.Take(packed.data() + 5, static_cast<size_t>(n - 5) + 100);  // what follows the codes is not taken
+      EXPECT_TRUE(scan.Check(packed.data(), scales_of(packed)).ok());
+    }
+    EXPECT_EQ(0, std::memcmp(back.data(), kept.data(), kept.size() * 4));
+    kept[5] = kept[5] * 1.0001f + 1e-9f;  // not what its block decodes to
+    const Status inexact = f.EncodeExact(kept.data(), n, packed.data(), scales_of(packed));
+    EXPECT_EQ(inexact.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(inexact.message().find("is not a q8 value of its block"), std::string_view::npos) << inexact;
+    ASSERT_TRUE(f.EncodeExact(back.data(), n, packed.data(), scales_of(packed)).ok());
+    auto refused = [&](const char* what, const std::function<void(std::vector<char>&)>& forge) {
+      std::vector<char> p = packed;
+      forge(p);
+      const Status s = f.DecodeChecked(p.data(), scales_of(p), n, back.data());
+      EXPECT_EQ(s.code(), StatusCode::kDataLoss) << what;
+      EXPECT_NE(s.message().find(what), std::string_view::npos) << s;
+      EXPECT_EQ(f.Check(p.data(), scales_of(p), n).message(), s.message());
+      Q8Scan scan(is_signed, block, n);  // the codes taken as they go by, in pieces that cut blocks
+      for (int64_t at = 0; at < n; at += 7) scan.Take(p.data() + at, static_cast<size_t>(std::min<int64_t>(7, n - at)));
+      EXPECT_EQ(scan.Check(p.data(), scales_of(p)).message(), s.message()) << what;
+    };
+    auto scale = [&](std::vector<char>& p, int64_t b, float v) { std::memcpy(p.data() + n + 4 * b, &v, 4); };
+    refused("scale nan", [&](std::vector<char>& p) { scale(p, 0, std::nanf("")); });
+    refused("scale inf", [&](std::vector<char>& p) { scale(p, 2, INFINITY); });
+    refused("scale -", [&](std::vector<char>& p) { scale(p, 3, -1.0f); });
+    refused("does not match its scale", [&](std::vector<char>& p) { scale(p, 1, 1.0f); });  // zeros with a scale
+    refused("is never written", [&](std::vector<char>& p) { p[7] = static_cast<char>(is_signed ? 121 : 249); });
+    if (is_signed) refused("is never written", [&](std::vector<char>& p) { p[block + 1] = static_cast<char>(0x80); });  // -0
+    refused("does not match its scale", [&](std::vector<char>& p) {  // the largest code lowered
+      for (int64_t i = 0; i < block; ++i) p[static_cast<size_t>(i)] = static_cast<char>(std::min<int>(static_cast<uint8_t>(p[static_cast<size_t>(i)]) & 0x7f, 64));
+    });
+    const Status split = f.Check(packed.data(), scales_of(packed), n - 1);
+    EXPECT_EQ(split.code(), StatusCode::kDataLoss) << "a check covers whole blocks";
+  }
+  const StateFormat bf16{Precision::kBF16, false, 0};
+  const std::vector<float> h = {1.0f, -0.5f, 3.140625f, 0.0f};
+  std::vector<char> p(8);
+  std::vector<float> back(4);
+  ASSERT_TRUE(bf16.EncodeExact(h.data(), 4, p.data(), nullptr).ok());
+  ASSERT_TRUE(bf16.DecodeChecked(p.data(), nullptr, 4, back.data()).ok());
+  EXPECT_EQ(back, h);
+  for (const std::vector<float>& bad : {std::vector<float>{1.0f, 0.1f}, std::vector<float>{1.0f, std::nanf("")}}) {
+    const Status s = bf16.EncodeExact(bad.data(), 2, p.data(), nullptr);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("element 1"), std::string_view::npos) << s;
+  }
+}
+
+}  // namespace
+}  // namespace zrt
