@@ -45,291 +45,346 @@ int Fail(const Status& s) {
   return 1;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"charlm: a character-level language model trained with zrt"};
+struct Options {
   int stage = 3, shard_group_size = 0, batch = 64, print_every = 25, every = 0, keep_last = 3, threads = 1;
   int64_t steps = 400, warmup = -1;
   double lr = 1e-2;
   uint64_t seed = 1234;
   std::string ckpt_root, dump, words_path = "/usr/share/dict/words", offload = "none", nvme_dir, device_name = "cpu", moments = "f32";
-  charlm::Dims dims;
-  app.add_option("--stage", stage, "ZeRO stage 0-3")->check(CLI::Range(0, 3));
-  app.add_option("--shard-group-size", shard_group_size, "hybrid sharding: shard over groups of this many ranks, replicate across (0: all, -1: a node)")
-      ->check(CLI::Range(-1, 1 << 20));
-  app.add_option("--steps", steps, "optimizer steps in total (a resumed run counts from its checkpoint)");
-  app.add_option("--batch", batch, "examples per rank per step");
-  app.add_option("--lr", lr, "peak learning rate");
-  app.add_option("--warmup", warmup, "warmup steps of the cosine schedule (default: 20, at most a fifth of --steps)");
-  app.add_option("--hidden", dims.hidden, "hidden units");
-  app.add_option("--seed", seed, "data order and initialisation");
-  app.add_option("--ckpt", ckpt_root, "checkpoint root (resume from its newest complete checkpoint)");
-  app.add_option("--every", every, "save a checkpoint every N steps (0: only at the end)");
-  app.add_option("--keep-last", keep_last, "keep the newest N checkpoints");
   int memory_every = 0, ranks_per_node = 0;
   std::string memory_dir = "/dev/shm";
-  app.add_option("--memory-every", memory_every, "memory-tier snapshot every N steps (0: off; with --ckpt)")->check(CLI::NonNegativeNumber);
-  app.add_option("--memory-dir", memory_dir, "node-local memory for the tier (tmpfs)");
-  app.add_option("--ranks-per-node", ranks_per_node, "replica placement (0: from the launcher; smaller emulates nodes)")
+  charlm::Dims dims;
+};
+
+void DeclareOptions(CLI::App& app, Options& o) {
+  app.add_option("--stage", o.stage, "ZeRO stage 0-3")->check(CLI::Range(0, 3));
+  app.add_option("--shard-group-size", o.shard_group_size, "hybrid sharding: shard over groups of this many ranks, replicate across (0: all, -1: a node)")
+      ->check(CLI::Range(-1, 1 << 20));
+  app.add_option("--steps", o.steps, "optimizer steps in total (a resumed run counts from its checkpoint)");
+  app.add_option("--batch", o.batch, "examples per rank per step");
+  app.add_option("--lr", o.lr, "peak learning rate");
+  app.add_option("--warmup", o.warmup, "warmup steps of the cosine schedule (default: 20, at most a fifth of --steps)");
+  app.add_option("--hidden", o.dims.hidden, "hidden units");
+  app.add_option("--seed", o.seed, "data order and initialisation");
+  app.add_option("--ckpt", o.ckpt_root, "checkpoint root (resume from its newest complete checkpoint)");
+  app.add_option("--every", o.every, "save a checkpoint every N steps (0: only at the end)");
+  app.add_option("--keep-last", o.keep_last, "keep the newest N checkpoints");
+  app.add_option("--memory-every", o.memory_every, "memory-tier snapshot every N steps (0: off; with --ckpt)")->check(CLI::NonNegativeNumber);
+  app.add_option("--memory-dir", o.memory_dir, "node-local memory for the tier (tmpfs)");
+  app.add_option("--ranks-per-node", o.ranks_per_node, "replica placement (0: from the launcher; smaller emulates nodes)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--print-every", print_every, "log the loss every N steps");
-  app.add_option("--dump", dump, "write the final parameters (raw float32) to this file");
-  app.add_option("--words", words_path, "word list (one word per line)");
-  app.add_option("--threads", threads, "optimizer threads per rank");
-  app.add_option("--offload", offload, "optimizer state (and at stage 3 the parameter shards) in: none, host or nvme")
+  app.add_option("--print-every", o.print_every, "log the loss every N steps");
+  app.add_option("--dump", o.dump, "write the final parameters (raw float32) to this file");
+  app.add_option("--words", o.words_path, "word list (one word per line)");
+  app.add_option("--threads", o.threads, "optimizer threads per rank");
+  app.add_option("--offload", o.offload, "optimizer state (and at stage 3 the parameter shards) in: none, host or nvme")
       ->check(CLI::IsMember({"none", "host", "nvme"}));
-  app.add_option("--nvme-dir", nvme_dir, "directory for the NVMe swap files (--offload nvme)");
-  app.add_option("--moments", moments, "Adam moments kept in f32, bf16 or q8 (EngineConfig::state)")->check(CLI::IsMember({"f32", "bf16", "q8"}));
-  app.add_option("--device", device_name, "where the engine works: cpu, or cuda (one GPU per rank, NCCL)")
+  app.add_option("--nvme-dir", o.nvme_dir, "directory for the NVMe swap files (--offload nvme)");
+  app.add_option("--moments", o.moments, "Adam moments kept in f32, bf16 or q8 (EngineConfig::state)")->check(CLI::IsMember({"f32", "bf16", "q8"}));
+  app.add_option("--device", o.device_name, "where the engine works: cpu, or cuda (one GPU per rank, NCCL)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
+}
 
-  auto session = MpiSession::Init(&argc, &argv);
-  if (!session.ok()) return Fail(session.status());
-  auto comm_or = MpiCommunicator::Create(MPI_COMM_WORLD);
-  if (!comm_or.ok()) return Fail(comm_or.status());
-  MpiCommunicator& comm = **comm_or;
-  const int rank = comm.rank(), world = comm.size();
-
+Result<std::vector<std::string>> ReadWords(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return NotFoundError("cannot read the word list ", path, " (apt-get install wamerican)");
   std::vector<std::string> words;
-  {
-    std::ifstream in(words_path);
-    if (!in) return Fail(NotFoundError("cannot read the word list ", words_path, " (apt-get install wamerican)"));
-    for (std::string w; std::getline(in, w);) words.push_back(w);
-  }
-  const std::vector<charlm::Example> data = charlm::BuildExamples(words);
-  if (data.empty()) return Fail(InvalidArgumentError("no usable words in ", words_path));
+  for (std::string w; std::getline(in, w);) words.push_back(w);
+  return words;
+}
 
-  // The engine's device and communicator; checkpoints stage through host memory (pinned with CUDA).
+// The engine's device and communicator: the host and MPI, or a GPU per rank and NCCL.
+struct Backend {
   CpuDevice cpu;
-  Device* device = &cpu;
-  Communicator* engine_comm = &comm;
   std::unique_ptr<Device> gpu;
   std::unique_ptr<Communicator> nccl;
-  if (device_name == "cuda") {
+  Device* device = &cpu;
+  Communicator* comm = nullptr;
+};
+
+Status OpenBackend(const std::string& name, MpiCommunicator& world, Backend* b) {
+  b->comm = &world;
+  if (name != "cuda") return Status();
 #if defined(ZRT_HAVE_NCCL)
-    auto g = CudaDevice::Create();
-    if (!g.ok()) return Fail(g.status());
-    auto n = NcclCommunicator::Create(&comm, g->get());
-    if (!n.ok()) return Fail(n.status());
-    (*n)->set_check_args(false);
-    gpu = std::move(*g);
-    nccl = std::move(*n);
-    device = gpu.get();
-    engine_comm = nccl.get();
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaDevice> gpu, CudaDevice::Create());
+  ASSIGN_OR_RETURN(b->nccl, NcclCommunicator::Create(&world, gpu.get()));
+  b->gpu = std::move(gpu);
+  b->nccl->set_check_args(false);
+  b->device = b->gpu.get();
+  b->comm = b->nccl.get();
+  return Status();
 #else
-    return Fail(UnavailableError("--device cuda: this build has no CUDA/NCCL"));
+  return UnavailableError("--device cuda: this build has no CUDA/NCCL");
 #endif
-  }
-  auto staging = HostMemory::Create(0, "checkpoint staging");
+}
+
+Result<EngineConfig> MakeEngineConfig(const Options& o) {
   EngineConfig cfg;
-  cfg.stage = stage;
-  cfg.shard_group_size = shard_group_size;
-  cfg.adam.lr = lr;
+  cfg.stage = o.stage;
+  cfg.shard_group_size = o.shard_group_size;
+  cfg.adam.lr = o.lr;
   cfg.adam.weight_decay = 1e-4;
-  if (warmup < 0) warmup = std::min<int64_t>(20, steps / 5);  // a short run is mostly training, not warmup
-  cfg.lr_schedule = LrSchedule::Cosine(warmup, /*total=*/steps, /*min_lr_ratio=*/0.1);
+  const int64_t warmup = o.warmup < 0 ? std::min<int64_t>(20, o.steps / 5) : o.warmup;  // a short run is mostly training
+  cfg.lr_schedule = LrSchedule::Cosine(warmup, /*total=*/o.steps, /*min_lr_ratio=*/0.1);
   cfg.max_grad_norm = 1.0;
-  cfg.optimizer_threads = threads;
+  cfg.optimizer_threads = o.threads;
   cfg.bucket_bytes = 1 << 20;
-  auto target = ParseOffloadTarget(offload);
-  if (!target.ok()) return Fail(target.status());
-  cfg.offload.optimizer = *target;
-  if (stage == 3) cfg.offload.params = *target;
-  cfg.offload.nvme_dir = nvme_dir;
+  ASSIGN_OR_RETURN(cfg.offload.optimizer, ParseOffloadTarget(o.offload));
+  if (o.stage == 3) cfg.offload.params = cfg.offload.optimizer;
+  cfg.offload.nvme_dir = o.nvme_dir;
   cfg.offload.sub_group_elements = 4096;  // a small model: several sub-groups per group, so the pipeline streams
-  auto moment_format = kernels::ParseMomentFormat(moments);
-  if (!moment_format.ok()) return Fail(moment_format.status());
-  cfg.state.exp_avg = cfg.state.exp_avg_sq = *moment_format;
+  ASSIGN_OR_RETURN(cfg.state.exp_avg, ParsePrecision(o.moments));
+  cfg.state.exp_avg_sq = cfg.state.exp_avg;
   cfg.state.q8_block = 64;  // the small layers' alignment holds whole blocks
-  auto engine_or = ZeroEngine::Create(engine_comm, device, cfg);
-  if (!engine_or.ok()) return Fail(engine_or.status());
-  ZeroEngine& engine = **engine_or;
+  return cfg;
+}
+
+// The model's tensors in three gather groups (its layers); no weight decay on the embedding and the biases.
+struct TensorDef {
+  const char* name;
+  std::vector<int64_t> shape;
+  ParamOptions options;
+  float init_scale;
+};
+std::vector<TensorDef> ModelTensors(const charlm::Dims& dims) {
   const int in = charlm::kContext * dims.dim;
-  // Three gather groups (the model's layers); no weight decay on the embedding and the biases.
-  const struct {
-    const char* name;
-    std::vector<int64_t> shape;
-    ParamOptions options;
-    float init_scale;
-  } tensors[] = {
+  return {
       {"embed", {charlm::kVocab, dims.dim}, {.group = "embed", .weight_decay = 0}, 0.5f},
       {"w1", {dims.hidden, in}, {.group = "hidden"}, 1.0f / std::sqrt(static_cast<float>(in))},
       {"b1", {dims.hidden}, {.group = "hidden", .weight_decay = 0}, 0.0f},
       {"w2", {charlm::kVocab, dims.hidden}, {.group = "out"}, 0.5f / std::sqrt(static_cast<float>(dims.hidden))},
       {"b2", {charlm::kVocab}, {.group = "out", .weight_decay = 0}, 0.0f},
   };
-  std::vector<ParamHandle> handles;
-  for (const auto& t : tensors) {
-    auto h = engine.AddParam(t.name, t.shape, DType::kF32, t.options);
-    if (!h.ok()) return Fail(h.status());
-    handles.push_back(*h);
-  }
-  Status st;
-  st = engine.Finalize([&](int64_t p, int64_t off, int64_t n, float* out) {
-    for (int64_t i = 0; i < n; ++i) out[i] = tensors[p].init_scale * Uniform(seed * 977 + static_cast<uint64_t>(p) * 1000003 + static_cast<uint64_t>(off + i));
-  });
-  if (!st.ok()) return Fail(st);
+}
 
-  std::unique_ptr<ckpt::Checkpointer> ck;
-  std::string resumed_from;
-  if (!ckpt_root.empty()) {
-    ckpt::CheckpointOptions co;
-    co.root = ckpt_root;
-    co.keep_last = keep_last;
-    if (memory_every > 0) co.memory = ckpt::MemoryTierOptions{.dir = memory_dir, .ranks_per_node = ranks_per_node};
-    auto ck_or = ckpt::Checkpointer::Create(&comm, staging.get(), co);
-    if (!ck_or.ok()) return Fail(ck_or.status());
-    ck = std::move(*ck_or);
-    ckpt::InstallPreemptionHandler();
-    // The newest state every rank can load — memory tier, then disk, older ones if it cannot — the
-    // engine restored.
-    auto r = ck->Resume(engine.state_view());
-    if (r.ok()) {
-      const ckpt::LoadResult& l = r->loaded;
-      if (l.trainer_state.value("seed", uint64_t{0}) != seed) {
-        return Fail(InvalidArgumentError("checkpoint ", r->dir, " was trained with seed ", l.trainer_state.value("seed", uint64_t{0})));
-      }
-      resumed_from = r->dir;
-      if (r->source == "peer") std::printf("rank %d: its own memory-tier copy was unusable; restored from its peer's replica\n", rank);
-      if (rank == 0) {
-        std::printf("resumed from %s (%s): step %lld, saved by %d rank(s) at stage %d, now %d rank(s) at stage %d\n", r->dir.c_str(),
-                    r->source.c_str(), static_cast<long long>(l.counters.step), l.saved_world_size, l.saved_stage, world, stage);
-        for (const std::string& s : r->skipped) std::printf("  (skipped %s)\n", s.c_str());
-      }
-    } else if (r.status().code() != StatusCode::kNotFound) {
-      return Fail(r.status());
+// One rank's training: the engine, the model's tensors as the host sees them, the checkpointer.
+class Trainer {
+ public:
+  Trainer(const Options& o, MpiCommunicator& comm, Backend& b) : o_(o), comm_(comm), b_(b), rank_(comm.rank()), world_(comm.size()) {}
+
+  Status Build() {
+    staging_ = HostMemory::Create(0, "checkpoint staging");  // checkpoints stage through host memory (pinned with CUDA)
+    ASSIGN_OR_RETURN(const EngineConfig cfg, MakeEngineConfig(o_));
+    ASSIGN_OR_RETURN(engine_, ZeroEngine::Create(b_.comm, b_.device, cfg));
+    const std::vector<TensorDef> tensors = ModelTensors(o_.dims);
+    for (const TensorDef& t : tensors) {
+      ASSIGN_OR_RETURN(const ParamHandle h, engine_->AddParam(t.name, t.shape, DType::kF32, t.options));
+      handles_.push_back(h);
     }
+    const uint64_t seed = o_.seed;
+    return engine_->Finalize([&](int64_t p, int64_t off, int64_t n, float* out) {
+      for (int64_t i = 0; i < n; ++i) {
+        out[i] = tensors[static_cast<size_t>(p)].init_scale * Uniform(seed * 977 + static_cast<uint64_t>(p) * 1000003 + static_cast<uint64_t>(off + i));
+      }
+    });
   }
-  if (rank == 0 && resumed_from.empty()) {
-    std::printf("charlm: %zu examples from %zu words, %d ranks, stage %d, offload %s, %lld steps\n", data.size(), words.size(),
-                world, stage, offload.c_str(), static_cast<long long>(steps));
+
+  // The newest state every rank can load (memory tier, then disk, older ones if it cannot), restored.
+  Status StartFrom(size_t examples, size_t words) {
+    if (!o_.ckpt_root.empty()) {
+      ckpt::CheckpointOptions co;
+      co.root = o_.ckpt_root;
+      co.keep_last = o_.keep_last;
+      if (o_.memory_every > 0) co.memory = ckpt::MemoryTierOptions{.dir = o_.memory_dir, .ranks_per_node = o_.ranks_per_node};
+      ASSIGN_OR_RETURN(ck_, ckpt::Checkpointer::Create(&comm_, staging_.get(), co));
+      ckpt::InstallPreemptionHandler();
+      auto r = ck_->Resume(engine_->state_view());
+      if (r.ok()) {
+        RETURN_IF_ERROR(Resumed(*r));
+      } else if (r.status().code() != StatusCode::kNotFound) {
+        return r.status();
+      }
+    }
+    if (rank_ == 0 && resumed_from_.empty()) {
+      std::printf("charlm: %zu examples from %zu words, %d ranks, stage %d, offload %s, %lld steps\n", examples, words, world_, o_.stage,
+                  o_.offload.c_str(), static_cast<long long>(o_.steps));
+    }
+    return Status();
+  }
+
+  // One optimizer step on this rank's micro-batch for it; `loss`: the mean over the ranks.
+  Result<StepResult> Step(const std::vector<charlm::Example>& data, float* loss) {
+    const int64_t step = engine_->steps();
+    mb_.resize(static_cast<size_t>(o_.batch));
+    for (int k = 0; k < o_.batch; ++k) {
+      const uint64_t key = static_cast<uint64_t>(step) * 4099 + static_cast<uint64_t>(rank_) * 131 + static_cast<uint64_t>(k);
+      mb_[static_cast<size_t>(k)] = data[Mix(o_.seed ^ Mix(key)) % data.size()];
+    }
+    // Forward + backward need every group's parameters and gradients.
+    for (int g = 0; g < engine_->num_groups(); ++g) RETURN_IF_ERROR(engine_->Gather(g).status());
+    float* pv[5];
+    float* gv[5];
+    for (size_t t = 0; t < 5; ++t) {
+      ASSIGN_OR_RETURN(pv[t], ParamsView(t));
+      ASSIGN_OR_RETURN(gv[t], GradsView(t));
+    }
+    charlm::Tensors gr{gv[0], gv[1], gv[2], gv[3], gv[4]};
+    const double l = charlm::ForwardBackward(o_.dims, {pv[0], pv[1], pv[2], pv[3], pv[4]}, mb_.data(), o_.batch, &gr);
+    for (size_t t = 0; t < 5; ++t) RETURN_IF_ERROR(GradsUp(t));
+    for (int g = engine_->num_groups() - 1; g >= 0; --g) {
+      RETURN_IF_ERROR(engine_->Release(g));
+      RETURN_IF_ERROR(engine_->GradsReady(g));
+    }
+    ASSIGN_OR_RETURN(StepResult r, engine_->Step());
+    *loss = static_cast<float>(l);
+    RETURN_IF_ERROR(comm_.AllReduce(loss, loss, 1, DType::kF32, ReduceOp::kAvg));
+    last_loss_ = *loss;
+    return r;
+  }
+
+  // After a step: the log line, the saves it is due, and a preemption (*stop: saved, exit now).
+  Status AfterStep(const StepResult& r, float loss, bool* stop) {
+    if (rank_ == 0 && (r.step % o_.print_every == 0 || r.step == o_.steps)) {
+      std::printf("step %5lld  loss %.4f  grad norm %.3f  lr %.2e\n", static_cast<long long>(r.step), loss, r.grad_norm, r.lr);
+      std::fflush(stdout);
+    }
+    if (!ck_) return Status();
+    if (o_.every > 0 && r.step % o_.every == 0 && r.step < o_.steps) RETURN_IF_ERROR(Save(r.step));
+    if (o_.memory_every > 0 && r.step % o_.memory_every == 0) RETURN_IF_ERROR(ck_->SaveToMemory(engine_->state_view(), TrainerState(r.step)));
+    RETURN_IF_ERROR(ck_->Poll());  // commits a save once every rank has written it
+    auto pre = ckpt::PreemptionRequested(&comm_);
+    if (pre.ok() && *pre) {
+      if (rank_ == 0) std::printf("preempted: saving step %lld and exiting\n", static_cast<long long>(r.step));
+      RETURN_IF_ERROR(Save(r.step));
+      RETURN_IF_ERROR(ck_->Wait());
+      *stop = true;
+    }
+    return Status();
+  }
+
+  // The last save, then the final parameters (gathered): sampled words, the dump, the summary.
+  Status Finish(double seconds) {
+    if (ck_) {
+      RETURN_IF_ERROR(Save(engine_->steps()));
+      RETURN_IF_ERROR(ck_->Wait());
+      stall_total_ += ck_->last_stats().stall_seconds;
+    }
+    std::vector<float> all;
+    float* pv[5];
+    for (int g = 0; g < engine_->num_groups(); ++g) RETURN_IF_ERROR(engine_->Gather(g).status());
+    for (size_t t = 0; t < 5; ++t) {
+      ASSIGN_OR_RETURN(pv[t], ParamsView(t));
+      all.insert(all.end(), pv[t], pv[t] + engine_->spec(handles_[t]).numel());
+    }
+    if (rank_ == 0) Report({pv[0], pv[1], pv[2], pv[3], pv[4]}, all, seconds);
+    for (int g = 0; g < engine_->num_groups(); ++g) (void)engine_->Release(g);
+    return Status();
+  }
+
+  int64_t steps() const { return engine_->steps(); }
+
+ private:
+  Status Resumed(const ckpt::ResumeResult& r) {
+    const ckpt::LoadResult& l = r.loaded;
+    if (l.trainer_state.value("seed", uint64_t{0}) != o_.seed) {
+      return InvalidArgumentError("checkpoint ", r.dir, " was trained with seed ", l.trainer_state.value("seed", uint64_t{0}));
+    }
+    resumed_from_ = r.dir;
+    if (r.source == "peer") std::printf("rank %d: its own memory-tier copy was unusable; restored from its peer's replica\n", rank_);
+    if (rank_ == 0) {
+      std::printf("resumed from %s (%s): step %lld, saved by %d rank(s) at stage %d, now %d rank(s) at stage %d\n", r.dir.c_str(),
+                  r.source.c_str(), static_cast<long long>(l.counters.step), l.saved_world_size, l.saved_stage, world_, o_.stage);
+      for (const std::string& s : r.skipped) std::printf("  (skipped %s)\n", s.c_str());
+    }
+    return Status();
+  }
+
+  void Report(const charlm::Tensors& p, const std::vector<float>& all, double seconds) const {
+    std::printf("generated words:");
+    for (int i = 0; i < 10; ++i) std::printf(" %s", charlm::Sample(o_.dims, p, o_.seed + static_cast<uint64_t>(i)).c_str());
+    std::printf("\n");
+    if (!o_.dump.empty()) {
+      std::ofstream out(o_.dump, std::ios::binary | std::ios::trunc);
+      out.write(reinterpret_cast<const char*>(all.data()), static_cast<std::streamsize>(all.size() * 4));
+    }
+    std::printf("memory per rank (peak):\n%s", engine_->memory().ToString().c_str());
+    std::printf("SUMMARY steps=%lld final_loss=%.4f checkpoints=%d stall_per_save_ms=%.3f resumed_from=%s seconds=%.1f\n",
+                static_cast<long long>(engine_->steps()), last_loss_, saves_, saves_ ? 1e3 * stall_total_ / saves_ : 0.0,
+                resumed_from_.empty() ? "-" : resumed_from_.c_str(), seconds);
+  }
+
+  nlohmann::json TrainerState(int64_t step) const { return {{"seed", o_.seed}, {"examples_seen", step * o_.batch * world_}}; }
+
+  Status Save(int64_t step) {
+    if (saves_ > 0) stall_total_ += ck_->last_stats().stall_seconds;  // the previous save's stall, the next step's wait included
+    RETURN_IF_ERROR(ck_->SaveAsync(engine_->state_view(), TrainerState(step)));
+    ++saves_;
+    return Status();
   }
 
   // The model's tensors, by handle. Device memory the host cannot address: the model works on host
   // copies (parameters copied down after the gather, gradients up before GradsReady).
-  const bool staged = !device->host_accessible();
-  std::vector<float> host_params[5], host_grads[5];
-  auto params_view = [&](size_t t) -> Result<float*> {
-    ASSIGN_OR_RETURN(TensorView v, engine.Param(handles[t]));
-    if (!staged) return v.as<float>().data();
-    host_params[t].resize(static_cast<size_t>(v.numel()));
-    RETURN_IF_ERROR(device->Copy(host_params[t].data(), v.data, host_params[t].size() * 4));
-    return host_params[t].data();
-  };
-  auto grads_view = [&](size_t t) -> Result<float*> {
-    ASSIGN_OR_RETURN(TensorView v, engine.Grad(handles[t]));
-    if (!staged) return v.as<float>().data();
-    host_grads[t].assign(static_cast<size_t>(v.numel()), 0.0f);
-    return host_grads[t].data();
-  };
-  auto grads_up = [&](size_t t) -> Status {
-    if (!staged) return Status();
-    ASSIGN_OR_RETURN(TensorView v, engine.Grad(handles[t]));
-    return device->Copy(v.data, host_grads[t].data(), host_grads[t].size() * 4);
-  };
+  bool staged() const { return !b_.device->host_accessible(); }
+  Result<float*> ParamsView(size_t t) {
+    ASSIGN_OR_RETURN(TensorView v, engine_->Param(handles_[t]));
+    if (!staged()) return v.as<float>().data();
+    host_params_[t].resize(static_cast<size_t>(v.numel()));
+    RETURN_IF_ERROR(b_.device->Copy(host_params_[t].data(), v.data, host_params_[t].size() * 4));
+    return host_params_[t].data();
+  }
+  Result<float*> GradsView(size_t t) {
+    ASSIGN_OR_RETURN(TensorView v, engine_->Grad(handles_[t]));
+    if (!staged()) return v.as<float>().data();
+    host_grads_[t].assign(static_cast<size_t>(v.numel()), 0.0f);
+    return host_grads_[t].data();
+  }
+  Status GradsUp(size_t t) {
+    if (!staged()) return Status();
+    ASSIGN_OR_RETURN(TensorView v, engine_->Grad(handles_[t]));
+    return b_.device->Copy(v.data, host_grads_[t].data(), host_grads_[t].size() * 4);
+  }
 
-  std::vector<charlm::Example> mb(static_cast<size_t>(batch));
-  double last_loss = 0, stall_total = 0;
-  int saves = 0;
-  auto save = [&](int64_t step) -> Status {
-    nlohmann::json ts = {{"seed", seed}, {"examples_seen", step * batch * world}};
-    // The previous save's stall, the next step's wait for its copy included.
-    if (saves > 0) stall_total += ck->last_stats().stall_seconds;
-    RETURN_IF_ERROR(ck->SaveAsync(engine.state_view(), ts));
-    ++saves;
-    return Status();
-  };
+  const Options& o_;
+  MpiCommunicator& comm_;
+  Backend& b_;
+  const int rank_, world_;
+  std::unique_ptr<HostMemory> staging_;
+  std::unique_ptr<ZeroEngine> engine_;
+  std::unique_ptr<ckpt::Checkpointer> ck_;
+  std::vector<ParamHandle> handles_;
+  std::vector<float> host_params_[5], host_grads_[5];
+  std::vector<charlm::Example> mb_;
+  std::string resumed_from_;
+  float last_loss_ = 0;
+  double stall_total_ = 0;
+  int saves_ = 0;
+};
+
+Status Run(const Options& o, MpiCommunicator& comm) {
+  ASSIGN_OR_RETURN(const std::vector<std::string> words, ReadWords(o.words_path));
+  const std::vector<charlm::Example> data = charlm::BuildExamples(words);
+  if (data.empty()) return InvalidArgumentError("no usable words in ", o.words_path);
+  Backend backend;
+  RETURN_IF_ERROR(OpenBackend(o.device_name, comm, &backend));
+  Trainer trainer(o, comm, backend);
+  RETURN_IF_ERROR(trainer.Build());
+  RETURN_IF_ERROR(trainer.StartFrom(data.size(), words.size()));
   const auto t0 = std::chrono::steady_clock::now();
-  while (engine.steps() < steps) {
-    const int64_t step = engine.steps();
-    for (int k = 0; k < batch; ++k) {
-      mb[static_cast<size_t>(k)] = data[Mix(seed ^ Mix(static_cast<uint64_t>(step) * 4099 + static_cast<uint64_t>(rank) * 131 + static_cast<uint64_t>(k))) % data.size()];
-    }
-    // Forward + backward need every group's parameters and gradients.
-    float* pv[5];
-    float* gv[5];
-    for (int g = 0; g < engine.num_groups(); ++g) {
-      if (!(st = engine.Gather(g).status()).ok()) return Fail(st);
-    }
-    for (size_t t = 0; t < 5; ++t) {
-      auto a = params_view(t);
-      auto b = grads_view(t);
-      if (!a.ok() || !b.ok()) return Fail(a.ok() ? b.status() : a.status());
-      pv[t] = *a;
-      gv[t] = *b;
-    }
-    charlm::Tensors gr{gv[0], gv[1], gv[2], gv[3], gv[4]};
-    double loss = charlm::ForwardBackward(dims, {pv[0], pv[1], pv[2], pv[3], pv[4]}, mb.data(), batch, &gr);
-    for (size_t t = 0; t < 5; ++t) {
-      if (!(st = grads_up(t)).ok()) return Fail(st);
-    }
-    for (int g = engine.num_groups() - 1; g >= 0; --g) {
-      if (!(st = engine.Release(g)).ok() || !(st = engine.GradsReady(g)).ok()) return Fail(st);
-    }
-    auto r = engine.Step();
-    if (!r.ok()) return Fail(r.status());
-    float l = static_cast<float>(loss);
-    if (!(st = comm.AllReduce(&l, &l, 1, DType::kF32, ReduceOp::kAvg)).ok()) return Fail(st);
-    last_loss = l;
-    if (rank == 0 && (r->step % print_every == 0 || r->step == steps)) {
-      std::printf("step %5lld  loss %.4f  grad norm %.3f  lr %.2e\n", static_cast<long long>(r->step), l, r->grad_norm, r->lr);
-      std::fflush(stdout);
-    }
-    if (ck && every > 0 && r->step % every == 0 && r->step < steps) {
-      if (!(st = save(r->step)).ok()) return Fail(st);
-    }
-    if (ck && memory_every > 0 && r->step % memory_every == 0) {
-      nlohmann::json ts = {{"seed", seed}, {"examples_seen", r->step * batch * world}};
-      if (!(st = ck->SaveToMemory(engine.state_view(), ts)).ok()) return Fail(st);
-    }
-    if (ck && !(st = ck->Poll()).ok()) return Fail(st);  // commits a save once every rank has written it
-    if (ck) {
-      auto pre = ckpt::PreemptionRequested(&comm);
-      if (pre.ok() && *pre) {
-        if (rank == 0) std::printf("preempted: saving step %lld and exiting\n", static_cast<long long>(r->step));
-        if (!(st = save(r->step)).ok() || !(st = ck->Wait()).ok()) return Fail(st);
-        return 0;
-      }
-    }
+  while (trainer.steps() < o.steps) {
+    float loss = 0;
+    ASSIGN_OR_RETURN(const StepResult r, trainer.Step(data, &loss));
+    bool stop = false;
+    RETURN_IF_ERROR(trainer.AfterStep(r, loss, &stop));
+    if (stop) return Status();
   }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (ck) {
-    if (!(st = save(engine.steps())).ok() || !(st = ck->Wait()).ok()) return Fail(st);
-    stall_total += ck->last_stats().stall_seconds;
-  }
+  return trainer.Finish(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
 
-  // Final parameters (gathered) for sampling and the optional dump.
-  std::vector<float> all;
-  float* pv[5];
-  for (int g = 0; g < engine.num_groups(); ++g) {
-    if (!(st = engine.Gather(g).status()).ok()) return Fail(st);
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"charlm: a character-level language model trained with zrt"};
+  Options o;
+  DeclareOptions(app, o);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
   }
-  for (size_t t = 0; t < 5; ++t) {
-    auto a = params_view(t);
-    if (!a.ok()) return Fail(a.status());
-    pv[t] = *a;
-    all.insert(all.end(), pv[t], pv[t] + engine.spec(handles[t]).numel());
-  }
-  if (rank == 0) {
-    const charlm::Tensors p{pv[0], pv[1], pv[2], pv[3], pv[4]};
-    std::printf("generated words:");
-    for (int i = 0; i < 10; ++i) std::printf(" %s", charlm::Sample(dims, p, seed + static_cast<uint64_t>(i)).c_str());
-    std::printf("\n");
-    if (!dump.empty()) {
-      std::ofstream out(dump, std::ios::binary | std::ios::trunc);
-      out.write(reinterpret_cast<const char*>(all.data()), static_cast<std::streamsize>(all.size() * 4));
-    }
-    std::printf("memory per rank (peak):\n%s", engine.memory().ToString().c_str());
-    std::printf("SUMMARY steps=%lld final_loss=%.4f checkpoints=%d stall_per_save_ms=%.3f resumed_from=%s seconds=%.1f\n",
-                static_cast<long long>(engine.steps()), last_loss, saves, saves ? 1e3 * stall_total / saves : 0.0,
-                resumed_from.empty() ? "-" : resumed_from.c_str(), seconds);
-  }
-  for (int g = 0; g < engine.num_groups(); ++g) (void)engine.Release(g);
-  return 0;
+  auto session = MpiSession::Init(&argc, &argv);
+  if (!session.ok()) return Fail(session.status());
+  auto comm = MpiCommunicator::Create(MPI_COMM_WORLD);
+  if (!comm.ok()) return Fail(comm.status());
+  const Status st = Run(o, **comm);
+  return st.ok() ? 0 : Fail(st);
 }
