@@ -241,7 +241,7 @@ Status OptimizerStore::WriteStored(int group, int kind, int64_t offset, int64_t 
     return InvalidArgumentError("optimizer store: kind ", kind, " elements [", offset, ", ", offset + n, ") of group '", s.in.name, "'");
   }
   if (!TakesStored(s, kind)) return UnavailableError("optimizer store: group '", s.in.name, "' keeps kind ", kind, " as f32 values");
-  const int64_t block = KindBytes(s, kind) == 1 ? s.in.format.block : 1;
+  const int64_t block = KindQ8(s, kind) ? s.in.format.block : 1;
   if (offset % block != 0 || (n % block != 0 && offset + n != s.in.elements)) {
     return InvalidArgumentError("optimizer store: q8 state of group '", s.in.name, "' written at elements [", offset, ", ", offset + n,
                                 "), not whole blocks of ", block);

@@ -181,6 +181,7 @@ class OptimizerStore {
   // moments in their precision, its master as the bf16 parameters where it has none; f32 otherwise.
   StateFormat KindFormat(const Slot& s, int kind) const;
   size_t KindBytes(const Slot& s, int kind) const { return static_cast<size_t>(KindFormat(s, kind).value_bytes()); }
+  bool KindQ8(const Slot& s, int kind) const { return KindFormat(s, kind).Scales(1) > 0; }  // codes with blocks' scales
   // n elements of a compact kind from the form the slot keeps it in (`raw` at shard element `off`; q8:
   // `scales` from the block holding `off`) into f32, and back (whole blocks: `off` and, but at the end
   // of the shard, `n` multiples of the block). Kind 0 without a master: the parameters.

@@ -68,11 +68,7 @@ class ResidentStore final : public OptimizerStore {
   float* State(Slot& s, int kind) { return kind == 0 && s.master_is_params ? static_cast<float*>(HostParams(s)) : Buffer(s, kind).as<float>(); }
   // Where a kind is f32 values in host memory (else null: device memory, or compact state).
   float* HostState(Slot& s, int kind) override {
-    return state_dev_->host_accessible() && StoredF32(s, kind) ? State(s, kind) : nullptr;
-  }
-  static bool StoredF32(const Slot& s, int kind) {
-    if (!s.compact()) return true;
-    return kind == 0 ? s.in.format.master : (kind == 1 ? s.in.format.exp_avg : s.in.format.exp_avg_sq) == Precision::kF32;
+    return state_dev_->host_accessible() && !KindFormat(s, kind).compact() ? State(s, kind) : nullptr;
   }
 
   // Compact kinds in host memory stream as kept (codes, scales, bf16 values), where the store keeps
@@ -131,16 +127,15 @@ class ResidentStore final : public OptimizerStore {
   Status WriteStoredState(int g, int kind, int64_t offset, int64_t n, const void* values, const float* scales) override {
     Slot& s = slots_[static_cast<size_t>(g)];
     if (kind > 0 && !s.staged[kind].empty()) RETURN_IF_ERROR(FlushStaged(s));
-    const size_t eb = KindBytes(s, kind);
-    RETURN_IF_ERROR(state_dev_->Copy(static_cast<char*>(KindMemory(s, kind)) + static_cast<size_t>(offset) * eb, values, static_cast<size_t>(n) * eb));
-    if (eb != 1) return Status();
-    const int64_t block = s.in.format.block;
-    return state_dev_->Copy((kind == 1 ? s.exp_avg_scale : s.exp_avg_sq_scale).as<float>() + offset / block, scales,
-                            static_cast<size_t>((n + block - 1) / block) * 4);
+    const StateFormat f = KindFormat(s, kind);
+    RETURN_IF_ERROR(state_dev_->Copy(static_cast<char*>(KindMemory(s, kind)) + f.ValuesBytes(offset), values, static_cast<size_t>(f.ValuesBytes(n))));
+    if (f.Scales(n) == 0) return Status();
+    return state_dev_->Copy(Scales(s, kind) + offset / f.block, scales, static_cast<size_t>(f.Scales(n)) * 4);
   }
 
   // ---- compact state as f32 values (a checkpoint's view) ----
   void* KindMemory(Slot& s, int kind) { return kind == 0 && !s.in.format.master ? HostParams(s) : static_cast<void*>(State(s, kind)); }
+  float* Scales(Slot& s, int kind) { return (kind == 1 ? s.exp_avg_scale : s.exp_avg_sq_scale).as<float>(); }  // a q8 moment's
   // Host <- the store's memory (on the capture thread: the snapshot stream, which waits for the step).
   Status Fetch(void* dst, const void* src, size_t bytes, bool capture) {
     if (state_dev_->host_accessible()) {
@@ -156,16 +151,17 @@ class ResidentStore final : public OptimizerStore {
       std::memcpy(out, s.staged[k].data() + off, static_cast<size_t>(n) * 4);
       return Status();
     }
-    const size_t eb = KindBytes(s, k);
-    const char* src = static_cast<const char*>(KindMemory(s, k)) + static_cast<size_t>(off) * eb;
-    if (eb == 4) return Fetch(out, src, static_cast<size_t>(n) * 4, capture);
-    const int64_t q0 = eb == 1 ? off / s.in.format.block : 0, blocks = eb == 1 ? (off + n - 1) / s.in.format.block + 1 - q0 : 0;
-    const float* scales = eb == 1 ? (k == 1 ? s.exp_avg_scale : s.exp_avg_sq_scale).as<float>() + q0 : nullptr;
+    const StateFormat f = KindFormat(s, k);
+    const char* src = static_cast<const char*>(KindMemory(s, k)) + f.ValuesBytes(off);
+    if (!f.compact()) return Fetch(out, src, static_cast<size_t>(n) * 4, capture);
+    const bool q8 = f.Scales(1) > 0;
+    const int64_t q0 = q8 ? off / f.block : 0, blocks = q8 ? (off + n - 1) / f.block + 1 - q0 : 0;  // the blocks holding them
+    const float* scales = q8 ? Scales(s, k) + q0 : nullptr;
     if (state_dev_->host_accessible()) return DecodeKind(s, k, src, scales, off, n, out);  // read where it is
-    std::vector<uint8_t> raw(static_cast<size_t>(n) * eb);
+    std::vector<uint8_t> raw(static_cast<size_t>(f.ValuesBytes(n)));
     std::vector<float> host_scales(static_cast<size_t>(blocks));
     RETURN_IF_ERROR(Fetch(raw.data(), src, raw.size(), capture));
-    if (eb == 1) RETURN_IF_ERROR(Fetch(host_scales.data(), scales, host_scales.size() * 4, capture));
+    if (q8) RETURN_IF_ERROR(Fetch(host_scales.data(), scales, host_scales.size() * 4, capture));
     return DecodeKind(s, k, raw.data(), host_scales.data(), off, n, out);
   }
   // Without a master the parameters are the state: f32 values rounded to nearest even.
@@ -182,14 +178,12 @@ class ResidentStore final : public OptimizerStore {
     for (int k = 1; k <= 2; ++k) {
       std::vector<float>& v = s.staged[k];
       if (v.empty()) continue;
-      const size_t eb = KindBytes(s, k);
+      const StateFormat f = KindFormat(s, k);
       const auto n = static_cast<int64_t>(v.size());
-      std::vector<uint8_t> raw(v.size() * eb);
-      std::vector<float> scales(eb == 1 ? static_cast<size_t>(kernels::Q8Blocks(n, s.in.format.block)) : 0);
+      std::vector<uint8_t> raw(static_cast<size_t>(f.ValuesBytes(n)));
+      std::vector<float> scales(static_cast<size_t>(f.Scales(n)));
       RETURN_IF_ERROR(EncodeKind(s, k, v.data(), n, raw.data(), scales.data()));
-      if (eb == 1) {
-        RETURN_IF_ERROR(state_dev_->Copy((k == 1 ? s.exp_avg_scale : s.exp_avg_sq_scale).data(), scales.data(), scales.size() * 4));
-      }
+      if (!scales.empty()) RETURN_IF_ERROR(state_dev_->Copy(Scales(s, k), scales.data(), scales.size() * 4));
       RETURN_IF_ERROR(state_dev_->Copy(KindMemory(s, k), raw.data(), raw.size()), "group '", s.in.name, "'");
       std::vector<float>().swap(v);
     }
@@ -259,11 +253,9 @@ class ResidentStore final : public OptimizerStore {
   }
 
   Status AllocateScales(Slot& s) {
-    if (!s.compact()) return Status();
-    const kernels::CompactFormat& f = s.in.format;
-    const auto bytes = static_cast<size_t>(kernels::Q8Blocks(s.in.elements, f.block)) * 4;
-    for (auto [fmt, buf] : {std::pair{f.exp_avg, &s.exp_avg_scale}, std::pair{f.exp_avg_sq, &s.exp_avg_sq_scale}}) {
-      if (fmt != Precision::kQ8) continue;
+    for (auto [kind, buf] : {std::pair{1, &s.exp_avg_scale}, std::pair{2, &s.exp_avg_sq_scale}}) {
+      if (!KindQ8(s, kind)) continue;
+      const auto bytes = static_cast<size_t>(KindFormat(s, kind).Scales(s.in.elements)) * 4;
       ASSIGN_OR_RETURN(*buf, state_dev_->Allocate(bytes, MemCategory::kOptimizerState));
       RETURN_IF_ERROR(state_dev_->Fill(buf->data(), 0, bytes));
     }

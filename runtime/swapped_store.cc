@@ -118,7 +118,7 @@ class SwappedStore final : public OptimizerStore {
     Slot& s = slots_[static_cast<size_t>(g)];
     const int region = slot_region_[static_cast<size_t>(g)];
     if (KindBytes(s, kind) == 4) return swapper_->Write(region, kinds_[static_cast<size_t>(kind)], offset, n, in);
-    if (KindBytes(s, kind) != 1) return WriteEncoded(g, kind, offset, n, in);
+    if (!KindQ8(s, kind)) return WriteEncoded(g, kind, offset, n, in);
     const int64_t block = s.in.format.block;
     int64_t at = offset;
     while (at < offset + n) {
@@ -155,7 +155,7 @@ class SwappedStore final : public OptimizerStore {
   // The stream a compact kind's stored form is in, and its scales' (-1 unless q8).
   std::pair<int, int> StoredStreams(const Slot& s, int kind) const {
     if (kind == 0) return {params_, -1};
-    return {kinds_[static_cast<size_t>(kind)], KindBytes(s, kind) == 1 ? (kind == 1 ? exp_avg_scale_ : exp_avg_sq_scale_) : -1};
+    return {kinds_[static_cast<size_t>(kind)], KindQ8(s, kind) ? (kind == 1 ? exp_avg_scale_ : exp_avg_sq_scale_) : -1};
   }
   // Elements [offset, offset + n) of a compact kind (whole blocks for q8) from the swap files (kind 0
   // without a master: the parameters, on NVMe or in host memory).
@@ -169,14 +169,14 @@ class SwappedStore final : public OptimizerStore {
     } else {
       std::memcpy(raw.data(), static_cast<const char*>(HostParams(s)) + static_cast<size_t>(offset) * esize(s), raw.size());
     }
-    std::vector<float> scales(scale_stream >= 0 ? static_cast<size_t>(n / s.in.format.block) : 0);
+    std::vector<float> scales(static_cast<size_t>(KindFormat(s, kind).Scales(n)));
     if (scale_stream >= 0) RETURN_IF_ERROR(swapper_->Read(region, scale_stream, offset, n, scales.data()));
     return DecodeKind(s, kind, raw.data(), scales.data(), offset, n, out);
   }
   Status WriteEncoded(int g, int kind, int64_t offset, int64_t n, const float* in) {
     Slot& s = slots_[static_cast<size_t>(g)];
     std::vector<char> raw(static_cast<size_t>(n) * KindBytes(s, kind));
-    std::vector<float> scales(StoredStreams(s, kind).second >= 0 ? static_cast<size_t>(n / s.in.format.block) : 0);
+    std::vector<float> scales(static_cast<size_t>(KindFormat(s, kind).Scales(n)));
     RETURN_IF_ERROR(EncodeKind(s, kind, in, n, raw.data(), scales.data()));
     return WriteRaw(g, kind, offset, n, raw.data(), scales.data());
   }
@@ -222,7 +222,7 @@ class SwappedStore final : public OptimizerStore {
     if (o_.offload.params == OffloadTarget::kNvme) params_ = AddStream(streams, "params", false);
     bool q8 = false;
     for (const Slot& s : slots_) {
-      q8 = q8 || (s.compact() && (KindBytes(s, 1) == 1 || KindBytes(s, 2) == 1));
+      q8 = q8 || KindQ8(s, 1) || KindQ8(s, 2);
       no_master_ = no_master_ || (s.compact() && !s.in.format.master);
     }
     if (q8) {  // one f32 scale per q8 block
@@ -245,7 +245,7 @@ class SwappedStore final : public OptimizerStore {
       if (q8) {
         r.elements_per.assign(streams.size(), 1);
         for (auto [stream, kind] : {std::pair{exp_avg_scale_, 1}, std::pair{exp_avg_sq_scale_, 2}}) {
-          const bool has = s.compact() && KindBytes(s, kind) == 1;
+          const bool has = KindQ8(s, kind);
           r.element_bytes[static_cast<size_t>(stream)] = has ? 4 : 0;
           r.elements_per[static_cast<size_t>(stream)] = has ? s.in.format.block : 1;
         }
