@@ -17,6 +17,7 @@
 #include "zrt/checkpoint/chunk_source.h"
 #include "zrt/checkpoint/files.h"
 #include "zrt/checkpoint/state_fill.h"
+#include "zrt/core/logging.h"
 
 namespace zrt::ckpt {
 
@@ -94,11 +95,27 @@ int SameLayout(const Manifest& m, const std::vector<ShardLayout>& saved, const W
   return g;
 }
 
+// A kind saved in another precision than the target keeps it in loads converted (decoded to f32
+// values, kept in the target's own precision; the same one loads as stored): said once, by shard 0.
+void ReportConversion(const std::string& dir, const Manifest& m, const Where& where, const StateGroup& tg, const StateBuffer& b) {
+  const auto w = tg.tensors.empty() ? where.end() : where.find(tg.tensors[0].name);
+  if (w == where.end()) return;
+  const GroupEntry& ge = m.groups[static_cast<size_t>(w->second.first)];
+  const auto k = std::find(ge.kinds.begin(), ge.kinds.end(), b.kind);
+  if (k == ge.kinds.end()) return;
+  const Precision saved = ge.stored_as(static_cast<size_t>(k - ge.kinds.begin()));
+  if (saved != b.format.precision) {
+    ZRT_LOG(kInfo) << "load: group '" << tg.name << "' " << b.kind << " was saved as " << PrecisionName(saved) << " in " << dir
+                   << "; kept here as " << PrecisionName(b.format.precision) << ": converted";
+  }
+}
+
 // Where target buffer `b` of group `tg` (this rank's shard `rank`) comes from.
 Result<BufferPlan> PlanBuffer(const std::string& dir, const Manifest& m, const std::vector<ShardLayout>& saved, const Where& where,
                               const StateGroup& tg, const StateBuffer& b, int rank, int same, const LoadOptions& o, LoadResult* r) {
   BufferPlan plan;
   if (o.params_only && b.kind != "master") return plan;  // stays zero
+  if (rank == 0) ReportConversion(dir, m, where, tg, b);
   if (same >= 0) {
     const GroupEntry& ge = m.groups[static_cast<size_t>(same)];
     if (const auto k = std::find(ge.kinds.begin(), ge.kinds.end(), b.kind); k != ge.kinds.end()) {

@@ -75,32 +75,8 @@ std::string EngineCore::EngineState() const {
     if (settings_[i] != fallback) tensors[params_[i].name] = {{"lr_scale", settings_[i].lr_scale}, {"weight_decay", settings_[i].weight_decay}};
   }
   j["tensors"] = std::move(tensors);
-  // The state precision of groups that keep compact state (the others: f32 moments and a master).
-  nlohmann::json state = nlohmann::json::object();
-  for (const auto& g : groups_) {
-    if (!g->frozen && g->state.compact()) state[g->name] = StatePrecisionName(g->state);
-  }
-  if (!state.empty()) j["state"] = std::move(state);
-  return j.dump();
+  return j.dump();  // the state's precision is the manifest's, per kind (its groups' "stored")
 }
-
-namespace {
-// A checkpoint saved with another state precision loads converted (the load decodes its stored form
-// to f32 values and the store keeps them in its own; the same precision loads as stored): said once,
-// per group.
-void ReportStateConversion(const std::vector<std::unique_ptr<EngineCore::Group>>& groups, const nlohmann::json& saved) {
-  for (const auto& g : groups) {
-    if (g->frozen) continue;
-    const std::string mine = StatePrecisionName(g->state);
-    const std::string theirs = saved.is_object() && saved.contains(g->name) && saved[g->name].is_string() ? saved[g->name].get<std::string>()
-                                                                                                           : StatePrecisionName({});
-    if (mine != theirs) {
-      ZRT_LOG(kInfo) << "resume: group '" << g->name << "' was saved with state " << theirs << "; this engine keeps " << mine
-                     << ": converted at load";
-    }
-  }
-}
-}  // namespace
 
 Status EngineCore::ApplyEngineState(const std::string& text) {
   ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(text, "engine state"));
@@ -137,10 +113,11 @@ Status EngineCore::ApplyEngineState(const std::string& text) {
     }
     // Tensors the engine does not have are the load's business (strict loads refuse them).
   }
+  // Written by 0.2 before the manifest's "stored" became the one record of the state's precision
+  // (the load reports a conversion): accepted, not used.
   const nlohmann::json& state = r.Raw("state");
   if (!state.is_null() && !state.is_object()) return InvalidArgumentError("engine.state.state: must be an object of group names");
   RETURN_IF_ERROR(r.Finish());
-  if (comm_->rank() == 0) ReportStateConversion(groups_, state);
   ReportRestoredSettings(lr, sched, wd, settings);
   lr_ = lr;
   schedule_ = sched;
