@@ -443,6 +443,45 @@ void PrintStep(const zrt::StepResult& r, double loss) {
   std::fflush(stdout);
 }
 
+void PrintBanner(const gpt::Config& c, const Options& o, const zrt::EngineConfig& cfg, int world, size_t text_bytes) {
+  std::printf("gpt %s: %lld parameters, %d layers, dim %d, %d heads, context %d; %d ranks, stage %d, offload %s; state %s%s; %zu bytes "
+              "of text; GEMM peak %.1f GFLOP/s per core\n",
+              o.preset.c_str(), static_cast<long long>(c.num_params()), c.layers, c.dim, c.heads, c.context, world, o.stage,
+              o.offload.c_str(), zrt::StatePrecisionName(cfg.state).c_str(), o.compact_embed ? "" : " (embeddings: f32 with a master)",
+              text_bytes, cfg.metrics.peak_flops / 1e9);
+}
+
+// One step's forward and backward passes over o.accum micro-batches: their mean loss over the ranks.
+zrt::Result<double> Passes(zrt::MpiCommunicator& comm, zrt::ZeroEngine& engine, Net& net, gpt::Model& model, Batches& batches, const Options& o,
+                      size_t split) {
+  const int rank = comm.rank();
+  double loss = 0;
+  for (int micro = 0; micro < o.accum; ++micro) {
+    engine.SetSync(micro == o.accum - 1);
+    const uint8_t* tokens =
+        batches.Fill(Mix(o.seed ^ Mix(static_cast<uint64_t>(engine.steps()) * 1009 + static_cast<uint64_t>(micro) * 37 + static_cast<uint64_t>(rank))), 0, split);
+    if (!o.trace.empty()) Append(o.trace + "/tokens.rank" + std::to_string(rank) + ".bin", tokens, batches.tokens.size());
+    engine.Mark(zrt::Phase::kForward);
+    ASSIGN_OR_RETURN(double l, net.Forward(model, tokens));
+    loss += l / o.accum;
+    engine.Mark(zrt::Phase::kBackward);
+    RETURN_IF_ERROR(net.Backward(model));
+  }
+  float avg = static_cast<float>(loss);
+  RETURN_IF_ERROR(comm.AllReduce(&avg, &avg, 1, zrt::DType::kF32, zrt::ReduceOp::kAvg));
+  return static_cast<double>(avg);
+}
+
+// A steady-state step (past warm-up, no save in it) counts toward the report's rates.
+void CountSteady(const zrt::StepResult& r, const zrt::CommStats& before, const zrt::CommStats& now, RunTotals& t) {
+  if (r.step <= 2 || r.times.checkpoint_stall != 0) return;
+  t.tok_s += r.tokens_per_second;
+  t.mfu += r.mfu;
+  t.reduce_s += now.reduce_seconds - before.reduce_seconds;
+  t.reduce_wait_s += now.reduce_wait_seconds - before.reduce_wait_seconds;
+  ++t.timed;
+}
+
 Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o, const std::string& text) {
   const int rank = comm.rank(), world = comm.size();
   const size_t split = text.size() / 10 * 9;  // train: the first 90%, validation: the rest
@@ -460,34 +499,14 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
     return Status();
   };
   RETURN_IF_ERROR(StartFrom(comm, device, *engine, cfg, o, &ck, t));
-  if (rank == 0) {
-    std::printf("gpt %s: %lld parameters, %d layers, dim %d, %d heads, context %d; %d ranks, stage %d, offload %s; state %s%s; %zu bytes "
-                "of text; GEMM peak %.1f GFLOP/s per core\n",
-                o.preset.c_str(), static_cast<long long>(c.num_params()), c.layers, c.dim, c.heads, c.context, world, o.stage,
-                o.offload.c_str(), zrt::StatePrecisionName(cfg.state).c_str(), o.compact_embed ? "" : " (embeddings: f32 with a master)",
-                text.size(), cfg.metrics.peak_flops / 1e9);
-  }
+  if (rank == 0) PrintBanner(c, o, cfg, world, text.size());
   if (!o.trace.empty()) RETURN_IF_ERROR(BeginTrace(c, o, comm, t.resumed_from != "-" || !o.init.empty()));
   gpt::Model model(c, o.batch);
   Batches batches{text, o.batch, static_cast<size_t>(c.context) + 1};
   double& loss = t.loss;
   zrt::CommStats comm_before = engine->comm_stats();
   while (engine->steps() < o.steps) {
-    loss = 0;
-    for (int micro = 0; micro < o.accum; ++micro) {
-      engine->SetSync(micro == o.accum - 1);
-      const uint8_t* tokens =
-          batches.Fill(Mix(o.seed ^ Mix(static_cast<uint64_t>(engine->steps()) * 1009 + static_cast<uint64_t>(micro) * 37 + static_cast<uint64_t>(rank))), 0, split);
-      if (!o.trace.empty()) Append(o.trace + "/tokens.rank" + std::to_string(rank) + ".bin", tokens, batches.tokens.size());
-      engine->Mark(zrt::Phase::kForward);
-      ASSIGN_OR_RETURN(double l, net.Forward(model, tokens));
-      loss += l / o.accum;
-      engine->Mark(zrt::Phase::kBackward);
-      RETURN_IF_ERROR(net.Backward(model));
-    }
-    float avg = static_cast<float>(loss);
-    RETURN_IF_ERROR(comm.AllReduce(&avg, &avg, 1, zrt::DType::kF32, zrt::ReduceOp::kAvg));
-    loss = avg;
+    ASSIGN_OR_RETURN(loss, Passes(comm, *engine, net, model, batches, o, split));
     engine->Record("loss", loss);
     ASSIGN_OR_RETURN(zrt::StepResult r, engine->Step());
     if (!o.trace.empty() && rank == 0) {
@@ -495,13 +514,7 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
       Append(o.trace + "/steps.jsonl", line.data(), line.size());
     }
     const zrt::CommStats comm_now = engine->comm_stats();
-    if (r.step > 2 && r.times.checkpoint_stall == 0) {  // steady state: past warm-up, no save in it
-      t.tok_s += r.tokens_per_second;
-      t.mfu += r.mfu;
-      t.reduce_s += comm_now.reduce_seconds - comm_before.reduce_seconds;
-      t.reduce_wait_s += comm_now.reduce_wait_seconds - comm_before.reduce_wait_seconds;
-      ++t.timed;
-    }
+    CountSteady(r, comm_before, comm_now, t);
     comm_before = comm_now;
     if (rank == 0 && (r.step % o.print_every == 0 || r.step == o.steps)) PrintStep(r, loss);
     if (o.val_every > 0 && (r.step % o.val_every == 0 || r.step == o.steps)) {
