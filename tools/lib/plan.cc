@@ -45,6 +45,7 @@
 #include <nlohmann/json.hpp>
 
 #include "zrt/core/device.h"
+#include "zrt/core/state_view.h"
 #include "tools/lib/plan.h"
 
 namespace zrt::tools {
@@ -104,8 +105,14 @@ struct Memory {
   double states() const { return params + grads + optim; }
 };
 
-// Bytes of one Adam moment per parameter as the state keeps it (--moments).
-double MomentBytes(const PlanInput& in) { return in.moments == "f32" ? 4 : in.moments == "bf16" ? 2 : 1 + 4.0 / in.q8_block; }
+// Bytes of one Adam moment per parameter as the state keeps it (--moments; Check parsed it): its
+// value, and a q8 block's scale shared by the block.
+double MomentBytes(const PlanInput& in) {
+  const Result<Precision> p = ParsePrecision(in.moments);
+  const StateFormat f = StateFormat::Of(p.ok() ? *p : Precision::kF32, "exp_avg_sq", in.q8_block);
+  const int64_t n = std::max<int64_t>(f.block, 1) * 1024;  // whole blocks
+  return static_cast<double>(f.Bytes(n)) / static_cast<double>(n);
+}
 
 // hpZ's group size over a shard group of `shards` devices, or 0 where it does not apply.
 int Secondary(const PlanInput& in, int shards) {
@@ -313,7 +320,7 @@ Status CheckInput(const PlanInput& in) {
   if (in.offload != "none" && in.stage < 1) return InvalidArgumentError("plan: optimizer offload needs stage 1, 2 or 3 (the state is sharded)");
   if (in.offload_params != "none" && in.stage != 3) return InvalidArgumentError("plan: parameter offload needs stage 3");
   if (in.param_bytes != 2 && in.param_bytes != 4) return InvalidArgumentError("plan: parameter dtype must be 2 or 4 bytes");
-  if (in.moments != "f32" && in.moments != "bf16" && in.moments != "q8") return InvalidArgumentError("plan: --moments must be f32, bf16 or q8");
+  RETURN_IF_ERROR(ParsePrecision(in.moments).status(), "plan: --moments");
   if (!in.master && in.param_bytes != 2) return InvalidArgumentError("plan: --master no needs 16-bit (bf16) parameters");
   if (in.q8_block < 8 || in.q8_block > 4096 || (in.q8_block & (in.q8_block - 1)) != 0) return InvalidArgumentError("plan: --q8-block must be a power of two in [8, 4096]");
   if (in.gpu_mem_gib <= 0 || in.cpu_mem_gib < 0 || in.tokens < 0 || in.tflops < 0 || in.power_watts < 0 || in.step_seconds < 0 ||
