@@ -381,6 +381,30 @@ TEST_P(ShardWriterTest, ADeliveryWaitingForBuffersStopsWithTheSave) {
 // 64-element blocks; every chunk reads back bit for bit from fewer bytes; a value the form cannot hold
 // fails the save naming it; a corrupt scale is caught by its checksum and, with the checksum forged
 // to match, by the form's own rules, naming the chunk.
+// A save's manifest records each kind's precision from its buffer's StateFormat, and refuses a form
+// the format does not hold (a q8 code signed otherwise than its kind's, blocks of two sizes).
+TEST_P(ShardWriterTest, TheManifestTakesEachBuffersFormatAndRefusesOnesTheFormatDoesNotHold) {
+  std::vector<std::vector<float>> kept = CompactState(64);
+  StateView v = View(kept);
+  auto& b = v.groups[0].buffers;
+  b[0].format = {Precision::kBF16, false, 0};
+  b[1].format = StateFormat::Of(Precision::kQ8, "exp_avg", 64);
+  b[2].format = StateFormat::Of(Precision::kQ8, "exp_avg_sq", 64);
+  auto m = ManifestFor(v, {}, 4096, "00ff00ff12345678");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->groups[0].stored, (std::vector<Precision>{Precision::kBF16, Precision::kQ8, Precision::kQ8}));
+  EXPECT_EQ(m->groups[0].block, 64);
+  EXPECT_EQ(m->groups[0].format(1), b[1].format);
+  for (const auto& [buffer, bad] : {std::pair{1, StateFormat{Precision::kQ8, false, 64}}, std::pair{2, StateFormat{Precision::kQ8, true, 64}},
+                                    std::pair{2, StateFormat{Precision::kQ8, false, 32}}, std::pair{0, StateFormat{Precision::kBF16, false, 64}}}) {
+    StateView w = View(kept);
+    for (size_t k = 0; k < 3; ++k) w.groups[0].buffers[k].format = b[k].format;
+    w.groups[0].buffers[static_cast<size_t>(buffer)].format = bad;
+    const auto r = ManifestFor(w, {}, 4096, "00ff00ff12345678");
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << "buffer " << buffer;
+  }
+}
+
 TEST_P(ShardWriterTest, CompactKindsAreStoredAsKeptAndReadBackBitForBit) {
   const int64_t block = 64;
   std::vector<std::vector<float>> kept = CompactState(block);
