@@ -191,6 +191,94 @@ void PrintReport(const Report& r) {
   bench::PrintResult("recovery", "restart to first step, node lost", peer.first_step, "s", disk.first_step, "disk only s");
 }
 
+// What every phase of the failure case shares: the mesh, the model and its state's bytes, the tier,
+// the run's root and the step it dies at.
+struct Run {
+  Communicator* comm;
+  Device* dev;
+  int64_t params;
+  int groups;
+  StatePrecision precision;
+  int shard_group;
+  MemoryTierOptions tier;
+  std::string root;  // the run's disk checkpoints
+  int64_t die_at;    // the step the run dies at: the tier holds it, the disk an older one
+  int64_t bytes = 0;  // this rank's state as stored
+  std::unique_ptr<ZeroEngine> Engine() const { return MakeEngine(comm, dev, 3, params, groups, "", precision, shard_group); }
+};
+
+// The tier's limit: memcpy of `bytes` between touched buffers, every rank at once (as every rank
+// restores at once).
+double MemcpySeconds(Communicator* comm, int64_t bytes) {
+  std::vector<char> from(static_cast<size_t>(bytes), 2), sink(static_cast<size_t>(bytes), 1);
+  comm->Barrier().IgnoreError();
+  const double t = Now();
+  std::memcpy(sink.data(), from.data(), sink.size());
+  return bench::MaxOverRanks(Now() - t);
+}
+
+// A run that dies at step die_at: tier every step, disk every `disk_every` (die_at not a disk step).
+void RunUntilDeath(const Run& run, int disk_every) {
+  auto e = run.Engine();
+  auto ck = Checkpointer::Create(run.comm, run.dev, {.root = run.root, .memory = run.tier}).value();
+  while (e->steps() < run.die_at) {
+    Step(*e, run.params / run.groups);
+    if (e->steps() % disk_every == 0) (void)ck->SaveAsync(e->state_view());
+    (void)ck->SaveToMemory(e->state_view());
+    (void)ck->Poll();
+  }
+  (void)ck->Wait();
+}  // the tier keeps step die_at (newer than the disk's)
+
+// A restart of the run from the tier (own copy or a peer's) or from disk alone, to its first step.
+Restart RestartRun(const Run& run, bool with_tier) {
+  Restart r;
+  auto e = run.Engine();
+  CheckpointOptions co{.root = run.root};
+  if (with_tier) co.memory = run.tier;
+  auto ck = Checkpointer::Create(run.comm, run.dev, co).value();
+  if (!with_tier && run.comm->rank() == 0) DropCaches();
+  run.comm->Barrier().IgnoreError();
+  const double t0 = Now();
+  auto res = ck->Resume(e->state_view());
+  const double t1 = Now();
+  Step(*e, run.params / run.groups);
+  r.seconds = bench::MaxOverRanks(t1 - t0);
+  r.first_step = bench::MaxOverRanks(Now() - t0);
+  r.mbps = bench::SumOverRanks(static_cast<double>(run.bytes)) / r.seconds / 1e6;
+  r.lost = res.ok() ? run.die_at - res->step : -1;
+  r.source = res.ok() ? res->source : std::string(res.status().message());
+  return r;
+  // ck's destructor keeps the tier: it holds step die_at, newer than the disk's
+}
+
+// The own copy's state fill alone: ckpt::Load of this rank's copy (no agreement, no parameter refresh).
+double OwnFillSeconds(const Run& run) {
+  auto e = run.Engine();
+  const std::string own = MemoryTier::RankDir(run.root, run.tier, run.comm->rank()) + "/own/" + StepDirName(run.die_at);
+  run.comm->Barrier().IgnoreError();
+  const double t0 = Now();
+  const bool ok = Load(own, e->state_view()).ok();
+  return bench::MaxOverRanks(ok ? Now() - t0 : 1e9);
+}
+
+// Node 0 lost: its ranks' tier directories (own copies and the replicas they held) gone.
+void LoseNodeZero(const Run& run, int ranks_per_node) {
+  if (run.comm->rank() == 0) {
+    for (int r = 0; r < ranks_per_node && r < run.comm->size(); ++r) std::filesystem::remove_all(MemoryTier::RankDir(run.root, run.tier, r));
+  }
+  run.comm->Barrier().IgnoreError();
+}
+
+// A final disk save supersedes the tier, which then lets its copies go.
+void Supersede(const Run& run) {
+  auto e = run.Engine();
+  auto ck = Checkpointer::Create(run.comm, run.dev, {.root = run.root, .memory = run.tier}).value();
+  (void)ck->Resume(e->state_view());
+  (void)ck->SaveAsync(e->state_view());
+  (void)ck->Wait();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -217,8 +305,6 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   const Precision moments = state_name == "f32" ? Precision::kF32 : state_name == "bf16" ? Precision::kBF16 : Precision::kQ8;
-  const StatePrecision precision{moments, moments, state_name != "q8-no-master", 256};
-  auto make_engine = [&](Communicator* c, Device* d) { return MakeEngine(c, d, 3, params, groups, "", precision, shard_group); };
   auto session = MpiSession::Init(&argc, &argv).value();
   auto comm = MpiCommunicator::Create().value();
   const int rank = comm->rank(), n = comm->size();
@@ -226,94 +312,32 @@ int main(int argc, char** argv) {
   if (rank == 0) std::filesystem::remove_all(dir);
   comm->Barrier().IgnoreError();
   CpuDevice dev;
-  MemoryTierOptions tier{.dir = shm, .ranks_per_node = ranks_per_node};
+  Run run{comm.get(), &dev, params, groups, {moments, moments, state_name != "q8-no-master", 256}, shard_group,
+          {.dir = shm, .ranks_per_node = ranks_per_node}, dir + "/run", 2 * disk_every + disk_every / 2};
 
-  // The tier's limit: memcpy of this rank's state (its bytes as stored) between touched buffers.
-  auto e = make_engine(comm.get(), &dev);
-  int64_t bytes = 0;
+  auto e = run.Engine();
   for (const StateGroup& g : e->state_view().groups) {
-    for (const StateBuffer& b : g.buffers) bytes += b.format.Bytes(b.count);
+    for (const StateBuffer& b : g.buffers) run.bytes += b.format.Bytes(b.count);
   }
-  std::vector<char> from(static_cast<size_t>(bytes), 2), sink(static_cast<size_t>(bytes), 1);
-  comm->Barrier().IgnoreError();  // every rank copies at once, as every rank restores at once
-  double t = Now();
-  std::memcpy(sink.data(), from.data(), sink.size());
-  const double memcpy_s = bench::MaxOverRanks(Now() - t);
-  std::vector<char>().swap(sink);
-  std::vector<char>().swap(from);
-  const double mem_mbps = static_cast<double>(bytes) / memcpy_s / 1e6;
-
-  const Overhead ov = MeasureOverhead(comm.get(), &dev, *e, dir + "/overhead", tier, params / groups, steps, device_ms);
+  const double memcpy_s = MemcpySeconds(comm.get(), run.bytes);
+  const double mem_mbps = static_cast<double>(run.bytes) / memcpy_s / 1e6;
+  const Overhead ov = MeasureOverhead(comm.get(), &dev, *e, dir + "/overhead", run.tier, params / groups, steps, device_ms);
   e.reset();
   if (rank == 0) std::filesystem::remove_all(dir);
   comm->Barrier().IgnoreError();
 
-  // A run that dies at step X: tier every step, disk every `disk_every`, X not on a disk step.
-  const int64_t die_at = 2 * disk_every + disk_every / 2;
-  {
-    auto e1 = make_engine(comm.get(), &dev);
-    auto ck = Checkpointer::Create(comm.get(), &dev, {.root = dir + "/run", .memory = tier}).value();
-    while (e1->steps() < die_at) {
-      Step(*e1, params / groups);
-      if (e1->steps() % disk_every == 0) (void)ck->SaveAsync(e1->state_view());
-      (void)ck->SaveToMemory(e1->state_view());
-      (void)ck->Poll();
-    }
-    (void)ck->Wait();
-  }  // the tier keeps step X (newer than the disk's)
-  auto restart = [&](bool with_tier) {
-    Restart r;
-    auto e2 = make_engine(comm.get(), &dev);
-    CheckpointOptions co{.root = dir + "/run"};
-    if (with_tier) co.memory = tier;
-    auto ck = Checkpointer::Create(comm.get(), &dev, co).value();
-    if (!with_tier) {
-      if (rank == 0) DropCaches();
-    }
-    comm->Barrier().IgnoreError();
-    const double t0 = Now();
-    auto res = ck->Resume(e2->state_view());
-    const double t1 = Now();
-    Step(*e2, params / groups);
-    r.seconds = bench::MaxOverRanks(t1 - t0);
-    r.first_step = bench::MaxOverRanks(Now() - t0);
-    r.mbps = bench::SumOverRanks(static_cast<double>(bytes)) / r.seconds / 1e6;
-    r.lost = res.ok() ? die_at - res->step : -1;
-    r.source = res.ok() ? res->source : std::string(res.status().message());
-    return r;
-    // ck's destructor keeps the tier: it holds step X, newer than the disk's
-  };
-  const Restart local = restart(true);
-  // The own copy's state fill alone: ckpt::Load of this rank's copy (no agreement, no parameter refresh).
-  double fill_s = 0;
-  {
-    auto e2 = make_engine(comm.get(), &dev);
-    const std::string own = MemoryTier::RankDir(dir + "/run", tier, rank) + "/own/" + StepDirName(die_at);
-    comm->Barrier().IgnoreError();
-    const double t0 = Now();
-    const bool ok = Load(own, e2->state_view()).ok();
-    fill_s = bench::MaxOverRanks(ok ? Now() - t0 : 1e9);
-  }
-  // Node 0 lost: its ranks' tier directories (own copies and the replicas they held) gone.
-  if (rank == 0) {
-    for (int r = 0; r < ranks_per_node && r < n; ++r) std::filesystem::remove_all(MemoryTier::RankDir(dir + "/run", tier, r));
-  }
-  comm->Barrier().IgnoreError();
-  const Restart peer = restart(true);
-  const Restart disk = restart(false);
-  // Clean up: a final disk save supersedes the tier.
-  {
-    auto e3 = make_engine(comm.get(), &dev);
-    auto ck = Checkpointer::Create(comm.get(), &dev, {.root = dir + "/run", .memory = tier}).value();
-    (void)ck->Resume(e3->state_view());
-    (void)ck->SaveAsync(e3->state_view());
-    (void)ck->Wait();
-  }
+  RunUntilDeath(run, disk_every);
+  const Restart local = RestartRun(run, true);
+  const double fill_s = OwnFillSeconds(run);
+  LoseNodeZero(run, ranks_per_node);
+  const Restart peer = RestartRun(run, true);
+  const Restart disk = RestartRun(run, false);
+  Supersede(run);
   if (rank == 0) std::filesystem::remove_all(dir);
 
   if (rank == 0) {
-    PrintReport({params, bytes, n, ranks_per_node, disk_every, state_name, device_ms, fio_r, torch_load, memcpy_s, mem_mbps, fill_s, ov, local,
-                 peer, disk, shard_group, link_mbps});
+    PrintReport({params, run.bytes, n, ranks_per_node, disk_every, state_name, device_ms, fio_r, torch_load, memcpy_s, mem_mbps, fill_s, ov,
+                 local, peer, disk, shard_group, link_mbps});
   }
   return 0;
 }
