@@ -69,18 +69,16 @@ Status StateFormat::EncodeExact(const float* in, int64_t n, void* values, float*
   if (precision == Precision::kQ8 && block <= 0) return InternalError("q8 state without a block size");
   Encode(in, n, values, scales);
   if (precision == Precision::kF32) return Status();
-  // Decode piece by piece (a small buffer in cache) and compare values (a NaN is never one).
+  // Decode piece by piece (a small buffer in cache; Decode starts anywhere in a block) and compare
+  // values (a NaN is never one).
   constexpr int64_t kPiece = 1024;
   float back[kPiece];
-  const int64_t piece = precision == Precision::kQ8 ? std::max(block, kPiece) : kPiece;
-  std::vector<float> large(piece > kPiece ? static_cast<size_t>(piece) : 0);
-  float* out = piece > kPiece ? large.data() : back;
   const auto* v = static_cast<const char*>(values);
-  for (int64_t i = 0; i < n; i += piece) {
-    const int64_t m = std::min(piece, n - i);
-    Decode(v + i * value_bytes(), scales + Scales(i), i, m, out);
+  for (int64_t i = 0; i < n; i += kPiece) {
+    const int64_t m = std::min(kPiece, n - i);
+    Decode(v + ValuesBytes(i), Scales(1) > 0 ? scales + i / block : scales, i, m, back);
     for (int64_t k = 0; k < m; ++k) {
-      if (out[k] != in[i + k]) {
+      if (back[k] != in[i + k]) {
         return InvalidArgumentError("element ", i + k, " (", in[i + k], ") is not a ", PrecisionName(precision), " value",
                                     precision == Precision::kQ8 ? " of its block" : "");
       }

@@ -81,7 +81,7 @@ TEST(StateFormat, EncodeThenDecodeFromAnyElement) {
 TEST(StateFormat, StoredStateRoundTripsAndHostileFormsAreRefused) {
   std::mt19937 rng(7);
   std::normal_distribution<float> d(0, 1e-3f);
-  for (const int64_t block : {int64_t{8}, int64_t{64}})  // codes checked one by one, and 16 at a time
+  for (const int64_t block : {int64_t{8}, int64_t{64}, int64_t{2048}})  // codes one by one, 16 at a time; blocks longer than EncodeExact's piece
   for (const bool is_signed : {true, false}) {
     SCOPED_TRACE("block " + std::to_string(block) + (is_signed ? ", signed" : ""));
     const StateFormat f{Precision::kQ8, is_signed, block};
