@@ -126,13 +126,15 @@ void CompactCases(ThreadPool& pool, Buffers& b, DeviceBuffer& ms, DeviceBuffer& 
                         {"bf16 moments + master", Precision::kBF16, Precision::kBF16, true},
                         {"q8 moments + master", Precision::kQ8, Precision::kQ8, true},
                         {"bf16 moments, no master", Precision::kBF16, Precision::kBF16, false},
-                        {"q8 moments, no master", Precision::kQ8, Precision::kQ8, false}};
+                        {"q8 moments, no master", Precision::kQ8, Precision::kQ8, false},
+                        {"q4 moments + master", Precision::kQ4, Precision::kQ4, true},
+                        {"q4 moments, no master", Precision::kQ4, Precision::kQ4, false}};
   std::printf("\ncompact state, 2 threads, bf16 gradients (bytes per parameter moved: read + written)\n");
   std::printf("%-26s %8s %12s %10s %12s %8s %10s\n", "case", "B/param", "adam Gel/s", "adam GB/s", "probe GB/s", "ratio", "vs f32");
   double f32_rate = 0;
   for (const Case& c : cases) {
     const CompactFormat f{.exp_avg = c.m, .exp_avg_sq = c.v, .master = c.master};
-    auto mb = [](Precision k) { return k == Precision::kF32 ? 4.0 : k == Precision::kBF16 ? 2.0 : 1.0 + 4.0 / 256; };
+    auto mb = [](Precision k) { return static_cast<double>(StateFormat::Of(k, "exp_avg", 256).Bytes(256)) / 256; };
     void* param = c.master ? b.p.data() : b.copy.data();
     const AdamCompactArgs t{param, b.g16.data(), b.m.data(), ms.as<float>(), b.v.data(), vs.as<float>(), c.master ? b.copy.data() : nullptr,
                             n, 0, f};

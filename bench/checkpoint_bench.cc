@@ -59,7 +59,8 @@ void SavePerPrecision(Communicator* comm, Device* dev, const CheckpointOptions& 
       {"f32 state", {}},
       {"bf16 moments", {Precision::kBF16, Precision::kBF16, true, 256}},
       {"q8 moments", {Precision::kQ8, Precision::kQ8, true, 256}},
-      {"q8 moments, no master", {Precision::kQ8, Precision::kQ8, false, 256}}};
+      {"q8 moments, no master", {Precision::kQ8, Precision::kQ8, false, 256}},
+      {"q4 moments, no master", {Precision::kQ4, Precision::kQ4, false, 256}}};
   double f32_per_param = 0, f32_save = 0;
   for (const auto& [name, st] : precisions) {
     auto ep = MakeEngine(comm, dev, 3, params, groups, "", st);

@@ -140,7 +140,7 @@ Status ShardSource::CopyStored(int rank, int group, int kind, int64_t count, con
   const ShardLayout& l = layouts_[static_cast<size_t>(group)];
   const GroupEntry& ge = m_.groups[static_cast<size_t>(group)];
   const StateFormat form = ge.format(static_cast<size_t>(kind));
-  const bool q8 = form.Scales(1) > 0;
+  const bool q8 = form.blockwise();  // codes in blocks (q8, q4)
   std::vector<char> unpacked;
   for (const Ref ref : r->by_kind[{group, kind}]) {  // sorted by elem_offset; they tile the shard (ReadShardIndexes)
     const Part& part = r->parts[ref.p];
@@ -160,8 +160,8 @@ Status ShardSource::CopyStored(int rank, int group, int kind, int64_t count, con
     }
     RETURN_IF_ERROR(CheckRawChunkSize(part.file, m_, l, part.index, ref.k));
     const char* mapped = part.memory.data() + c.file_offset;
-    Q8Scan scan(form.is_signed, ge.block, q8 ? c.elements : 0);  // the codes checked as they land
-    if (CopyAndChecksum(values, static_cast<size_t>(value_bytes), scales, mapped, static_cast<size_t>(c.stored_bytes), q8 ? &Q8Scan::Seen : nullptr,
+    CodeScan scan(form, q8 ? c.elements : 0);  // the codes checked as they land
+    if (CopyAndChecksum(values, static_cast<size_t>(value_bytes), scales, mapped, static_cast<size_t>(c.stored_bytes), q8 ? &CodeScan::Seen : nullptr,
                         &scan) != c.xxh3) {
       return DataLossError(part.file.path(), ": ", ChunkName(m_, l, part.index, ref.k), ": checksum mismatch (the data is corrupt)");
     }

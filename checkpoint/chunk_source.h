@@ -64,9 +64,9 @@ class ShardSource {
                        const std::function<Status(int64_t begin, int64_t n, const char* stored)>& fn);
 
   // The same straight into `into`, where the owner keeps that kind as stored (StateView::StoredMemory:
-  // values or codes from element 0, q8 scales apart): a raw chunk of a data file in memory is copied
+  // values or codes from element 0, q8/q4 scales apart): a raw chunk of a data file in memory is copied
   // there as it is hashed, its codes scanned on the way (one pass over what lands), then judged with
-  // its scales (core/state_view.h Q8Scan); other chunks are copied from StoredChunk's checked form.
+  // its scales (core/state_view.h CodeScan); other chunks are copied from StoredChunk's checked form.
   Status CopyStored(int rank, int group, int kind, int64_t count, const StoredPart& into);
 
   // Copies elements [begin, begin+count) of saved rank `rank`'s shard of (group, kind) into dst.

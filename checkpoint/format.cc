@@ -25,26 +25,27 @@ std::string Hex(uint64_t v) {
 
 using internal::Seal;
 
-// M6: how a group's kinds are stored. q8 blocks never straddle a chunk or a shard (both multiples
-// of the block), so every chunk decodes on its own and resharding moves whole blocks.
+// M6: how a group's kinds are stored. q8 and q4 blocks never straddle a chunk or a shard (both
+// multiples of the block), so every chunk decodes on its own and resharding moves whole blocks.
 Status ValidateStored(const Manifest& m, const GroupEntry& g) {
   if (!g.stored.empty() && g.stored.size() != g.kinds.size()) {
     return DataLossError("group '", g.name, "': ", g.stored.size(), " stored types for ", g.kinds.size(), " kinds");
   }
-  bool q8 = false;
+  bool blocks = false;
   for (size_t k = 0; k < g.stored.size(); ++k) {
-    if (g.stored[k] == Precision::kQ8 && g.kinds[k] != "exp_avg" && g.kinds[k] != "exp_avg_sq") {
-      return DataLossError("group '", g.name, "': ", g.kinds[k], " cannot be stored as q8 (only exp_avg and exp_avg_sq)");
+    if (IsBlockwise(g.stored[k]) && g.kinds[k] != "exp_avg" && g.kinds[k] != "exp_avg_sq") {
+      return DataLossError("group '", g.name, "': ", g.kinds[k], " cannot be stored as ", PrecisionName(g.stored[k]),
+                           " (only exp_avg and exp_avg_sq)");
     }
-    q8 = q8 || g.stored[k] == Precision::kQ8;
+    blocks = blocks || IsBlockwise(g.stored[k]);
   }
-  if (!q8) {
-    if (g.block != 0) return DataLossError("group '", g.name, "': a block size without a q8 kind");
+  if (!blocks) {
+    if (g.block != 0) return DataLossError("group '", g.name, "': a block size without a q8 or q4 kind");
     return Status();
   }
   if (g.block < 8 || g.block > kMaxQuantBlock || (g.block & (g.block - 1)) != 0 || g.alignment % g.block != 0 ||
       m.chunk_elements % g.block != 0) {
-    return DataLossError("group '", g.name, "': q8 block ", g.block, " is not a power of two in [8, ", kMaxQuantBlock,
+    return DataLossError("group '", g.name, "': q8/q4 block ", g.block, " is not a power of two in [8, ", kMaxQuantBlock,
                          "] dividing the alignment (", g.alignment, ") and chunk_elements (", m.chunk_elements, ")");
   }
   return Status();
@@ -344,7 +345,7 @@ Result<Manifest> DecodeManifest(std::string_view text, const std::string& where)
         for (const json& k : Arr(g["stored"], "stored")) {
           const std::string t = Str(k, "stored");
           const Result<Precision> p = ParsePrecision(t);
-          if (!p.ok()) throw FieldError("group '" + ge.name + "': unknown stored type '" + t + "' (f32, bf16, q8)");
+          if (!p.ok()) throw FieldError("group '" + ge.name + "': unknown stored type '" + t + "' (f32, bf16, q8, q4)");
           ge.stored.push_back(*p);
         }
       }
@@ -466,8 +467,9 @@ Status ValidateIndexFile(const Manifest& m, std::span<const ShardLayout> layouts
                            shard, " elements of group '", ge.name, "' (chunks hold at most ", m.chunk_elements, ")");
     }
     const Precision as = ge.stored_as(static_cast<size_t>(c.kind));
-    if (as == Precision::kQ8 && (c.elem_offset % ge.block != 0 || c.elements % ge.block != 0)) {
-      return DataLossError(where, ": chunk ", k, " (elements ", c.elem_offset, "+", c.elements, ") of q8 state splits a block of ", ge.block);
+    if (IsBlockwise(as) && (c.elem_offset % ge.block != 0 || c.elements % ge.block != 0)) {
+      return DataLossError(where, ": chunk ", k, " (elements ", c.elem_offset, "+", c.elements, ") of ", PrecisionName(as),
+                           " state splits a block of ", ge.block);
     }
     const int64_t bytes = ge.format(static_cast<size_t>(c.kind)).Bytes(c.elements);
     if (c.codec == Codec::kRaw ? c.stored_bytes != bytes : (c.stored_bytes < 1 || c.stored_bytes >= bytes)) {

@@ -66,16 +66,27 @@ TEST(Format, StoredTypesRoundTripAndTheirRulesAreChecked) {
   EXPECT_EQ(back->groups[0].format(0).Bytes(1024), 2048);
   EXPECT_TRUE(back->groups[0].format(1).is_signed) << "exp_avg's q8 codes are signed";
   EXPECT_FALSE(back->groups[0].format(2).is_signed);
+  {  // q4: half a byte a code, the same sign rule
+    Manifest q4 = m;
+    q4.groups[0].stored = {Precision::kF32, Precision::kQ4, Precision::kQ4};
+    auto b4 = DecodeManifest(EncodeManifest(q4), "manifest.json");
+    ASSERT_TRUE(b4.ok()) << b4.status();
+    EXPECT_EQ(b4->groups[0].stored, q4.groups[0].stored);
+    EXPECT_EQ(b4->groups[0].format(1).Bytes(1024), 512 + 8 * 4);
+    EXPECT_TRUE(b4->groups[0].format(1).is_signed);
+    EXPECT_FALSE(b4->groups[0].format(2).is_signed);
+  }
   const nlohmann::json good = nlohmann::json::parse(EncodeManifest(m));
   const std::vector<std::pair<const char*, std::function<void(nlohmann::json&)>>> bad = {
       {"stored types for", [](nlohmann::json& j) { j["groups"][0]["stored"].erase(2); }},
-      {"unknown stored type", [](nlohmann::json& j) { j["groups"][0]["stored"][1] = "q4"; }},
+      {"unknown stored type", [](nlohmann::json& j) { j["groups"][0]["stored"][1] = "q2"; }},
       {"master cannot be stored as q8", [](nlohmann::json& j) { j["groups"][0]["stored"][0] = "q8"; }},
+      {"master cannot be stored as q4", [](nlohmann::json& j) { j["groups"][0]["stored"][0] = "q4"; }},
       {"not a power of two", [](nlohmann::json& j) { j["groups"][0]["block"] = 96; }},
       {"not a power of two", [](nlohmann::json& j) { j["groups"][0]["block"] = 512; }},  // > alignment
       {"not a power of two", [](nlohmann::json& j) { j["groups"][0].erase("block"); }},
       {"not a power of two", [](nlohmann::json& j) { j["chunk_elements"] = 1000; }},
-      {"a block size without a q8 kind", [](nlohmann::json& j) { j["groups"][0]["stored"] = {"f32", "bf16", "bf16"}; }},
+      {"a block size without a q8 or q4 kind", [](nlohmann::json& j) { j["groups"][0]["stored"] = {"f32", "bf16", "bf16"}; }},
   };
   for (const auto& [what, forge] : bad) {
     nlohmann::json j = good;

@@ -165,11 +165,12 @@ Status FillStored(const std::string& dir, const StateView& target, int gi, int b
     return src.CopyStored(tg.layout.world_size() == 1 ? 0 : target.rank, bp.stored_group, bp.stored_kind, b.count, *kept)
         .WithContext("loading group '" + tg.name + "' (" + b.kind + ") from " + dir);
   }
-  const int64_t unit = b.format.Scales(1) > 0 ? b.format.block : 1;
+  const int64_t unit = b.format.blockwise() ? b.format.block : 1;
   Status s = src.ForEachStored(tg.layout.world_size() == 1 ? 0 : target.rank, bp.stored_group, bp.stored_kind, b.count,
                                [&](int64_t begin, int64_t n, const char* stored) -> Status {
-                                 if (begin % unit != 0) return DataLossError("a q8 chunk starts inside a block of ", unit);
-                                 Status w = target.WriteStored(gi, bi, begin, n, stored, reinterpret_cast<const float*>(stored + n));
+                                 if (begin % unit != 0) return DataLossError("a chunk of codes starts inside a block of ", unit);
+                                 const auto* scales = reinterpret_cast<const float*>(stored + b.format.ValuesBytes(n));
+                                 Status w = target.WriteStored(gi, bi, begin, n, stored, scales);
                                  if (w.code() == StatusCode::kUnavailable && begin == 0) *taken = false;
                                  return w;
                                });

@@ -46,12 +46,13 @@ Result<Manifest> ManifestFor(const StateView& state, const nlohmann::json& train
       if (b.dtype != DType::kF32) return InvalidArgumentError("checkpoint: state '", b.kind, "' must be f32");
       ge.kinds.push_back(b.kind);
       ge.stored.push_back(b.format.precision);
-      if (b.format.precision == Precision::kQ8) {
+      if (IsBlockwise(b.format.precision)) {
         const int64_t block = b.format.block;
         if (block < 1 || ge.alignment % block != 0) {
-          return InvalidArgumentError("checkpoint: group '", g.name, "': q8 blocks of ", block, " do not divide its alignment ", ge.alignment);
+          return InvalidArgumentError("checkpoint: group '", g.name, "': ", PrecisionName(b.format.precision), " blocks of ", block,
+                                      " do not divide its alignment ", ge.alignment);
         }
-        if (ge.block != 0 && ge.block != block) return InvalidArgumentError("checkpoint: group '", g.name, "' has q8 kinds of two block sizes");
+        if (ge.block != 0 && ge.block != block) return InvalidArgumentError("checkpoint: group '", g.name, "' has q8/q4 kinds of two block sizes");
         ge.block = block;
         m.chunk_elements = (m.chunk_elements + block - 1) / block * block;  // chunks hold whole blocks
       }
@@ -368,10 +369,10 @@ Result<ChunkQueue::Filling*> ChunkQueue::Expect(int group, int buffer, int64_t o
     return InvalidArgumentError("a save's state: group ", group, " buffer ", buffer, ": elements ", offset, "+", n, " arrived where ",
                                 f.next, " of ", f.form.count, " was expected");
   }
-  const int64_t block = f.form.format.Scales(1) > 0 ? f.form.format.block : 1;
+  const int64_t block = f.form.format.blockwise() ? f.form.format.block : 1;
   if (offset % block != 0 || (n % block != 0 && offset + n != f.form.count)) {
     return InvalidArgumentError("a save's state: group ", group, " buffer ", buffer, ": elements ", offset, "+", n,
-                                " are not whole q8 blocks of ", block);
+                                " are not whole blocks of ", block);
   }
   return &f;
 }

@@ -119,6 +119,102 @@ static inline const float* Q8Table(bool is_signed) {
 // The largest code a q8 block holds (value 1.0: the block's largest magnitude), per signedness.
 inline constexpr uint8_t kQ8MaxCode[2] = {248, 120};  // [unsigned, signed]
 
+// ---- 4-bit block-wise moments (q4) ----
+// Blocks as q8's (B a power of two, a shard's blocks at multiples of B in the group's flat buffer), but
+// two codes a byte: element i of a buffer is in byte i / 2, the low nibble for even i and the high one
+// for odd i (a part of odd length, which only the API can ask for, ends with a high nibble of 0). Each
+// block has one f32 scale s, its largest magnitude (0 for an all-zero block).
+//   signed   (exp_avg):    code = sign << 3 | m, m in 0..7, value = (-1)^sign T[m] with
+//                          T = {0, 1/12, 1/6, 1/4, 1/3, 1/2, 2/3, 1} (FP4 E2M1's magnitudes
+//                          {0, .5, 1, 1.5, 2, 3, 4, 6} over 6: finer near zero), each the f32 nearest
+//   unsigned (exp_avg_sq): value = (c + 1) / 16, c in 0..15: no code is zero, the smallest value is s/16
+//                          (a second moment stored as zero makes its element's update blow up: Li,
+//                          Chen, Zhu, NeurIPS 2023, "Memory efficient optimizers with 4-bit states")
+// (1.0 is code 7 resp. 15: every code is written but the signed negative zero, 8.)
+//   decode: x = value(code) * s, one f32 multiply.
+//   encode: r = min(|x| * (1 / s), 1) as q8's (r = 0 when s = 0);
+//           signed: m = how many of the f32 thresholds {1/24, 1/8, 5/24, 7/24, 5/12, 7/12, 5/6} (the
+//           midpoints of T, each the f32 nearest) are <= r: the nearest value, ties away from zero; the
+//           sign bit is x's when m is not 0;
+//           unsigned: c = max(floor(r * 16 + 1/2), 1) - 1, exact: the nearest value, ties up.
+// The coupling is q8's: where a block's second moment decodes to 0 (its scale is 0), the first moment
+// is stored as 0. Decoding and encoding again gives back the same codes and scale, as q8's.
+
+inline constexpr uint8_t kQ4MaxCode[2] = {15, 7};  // [unsigned, signed]: the code of 1.0
+
+ZRT_HD float Q4Magnitude(uint32_t m) {  // T[m], m in 0..7
+  switch (m) {
+    case 0: return 0.0f;
+    case 1: return 1.0f / 12.0f;
+    case 2: return 1.0f / 6.0f;
+    case 3: return 0.25f;
+    case 4: return 1.0f / 3.0f;
+    case 5: return 0.5f;
+    case 6: return 2.0f / 3.0f;
+    default: return 1.0f;
+  }
+}
+
+ZRT_HD float Q4Value(uint8_t code, bool is_signed) {
+  if (!is_signed) return static_cast<float>((code & 15u) + 1u) * 0.0625f;  // exact
+  const float v = Q4Magnitude(code & 7u);
+  return code & 8u ? -v : v;
+}
+
+ZRT_HD uint8_t Q4Encode(float x, float recip, bool is_signed) {
+  float r = (x < 0.0f ? -x : x) * recip;
+  r = r < 1.0f ? r : 1.0f;
+  if (!is_signed) {
+    // r * 16 is exact and adding 1/2 never rounds across an integer: floor is the exact one.
+    const int k = static_cast<int>(r * 16.0f + 0.5f);
+    return static_cast<uint8_t>((k > 1 ? k : 1) - 1);
+  }
+  uint32_t m = (r >= 1.0f / 24.0f) + (r >= 0.125f) + (r >= 5.0f / 24.0f) + (r >= 7.0f / 24.0f) + (r >= 5.0f / 12.0f) +
+               (r >= 7.0f / 12.0f) + (r >= 5.0f / 6.0f);
+  return static_cast<uint8_t>(m | (m != 0 && (FloatBits(x) >> 31) ? 8u : 0u));
+}
+
+// n f32 values into q4 codes with the multiplier `recip` (Q8Recip of the block's scale), packed two a
+// byte from a low nibble: (n + 1) / 2 bytes.
+ZRT_HD void Q4EncodeCodes(const float* x, int64_t n, float recip, bool is_signed, uint8_t* bytes) {
+  for (int64_t i = 0; i < n; i += 2) {
+    const uint8_t hi = i + 1 < n ? Q4Encode(x[i + 1], recip, is_signed) : 0;
+    bytes[i / 2] = static_cast<uint8_t>(Q4Encode(x[i], recip, is_signed) | hi << 4);
+  }
+}
+
+// A whole q4 block of n (<= its block size) f32 values: its packed codes and the scale.
+ZRT_HD float Q4EncodeBlock(const float* x, int64_t n, bool is_signed, uint8_t* bytes) {
+  float amax = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = x[i] < 0 ? -x[i] : x[i];
+    amax = amax < a ? a : amax;
+  }
+  Q4EncodeCodes(x, n, Q8Recip(amax), is_signed, bytes);
+  return amax;
+}
+
+// The code of element i of q4 bytes.
+ZRT_HD uint8_t Q4CodeAt(const uint8_t* bytes, int64_t i) { return static_cast<uint8_t>(bytes[i / 2] >> (4 * (i & 1)) & 15u); }
+
+#if !defined(__CUDA_ARCH__)
+// Q4Value of every code, per signedness (16 each).
+static inline const float* Q4Table(bool is_signed) {
+  struct Tables {
+    float v[2][16];
+  };
+  static const Tables t = [] {
+    Tables x{};
+    for (int c = 0; c < 16; ++c) {
+      x.v[0][c] = Q4Value(static_cast<uint8_t>(c), false);
+      x.v[1][c] = Q4Value(static_cast<uint8_t>(c), true);
+    }
+    return x;
+  }();
+  return t.v[is_signed ? 1 : 0];
+}
+#endif
+
 ZRT_HD uint32_t Fmix32(uint32_t h) {
   h ^= h >> 16;
   h *= 0x85ebca6bu;

@@ -31,49 +31,61 @@ namespace zrt {
 // The one definition the engine's configuration, its store, the checkpoint format, the memory tier
 // and the tools share. A Precision is what a trainer chooses per moment; a StateFormat is a buffer
 // stored in one: the precision, and for q8 the code's sign (the first moment's code is signed, the
-// second's not) and the elements per block. A stored part of n elements is n values of ValueBytes
-// each, followed (q8) by its blocks' f32 scales, the codes and the scales in places of their own
-// where the owner keeps them so. Parts start at a block boundary; only the last may end inside a block.
+// second's not) and the elements per block. A stored part of n elements is its values (ValuesBytes:
+// 4, 2 or 1 bytes each, q4 two a byte), followed (q8, q4) by its blocks' f32 scales, the codes and the
+// scales in places of their own where the owner keeps them so. Parts start at a block boundary; only
+// the last may end inside a block.
 
 enum class Precision : uint8_t {
   kF32 = 0,   // f32 values
   kBF16 = 1,  // bf16 values (round to nearest even)
   kQ8 = 2,    // 8-bit codes per block with an f32 scale per block
+  kQ4 = 3,    // 4-bit codes (two a byte) per block with an f32 scale per block
   kBf16 = kBF16,  // 0.1's spelling (kernels::MomentFormat, now an alias of this type)
 };
-std::string_view PrecisionName(Precision p);  // "f32", "bf16", "q8"
+std::string_view PrecisionName(Precision p);  // "f32", "bf16", "q8", "q4"
 // The names above; InvalidArgument listing them otherwise.
 Result<Precision> ParsePrecision(std::string_view name);
-// Bytes of one element's value: f32 4, bf16 2, q8 1 (its code; the block's scale lies apart).
-constexpr int64_t ValueBytes(Precision p) { return p == Precision::kF32 ? 4 : p == Precision::kBF16 ? 2 : 1; }
+// Bits of one element's value: f32 32, bf16 16, q8 8, q4 4 (its code; the block's scale lies apart).
+constexpr int64_t ValueBits(Precision p) {
+  return p == Precision::kF32 ? 32 : p == Precision::kBF16 ? 16 : p == Precision::kQ8 ? 8 : 4;
+}
+// Whether values are codes in blocks with an f32 scale each.
+constexpr bool IsBlockwise(Precision p) { return p == Precision::kQ8 || p == Precision::kQ4; }
 
 struct StateFormat {
   Precision precision = Precision::kF32;
-  bool is_signed = false;  // q8: the first moment's code
-  int64_t block = 0;       // q8: elements per block (a power of two); 0 otherwise
+  bool is_signed = false;  // q8, q4: the first moment's code
+  int64_t block = 0;       // q8, q4: elements per block (a power of two); 0 otherwise
 
-  // A buffer of `kind` ("master", "exp_avg", ...) stored as `p`: q8 codes are signed for exp_avg
-  // only (the format's rule: the one place a kind's name decides it).
+  // A buffer of `kind` ("master", "exp_avg", ...) stored as `p`: q8 and q4 codes are signed for
+  // exp_avg only (the format's rule: the one place a kind's name decides it).
   static StateFormat Of(Precision p, std::string_view kind, int64_t block);
 
   bool compact() const { return precision != Precision::kF32; }
-  int64_t value_bytes() const { return ValueBytes(precision); }
-  int64_t Scales(int64_t n) const { return precision == Precision::kQ8 && block > 0 ? (n + block - 1) / block : 0; }
-  int64_t ValuesBytes(int64_t n) const { return n * value_bytes(); }
+  bool blockwise() const { return IsBlockwise(precision) && block > 0; }
+  // The bytes a value is moved in (byte shuffles, compression): 4, 2, or 1 for codes (q4: a pair).
+  int64_t value_bytes() const { return ValueBits(precision) >= 8 ? ValueBits(precision) / 8 : 1; }
+  int64_t Scales(int64_t n) const { return blockwise() ? (n + block - 1) / block : 0; }
+  // Bytes of n values (q4: a last odd one takes a byte); from a block boundary, also where element n's
+  // value starts.
+  int64_t ValuesBytes(int64_t n) const { return (n * ValueBits(precision) + 7) / 8; }
   int64_t Bytes(int64_t n) const { return ValuesBytes(n) + 4 * Scales(n); }  // values, then scales
 
-  // `n` values into their stored form, rounding (bf16: to nearest even; q8: each block's scale its
-  // largest magnitude). `scales`: Scales(n) floats (unused unless q8).
+  // `n` values into their stored form, rounding (bf16: to nearest even; q8, q4: each block's scale its
+  // largest magnitude). `scales`: Scales(n) floats (unused unless blockwise).
   void Encode(const float* in, int64_t n, void* values, float* scales) const;
   // The same, refusing values the form does not hold exactly (InvalidArgument naming the element):
   // a save never changes a value.
   Status EncodeExact(const float* in, int64_t n, void* values, float* scales) const;
-  // What `n` stored elements from element `first` of the buffer decode to: `values` from that
-  // element's, `scales` from the scale of the block holding it. No check (the caller's own memory).
+  // What `n` stored elements from element `first` of the buffer decode to: `values` from the byte
+  // holding that element's (q4: its nibble by first's parity), `scales` from the scale of the block
+  // holding it. No check (the caller's own memory).
   void Decode(const void* values, const float* scales, int64_t first, int64_t n, float* out) const;
-  // The form is one encoding writes (whole blocks): q8 scales finite and >= 0, codes no larger than
-  // 1.0's, a block with a positive scale holding 1.0's code and one with a zero scale only zeros;
-  // DataLoss naming the block otherwise. What a load checks before it trusts stored bytes.
+  // The form is one encoding writes (whole blocks): q8 and q4 scales finite and >= 0, codes no larger
+  // than 1.0's and no negative zero, a block with a positive scale holding 1.0's code and one with a
+  // zero scale only code 0; DataLoss naming the block otherwise. What a load checks before it trusts
+  // stored bytes.
   Status Check(const void* values, const float* scales, int64_t n) const;
   // Check, then Decode.
   Status DecodeChecked(const void* values, const float* scales, int64_t n, float* out) const;
@@ -81,19 +93,19 @@ struct StateFormat {
   friend bool operator==(const StateFormat&, const StateFormat&) = default;
 };
 
-// Check of q8 codes in two halves: the codes taken as they go by, in pieces of any size and in order
-// (a copy's bounce blocks, while in cache), then judged with the scales once all are there: the same
-// verdicts and messages as StateFormat::Check.
-class Q8Scan {
+// Check of q8 or q4 codes in two halves: the codes taken as they go by, in pieces of any size and in
+// order (a copy's bounce blocks, while in cache), then judged with the scales once all are there: the
+// same verdicts and messages as StateFormat::Check. Another format: every code passes.
+class CodeScan {
  public:
-  Q8Scan(bool is_signed, int64_t block, int64_t n);
-  void Take(const char* codes, size_t bytes);  // the next codes (any beyond n are ignored)
-  static void Seen(void* scan, const char* codes, size_t bytes) { static_cast<Q8Scan*>(scan)->Take(codes, bytes); }
+  CodeScan(const StateFormat& format, int64_t n);
+  void Take(const char* codes, size_t bytes);  // the next bytes of codes (any beyond n's are ignored)
+  static void Seen(void* scan, const char* codes, size_t bytes) { static_cast<CodeScan*>(scan)->Take(codes, bytes); }
   Status Check(const void* codes, const float* scales) const;  // every code taken, and where they are now
 
  private:
-  bool is_signed_;
-  int64_t block_, n_, at_ = 0;
+  StateFormat format_;
+  int64_t block_bytes_ = 0, bytes_ = 0, at_ = 0;  // bytes of a block, of all n codes, taken
   std::vector<uint8_t> largest_, negative_zero_;  // per block
 };
 

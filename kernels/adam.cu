@@ -104,7 +104,7 @@ void LaunchCompact(int copy, bool sr, unsigned grid, const cuda::CompactTensor& 
 
 }  // namespace
 
-// One launch per tensor: segments of one q8 block, or of 8192 elements.
+// One launch per tensor: segments of one q8 or q4 block, or of 8192 elements.
 Status AdamCompactCuda(const AdamStepScalars& s, int64_t step, std::span<const AdamCompactArgs> tensors, DType grad_dtype,
                        DType copy_dtype, const AdamCudaOptions& options) {
   ASSIGN_OR_RETURN(const int grad_kind, cuda::KindOf(grad_dtype, "gradient"), "adam (cuda)");
@@ -115,11 +115,11 @@ Status AdamCompactCuda(const AdamStepScalars& s, int64_t step, std::span<const A
     const AdamCompactArgs& a = tensors[i];
     RETURN_IF_ERROR(CheckCompactFormat(a.format), "adam (cuda): tensor ", i);
     if (a.numel <= 0) continue;
-    const bool q8 = a.format.exp_avg == Precision::kQ8 || a.format.exp_avg_sq == Precision::kQ8;
-    if (!a.param || !a.grad || !a.exp_avg || !a.exp_avg_sq || (a.format.exp_avg == Precision::kQ8 && !a.exp_avg_scale) ||
-        (a.format.exp_avg_sq == Precision::kQ8 && !a.exp_avg_sq_scale) || (!a.format.master && a.param_copy) ||
+    const bool q8 = IsBlockwise(a.format.exp_avg) || IsBlockwise(a.format.exp_avg_sq);
+    if (!a.param || !a.grad || !a.exp_avg || !a.exp_avg_sq || (IsBlockwise(a.format.exp_avg) && !a.exp_avg_scale) ||
+        (IsBlockwise(a.format.exp_avg_sq) && !a.exp_avg_sq_scale) || (!a.format.master && a.param_copy) ||
         (q8 && a.index % a.format.block != 0) || a.index < 0) {
-      return InvalidArgumentError("adam (cuda): tensor ", i, " has a null pointer, a copy without a master or misaligned q8 blocks");
+      return InvalidArgumentError("adam (cuda): tensor ", i, " has a null pointer, a copy without a master or misaligned q8/q4 blocks");
     }
     if (a.param_copy && copy_dtype != DType::kBF16 && copy_dtype != DType::kF16) {
       return InvalidArgumentError("adam (cuda): parameter copy dtype ", DTypeName(copy_dtype), " unsupported");

@@ -83,7 +83,7 @@ struct CompactTensor {
   void* copy;
   int64_t n;
   int64_t index;
-  int m_kind, v_kind;  // MomentFormat as int: 0 f32, 1 bf16, 2 q8 (uniform over the grid)
+  int m_kind, v_kind;  // MomentFormat as int: 0 f32, 1 bf16, 2 q8, 3 q4 (uniform over the grid)
   uint32_t seed;
 };
 
@@ -104,6 +104,7 @@ __device__ __forceinline__ float BlockMax(float x) {
 }
 
 __device__ __forceinline__ float LoadMoment(const void* base, int kind, float scale, int64_t i, bool is_signed) {
+  if (kind == 3) return Q4Value(Q4CodeAt(static_cast<const uint8_t*>(base), i), is_signed) * scale;
   if (kind == 2) return Q8Value(static_cast<const uint8_t*>(base)[i], is_signed) * scale;
   if (kind == 1) return Bf16ToFloat(static_cast<const uint16_t*>(base)[i]);
   return static_cast<const float*>(base)[i];
@@ -116,7 +117,15 @@ __device__ __forceinline__ void StoreMoment(void* base, int kind, int64_t i, flo
   }
 }
 
-// One thread block per segment of `seg` elements: a q8 block when a moment is q8 (its codes need the
+// q4 codes of element i (held by this thread) and i + 1 (the next thread's: i is even on even threads,
+// blocks are whole and even) packed into one byte by the even thread. Every thread of the warp calls it.
+__device__ __forceinline__ void StoreQ4(void* base, int64_t i, bool in, uint32_t code) {
+  const uint32_t c = in ? code : 0u;
+  const uint32_t hi = __shfl_down_sync(0xffffffffu, c, 1);
+  if (in && (threadIdx.x & 1u) == 0) static_cast<uint8_t*>(base)[i / 2] = static_cast<uint8_t>(c | hi << 4);
+}
+
+// One thread block per segment of `seg` elements: a q8 or q4 block when a moment is one (its codes need the
 // block's largest magnitude: kept in registers, at most kMaxQuantBlock / kThreads per thread), else
 // any length. The same AdamElement and quant_math.h definitions as the CPU path.
 template <int G, int C, bool kSr>
@@ -125,9 +134,9 @@ __global__ void __launch_bounds__(kThreads) AdamCompactKernel(CompactTensor t, A
   constexpr int kPer = kMaxQuantBlock / kThreads;
   if (skip != nullptr && *skip != 0) return;
   if (scale != nullptr) s.grad_scale = s.grad_scale * *scale;
-  const bool q = t.m_kind == 2 || t.v_kind == 2;
+  const bool q = t.m_kind >= 2 || t.v_kind >= 2;
   const int64_t b0 = static_cast<int64_t>(blockIdx.x) * seg, n = min(seg, t.n - b0);
-  const float ms = t.m_kind == 2 ? t.ms[blockIdx.x] : 0.0f, vs = t.v_kind == 2 ? t.vs[blockIdx.x] : 0.0f;
+  const float ms = t.m_kind >= 2 ? t.ms[blockIdx.x] : 0.0f, vs = t.v_kind >= 2 ? t.vs[blockIdx.x] : 0.0f;
   const uint64_t g0 = static_cast<uint64_t>(t.index + b0);
   const uint32_t hi0 = static_cast<uint32_t>(g0 >> 32);
   const uint32_t key0 = kSr ? RoundingKey(t.seed, step, hi0) : 0, key1 = kSr ? RoundingKey(t.seed, step, hi0 + 1) : 0;
@@ -160,31 +169,40 @@ __global__ void __launch_bounds__(kThreads) AdamCompactKernel(CompactTensor t, A
   // stored) and codes: the CPU's order.
   av = BlockMax(av);
   const float vr = Q8Recip(av);
-  if (threadIdx.x == 0 && t.v_kind == 2) t.vs[blockIdx.x] = av;
+  if (threadIdx.x == 0 && t.v_kind >= 2) t.vs[blockIdx.x] = av;
   float am = 0.0f;
-  for (int k = 0; k < kPer; ++k) {
+  for (int k = 0; k < kPer; ++k) {  // no early exit: q4's pairs are packed across threads
     const int64_t i = b0 + threadIdx.x + static_cast<int64_t>(k) * kThreads;
-    if (i >= b0 + n) break;
+    const bool in = i < b0 + n;
+    if (t.v_kind == 3) {
+      StoreQ4(t.v, i, in, in ? Q4Encode(vk[k], vr, false) : 0u);
+      if (in) mk[k] = vr > 0.0f ? mk[k] : 0.0f;  // no q4 code is zero: only a zero scale decodes to 0
+    }
+    if (!in) continue;
     if (t.v_kind == 2) {
       static_cast<uint8_t*>(t.v)[i] = Q8Encode(vk[k], vr, false);
       mk[k] = vk[k] * vr > kQ8UnsignedZero ? mk[k] : 0.0f;
-    } else {
+    } else if (t.v_kind != 3) {
       StoreMoment(t.v, t.v_kind, i, vk[k]);
     }
-    if (t.m_kind == 2) {
+    if (t.m_kind >= 2) {
       am = Max(am, fabsf(mk[k]));
     } else {
       StoreMoment(t.m, t.m_kind, i, mk[k]);
     }
   }
-  if (t.m_kind != 2) return;
+  if (t.m_kind < 2) return;
   am = BlockMax(am);
   if (threadIdx.x == 0) t.ms[blockIdx.x] = am;
   const float mr = Q8Recip(am);
   for (int k = 0; k < kPer; ++k) {
     const int64_t i = b0 + threadIdx.x + static_cast<int64_t>(k) * kThreads;
-    if (i >= b0 + n) break;
-    static_cast<uint8_t*>(t.m)[i] = Q8Encode(mk[k], mr, true);
+    const bool in = i < b0 + n;
+    if (t.m_kind == 3) {
+      StoreQ4(t.m, i, in, in ? Q4Encode(mk[k], mr, true) : 0u);
+    } else if (in) {
+      static_cast<uint8_t*>(t.m)[i] = Q8Encode(mk[k], mr, true);
+    }
   }
 }
 

@@ -42,18 +42,21 @@ Status AdamCpu(const AdamStepScalars& s, std::span<const AdamTensorArgs> tensors
                DType copy_dtype, const CpuKernelOptions& options = {});
 
 // ---- compact state (docs/kernels.md "Compact state"; core/quant_math.h has the exact rule) ----
-// Each moment in f32, bf16 (round to nearest even) or 8-bit block-wise codes with an f32 scale per
-// block; the parameters updated through an fp32 master, or (bf16 models) directly, rounded
+// Each moment in f32, bf16 (round to nearest even), or 8- or 4-bit block-wise codes with an f32 scale
+// per block; the parameters updated through an fp32 master, or (bf16 models) directly, rounded
 // stochastically with bits keyed by (seed, step, global element index).
 struct CompactFormat {
   Precision exp_avg = Precision::kF32;
   Precision exp_avg_sq = Precision::kF32;
   bool master = true;    // false: AdamCompactArgs::param is the bf16 parameters themselves
-  int64_t block = 256;   // q8: elements per block, a power of two in [8, kMaxQuantBlock]
+  int64_t block = 256;   // q8, q4: elements per block, a power of two in [8, kMaxQuantBlock]
   uint32_t seed = 0;     // stochastic rounding (without a master)
   bool compact() const { return exp_avg != Precision::kF32 || exp_avg_sq != Precision::kF32 || !master; }
+  // How each moment is stored (the first moment's codes signed).
+  StateFormat exp_avg_format() const { return StateFormat::Of(exp_avg, "exp_avg", block); }
+  StateFormat exp_avg_sq_format() const { return StateFormat::Of(exp_avg_sq, "exp_avg_sq", block); }
 };
-// q8: the scales of `numel` elements (one per block, the last one maybe partial).
+// q8, q4: the scales of `numel` elements (one per block, the last one maybe partial).
 inline int64_t Q8Blocks(int64_t numel, int64_t block) { return (numel + block - 1) / block; }
 // InvalidArgument naming what is wrong (a block that is not a power of two in range).
 Status CheckCompactFormat(const CompactFormat& f);
@@ -61,13 +64,13 @@ Status CheckCompactFormat(const CompactFormat& f);
 struct AdamCompactArgs {
   void* param = nullptr;            // the f32 master, or (format.master false) the bf16 parameters
   const void* grad = nullptr;
-  void* exp_avg = nullptr;          // numel f32 or bf16 values, or numel q8 codes
-  float* exp_avg_scale = nullptr;   // q8: Q8Blocks(numel, block) scales
+  void* exp_avg = nullptr;          // numel f32 or bf16 values, numel q8 codes, or (numel + 1) / 2 bytes of q4 codes
+  float* exp_avg_scale = nullptr;   // q8, q4: Q8Blocks(numel, block) scales
   void* exp_avg_sq = nullptr;
   float* exp_avg_sq_scale = nullptr;
   void* param_copy = nullptr;       // with a master: the 16-bit copy (copy dtype), or null; null without
   int64_t numel = 0;
-  // Element 0's index in the group's flat buffer: keys its stochastic rounding; with a q8 moment a
+  // Element 0's index in the group's flat buffer: keys its stochastic rounding; with a q8 or q4 moment a
   // multiple of format.block (blocks start there).
   int64_t index = 0;
   CompactFormat format;

@@ -78,10 +78,12 @@ Status AdamCpu(const AdamStepScalars& s, std::span<const AdamTensorArgs> tensors
 
 Status CheckCompactFormat(const CompactFormat& f) {
   for (Precision m : {f.exp_avg, f.exp_avg_sq}) {
-    if (m != Precision::kF32 && m != Precision::kBF16 && m != Precision::kQ8) return InvalidArgumentError("invalid moment format");
+    if (m != Precision::kF32 && m != Precision::kBF16 && m != Precision::kQ8 && m != Precision::kQ4) {
+      return InvalidArgumentError("invalid moment format ", static_cast<int>(m));
+    }
   }
   if (f.block < 8 || f.block > kMaxQuantBlock || (f.block & (f.block - 1)) != 0) {
-    return InvalidArgumentError("q8 block must be a power of two in [8, ", kMaxQuantBlock, "], got ", f.block);
+    return InvalidArgumentError("q8/q4 block must be a power of two in [8, ", kMaxQuantBlock, "], got ", f.block);
   }
   return Status();
 }
@@ -90,15 +92,15 @@ namespace {
 
 Status CheckCompactArgs(const AdamCompactArgs& t, size_t i, DType copy_dtype) {
   RETURN_IF_ERROR(CheckCompactFormat(t.format), "adam: tensor ", i);
-  const bool q8 = t.format.exp_avg == Precision::kQ8 || t.format.exp_avg_sq == Precision::kQ8;
+  const bool q8 = IsBlockwise(t.format.exp_avg) || IsBlockwise(t.format.exp_avg_sq);
   if (t.numel < 0 || t.index < 0) return InvalidArgumentError("adam: tensor ", i, " has negative numel or index");
   if (t.numel == 0) return Status();
   if (!t.param || !t.grad || !t.exp_avg || !t.exp_avg_sq) return InvalidArgumentError("adam: tensor ", i, " has a null param, grad or moment");
-  if ((t.format.exp_avg == Precision::kQ8 && !t.exp_avg_scale) || (t.format.exp_avg_sq == Precision::kQ8 && !t.exp_avg_sq_scale)) {
-    return InvalidArgumentError("adam: tensor ", i, ": a q8 moment needs its scales");
+  if ((IsBlockwise(t.format.exp_avg) && !t.exp_avg_scale) || (IsBlockwise(t.format.exp_avg_sq) && !t.exp_avg_sq_scale)) {
+    return InvalidArgumentError("adam: tensor ", i, ": a q8 or q4 moment needs its scales");
   }
   if (q8 && t.index % t.format.block != 0) {
-    return InvalidArgumentError("adam: tensor ", i, ": index ", t.index, " is not a multiple of the q8 block ", t.format.block);
+    return InvalidArgumentError("adam: tensor ", i, ": index ", t.index, " is not a multiple of the block ", t.format.block);
   }
   if (!t.format.master && t.param_copy) return InvalidArgumentError("adam: tensor ", i, ": without a master the parameters are updated in place (no copy)");
   if (t.param_copy && copy_dtype != DType::kBF16 && copy_dtype != DType::kF16) {

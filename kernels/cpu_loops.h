@@ -158,11 +158,29 @@ struct Kernels {
 
   // ---- Adam over compact state (quant_math.h) ----
   // Moments are decoded to f32, updated by the same AdamElement, and stored back: f32 and bf16 (round
-  // to nearest even) at once; when a moment is q8, both are kept for the block in two stack buffers and
-  // stored after it (a block's scale is its largest stored magnitude, and the coupling needs the second
-  // moment's codes before the first moment is stored).
+  // to nearest even) at once; when a moment is q8 or q4, both are kept for the block in two stack
+  // buffers and stored after it (a block's scale is its largest stored magnitude, and the coupling needs
+  // the second moment's codes before the first moment is stored). q4 codes are decoded into those
+  // buffers before the block and encoded from them after it, by plain loops each ISA unit's compiler
+  // vectorizes: the arithmetic of Q4Value and Q4Encode, so every unit stores the same bits.
+  static constexpr bool Blockwise(int m) { return m == kMomQ8 || m == kMomQ4; }
+
+  static void DecodeQ4(const void* bytes, int64_t n, float scale, bool is_signed, float* out) {
+    const auto* b = static_cast<const uint8_t*>(bytes);
+    const float* value = Q4Table(is_signed);
+    for (int64_t j = 0; j < n; ++j) out[j] = value[Q4CodeAt(b, j)] * scale;
+  }
+  template <bool kSigned>
+  static void EncodeQ4(const float* x, int64_t n, float recip, void* bytes) {
+    alignas(64) uint8_t codes[kMaxQuantBlock + 1];
+    for (int64_t j = 0; j < n; ++j) codes[j] = Q4Encode(x[j], recip, kSigned);
+    codes[n] = 0;  // an odd block's last high nibble
+    auto* b = static_cast<uint8_t*>(bytes);
+    for (int64_t j = 0; j < (n + 1) / 2; ++j) b[j] = static_cast<uint8_t>(codes[2 * j] | codes[2 * j + 1] << 4);
+  }
   template <int M, bool kSigned, class Tag>
   static V LoadMoment(const void* base, float scale, int64_t i, Tag tag) {
+    if constexpr (M == kMomQ4) return Isa::template Load<kElemF32>(base, i, tag);  // decoded before the block
     if constexpr (M == kMomQ8) return Isa::template DecodeQ8<kSigned>(base, i, tag) * V(scale);
     if constexpr (M == kMomBf16) return Isa::template Load<kElemBf16>(base, i, tag);
     if constexpr (M == kMomF32) return Isa::template Load<kElemF32>(base, i, tag);
@@ -177,8 +195,9 @@ struct Kernels {
                         V& vmax, int64_t i, Tag tag) {
     V p = Isa::template Load<kSr ? kElemBf16 : kElemF32>(r.param, i, tag);
     V g = Isa::template Load<G>(r.grad, i, tag);
-    V m = LoadMoment<M1, true>(r.exp_avg, ms, i, tag);
-    V v = LoadMoment<M2, false>(r.exp_avg_sq, vs, i, tag);
+    // q4: decoded into mt / vt before the block (CompactLoop), updated in place there.
+    V m = LoadMoment<M1, true>(M1 == kMomQ4 ? mt : r.exp_avg, ms, M1 == kMomQ4 ? i - b0 : i, tag);
+    V v = LoadMoment<M2, false>(M2 == kMomQ4 ? vt : r.exp_avg_sq, vs, M2 == kMomQ4 ? i - b0 : i, tag);
     AdamElement<V>(s, p, g, m, v, nullptr);
     if constexpr (kSr) {
       Isa::StoreBf16Stochastic(r.param, i, p, r.key, r.index_lo + static_cast<uint32_t>(i), tag);
@@ -186,17 +205,18 @@ struct Kernels {
       Isa::template Store<kElemF32>(r.param, i, p, tag);
     }
     if constexpr (C != kElemNone) Isa::template Store<C>(r.param_copy, i, p, tag);
-    if constexpr (M1 == kMomQ8 || M2 == kMomQ8) {
+    if constexpr (Blockwise(M1) || Blockwise(M2)) {
       Isa::template Store<kElemF32>(mt, i - b0, m, tag);
       Isa::template Store<kElemF32>(vt, i - b0, v, tag);
-      if constexpr (M2 == kMomQ8) vmax = Max(vmax, Isa::Abs(v));  // a tail's missing lanes are 0
+      if constexpr (Blockwise(M2)) vmax = Max(vmax, Isa::Abs(v));  // a tail's missing lanes are 0
     } else {
       StoreMoment<M1>(r.exp_avg, i, m, tag);
       StoreMoment<M2>(r.exp_avg_sq, i, v, tag);
     }
   }
 
-  // The second moment stored; the first moment coupled to it and stored, or (q8) kept for its scale.
+  // The second moment stored (q4: after the block); the first moment coupled to it and stored, or (q8,
+  // q4) kept for its scale.
   template <int M1, int M2, class Tag>
   static void CoupleAt(const CompactRange& r, float* mt, const float* vt, int64_t b0, int64_t j, float vr, V& am, Tag tag) {
     V m = Isa::template Load<kElemF32>(mt, j, tag);
@@ -204,10 +224,12 @@ struct Kernels {
     if constexpr (M2 == kMomQ8) {
       Isa::template EncodeQ8<false>(r.exp_avg_sq, b0 + j, v, V(vr), tag);
       m = Isa::ZeroUnlessAbove(m, v * V(vr), kQ8UnsignedZero);
+    } else if constexpr (M2 == kMomQ4) {
+      if (vr == 0.0f) m = V(0.0f);  // no q4 code is zero: only a block whose scale is 0 decodes to 0
     } else {
       StoreMoment<M2>(r.exp_avg_sq, b0 + j, v, tag);
     }
-    if constexpr (M1 == kMomQ8) {
+    if constexpr (Blockwise(M1)) {
       Isa::template Store<kElemF32>(mt, j, m, tag);
       am = Max(am, Isa::Abs(m));  // a tail's missing lanes loaded as 0 and stay 0
     } else {
@@ -218,14 +240,15 @@ struct Kernels {
   static void EncodeFirstAt(const CompactRange& r, const float* mt, int64_t b0, int64_t j, float mr, Tag tag) {
     Isa::template EncodeQ8<true>(r.exp_avg, b0 + j, Isa::template Load<kElemF32>(mt, j, tag), V(mr), tag);
   }
-  // The q8 block [b0, b1) held in mt/vt (`vmax`: the second moment's largest magnitudes, lane by lane):
+  // The q8 or q4 block [b0, b1) held in mt/vt (`vmax`: the second moment's largest magnitudes, lane by lane):
   // the second moment's scale and codes, the coupling, then the first moment's scale (of what is
   // stored: the largest magnitude after the coupling) and codes.
   template <int M1, int M2>
   static void StoreBlock(const CompactRange& r, float* mt, const float* vt, V vmax, int64_t b0, int64_t b1) {
     const int64_t n = b1 - b0, q = b0 / r.block;
     float vr = 0;
-    if constexpr (M2 == kMomQ8) vr = Q8Recip(r.exp_avg_sq_scale[q] = Isa::LaneMax(vmax));
+    if constexpr (Blockwise(M2)) vr = Q8Recip(r.exp_avg_sq_scale[q] = Isa::LaneMax(vmax));
+    if constexpr (M2 == kMomQ4) EncodeQ4<false>(vt, n, vr, static_cast<uint8_t*>(r.exp_avg_sq) + b0 / 2);
     V am(0.0f);
     int64_t j = 0;
     for (; j + W <= n; j += W) CoupleAt<M1, M2>(r, mt, vt, b0, j, vr, am, typename Isa::Full{});
@@ -235,12 +258,19 @@ struct Kernels {
       for (j = 0; j + W <= n; j += W) EncodeFirstAt(r, mt, b0, j, mr, typename Isa::Full{});
       if (j < n) EncodeFirstAt(r, mt, b0, j, mr, Isa::MakeTail(n - j));
     }
+    if constexpr (M1 == kMomQ4) {
+      const float mr = Q8Recip(r.exp_avg_scale[q] = Isa::LaneMax(am));
+      EncodeQ4<true>(mt, n, mr, static_cast<uint8_t*>(r.exp_avg) + b0 / 2);
+    }
   }
 
-  // Prefetches the line of element i of a moment kept as M (q8: byte i, reached as a float's index).
+  // Prefetches the line of element i of a moment kept as M (q8: byte i, reached as a float's index; q4:
+  // decoded a block ahead of its use, nothing to prefetch).
   template <int M>
   static void PrefetchMoment(const void* base, int64_t i) {
-    if constexpr (M == kMomQ8) {
+    if constexpr (M == kMomQ4) {
+      return;
+    } else if constexpr (M == kMomQ8) {
       Isa::template Prefetch<kElemF32>(base, i / 4);
     } else {
       Isa::template Prefetch<M == kMomBf16 ? kElemBf16 : kElemF32>(base, i);
@@ -249,13 +279,15 @@ struct Kernels {
 
   template <int G, int C, bool kSr, int M1, int M2>
   static void CompactLoop(const AdamStepScalars& s, const CompactRange& r) {
-    constexpr bool kQ = M1 == kMomQ8 || M2 == kMomQ8;
+    constexpr bool kQ = Blockwise(M1) || Blockwise(M2);
     alignas(64) float mt[kQ ? kMaxQuantBlock : 1];
     alignas(64) float vt[kQ ? kMaxQuantBlock : 1];
     const int64_t blk = kQ ? r.block : r.end - r.begin;
     for (int64_t b0 = r.begin; b0 < r.end; b0 += blk) {
       const int64_t b1 = std::min(b0 + blk, r.end);
-      const float ms = M1 == kMomQ8 ? r.exp_avg_scale[b0 / blk] : 0.0f, vs = M2 == kMomQ8 ? r.exp_avg_sq_scale[b0 / blk] : 0.0f;
+      const float ms = Blockwise(M1) ? r.exp_avg_scale[b0 / blk] : 0.0f, vs = Blockwise(M2) ? r.exp_avg_sq_scale[b0 / blk] : 0.0f;
+      if constexpr (M1 == kMomQ4) DecodeQ4(static_cast<const uint8_t*>(r.exp_avg) + b0 / 2, b1 - b0, ms, true, mt);
+      if constexpr (M2 == kMomQ4) DecodeQ4(static_cast<const uint8_t*>(r.exp_avg_sq) + b0 / 2, b1 - b0, vs, false, vt);
       V vmax(0.0f);
       int64_t i = b0;
       for (; i + W <= b1; i += W) {
@@ -273,6 +305,7 @@ struct Kernels {
   template <int G, int C, bool kSr, int M1>
   static void CompactM2(const AdamStepScalars& s, const CompactRange& r, int m2) {
     switch (m2) {
+      case kMomQ4: return CompactLoop<G, C, kSr, M1, kMomQ4>(s, r);
       case kMomQ8: return CompactLoop<G, C, kSr, M1, kMomQ8>(s, r);
       case kMomBf16: return CompactLoop<G, C, kSr, M1, kMomBf16>(s, r);
       default: return CompactLoop<G, C, kSr, M1, kMomF32>(s, r);
@@ -281,6 +314,7 @@ struct Kernels {
   template <int G, int C, bool kSr>
   static void CompactM1(const AdamStepScalars& s, const CompactRange& r, const CompactKinds& k) {
     switch (k.exp_avg) {
+      case kMomQ4: return CompactM2<G, C, kSr, kMomQ4>(s, r, k.exp_avg_sq);
       case kMomQ8: return CompactM2<G, C, kSr, kMomQ8>(s, r, k.exp_avg_sq);
       case kMomBf16: return CompactM2<G, C, kSr, kMomBf16>(s, r, k.exp_avg_sq);
       default: return CompactM2<G, C, kSr, kMomF32>(s, r, k.exp_avg_sq);

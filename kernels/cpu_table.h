@@ -24,13 +24,13 @@ struct AdamRange {
 };
 
 // Compact state (quant_math.h): the moments' formats, and where a range's parameters and moments are.
-enum MomentKind : int { kMomF32 = 0, kMomBf16 = 1, kMomQ8 = 2 };
+enum MomentKind : int { kMomF32 = 0, kMomBf16 = 1, kMomQ8 = 2, kMomQ4 = 3 };  // = Precision
 
 struct CompactRange {
   void* param;         // f32 master, or bf16 parameters rounded stochastically (sr)
   const void* grad;
-  void* exp_avg;       // f32, bf16 or q8 codes, indexed by element
-  float* exp_avg_scale;  // q8: one per block, indexed by block (element / block)
+  void* exp_avg;       // f32, bf16, q8 codes (indexed by element) or q4 codes (two a byte)
+  float* exp_avg_scale;  // q8, q4: one per block, indexed by block (element / block)
   void* exp_avg_sq;
   float* exp_avg_sq_scale;
   void* param_copy;    // null: no copy (always null with sr)

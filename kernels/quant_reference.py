@@ -4,8 +4,9 @@ docs/kernels.md "Compact state"), for kernels/quant_test.cc: reads the cases the
 the kernel's outputs as raw bytes, cases.json), recomputes each output from the documented rule and
 exits 1 naming the first element that differs by a single bit.
 
-Written from the rule, not from the C++: codes are found by searching the table of code values for
-the nearest (ties to the even code), fused multiply-adds are exact (round to odd in float64, then to
+Written from the rule, not from the C++: q8 codes are found by searching the table of code values for
+the nearest (ties to the even code), q4 codes by counting the midpoints at or below r (ties away from
+zero), fused multiply-adds are exact (round to odd in float64, then to
 float32), the rounding bits come from the hash computed in uint32 arithmetic."""
 import json
 import os
@@ -47,6 +48,44 @@ def encode(x, recip, signed):
 def decode(codes, scale, block, signed):
     vals = code_values(signed).astype(F32)[codes]
     return (vals * np.repeat(scale, block)[: len(codes)]).astype(F32)
+
+
+# q4: the signed magnitudes are FP4 E2M1's {0, .5, 1, 1.5, 2, 3, 4, 6} over 6, each the nearest f32;
+# unsigned codes c are (c + 1) / 16 (no zero).
+Q4_SIGNED = np.array([F32(e) / F32(6) for e in (0, 0.5, 1, 1.5, 2, 3, 4, 6)], F32)
+Q4_SIGNED_MID = np.array([F32((a + b) / 12) for a, b in zip((0, 0.5, 1, 1.5, 2, 3, 4), (0.5, 1, 1.5, 2, 3, 4, 6))], F32)
+
+
+def q4_values(signed):
+    if signed:
+        return np.concatenate([Q4_SIGNED, -Q4_SIGNED])
+    return (np.arange(16, dtype=F64) + 1) / 16
+
+
+def q4_unpack(packed, n):
+    codes = np.empty(len(packed) * 2, np.uint8)
+    codes[0::2], codes[1::2] = packed & 15, packed >> 4
+    return codes[:n]
+
+
+def q4_pack(codes):
+    c = np.concatenate([codes, np.zeros(len(codes) % 2, np.uint8)])
+    return (c[0::2] | (c[1::2] << 4)).astype(np.uint8)
+
+
+def q4_encode(x, recip, signed):
+    r = np.minimum(np.abs(x).astype(F32) * F32(recip), F32(1))
+    if not signed:
+        k = np.floor(r.astype(F64) * 16 + 0.5)
+        return (np.maximum(k, 1) - 1).astype(np.uint8)
+    m = (r[:, None] >= Q4_SIGNED_MID[None, :]).sum(axis=1).astype(np.uint8)
+    neg = (x.view(U32) >> 31).astype(bool) & (m != 0)
+    return m | np.where(neg, 8, 0).astype(np.uint8)
+
+
+def q4_decode(packed, n, scale, block, signed):
+    vals = q4_values(signed).astype(F32)[q4_unpack(packed, n)]
+    return (vals * np.repeat(scale, block)[:n]).astype(F32)
 
 
 def fma(a, b, c):
@@ -103,7 +142,7 @@ def adam(sc, p, g, m, v):
 
 
 def store_moments(c, m, v):
-    """The stored forms of the new moments: per q8 block scale and codes, with the coupling."""
+    """The stored forms of the new moments: per q8 or q4 block scale and codes, with the coupling."""
     block, n = c["block"], c["numel"]
     out = {}
     nb = (n + block - 1) // block
@@ -111,21 +150,29 @@ def store_moments(c, m, v):
     def block_max(x):
         return np.concatenate([np.abs(x), np.zeros(pad, F32)]).reshape(nb, block).max(axis=1).astype(F32)
 
+    def recip_of(s):
+        return np.where(s > 0, F32(1) / np.where(s > 0, s, F32(1)), F32(0)).astype(F32)
+
     scale = {}
-    if c["v"] == "q8":
+    if c["v"] in ("q8", "q4"):
         scale["v"] = block_max(v)
-        recip = np.where(scale["v"] > 0, F32(1) / np.where(scale["v"] > 0, scale["v"], F32(1)), F32(0)).astype(F32)
-        codes = np.concatenate([encode(v[i * block:(i + 1) * block], recip[i], False) for i in range(nb)])
-        out["v"], out["v_scale"] = codes, scale["v"]
-        m = np.where(codes == 0, F32(0), m).astype(F32)
-    if c["m"] == "q8":
+        recip = recip_of(scale["v"])
+        enc = encode if c["v"] == "q8" else q4_encode
+        codes = np.concatenate([enc(v[i * block:(i + 1) * block], recip[i], False) for i in range(nb)])
+        out["v"], out["v_scale"] = codes if c["v"] == "q8" else q4_pack(codes), scale["v"]
+        # Where the stored second moment decodes to 0 the first moment is stored as 0.
+        zero = codes == 0 if c["v"] == "q8" else np.repeat(scale["v"] == 0, block)[:n]
+        m = np.where(zero, F32(0), m).astype(F32)
+    if c["m"] in ("q8", "q4"):
         scale["m"] = block_max(m)  # of what is stored: after the coupling
     for name, x in (("m", m), ("v", v)):
         if name in out:
             continue
-        if c[name] == "q8":
-            recip = np.where(scale[name] > 0, F32(1) / np.where(scale[name] > 0, scale[name], F32(1)), F32(0)).astype(F32)
-            out[name] = np.concatenate([encode(x[i * block:(i + 1) * block], recip[i], True) for i in range(nb)])
+        if c[name] in ("q8", "q4"):
+            recip = recip_of(scale[name])
+            enc = encode if c[name] == "q8" else q4_encode
+            codes = np.concatenate([enc(x[i * block:(i + 1) * block], recip[i], True) for i in range(nb)])
+            out[name] = codes if c[name] == "q8" else q4_pack(codes)
             out[name + "_scale"] = scale[name]
         else:
             out[name] = x if c[name] == "f32" else f32_to_bf16(x)
@@ -137,7 +184,7 @@ def run_case(d, c):
         return np.fromfile(os.path.join(d, f"{c['id']}.{name}.{suffix}"), dtype)
 
     n, block = c["numel"], c["block"]
-    moment = {"f32": F32, "bf16": np.uint16, "q8": np.uint8}
+    moment = {"f32": F32, "bf16": np.uint16, "q8": np.uint8, "q4": np.uint8}
 
     def moment_in(name):
         raw = load(name, moment[c[name]])
@@ -145,6 +192,8 @@ def run_case(d, c):
             return raw
         if c[name] == "bf16":
             return bf16_to_f32(raw)
+        if c[name] == "q4":
+            return q4_decode(raw, n, load(name + "_scale", F32), block, name == "m")
         return decode(raw, load(name + "_scale", F32), block, name == "m")
 
     p = load("p", F32) if c["master"] else bf16_to_f32(load("p", np.uint16))

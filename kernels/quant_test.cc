@@ -98,6 +98,52 @@ TEST(StochasticRounding, DeterministicNeighbourAndUnbiased) {
   EXPECT_EQ(FloatToBf16Stochastic(1.0f, key, 5), 0x3f80);  // bf16 values stay as they are
 }
 
+// The q4 codes: the documented values (E2M1 magnitudes over 6, signed; (c + 1) / 16 unsigned), each
+// encoding back to itself at any scale, and the encode the nearest value, ties away from zero.
+TEST(Q4, CodesDecodeToTheDocumentedValuesAndEncodeToTheNearest) {
+  const double e2m1[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+  for (bool is_signed : {false, true}) {
+    std::vector<double> table;  // magnitudes of codes 0..top
+    const int top = is_signed ? 7 : 15;
+    for (int c = 0; c <= top; ++c) table.push_back(is_signed ? static_cast<double>(static_cast<float>(e2m1[c] / 6)) : (c + 1) / 16.0);
+    EXPECT_EQ(Q4Value(static_cast<uint8_t>(top), is_signed), 1.0f);
+    for (int c = 0; c < 16; ++c) {
+      const double want = is_signed ? (c & 8 ? -1 : 1) * table[static_cast<size_t>(c & 7)] : table[static_cast<size_t>(c)];
+      EXPECT_EQ(static_cast<double>(Q4Value(static_cast<uint8_t>(c), is_signed)), want) << c;
+      if (is_signed && c == 8) continue;  // negative zero: never written
+      for (float scale : {1.0f, 0.37f, 3e-9f, 1e30f}) {
+        EXPECT_EQ(Q4Encode(Q4Value(static_cast<uint8_t>(c), is_signed) * scale, Q8Recip(scale), is_signed), c) << c << " scale " << scale;
+      }
+    }
+    EXPECT_EQ(Q4Encode(5.0f, Q8Recip(0.0f), is_signed), 0);  // an all-zero block
+    EXPECT_EQ(Q4Encode(2.0f, 1.0f, is_signed), top);          // r clamps at 1
+    EXPECT_EQ(Q4Encode(-0.0f, 1.0f, is_signed), 0);           // no negative zero
+    std::mt19937 rng(std::random_device{}());
+    std::vector<float> rs;
+    std::uniform_real_distribution<double> log(-12, 0);
+    for (int i = 0; i < 100000; ++i) rs.push_back(static_cast<float>(std::exp2(log(rng))));
+    for (int c = 0; c < top; ++c) {  // the ties, as the rule's f32 thresholds, and their neighbours
+      const float t = is_signed ? static_cast<float>((e2m1[c] + e2m1[c + 1]) / 12) : static_cast<float>(c + 1.5) / 16.0f;
+      rs.insert(rs.end(), {t, std::nextafter(t, 0.0f), std::nextafter(t, 1.0f)});
+    }
+    for (const float r : rs) {
+      const float t = static_cast<float>(r);
+      int best = 0;  // nearest by the thresholds: the last code whose lower midpoint is <= r
+      for (int c = 1; c <= top; ++c) {
+        // the rule's thresholds: the f32 nearest each midpoint
+        const float mid = is_signed ? static_cast<float>((e2m1[c - 1] + e2m1[c]) / 12) : static_cast<float>(c + 0.5) / 16.0f;
+        if (t >= mid) best = c;
+      }
+      ASSERT_EQ(Q4Encode(t, 1.0f, is_signed), best) << "r = " << t;
+      if (is_signed && best != 0) {
+        ASSERT_EQ(Q4Encode(-t, 1.0f, true), 8 | best);
+      }
+      const double d = std::fabs(table[static_cast<size_t>(best)] - t);  // and it is the nearest value
+      for (double v : table) ASSERT_LE(d, std::fabs(v - t) + 1e-7) << "r = " << t;
+    }
+  }
+}
+
 // ---- the compact step -------------------------------------------------------------------------------
 
 struct Buffers {
@@ -105,10 +151,8 @@ struct Buffers {
   std::vector<float> ms, vs;
 };
 
-size_t MomentBytes(Precision f) { return f == Precision::kF32 ? 4 : f == Precision::kBF16 ? 2 : 1; }
-
 // Random state in the given formats: parameters ~ N(0, 1), gradients ~ N(0, 1) with a few blocks much
-// smaller, valid codes and positive scales for q8 moments.
+// smaller, valid codes and positive scales for q8 and q4 moments.
 Buffers RandomState(const CompactFormat& f, int64_t n, DType grad, std::mt19937& rng) {
   Buffers b;
   std::normal_distribution<float> normal;
@@ -127,11 +171,20 @@ Buffers RandomState(const CompactFormat& f, int64_t n, DType grad, std::mt19937&
     }
   };
   auto moment = [&](std::vector<uint8_t>& out, std::vector<float>& scales, Precision mf, bool is_signed, float scale) {
-    if (mf != Precision::kQ8) return fill_floats(out, mf == Precision::kBF16, scale, !is_signed);
-    out.resize(static_cast<size_t>(n));
-    for (auto& c : out) {
-      const int v = byte(rng);
-      c = static_cast<uint8_t>(is_signed ? (v & 0x80) | ((v & 0x7f) % 121) : v % 249);
+    if (!IsBlockwise(mf)) return fill_floats(out, mf == Precision::kBF16, scale, !is_signed);
+    if (mf == Precision::kQ8) {
+      out.resize(static_cast<size_t>(n));
+      for (auto& c : out) {
+        const int v = byte(rng);
+        c = static_cast<uint8_t>(is_signed ? (v & 0x80) | ((v & 0x7f) % 121) : v % 249);
+      }
+    } else {
+      out.assign(static_cast<size_t>((n + 1) / 2), 0);
+      for (int64_t i = 0; i < n; ++i) {
+        int c = byte(rng) & 15;
+        if (is_signed && c == 8) c = 0;  // no negative zero
+        out[static_cast<size_t>(i / 2)] |= static_cast<uint8_t>(c << (4 * (i & 1)));
+      }
     }
     scales.resize(static_cast<size_t>(Q8Blocks(n, f.block)));
     for (float& s : scales) s = std::exp2(std::uniform_real_distribution<float>(-20, 0)(rng)) * scale;
@@ -170,8 +223,8 @@ AdamStepScalars Scalars(bool l2, int64_t step) {
 std::vector<CompactFormat> AllFormats() {
   std::vector<CompactFormat> out;
   for (bool master : {true, false}) {
-    for (Precision m : {Precision::kF32, Precision::kBF16, Precision::kQ8}) {
-      for (Precision v : {Precision::kF32, Precision::kBF16, Precision::kQ8}) {
+    for (Precision m : {Precision::kF32, Precision::kBF16, Precision::kQ8, Precision::kQ4}) {
+      for (Precision v : {Precision::kF32, Precision::kBF16, Precision::kQ8, Precision::kQ4}) {
         out.push_back({.exp_avg = m, .exp_avg_sq = v, .master = master, .block = 256, .seed = 1234});
       }
     }
@@ -244,11 +297,11 @@ TEST(AdamCompact, APieceOfAShardUpdatesAsTheWholeDoes) {
     ASSERT_TRUE(AdamCompactCpu(Scalars(false, 9), 9, {&w, 1}, DType::kBF16, DType::kBF16).ok());
     Buffers parts = start;
     AdamCompactArgs a = ArgsOf(parts, f, cut, base), b = ArgsOf(parts, f, n - cut, base + cut);
-    const size_t pe = f.master ? 4 : 2, me = MomentBytes(f.exp_avg), ve = MomentBytes(f.exp_avg_sq);
+    const size_t pe = f.master ? 4 : 2;
     b.param = parts.p.data() + cut * pe;
     b.grad = parts.g.data() + cut * 2;
-    b.exp_avg = parts.m.data() + cut * me;
-    b.exp_avg_sq = parts.v.data() + cut * ve;
+    b.exp_avg = parts.m.data() + f.exp_avg_format().ValuesBytes(cut);
+    b.exp_avg_sq = parts.v.data() + f.exp_avg_sq_format().ValuesBytes(cut);
     if (b.exp_avg_scale) b.exp_avg_scale += cut / 256;
     if (b.exp_avg_sq_scale) b.exp_avg_sq_scale += cut / 256;
     if (b.param_copy) b.param_copy = parts.copy.data() + cut * 2;
@@ -263,29 +316,53 @@ TEST(AdamCompact, APieceOfAShardUpdatesAsTheWholeDoes) {
 }
 
 // What a step stores decodes and encodes back to itself: a block's scale is the largest magnitude its
-// codes decode to, so f32 values of a q8 moment (a checkpoint's view) quantize back to the same bytes.
+// codes decode to, so f32 values of a q8 or q4 moment (a checkpoint's view) quantize back to the same
+// bytes (an odd shard's last q4 byte with a high nibble of 0).
 TEST(AdamCompact, StoredBlocksDecodeAndEncodeBackToThemselves) {
   std::mt19937 rng(std::random_device{}());
-  const CompactFormat f{.exp_avg = Precision::kQ8, .exp_avg_sq = Precision::kQ8, .block = 64};
-  const int64_t n = 64 * 50 + 13;
-  Buffers b = RandomState(f, n, DType::kF32, rng);
-  AdamCompactArgs a = ArgsOf(b, f, n, 0);
-  ASSERT_TRUE(AdamCompactCpu(Scalars(false, 2), 2, {&a, 1}, DType::kF32, DType::kBF16).ok());
-  for (const auto& [codes, scales, is_signed] : {std::tuple{&b.m, &b.ms, true}, std::tuple{&b.v, &b.vs, false}}) {
-    for (int64_t q = 0; q < Q8Blocks(n, 64); ++q) {
-      const int64_t lo = q * 64, hi = std::min(n, lo + 64);
-      std::vector<float> x;
-      float amax = 0;
-      for (int64_t i = lo; i < hi; ++i) {
-        x.push_back(Q8Value((*codes)[static_cast<size_t>(i)], is_signed) * (*scales)[static_cast<size_t>(q)]);
-        amax = std::max(amax, std::fabs(x.back()));
+  for (Precision p : {Precision::kQ8, Precision::kQ4}) {
+    const CompactFormat f{.exp_avg = p, .exp_avg_sq = p, .block = 64};
+    const int64_t n = 64 * 50 + 13;
+    Buffers b = RandomState(f, n, DType::kF32, rng);
+    AdamCompactArgs a = ArgsOf(b, f, n, 0);
+    ASSERT_TRUE(AdamCompactCpu(Scalars(false, 2), 2, {&a, 1}, DType::kF32, DType::kBF16).ok());
+    for (const auto& [codes, scales, form] : {std::tuple{&b.m, &b.ms, f.exp_avg_format()}, std::tuple{&b.v, &b.vs, f.exp_avg_sq_format()}}) {
+      SCOPED_TRACE(std::string(PrecisionName(p)) + (form.is_signed ? " exp_avg" : " exp_avg_sq"));
+      std::vector<float> x(static_cast<size_t>(n));
+      form.Decode(codes->data(), scales->data(), 0, n, x.data());
+      for (int64_t q = 0; q < Q8Blocks(n, 64); ++q) {
+        float amax = 0;
+        for (int64_t i = q * 64; i < std::min(n, q * 64 + 64); ++i) amax = std::max(amax, std::fabs(x[static_cast<size_t>(i)]));
+        ASSERT_EQ(amax, (*scales)[static_cast<size_t>(q)]) << "block " << q;
       }
-      ASSERT_EQ(amax, (*scales)[static_cast<size_t>(q)]) << "block " << q;
-      for (int64_t i = lo; i < hi; ++i) {
-        ASSERT_EQ(Q8Encode(x[static_cast<size_t>(i - lo)], Q8Recip(amax), is_signed), (*codes)[static_cast<size_t>(i)]) << i;
+      std::vector<uint8_t> again(codes->size());
+      std::vector<float> again_scales(scales->size());
+      form.Encode(x.data(), n, again.data(), again_scales.data());
+      EXPECT_EQ(again, *codes);
+      EXPECT_EQ(again_scales, *scales);
+      if (p == Precision::kQ4) {
+        EXPECT_EQ((*codes)[static_cast<size_t>(n / 2)] >> 4, 0) << "an odd shard's last high nibble";
       }
     }
   }
+}
+
+// A q4 second moment is never stored as zero (its smallest value is the block's scale / 16), but a
+// block whose scale is 0 (all its values 0) takes its first moments with it.
+TEST(AdamCompact, AQ4SecondMomentIsNeverZeroButAZeroBlockZeroesItsFirstMoments) {
+  const CompactFormat f{.exp_avg = Precision::kF32, .exp_avg_sq = Precision::kQ4, .block = 8};
+  std::vector<float> p(16, 1.0f), g(16, 0.0f), m(16, 0.5f);
+  for (int i = 8; i < 16; ++i) g[static_cast<size_t>(i)] = i == 8 ? 1.0f : 1e-6f;
+  std::vector<uint8_t> v(8, 0);
+  std::vector<float> vs(2, 0.0f);
+  AdamCompactArgs a{p.data(), g.data(), m.data(), nullptr, v.data(), vs.data(), nullptr, 16, 0, f};
+  AdamConfig c;
+  ASSERT_TRUE(AdamCompactCpu(MakeAdamStepScalars(c, 1).value(), 1, {&a, 1}, DType::kF32, DType::kBF16).ok());
+  EXPECT_EQ(vs[0], 0.0f);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(m[static_cast<size_t>(i)], 0.0f) << "block 0's second moments are all 0";
+  EXPECT_GT(vs[1], 0.0f);
+  EXPECT_EQ(v[4], 0x0f | 0 << 4) << "element 8 holds the block's largest (15); element 9's tiny value takes the smallest code, 0";
+  for (int i = 9; i < 16; ++i) EXPECT_GT(std::fabs(m[static_cast<size_t>(i)]), 0.0f) << "a tiny second moment keeps its first";
 }
 
 // A second moment too small for its block's codes takes its first moment with it.

@@ -305,10 +305,9 @@ Status EngineCore::CheckGroupState(const Group& g) const {
 }
 
 namespace {
-// The layout's alignment: q8 blocks must start at a multiple of the block in the group's flat buffer.
+// The layout's alignment: q8 and q4 blocks start at a multiple of the block in the group's flat buffer.
 int64_t GroupAlignment(int64_t alignment, const StatePrecision& st) {
-  const bool q8 = st.exp_avg == Precision::kQ8 || st.exp_avg_sq == Precision::kQ8;
-  return q8 ? std::lcm(alignment, st.q8_block) : alignment;
+  return IsBlockwise(st.exp_avg) || IsBlockwise(st.exp_avg_sq) ? std::lcm(alignment, st.q8_block) : alignment;
 }
 }  // namespace
 
@@ -656,8 +655,8 @@ Status EngineCore::AdamCompactWindow(const OptimizerStore::Window& w, const std:
       kernels::AdamCompactArgs t;
       t.param = c.format.master ? static_cast<void*>(w.master + d) : static_cast<char*>(w.params) + d * g.esize();
       t.grad = static_cast<const char*>(w.grads) + d * g.gsize();
-      t.exp_avg = static_cast<char*>(c.exp_avg) + d * c.exp_avg_bytes;
-      t.exp_avg_sq = static_cast<char*>(c.exp_avg_sq) + d * c.exp_avg_sq_bytes;
+      t.exp_avg = static_cast<char*>(c.exp_avg) + c.format.exp_avg_format().ValuesBytes(a - w0);  // runs start at whole blocks
+      t.exp_avg_sq = static_cast<char*>(c.exp_avg_sq) + c.format.exp_avg_sq_format().ValuesBytes(a - w0);
       t.exp_avg_scale = c.exp_avg_scale != nullptr ? c.exp_avg_scale + d / static_cast<size_t>(block) : nullptr;
       t.exp_avg_sq_scale = c.exp_avg_sq_scale != nullptr ? c.exp_avg_sq_scale + d / static_cast<size_t>(block) : nullptr;
       t.param_copy = c.format.master && !f32 ? static_cast<char*>(w.params) + d * g.esize() : nullptr;

@@ -89,15 +89,15 @@ struct OffloadConfig {
 };
 
 // The optimizer state's precision (docs/configuration.md "State precision"): each Adam moment in f32,
-// bf16 or q8 (8-bit block-wise codes with an f32 scale per block of q8_block elements; the rule is
-// core/quant_math.h), and an fp32 master copy of the parameters, or none for bf16 models (their
+// bf16, q8 or q4 (8- or 4-bit block-wise codes with an f32 scale per block of q8_block elements; the
+// rules are core/quant_math.h), and an fp32 master copy of the parameters, or none for bf16 models (their
 // updates rounded stochastically, keyed by step and element so a resumed or resharded run is
 // bitwise the same). A group's tensors share one; amsgrad needs the default.
 struct StatePrecision {
   Precision exp_avg = Precision::kF32;
   Precision exp_avg_sq = Precision::kF32;
   bool master = true;
-  int64_t q8_block = 256;  // a power of two in [8, 4096]
+  int64_t q8_block = 256;  // q8 and q4: elements per block, a power of two in [8, 4096]
   bool compact() const {
     return exp_avg != Precision::kF32 || exp_avg_sq != Precision::kF32 || !master;
   }

@@ -145,8 +145,8 @@ std::vector<StateBuffer> OptimizerStore::StateBuffers(int group) {
 StateFormat OptimizerStore::KindFormat(const Slot& s, int kind) const {
   if (!s.compact() || kind > 2) return StateFormat{};
   const kernels::CompactFormat& f = s.in.format;
-  const Precision p = kind == 0 ? (f.master ? Precision::kF32 : Precision::kBF16) : kind == 1 ? f.exp_avg : f.exp_avg_sq;
-  return StateFormat::Of(p, kKinds[kind], f.block);
+  if (kind == 0) return StateFormat{f.master ? Precision::kF32 : Precision::kBF16};
+  return kind == 1 ? f.exp_avg_format() : f.exp_avg_sq_format();
 }
 
 Status OptimizerStore::DecodeKind(const Slot& s, int k, const void* raw, const float* scales, int64_t off, int64_t n, float* out) const {
@@ -241,9 +241,9 @@ Status OptimizerStore::WriteStored(int group, int kind, int64_t offset, int64_t 
     return InvalidArgumentError("optimizer store: kind ", kind, " elements [", offset, ", ", offset + n, ") of group '", s.in.name, "'");
   }
   if (!TakesStored(s, kind)) return UnavailableError("optimizer store: group '", s.in.name, "' keeps kind ", kind, " as f32 values");
-  const int64_t block = KindQ8(s, kind) ? s.in.format.block : 1;
+  const int64_t block = KindFormat(s, kind).blockwise() ? s.in.format.block : 1;
   if (offset % block != 0 || (n % block != 0 && offset + n != s.in.elements)) {
-    return InvalidArgumentError("optimizer store: q8 state of group '", s.in.name, "' written at elements [", offset, ", ", offset + n,
+    return InvalidArgumentError("optimizer store: ", PrecisionName(KindFormat(s, kind).precision), " state of group '", s.in.name, "' written at elements [", offset, ", ", offset + n,
                                 "), not whole blocks of ", block);
   }
   RETURN_IF_ERROR(Settle());  // a capture still reading (or owed) the state gets it as it was

@@ -85,15 +85,14 @@ class OptimizerStore {
   // (no space on its disk) is every rank's error.
   Status Init(std::vector<Group> groups);
 
-  // A window of a slot with compact state: the moments as stored (bytes per element), their q8 scales
-  // from the window's first block, and the window's first global index. Window::master is null
+  // A window of a slot with compact state: the moments as stored from the window's first element (a
+  // block's start), their q8 or q4 scales from its first block, and the window's first global index. Window::master is null
   // without a master: Window::params are updated in place.
   struct CompactWindow {
     kernels::CompactFormat format;
     void* exp_avg;
     void* exp_avg_sq;
-    size_t exp_avg_bytes, exp_avg_sq_bytes;
-    float* exp_avg_scale;     // null unless q8
+    float* exp_avg_scale;     // null unless q8 or q4
     float* exp_avg_sq_scale;
     int64_t index;
   };
@@ -180,8 +179,6 @@ class OptimizerStore {
   // How kind `kind` (0 master, 1 exp_avg, 2 exp_avg_sq, 3 max_exp_avg_sq) is kept: a compact slot's
   // moments in their precision, its master as the bf16 parameters where it has none; f32 otherwise.
   StateFormat KindFormat(const Slot& s, int kind) const;
-  size_t KindBytes(const Slot& s, int kind) const { return static_cast<size_t>(KindFormat(s, kind).value_bytes()); }
-  bool KindQ8(const Slot& s, int kind) const { return KindFormat(s, kind).Scales(1) > 0; }  // codes with blocks' scales
   // n elements of a compact kind from the form the slot keeps it in (`raw` at shard element `off`; q8:
   // `scales` from the block holding `off`) into f32, and back (whole blocks: `off` and, but at the end
   // of the shard, `n` multiples of the block). Kind 0 without a master: the parameters.
@@ -215,7 +212,7 @@ class OptimizerStore {
   virtual Status WriteStoredState(int g, int kind, int64_t offset, int64_t n, const void* values, const float* scales) = 0;
   // Whether WriteStored can take slot s's kind as stored (a compact kind; the bf16 parameters without a master).
   bool TakesStored(const Slot& s, int kind) const {
-    return s.compact() && KindBytes(s, kind) != 4 && (kind != 0 || s.in.dtype == DType::kBF16);
+    return s.compact() && KindFormat(s, kind).compact() && (kind != 0 || s.in.dtype == DType::kBF16);
   }
   // Waits for the captures reading slot g's elements [0, end) (the next change of them).
   void WaitForCaptures(int g, int64_t end);

@@ -80,7 +80,7 @@ class ResidentStore final : public OptimizerStore {
       if (!TakesStored(s, k) || (k > 0 && !s.staged[k].empty())) return std::nullopt;
       StoredPart st{KindFormat(s, k)};
       st.values = static_cast<char*>(KindMemory(s, k)) + st.format.ValuesBytes(off);
-      if (st.format.Scales(1) > 0) st.scales = (k == 1 ? s.exp_avg_scale : s.exp_avg_sq_scale).as<float>() + off / st.format.block;
+      if (st.format.blockwise()) st.scales = (k == 1 ? s.exp_avg_scale : s.exp_avg_sq_scale).as<float>() + off / st.format.block;
       return std::optional<StoredPart>(st);
     };
   }
@@ -135,7 +135,7 @@ class ResidentStore final : public OptimizerStore {
 
   // ---- compact state as f32 values (a checkpoint's view) ----
   void* KindMemory(Slot& s, int kind) { return kind == 0 && !s.in.format.master ? HostParams(s) : static_cast<void*>(State(s, kind)); }
-  float* Scales(Slot& s, int kind) { return (kind == 1 ? s.exp_avg_scale : s.exp_avg_sq_scale).as<float>(); }  // a q8 moment's
+  float* Scales(Slot& s, int kind) { return (kind == 1 ? s.exp_avg_scale : s.exp_avg_sq_scale).as<float>(); }  // a q8 or q4 moment's
   // Host <- the store's memory (on the capture thread: the snapshot stream, which waits for the step).
   Status Fetch(void* dst, const void* src, size_t bytes, bool capture) {
     if (state_dev_->host_accessible()) {
@@ -144,7 +144,8 @@ class ResidentStore final : public OptimizerStore {
     }
     return capture ? compute_->CopyToHost(dst, src, bytes) : state_dev_->Copy(dst, src, bytes);
   }
-  // Elements [off, off + n) of kind k as f32: decoded from bf16 or q8 codes and their blocks' scales.
+  // Elements [off, off + n) of kind k as f32: decoded from bf16, or q8 or q4 codes and their blocks'
+  // scales (from the byte holding element off's value).
   Status Decode(Slot& s, int k, int64_t off, int64_t n, float* out, bool capture) {
     if (n == 0) return Status();
     if (!s.staged[k].empty()) {
@@ -152,13 +153,14 @@ class ResidentStore final : public OptimizerStore {
       return Status();
     }
     const StateFormat f = KindFormat(s, k);
-    const char* src = static_cast<const char*>(KindMemory(s, k)) + f.ValuesBytes(off);
+    const int64_t at = off * ValueBits(f.precision) / 8;
+    const char* src = static_cast<const char*>(KindMemory(s, k)) + at;
     if (!f.compact()) return Fetch(out, src, static_cast<size_t>(n) * 4, capture);
-    const bool q8 = f.Scales(1) > 0;
+    const bool q8 = f.blockwise();
     const int64_t q0 = q8 ? off / f.block : 0, blocks = q8 ? (off + n - 1) / f.block + 1 - q0 : 0;  // the blocks holding them
     const float* scales = q8 ? Scales(s, k) + q0 : nullptr;
     if (state_dev_->host_accessible()) return DecodeKind(s, k, src, scales, off, n, out);  // read where it is
-    std::vector<uint8_t> raw(static_cast<size_t>(f.ValuesBytes(n)));
+    std::vector<uint8_t> raw(static_cast<size_t>(f.ValuesBytes(off + n) - at));
     std::vector<float> host_scales(static_cast<size_t>(blocks));
     RETURN_IF_ERROR(Fetch(raw.data(), src, raw.size(), capture));
     if (q8) RETURN_IF_ERROR(Fetch(host_scales.data(), scales, host_scales.size() * 4, capture));
@@ -170,7 +172,7 @@ class ResidentStore final : public OptimizerStore {
     RETURN_IF_ERROR(kernels::CastCpu(in, DType::kF32, raw.data(), s.in.dtype, n));
     return state_dev_->Copy(static_cast<char*>(HostParams(s)) + static_cast<size_t>(off) * esize(s), raw.data(), raw.size());
   }
-  // The moments a load wrote, encoded whole: bf16 rounded to nearest even, q8 block by block (the
+  // The moments a load wrote, encoded whole: bf16 rounded to nearest even, q8 and q4 block by block (the
   // scale the block's largest magnitude). A block decoded from this format encodes back to itself.
   Status FlushStaged(Slot& s) {
     if (s.staged[1].empty() && s.staged[2].empty()) return Status();
@@ -203,7 +205,7 @@ class ResidentStore final : public OptimizerStore {
       const bool no_master = s.compact() && !s.in.format.master;  // the parameters are the state
       for (int k = s.master_is_params || no_master ? 1 : 0; k < kinds(s); ++k) {
         DeviceBuffer& b = Buffer(s, k);
-        const size_t bytes = S * (s.compact() ? KindBytes(s, k) : 4);
+        const auto bytes = static_cast<size_t>(KindFormat(s, k).ValuesBytes(s.in.elements));
         ASSIGN_OR_RETURN(b, state_dev_->Allocate(bytes, MemCategory::kOptimizerState), ctx);
         RETURN_IF_ERROR(state_dev_->Fill(b.data(), 0, bytes), ctx);
       }
@@ -235,9 +237,9 @@ class ResidentStore final : public OptimizerStore {
       const kernels::CompactFormat& f = s.in.format;
       const auto q = static_cast<size_t>(off / f.block);
       auto scales = [q](DeviceBuffer& b) { return b.empty() ? nullptr : b.as<float>() + q; };
-      *cw = CompactWindow{f, static_cast<char*>(s.exp_avg.data()) + static_cast<size_t>(off) * KindBytes(s, 1),
-                          static_cast<char*>(s.exp_avg_sq.data()) + static_cast<size_t>(off) * KindBytes(s, 2), KindBytes(s, 1), KindBytes(s, 2),
-                          scales(s.exp_avg_scale), scales(s.exp_avg_sq_scale), s.in.index + off};
+      *cw = CompactWindow{f, static_cast<char*>(s.exp_avg.data()) + KindFormat(s, 1).ValuesBytes(off),  // off: whole blocks
+                          static_cast<char*>(s.exp_avg_sq.data()) + KindFormat(s, 2).ValuesBytes(off), scales(s.exp_avg_scale),
+                          scales(s.exp_avg_sq_scale), s.in.index + off};
       return Window{g, off, n, f.master ? State(s, 0) + off : nullptr, nullptr, nullptr, nullptr, grads, params, state_compute_, cw};
     }
     auto at = [off](DeviceBuffer& b) { return b.empty() ? nullptr : b.as<float>() + off; };
@@ -254,7 +256,7 @@ class ResidentStore final : public OptimizerStore {
 
   Status AllocateScales(Slot& s) {
     for (auto [kind, buf] : {std::pair{1, &s.exp_avg_scale}, std::pair{2, &s.exp_avg_sq_scale}}) {
-      if (!KindQ8(s, kind)) continue;
+      if (!KindFormat(s, kind).blockwise()) continue;
       const auto bytes = static_cast<size_t>(KindFormat(s, kind).Scales(s.in.elements)) * 4;
       ASSIGN_OR_RETURN(*buf, state_dev_->Allocate(bytes, MemCategory::kOptimizerState));
       RETURN_IF_ERROR(state_dev_->Fill(buf->data(), 0, bytes));

@@ -41,8 +41,8 @@ class SwappedStore final : public OptimizerStore {
       Slot& s = slots_[static_cast<size_t>(g)];
       const void* grads = static_cast<const char*>(HostGrads(s)) + static_cast<size_t>(w.offset) * DTypeSize(s.in.grad_dtype);
       if (s.compact()) {  // the window's moments as stored, their scales from its first block (windows are whole blocks)
-        const CompactWindow cw{s.in.format, w.data[static_cast<size_t>(exp_avg_)], w.data[static_cast<size_t>(exp_avg_sq_)], KindBytes(s, 1),
-                               KindBytes(s, 2), Data(w, exp_avg_scale_), Data(w, exp_avg_sq_scale_), s.in.index + w.offset};
+        const CompactWindow cw{s.in.format, w.data[static_cast<size_t>(exp_avg_)], w.data[static_cast<size_t>(exp_avg_sq_)],
+                               Data(w, exp_avg_scale_), Data(w, exp_avg_sq_scale_), s.in.index + w.offset};
         return fn(Window{g, w.offset, w.count, Data(w, master_), nullptr, nullptr, nullptr, grads, ParamsAt(w), host_compute_, &cw});
       }
       return fn(Window{g, w.offset, w.count, Data(w, master_), Data(w, exp_avg_), Data(w, exp_avg_sq_),
@@ -103,7 +103,7 @@ class SwappedStore final : public OptimizerStore {
   }
   Status ReadState(int g, int kind, int64_t offset, int64_t n, float* out) override {
     Slot& s = slots_[static_cast<size_t>(g)];
-    if (KindBytes(s, kind) == 4) return swapper_->Read(slot_region_[static_cast<size_t>(g)], kinds_[static_cast<size_t>(kind)], offset, n, out);
+    if (!KindFormat(s, kind).compact()) return swapper_->Read(slot_region_[static_cast<size_t>(g)], kinds_[static_cast<size_t>(kind)], offset, n, out);
     RETURN_IF_ERROR(FlushPending());
     const auto [lo, hi] = Blocks(s, kind, offset, n);
     std::vector<float> v(static_cast<size_t>(hi - lo));
@@ -111,14 +111,14 @@ class SwappedStore final : public OptimizerStore {
     std::memcpy(out, v.data() + (offset - lo), static_cast<size_t>(n) * 4);
     return Status();
   }
-  // Compact kinds: bf16 values (and the parameters without a master) element by element; q8 whole
-  // blocks encoded at once, a block written in part kept as f32 values until the next step,
+  // Compact kinds: bf16 values (and the parameters without a master) element by element; q8 and q4
+  // whole blocks encoded at once, a block written in part kept as f32 values until the next step,
   // RefreshParams or read (FlushPending), so it is encoded once with all its values.
   Status WriteState(int g, int kind, int64_t offset, int64_t n, const float* in) override {
     Slot& s = slots_[static_cast<size_t>(g)];
     const int region = slot_region_[static_cast<size_t>(g)];
-    if (KindBytes(s, kind) == 4) return swapper_->Write(region, kinds_[static_cast<size_t>(kind)], offset, n, in);
-    if (!KindQ8(s, kind)) return WriteEncoded(g, kind, offset, n, in);
+    if (!KindFormat(s, kind).compact()) return swapper_->Write(region, kinds_[static_cast<size_t>(kind)], offset, n, in);
+    if (!KindFormat(s, kind).blockwise()) return WriteEncoded(g, kind, offset, n, in);
     const int64_t block = s.in.format.block;
     int64_t at = offset;
     while (at < offset + n) {
@@ -139,10 +139,10 @@ class SwappedStore final : public OptimizerStore {
     }
     return Status();
   }
-  // The q8 blocks (or bf16 elements) holding [offset, offset + n).
+  // The q8 or q4 blocks (or bf16 elements) holding [offset, offset + n).
   std::pair<int64_t, int64_t> Blocks(const Slot& s, int kind, int64_t offset, int64_t n) const {
     const StateFormat f = KindFormat(s, kind);
-    const int64_t unit = f.Scales(1) > 0 ? f.block : 1;
+    const int64_t unit = f.blockwise() ? f.block : 1;
     return {offset / unit * unit, (offset + n + unit - 1) / unit * unit};
   }
   // Bytes of `count` elements (whole blocks for scales) of `stream` in slot s's region.
@@ -150,12 +150,12 @@ class SwappedStore final : public OptimizerStore {
     if (stream == exp_avg_scale_ || stream == exp_avg_sq_scale_) return static_cast<size_t>(count / s.in.format.block * 4);
     if (stream == params_) return static_cast<size_t>(count) * esize(s);
     const int kind = stream == master_ ? 0 : stream == exp_avg_ ? 1 : stream == exp_avg_sq_ ? 2 : 3;
-    return static_cast<size_t>(count) * (kind == 3 ? 4 : KindBytes(s, kind));
+    return static_cast<size_t>(KindFormat(s, kind).ValuesBytes(count));
   }
-  // The stream a compact kind's stored form is in, and its scales' (-1 unless q8).
+  // The stream a compact kind's stored form is in, and its scales' (-1 unless q8 or q4).
   std::pair<int, int> StoredStreams(const Slot& s, int kind) const {
     if (kind == 0) return {params_, -1};
-    return {kinds_[static_cast<size_t>(kind)], KindQ8(s, kind) ? (kind == 1 ? exp_avg_scale_ : exp_avg_sq_scale_) : -1};
+    return {kinds_[static_cast<size_t>(kind)], KindFormat(s, kind).blockwise() ? (kind == 1 ? exp_avg_scale_ : exp_avg_sq_scale_) : -1};
   }
   // Elements [offset, offset + n) of a compact kind (whole blocks for q8) from the swap files (kind 0
   // without a master: the parameters, on NVMe or in host memory).
@@ -163,7 +163,7 @@ class SwappedStore final : public OptimizerStore {
     Slot& s = slots_[static_cast<size_t>(g)];
     const int region = slot_region_[static_cast<size_t>(g)];
     const auto [stream, scale_stream] = StoredStreams(s, kind);
-    std::vector<char> raw(static_cast<size_t>(n) * KindBytes(s, kind));
+    std::vector<char> raw(static_cast<size_t>(KindFormat(s, kind).ValuesBytes(n)));
     if (stream >= 0) {
       RETURN_IF_ERROR(swapper_->Read(region, stream, offset, n, raw.data()));
     } else {
@@ -175,7 +175,7 @@ class SwappedStore final : public OptimizerStore {
   }
   Status WriteEncoded(int g, int kind, int64_t offset, int64_t n, const float* in) {
     Slot& s = slots_[static_cast<size_t>(g)];
-    std::vector<char> raw(static_cast<size_t>(n) * KindBytes(s, kind));
+    std::vector<char> raw(static_cast<size_t>(KindFormat(s, kind).ValuesBytes(n)));
     std::vector<float> scales(static_cast<size_t>(KindFormat(s, kind).Scales(n)));
     RETURN_IF_ERROR(EncodeKind(s, kind, in, n, raw.data(), scales.data()));
     return WriteRaw(g, kind, offset, n, raw.data(), scales.data());
@@ -220,12 +220,12 @@ class SwappedStore final : public OptimizerStore {
     exp_avg_sq_ = AddStream(streams, "exp_avg_sq", true);
     if (o_.amsgrad) max_exp_avg_sq_ = AddStream(streams, "max_exp_avg_sq", true);
     if (o_.offload.params == OffloadTarget::kNvme) params_ = AddStream(streams, "params", false);
-    bool q8 = false;
+    bool blocks = false;
     for (const Slot& s : slots_) {
-      q8 = q8 || KindQ8(s, 1) || KindQ8(s, 2);
+      blocks = blocks || KindFormat(s, 1).blockwise() || KindFormat(s, 2).blockwise();
       no_master_ = no_master_ || (s.compact() && !s.in.format.master);
     }
-    if (q8) {  // one f32 scale per q8 block
+    if (blocks) {  // one f32 scale per q8 or q4 block
       exp_avg_scale_ = AddStream(streams, "exp_avg_scale", false);
       exp_avg_sq_scale_ = AddStream(streams, "exp_avg_sq_scale", false);
     }
@@ -237,15 +237,18 @@ class SwappedStore final : public OptimizerStore {
       if (s.in.frozen) continue;
       SwapRegion r{"group '" + s.in.name + "'", s.in.elements, std::vector<size_t>(streams.size(), 4), {}};
       if (params_ >= 0) r.element_bytes[static_cast<size_t>(params_)] = esize(s);
-      if (s.compact()) {  // the moments as kept; no master stream without one; scales for q8 moments
+      r.elements_per.assign(streams.size(), 1);
+      if (s.compact()) {  // the moments as kept (q4: a byte per two); no master stream without one
         r.element_bytes[static_cast<size_t>(master_)] = s.in.format.master ? 4 : 0;
-        r.element_bytes[static_cast<size_t>(exp_avg_)] = KindBytes(s, 1);
-        r.element_bytes[static_cast<size_t>(exp_avg_sq_)] = KindBytes(s, 2);
+        for (auto [stream, kind] : {std::pair{exp_avg_, 1}, std::pair{exp_avg_sq_, 2}}) {
+          const StateFormat f = KindFormat(s, kind);
+          r.element_bytes[static_cast<size_t>(stream)] = static_cast<size_t>(f.value_bytes());
+          r.elements_per[static_cast<size_t>(stream)] = f.value_bytes() * 8 / ValueBits(f.precision);
+        }
       }
-      if (q8) {
-        r.elements_per.assign(streams.size(), 1);
+      if (blocks) {  // scales for q8 and q4 moments
         for (auto [stream, kind] : {std::pair{exp_avg_scale_, 1}, std::pair{exp_avg_sq_scale_, 2}}) {
-          const bool has = KindQ8(s, kind);
+          const bool has = KindFormat(s, kind).blockwise();
           r.element_bytes[static_cast<size_t>(stream)] = has ? 4 : 0;
           r.elements_per[static_cast<size_t>(stream)] = has ? s.in.format.block : 1;
         }
@@ -305,7 +308,7 @@ class SwappedStore final : public OptimizerStore {
       const Slot& s = store_.slots_[static_cast<size_t>(g)];
       for (size_t k = 0; k < store_.kinds_.size(); ++k) {
         const float* values = Data(w, store_.kinds_[k]);
-        if (s.compact() && store_.KindBytes(s, static_cast<int>(k)) != 4) {
+        if (s.compact() && store_.KindFormat(s, static_cast<int>(k)).compact()) {
           const auto [stream, scales] = store_.StoredStreams(s, static_cast<int>(k));
           const void* raw = stream >= 0 ? w.data[static_cast<size_t>(stream)]
                                         : static_cast<const char*>(store_.HostParams(store_.slots_[static_cast<size_t>(g)])) +
@@ -350,9 +353,9 @@ class SwappedStore final : public OptimizerStore {
   std::vector<int> slot_region_;  // -1 for frozen slots
   std::vector<int> region_slot_;
   int master_ = -1, exp_avg_ = -1, exp_avg_sq_ = -1, max_exp_avg_sq_ = -1, params_ = -1;
-  int exp_avg_scale_ = -1, exp_avg_sq_scale_ = -1;  // with q8 moments
+  int exp_avg_scale_ = -1, exp_avg_sq_scale_ = -1;  // with q8 or q4 moments
   bool no_master_ = false;                           // a group keeps no master: its parameters are state
-  // q8 blocks a load wrote in part: (group, kind, first element) -> the block's f32 values.
+  // q8 or q4 blocks a load wrote in part: (group, kind, first element) -> the block's f32 values.
   std::map<std::tuple<int, int, int64_t>, std::vector<float>> pending_;
   SwapStats stats_;
 };

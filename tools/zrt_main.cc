@@ -223,8 +223,8 @@ void AddPlanCommand(CLI::App& app, Args& a) {
   plan->add_flag("--flash-attention", pi.flash_attention, "attention scores are never stored (FlashAttention)");
   plan->add_flag("--fp32-grads", pi.fp32_grads, "4-byte gradients (EngineConfig::fp32_grads)");
   plan->add_option("--prefetch", pi.prefetch_depth, "stage 3: layers gathered ahead (EngineConfig::prefetch_depth)")->capture_default_str();
-  plan->add_option("--moments", pi.moments, "Adam moments: f32, bf16 or q8 (8-bit block-wise; EngineConfig::state)")
-      ->check(CLI::IsMember({"f32", "bf16", "q8"}))->capture_default_str();
+  plan->add_option("--moments", pi.moments, "Adam moments: f32, bf16, q8 or q4 (8- or 4-bit block-wise; EngineConfig::state)")
+      ->check(CLI::IsMember({"f32", "bf16", "q8", "q4"}))->capture_default_str();
   plan->add_option("--master", a.master, "an fp32 master copy of the parameters: yes, or no (bf16 models)")
       ->check(CLI::IsMember({"yes", "no"}))->capture_default_str();
   plan->add_option("--dtype", a.dtype, "parameter dtype")->check(CLI::IsMember({"bf16", "f16", "fp16", "f32", "fp32"}))->capture_default_str();

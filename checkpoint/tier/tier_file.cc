@@ -109,10 +109,10 @@ Status TierSink::Copy(const Piece& p, Part& part, int64_t offset, int64_t n, con
 }
 
 // Compact state, packed chunk by chunk as in a disk checkpoint (each chunk's values or codes, then a
-// q8 chunk's scales); each chunk hashed once its last part is there.
+// q8 or q4 chunk's scales); each chunk hashed once its last part is there.
 Status TierSink::Pack(const Piece& p, Part& part, int64_t offset, int64_t n, const float* data) {
-  if (p.q8() && (offset % p.format.block != 0 || n % p.format.block != 0)) {
-    return InternalError("memory tier: q8 state arrived at elements [", offset, ", ", offset + n, "), not whole blocks of ", p.format.block);
+  if (p.blockwise() && (offset % p.format.block != 0 || n % p.format.block != 0)) {
+    return InternalError("memory tier: ", PrecisionName(p.format.precision), " state arrived at elements [", offset, ", ", offset + n, "), not whole blocks of ", p.format.block);
   }
   char* base = into_.data() + p.offset;
   for (int64_t done = 0; done < n;) {
@@ -165,14 +165,14 @@ Status TierSink::Put(int group, int buffer, int64_t offset, int64_t n, const flo
   return Status();
 }
 
-// Each chunk of a compact piece holds its values or codes, then (q8) its blocks' scales: the part's
+// Each chunk of a compact piece holds its values or codes, then (q8, q4) its blocks' scales: the part's
 // codes and scales are copied to their places in the chunks they fall in.
 Status TierSink::PutStored(int group, int buffer, int64_t offset, int64_t n, const StateFormat& format, const void* values,
                            const float* scales) {
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(const size_t piece, Arriving(group, buffer, offset, n));
   const Piece& p = plan_[piece];
-  const int64_t block = p.q8() ? format.block : 1;
+  const int64_t block = p.blockwise() ? format.block : 1;
   if (format != p.format || offset % block != 0 || (n % block != 0 && offset + n != p.count)) {
     return InternalError("memory tier: group ", group, " buffer ", buffer, " arrived stored otherwise than the snapshot keeps it");
   }
@@ -182,7 +182,7 @@ Status TierSink::PutStored(int group, int buffer, int64_t offset, int64_t n, con
     const int64_t take = std::min(n - done, cn - at);
     char* chunk = base + p.Bytes(c0);
     std::memcpy(chunk + format.ValuesBytes(at), static_cast<const char*>(values) + format.ValuesBytes(done), static_cast<size_t>(format.ValuesBytes(take)));
-    if (p.q8()) std::memcpy(chunk + cn + 4 * (at / block), scales + done / block, static_cast<size_t>(format.Scales(take)) * 4);
+    if (p.blockwise()) std::memcpy(chunk + format.ValuesBytes(cn) + 4 * (at / block), scales + done / block, static_cast<size_t>(format.Scales(take)) * 4);
     done += take;
   }
   HashFilled(p, parts_[piece], offset + n);

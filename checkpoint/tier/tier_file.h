@@ -114,7 +114,7 @@ struct Piece {
   int group, kind;
   int64_t count, offset;
   StateFormat format;  // compact state: stored as kept (format.h), packed as it arrives
-  bool q8() const { return format.Scales(1) > 0; }
+  bool blockwise() const { return format.blockwise(); }  // q8, q4: codes with blocks' scales
   int64_t Bytes(int64_t elements) const { return format.Bytes(elements); }
 };
 Result<std::vector<Piece>> PlanFile(const Manifest& m, int64_t* total);

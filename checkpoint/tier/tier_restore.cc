@@ -74,32 +74,32 @@ Offer OfferReplica(const std::string& rep, int source, int64_t step) {
 }
 
 // The spans a piece of the data file moves in, the same on both sides of the shift: its bytes whole,
-// or for q8 each chunk's codes and then its blocks' scales (PlanFile's layout), so that a receiver
+// or for q8 and q4 each chunk's codes and then its blocks' scales (PlanFile's layout), so that a receiver
 // can place the two apart.
 struct Span {
   int64_t at, bytes;  // within the piece's bytes in the file
   int64_t element;    // the chunk's first element
-  bool scales;        // q8: the chunk's scales (else its codes, or the values)
+  bool scales;        // q8, q4: the chunk's scales (else its codes, or the values)
 };
 std::vector<Span> Spans(const Piece& p, int64_t chunk) {
-  if (!p.q8()) return {Span{0, p.Bytes(p.count), 0, false}};
+  if (!p.blockwise()) return {Span{0, p.Bytes(p.count), 0, false}};
   std::vector<Span> out;
   for (int64_t c0 = 0; c0 < p.count; c0 += chunk) {
-    const int64_t cn = std::min(chunk, p.count - c0), at = p.Bytes(c0);
-    out.push_back({at, cn, c0, false});
-    out.push_back({at + cn, p.Bytes(cn) - cn, c0, true});
+    const int64_t cn = std::min(chunk, p.count - c0), at = p.Bytes(c0), codes = p.format.ValuesBytes(cn);
+    out.push_back({at, codes, c0, false});
+    out.push_back({at + codes, p.Bytes(cn) - codes, c0, true});
   }
   return out;
 }
 
-// Where a piece lands: its buffer's values (f32, bf16, q8 codes) and, kept apart, the q8 blocks'
+// Where a piece lands: its buffer's values (f32, bf16, q8 or q4 codes) and, kept apart, the blocks'
 // scales (direct); or its place in the received file (`scales` null: the piece's bytes as laid out).
 struct Target {
   char* values = nullptr;
   char* scales = nullptr;
   char* Of(const Piece& p, const Span& s) const {
     if (scales == nullptr) return values + s.at;
-    return s.scales ? scales + 4 * (s.element / p.format.block) : values + s.element;
+    return s.scales ? scales + 4 * (s.element / p.format.block) : values + p.format.ValuesBytes(s.element);
   }
 };
 
@@ -126,8 +126,8 @@ Target DirectTarget(const Piece& p, const StateBuffer& b, const StateView& targe
   auto kept = target.StoredMemory(p.group, p.kind);
   if (!kept.ok() || !kept->has_value()) return Target{};
   const StoredPart& sp = **kept;
-  if (sp.format != p.format || (p.q8() && sp.scales == nullptr)) return Target{};
-  return Target{static_cast<char*>(sp.values), p.q8() ? reinterpret_cast<char*>(sp.scales) : nullptr};
+  if (sp.format != p.format || (p.blockwise() && sp.scales == nullptr)) return Target{};
+  return Target{static_cast<char*>(sp.values), p.blockwise() ? reinterpret_cast<char*>(sp.scales) : nullptr};
 }
 
 // Each piece's target when every one is host memory laid out as the replica's (the same tensors,
@@ -149,7 +149,7 @@ std::vector<Target> DirectTargets(const Manifest& m, const std::vector<Piece>& p
       if (te.name != spec.name || te.shape != spec.shape || te.dtype != spec.dtype || te.offset != tg.layout.tensor_offset(static_cast<int64_t>(t))) return {};
     }
     const StateBuffer& b = tg.buffers[k];
-    if (b.kind != ge.kinds[k] || b.count != p.count || (p.count > 0 && p.q8() && m.chunk_elements % p.format.block != 0)) return {};
+    if (b.kind != ge.kinds[k] || b.count != p.count || (p.count > 0 && p.blockwise() && m.chunk_elements % p.format.block != 0)) return {};
     const Target t = DirectTarget(p, b, target);
     if (t.values == nullptr && p.count > 0) return {};
     into.push_back(t);
@@ -197,16 +197,17 @@ Result<LoadResult> CheckDirect(const Receipt& rc, const std::string& what) {
     const ChunkEntry& c = rc.index.chunks[k];
     const size_t i = piece_of[static_cast<size_t>(c.group)] + static_cast<size_t>(c.kind);
     const Piece& p = rc.plan[i];
-    const bool q8 = p.q8();
+    const bool q8 = p.blockwise();  // codes, then scales
     if (c.codec != Codec::kRaw || c.stored_bytes != p.Bytes(c.elements) || c.file_offset != p.offset + p.Bytes(c.elem_offset) ||
         (q8 && c.elem_offset % p.format.block != 0)) {
       return DataLossError(what, ": chunk ", k, " is not where the replica's layout puts it");
     }
     const Target& t = rc.into[i];
-    const Span values{p.Bytes(c.elem_offset), q8 ? c.elements : c.stored_bytes, c.elem_offset, false};
+    const int64_t codes = p.format.ValuesBytes(c.elements);
+    const Span values{p.Bytes(c.elem_offset), q8 ? codes : c.stored_bytes, c.elem_offset, false};
     const char* at = t.Of(p, values);
-    const char* scales = q8 ? t.Of(p, Span{values.at + c.elements, c.stored_bytes - c.elements, c.elem_offset, true}) : nullptr;
-    const uint64_t sum = q8 ? Checksum(at, static_cast<size_t>(c.elements), scales, static_cast<size_t>(c.stored_bytes - c.elements))
+    const char* scales = q8 ? t.Of(p, Span{values.at + codes, c.stored_bytes - codes, c.elem_offset, true}) : nullptr;
+    const uint64_t sum = q8 ? Checksum(at, static_cast<size_t>(codes), scales, static_cast<size_t>(c.stored_bytes - codes))
                             : Checksum(at, static_cast<size_t>(c.stored_bytes));
     const GroupEntry& ge = rc.m.groups[static_cast<size_t>(c.group)];
     const std::string chunk = "chunk " + std::to_string(k) + " (group '" + ge.name + "', " + ge.kinds[static_cast<size_t>(c.kind)] + ", elements " +

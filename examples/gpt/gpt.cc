@@ -328,7 +328,8 @@ Status SampleText(zrt::ZeroEngine& engine, Net& net, const gpt::Config& c, const
 // --no-master), the gradient reductions hidden behind backward, and the SUMMARY line.
 void PrintReport(zrt::ZeroEngine& engine, const zrt::EngineConfig& cfg, const gpt::Config& c, const Options& o, int world, const gpt::Model& model,
                  const RunTotals& t) {
-  const double mb = o.moments == "f32" ? 4 : o.moments == "bf16" ? 2 : 1 + 4.0 / cfg.state.q8_block;
+  const zrt::StateFormat moment = zrt::StateFormat::Of(cfg.state.exp_avg, "exp_avg", cfg.state.q8_block);
+  const double mb = static_cast<double>(moment.Bytes(cfg.state.q8_block)) / static_cast<double>(cfg.state.q8_block);
   double psi_embed = 0;
   for (const gpt::TensorDef& d : gpt::Tensors(c)) {
     if (d.group == "embed" && !o.compact_embed) psi_embed += static_cast<double>(zrt::TensorSpec{d.name, d.shape, zrt::DType::kBF16}.numel());
@@ -563,7 +564,8 @@ int main(int argc, char** argv) {
   app.add_option("--seed", o.seed, "initialisation and data order");
   app.add_option("--data", o.data, "directory of text files");
   app.add_option("--offload", o.offload, "none, host or nvme")->check(CLI::IsMember({"none", "host", "nvme"}));
-  app.add_option("--moments", o.moments, "Adam moments in f32, bf16 or q8 (8-bit block-wise)")->check(CLI::IsMember({"f32", "bf16", "q8"}));
+  app.add_option("--moments", o.moments, "Adam moments in f32, bf16, q8 or q4 (8- or 4-bit block-wise)")
+      ->check(CLI::IsMember({"f32", "bf16", "q8", "q4"}));
   app.add_flag("--no-master", o.no_master, "no fp32 master: bf16 parameters updated with stochastic rounding");
   app.add_flag("--quantized-weights", o.quantized_weights, "stage 3: parameter gathers as int8 codes with a scale per 256 values (qwZ)");
   app.add_flag("--quantized-gradients", o.quantized_gradients, "stages 1-3: gradient reduce-scatters as an all-to-all of int8 codes (qgZ)");

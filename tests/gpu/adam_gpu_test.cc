@@ -85,12 +85,12 @@ TEST(AdamCuda, MatchesCpuBitForBitOnManyTensors) {
   }
 }
 
-// Compact state (core/quant_math.h): every moment format, with and without a master, q8 blocks of
+// Compact state (core/quant_math.h): every moment format, with and without a master, q8 and q4 blocks of
 // 64 and 4096, tails, a global index that crosses 2^32 inside the tensor: the CPU's bytes.
 TEST(AdamCompactCuda, MatchesCpuBitForBit) {
   ZRT_REQUIRE_GPU();
   std::mt19937_64 rng(testing::TestSeed());
-  const Precision kinds[] = {Precision::kF32, Precision::kBF16, Precision::kQ8};
+  const Precision kinds[] = {Precision::kF32, Precision::kBF16, Precision::kQ8, Precision::kQ4};
   for (bool master : {true, false}) {
     for (Precision mf : kinds) {
       for (Precision vf : kinds) {
@@ -113,7 +113,7 @@ TEST(AdamCompactCuda, MatchesCpuBitForBit) {
           };
           auto moment = [&](Precision k, bool is_signed) {
             if (k == Precision::kF32) return floats(static_cast<size_t>(n), 0.01f, !is_signed);
-            std::vector<uint8_t> b = k == Precision::kBF16 ? std::vector<uint8_t>(static_cast<size_t>(n) * 2) : bytes(static_cast<size_t>(n));
+            std::vector<uint8_t> b = bytes(static_cast<size_t>(StateFormat::Of(k, is_signed ? "exp_avg" : "exp_avg_sq", block).ValuesBytes(n)));
             if (k == Precision::kBF16) {
               const auto x = floats(static_cast<size_t>(n), 0.01f, !is_signed);
               for (int64_t i = 0; i < n; ++i) {
@@ -122,8 +122,14 @@ TEST(AdamCompactCuda, MatchesCpuBitForBit) {
                 const uint16_t h = FloatToBf16(y);
                 std::memcpy(b.data() + i * 2, &h, 2);
               }
-            } else {
+            } else if (k == Precision::kQ8) {
               for (auto& c : b) c = static_cast<uint8_t>(is_signed ? (c & 0x80) | ((c & 0x7f) % 121) : c % 249);
+            } else {  // q4: any nibble but the signed negative zero; an odd length's last high nibble 0
+              for (auto& c : b) {
+                if (is_signed && (c & 15) == 8) c &= 0xf0;
+                if (is_signed && (c >> 4) == 8) c &= 0x0f;
+              }
+              if (n % 2 == 1) b.back() &= 0x0f;
             }
             return b;
           };
@@ -145,10 +151,10 @@ TEST(AdamCompactCuda, MatchesCpuBitForBit) {
           EXPECT_EQ(dp.Download(), p) << what;
           EXPECT_EQ(dm.Download(), m) << what;
           EXPECT_EQ(dv.Download(), v) << what;
-          if (mf == Precision::kQ8) {
+          if (IsBlockwise(mf)) {
             EXPECT_EQ(dms.Download(), ms) << what;
           }
-          if (vf == Precision::kQ8) {
+          if (IsBlockwise(vf)) {
             EXPECT_EQ(dvs.Download(), vs) << what;
           }
           EXPECT_EQ(dc.Download(), copy) << what;

@@ -72,7 +72,7 @@ TEST(PlanAgreement, TheEngineAllocatesWhatThePlannerCounts) {
     const char* moments;
     bool master;
   };
-  const State states[] = {{"f32", true}, {"bf16", true}, {"q8", true}, {"q8", false}, {"bf16", false}};
+  const State states[] = {{"f32", true}, {"bf16", true}, {"q8", true}, {"q8", false}, {"bf16", false}, {"q4", true}, {"q4", false}};
   for (DType dtype : {DType::kF32, DType::kBF16}) {
     for (const Placement& p : placements) {
     for (const State& st : states) {

@@ -126,7 +126,7 @@ void PrintGroup(const json& jg, int shards, std::ostream& out) {
   if (jg.contains("stored")) {  // compact state (checkpoint-format.md "Stored state")
     out << "    stored:";
     for (size_t k = 0; k < jg["kinds"].size(); ++k) out << " " << jg["kinds"][k].get<std::string>() << "=" << jg["stored"][k].get<std::string>();
-    if (jg.contains("block")) out << " (q8 blocks of " << jg["block"].get<int64_t>() << ")";
+    if (jg.contains("block")) out << " (blocks of " << jg["block"].get<int64_t>() << ")";
     out << "\n";
   }
   for (const json& jr : jg["ranks"]) {

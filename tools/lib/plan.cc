@@ -6,7 +6,7 @@
 // counted); plus V*h (embedding; twice when untied) + s*h (learned positions, gpt only).
 // Model states per device, P = parameter bytes, G = gradient bytes (P, or 4 with fp32 gradients),
 // K = optimizer bytes per parameter (12 with 16-bit parameters: fp32 master + Adam moments; 8 for fp32
-// models; with compact state (--moments, --master) each moment 4, 2 or 1 + 4/block bytes and the master
+// models; with compact state (--moments, --master) each moment 4, 2, 1 or 1/2 + 4/block bytes and the master
 // 4 or 0), Psi parameters, N devices — Rajbhandari et al., "ZeRO", SC'20, section 5:
 //   stage 0: (P + G + K) Psi   stage 1: (P + G) Psi + K Psi/N   stage 2: P Psi + (G + K) Psi/N
 //   stage 3: (P + G + K) Psi / N
@@ -106,7 +106,7 @@ struct Memory {
 };
 
 // Bytes of one Adam moment per parameter as the state keeps it (--moments; Check parsed it): its
-// value, and a q8 block's scale shared by the block.
+// value, and a q8 or q4 block's scale shared by the block.
 double MomentBytes(const PlanInput& in) {
   const Result<Precision> p = ParsePrecision(in.moments);
   const StateFormat f = StateFormat::Of(p.ok() ? *p : Precision::kF32, "exp_avg_sq", in.q8_block);
