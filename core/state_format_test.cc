@@ -79,6 +79,21 @@ TEST(StateFormat, Q4EncodeThenDecodeFromAnyElement) {
     EXPECT_EQ(again_scales, scales);
     back[7] = back[7] * 1.01f + 1e-9f;
     EXPECT_EQ(f.EncodeExact(back.data(), n, again.data(), again_scales.data()).code(), StatusCode::kInvalidArgument);
+    // A corrupt block is named: its scale, a negative zero, a largest code lowered.
+    const int64_t whole = n / block * block;
+    ASSERT_TRUE(f.Check(bytes.data(), scales.data(), whole).ok());
+    auto refused = [&](const char* what, const std::function<void(std::vector<uint8_t>&, std::vector<float>&)>& forge) {
+      std::vector<uint8_t> b = bytes;
+      std::vector<float> sc = scales;
+      forge(b, sc);
+      const Status st = f.Check(b.data(), sc.data(), whole);
+      EXPECT_EQ(st.code(), StatusCode::kDataLoss) << what;
+      EXPECT_NE(st.message().find(what), std::string_view::npos) << st;
+    };
+    refused("q4 block 1: scale nan", [](auto&, auto& sc) { sc[1] = std::nanf(""); });
+    refused("q4 block 2: scale -", [](auto&, auto& sc) { sc[2] = -sc[2]; });
+    refused("q4 block 3: its largest code", [&](auto& b, auto&) { std::fill(b.begin() + 3 * block / 2, b.begin() + 4 * block / 2, uint8_t{0x11}); });
+    if (is_signed) refused("q4 block 0: code 8 is never written", [](auto& b, auto&) { b[3] = static_cast<uint8_t>((b[3] & 0xf0) | 8); });
   }
   // The unsigned code has no zero: a 0 beside positive values (padding a reshard fills in) is stored as
   // the block's smallest code; the signed code holds 0 exactly.

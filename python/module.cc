@@ -56,7 +56,7 @@ class Checkpoint {
       g["lr"] = ge.lr;
       g["weight_decay"] = ge.weight_decay;
       g["kinds"] = ge.kinds;
-      std::vector<std::string> stored;  // how each kind is stored: "f32", "bf16", "q8" (read() gives f32 either way)
+      std::vector<std::string> stored;  // how each kind is stored: "f32", "bf16", "q8", "q4" (read() gives f32 either way)
       for (size_t k = 0; k < ge.kinds.size(); ++k) stored.emplace_back(zrt::PrecisionName(ge.stored_as(k)));
       g["stored"] = stored;
       g["tensors"] = tensors;

@@ -80,7 +80,8 @@ void DeclareOptions(CLI::App& app, Options& o) {
   app.add_option("--offload", o.offload, "optimizer state (and at stage 3 the parameter shards) in: none, host or nvme")
       ->check(CLI::IsMember({"none", "host", "nvme"}));
   app.add_option("--nvme-dir", o.nvme_dir, "directory for the NVMe swap files (--offload nvme)");
-  app.add_option("--moments", o.moments, "Adam moments kept in f32, bf16 or q8 (EngineConfig::state)")->check(CLI::IsMember({"f32", "bf16", "q8"}));
+  app.add_option("--moments", o.moments, "Adam moments kept in f32, bf16, q8 or q4 (EngineConfig::state)")
+      ->check(CLI::IsMember({"f32", "bf16", "q8", "q4"}));
   app.add_option("--device", o.device_name, "where the engine works: cpu, or cuda (one GPU per rank, NCCL)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
 }

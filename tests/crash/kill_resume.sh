@@ -115,15 +115,19 @@ for placement in none host nvme; do
   [ "$placement" = nvme ] && off+=(--nvme-dir "$work/swap")
   killed_twice "$work/at-$placement" "$work/base.bin" "${nargs[@]}" "${off[@]}"
 done
-# q8 moments (compact state: the saves stage and write the codes and scales as the optimizer keeps
-# them, from memory or as the step streams them from NVMe), killed twice mid-capture: identical to
-# the uninterrupted q8 run.
-mpi 4 "$bin" "${nargs[@]}" --moments q8 --ckpt "$work/q8-base" --dump "$work/q8-base.bin" > "$work/q8-base.log"
-for placement in none nvme; do
-  echo "== q8 moments in $placement memory: killed mid-capture twice, restarted, identical to the q8 baseline"
-  off=(--offload "$placement")
-  [ "$placement" = nvme ] && off+=(--nvme-dir "$work/swap")
-  killed_twice "$work/q8-at-$placement" "$work/q8-base.bin" "${nargs[@]}" --moments q8 "${off[@]}"
+# q8 and q4 moments (compact state: the saves stage and write the codes and scales as the optimizer
+# keeps them, from memory or as the step streams them from NVMe; q4's two codes a byte in the swap
+# files), killed twice mid-capture: identical to the uninterrupted run of the same precision.
+for moments in q8 q4; do
+  mpi 4 "$bin" "${nargs[@]}" --moments $moments --ckpt "$work/$moments-base" --dump "$work/$moments-base.bin" > "$work/$moments-base.log"
+  placements="none nvme"
+  [ $moments = q4 ] && placements=nvme  # q4 in memory takes q8's paths; the swap files' half bytes are its own
+  for placement in $placements; do
+    echo "== $moments moments in $placement memory: killed mid-capture twice, restarted, identical to the $moments baseline"
+    off=(--offload "$placement")
+    [ "$placement" = nvme ] && off+=(--nvme-dir "$work/swap")
+    killed_twice "$work/$moments-at-$placement" "$work/$moments-base.bin" "${nargs[@]}" --moments $moments "${off[@]}"
+  done
 done
 [ -z "$(ls -A "$work/swap")" ] || { echo "FAIL: swap files left behind: $(ls -R "$work/swap")"; exit 1; }
 

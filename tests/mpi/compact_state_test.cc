@@ -589,8 +589,8 @@ TEST_F(CompactStateTest, Q8StateFromTheTierLandsInPlaceAndIsCheckedThere) {
   }
 }
 
-// A checkpoint of f32 state loads into q8 state (quantized) and back (the codes' values): the
-// parameters come through exactly and training goes on.
+// A checkpoint of f32 state loads into q8 state (quantized), that into q4 state, and back (the codes'
+// values): the parameters come through exactly and training goes on.
 TEST_F(CompactStateTest, AnotherPrecisionLoadsConverted) {
   auto f32 = Make(comm_.get(), 2, {}).value();
   for (int s = 1; s <= 3; ++s) Train(*f32, s);
@@ -608,6 +608,17 @@ TEST_F(CompactStateTest, AnotherPrecisionLoadsConverted) {
   auto back = Make(comm_.get(), 1, {}).value();
   LoadInto(*back, root_ + "/q8/step-00000004");
   EXPECT_EQ(FullParams(*back), FullParams(*q8));
+  // q8 -> q4 (requantized on load) -> f32 (the q4 codes' values): the parameters come through exactly.
+  auto q4 = Make(comm_.get(), 3, kPrecisions[6].state).value();  // q4 moments, no master
+  LoadInto(*q4, root_ + "/q8/step-00000004");
+  EXPECT_EQ(FullParams(*q4), FullParams(*q8));
+  Train(*q4, 5);
+  auto ck3 = Checkpointer(comm_.get(), "q4");
+  ASSERT_TRUE(ck3->SaveAsync(q4->state_view()).ok());
+  ASSERT_TRUE(ck3->Wait().ok());
+  auto back4 = Make(comm_.get(), 2, {}).value();
+  LoadInto(*back4, root_ + "/q4/step-00000005");
+  EXPECT_EQ(FullParams(*back4), FullParams(*q4));
   // The manifest says which groups kept compact state (the embeddings did not), once: per kind.
   std::ifstream in(root_ + "/q8/step-00000004/manifest.json");
   const auto m = nlohmann::json::parse(in);
