@@ -155,6 +155,19 @@ ZRT_HD float Q4Magnitude(uint32_t m) {  // T[m], m in 0..7
   }
 }
 
+// The signed code's thresholds, k in 0..6: the midpoint of T[k] and T[k + 1], the f32 nearest.
+ZRT_HD float Q4SignedMid(int k) {
+  switch (k) {
+    case 0: return 1.0f / 24.0f;
+    case 1: return 0.125f;
+    case 2: return 5.0f / 24.0f;
+    case 3: return 7.0f / 24.0f;
+    case 4: return 5.0f / 12.0f;
+    case 5: return 7.0f / 12.0f;
+    default: return 5.0f / 6.0f;
+  }
+}
+
 ZRT_HD float Q4Value(uint8_t code, bool is_signed) {
   if (!is_signed) return static_cast<float>((code & 15u) + 1u) * 0.0625f;  // exact
   const float v = Q4Magnitude(code & 7u);
@@ -169,8 +182,8 @@ ZRT_HD uint8_t Q4Encode(float x, float recip, bool is_signed) {
     const int k = static_cast<int>(r * 16.0f + 0.5f);
     return static_cast<uint8_t>((k > 1 ? k : 1) - 1);
   }
-  uint32_t m = (r >= 1.0f / 24.0f) + (r >= 0.125f) + (r >= 5.0f / 24.0f) + (r >= 7.0f / 24.0f) + (r >= 5.0f / 12.0f) +
-               (r >= 7.0f / 12.0f) + (r >= 5.0f / 6.0f);
+  uint32_t m = 0;
+  for (int k = 0; k < 7; ++k) m += r >= Q4SignedMid(k) ? 1u : 0u;
   return static_cast<uint8_t>(m | (m != 0 && (FloatBits(x) >> 31) ? 8u : 0u));
 }
 

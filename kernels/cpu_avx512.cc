@@ -163,6 +163,45 @@ struct Isa {
   static void EncodeQ8(void* base, int64_t i, Vec x, Vec recip, Tail t) {
     _mm_mask_storeu_epi8(static_cast<uint8_t*>(base) + i, t.m, Q8Encode<kSigned>(x.v, recip.v));
   }
+  // q4 (quant_math.h), a block at a time: 16 codes decoded by a 16-entry table (one permute), and 16
+  // encoded with the scalar rule's arithmetic (r's compares, or r * 16 + 1/2 truncated), then packed.
+  template <bool kSigned>
+  static void DecodeQ4(const void* bytes, int64_t n, float scale, float* out) {
+    const auto* b = static_cast<const uint8_t*>(bytes);
+    const __m512 table = _mm512_mul_ps(_mm512_loadu_ps(Q4Table(kSigned)), _mm512_set1_ps(scale));  // value * scale, per code
+    const __m128i low = _mm_set1_epi8(0x0f);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + i / 2));
+      const __m128i c = _mm_unpacklo_epi8(_mm_and_si128(v, low), _mm_and_si128(_mm_srli_epi16(v, 4), low));  // in element order
+      _mm512_storeu_ps(out + i, _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(c), table));
+    }
+    for (; i < n; ++i) out[i] = Q4Value(Q4CodeAt(b, i), kSigned) * scale;
+  }
+  template <bool kSigned>
+  static void EncodeQ4(const float* x, int64_t n, float recip, void* bytes) {
+    auto* b = static_cast<uint8_t*>(bytes);
+    const __m512 rv = _mm512_set1_ps(recip), one = _mm512_set1_ps(1.0f);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      const __m512 xv = _mm512_loadu_ps(x + i);
+      const __m512 r = _mm512_min_ps(_mm512_mul_ps(_mm512_abs_ps(xv), rv), one);  // NaN: 1, as the scalar min
+      __m512i code;
+      if constexpr (kSigned) {
+        __m512i m = _mm512_setzero_si512();
+        for (int k = 0; k < 7; ++k) m = _mm512_mask_add_epi32(m, _mm512_cmp_ps_mask(r, _mm512_set1_ps(Q4SignedMid(k)), _CMP_GE_OQ), m, Set(1));
+        const __mmask16 neg = _mm512_movepi32_mask(_mm512_castps_si512(xv)) & _mm512_test_epi32_mask(m, m);
+        code = _mm512_mask_or_epi32(m, neg, m, Set(8));
+      } else {
+        const __m512i k = _mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(r, _mm512_set1_ps(16.0f)), _mm512_set1_ps(0.5f)));
+        code = _mm512_sub_epi32(_mm512_max_epi32(k, Set(1)), Set(1));
+      }
+      const __m128i c = _mm512_cvtepi32_epi8(code);  // 16 codes, a byte each
+      const __m128i pairs = _mm_or_si128(_mm_and_si128(c, _mm_set1_epi16(0x00ff)), _mm_srli_epi16(c, 4));  // lo | hi << 4
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(b + i / 2), _mm_packus_epi16(pairs, pairs));
+    }
+    Q4EncodeCodes(x + i, n - i, recip, kSigned, b + i / 2);  // i is even
+  }
   static Vec ZeroUnlessAbove(Vec m, Vec r, float t) { return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(r.v, _mm512_set1_ps(t), _CMP_GT_OQ), m.v); }
   static void StoreBf16Stochastic(void* base, int64_t i, Vec x, uint32_t key, uint32_t lo, Full) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(base) + i), Bf16Stochastic(x.v, key, lo));

@@ -161,22 +161,28 @@ struct Kernels {
   // to nearest even) at once; when a moment is q8 or q4, both are kept for the block in two stack
   // buffers and stored after it (a block's scale is its largest stored magnitude, and the coupling needs
   // the second moment's codes before the first moment is stored). q4 codes are decoded into those
-  // buffers before the block and encoded from them after it, by plain loops each ISA unit's compiler
-  // vectorizes: the arithmetic of Q4Value and Q4Encode, so every unit stores the same bits.
+  // buffers before the block and encoded from them after it, with the arithmetic of Q4Value and
+  // Q4Encode, so every unit stores the same bits.
   static constexpr bool Blockwise(int m) { return m == kMomQ8 || m == kMomQ4; }
 
-  static void DecodeQ4(const void* bytes, int64_t n, float scale, bool is_signed, float* out) {
-    const auto* b = static_cast<const uint8_t*>(bytes);
-    const float* value = Q4Table(is_signed);
-    for (int64_t j = 0; j < n; ++j) out[j] = value[Q4CodeAt(b, j)] * scale;
+  // An ISA unit may bring its own (AVX-512: a table permute); the same values and codes either way.
+  template <bool kSigned>
+  static void DecodeQ4(const void* bytes, int64_t n, float scale, float* out) {
+    if constexpr (requires { Isa::template DecodeQ4<kSigned>(bytes, n, scale, out); }) {
+      Isa::template DecodeQ4<kSigned>(bytes, n, scale, out);
+    } else {
+      const auto* b = static_cast<const uint8_t*>(bytes);
+      const float* value = Q4Table(kSigned);
+      for (int64_t j = 0; j < n; ++j) out[j] = value[Q4CodeAt(b, j)] * scale;
+    }
   }
   template <bool kSigned>
   static void EncodeQ4(const float* x, int64_t n, float recip, void* bytes) {
-    alignas(64) uint8_t codes[kMaxQuantBlock + 1];
-    for (int64_t j = 0; j < n; ++j) codes[j] = Q4Encode(x[j], recip, kSigned);
-    codes[n] = 0;  // an odd block's last high nibble
-    auto* b = static_cast<uint8_t*>(bytes);
-    for (int64_t j = 0; j < (n + 1) / 2; ++j) b[j] = static_cast<uint8_t>(codes[2 * j] | codes[2 * j + 1] << 4);
+    if constexpr (requires { Isa::template EncodeQ4<kSigned>(x, n, recip, bytes); }) {
+      Isa::template EncodeQ4<kSigned>(x, n, recip, bytes);
+    } else {
+      Q4EncodeCodes(x, n, recip, kSigned, static_cast<uint8_t*>(bytes));
+    }
   }
   template <int M, bool kSigned, class Tag>
   static V LoadMoment(const void* base, float scale, int64_t i, Tag tag) {
@@ -286,8 +292,8 @@ struct Kernels {
     for (int64_t b0 = r.begin; b0 < r.end; b0 += blk) {
       const int64_t b1 = std::min(b0 + blk, r.end);
       const float ms = Blockwise(M1) ? r.exp_avg_scale[b0 / blk] : 0.0f, vs = Blockwise(M2) ? r.exp_avg_sq_scale[b0 / blk] : 0.0f;
-      if constexpr (M1 == kMomQ4) DecodeQ4(static_cast<const uint8_t*>(r.exp_avg) + b0 / 2, b1 - b0, ms, true, mt);
-      if constexpr (M2 == kMomQ4) DecodeQ4(static_cast<const uint8_t*>(r.exp_avg_sq) + b0 / 2, b1 - b0, vs, false, vt);
+      if constexpr (M1 == kMomQ4) DecodeQ4<true>(static_cast<const uint8_t*>(r.exp_avg) + b0 / 2, b1 - b0, ms, mt);
+      if constexpr (M2 == kMomQ4) DecodeQ4<false>(static_cast<const uint8_t*>(r.exp_avg_sq) + b0 / 2, b1 - b0, vs, vt);
       V vmax(0.0f);
       int64_t i = b0;
       for (; i + W <= b1; i += W) {
