@@ -115,9 +115,10 @@ class ResidentStore final : public OptimizerStore {
     }
     if (kind == 0) return WriteParams(s, offset, n, in);  // no master: the parameters, rounded to nearest
     std::vector<float>& staged = s.staged[kind];
-    if (staged.empty()) {  // what is not written keeps its value (padding)
-      staged.resize(static_cast<size_t>(s.in.elements));
-      RETURN_IF_ERROR(Decode(s, kind, 0, s.in.elements, staged.data(), false));
+    if (staged.empty()) {  // what is not written keeps its value (padding): decoded before staging starts
+      std::vector<float> values(static_cast<size_t>(s.in.elements));
+      RETURN_IF_ERROR(Decode(s, kind, 0, s.in.elements, values.data(), false));
+      staged = std::move(values);
     }
     std::memcpy(staged.data() + offset, in, static_cast<size_t>(n) * 4);
     return Status();
