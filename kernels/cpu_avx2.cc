@@ -170,6 +170,54 @@ struct Isa {
     const uint64_t b = LowBytes(Q8Encode<kSigned>(x.v, recip.v));
     std::memcpy(static_cast<uint8_t*>(base) + i, &b, static_cast<size_t>(t.n));
   }
+  // q4 (quant_math.h), a block at a time, 8 codes a vector: decoded by a 16-entry table (two 8-entry
+  // permutes, the code's bit 3 choosing), encoded with the scalar rule's arithmetic, then packed.
+  template <bool kSigned>
+  static void DecodeQ4(const void* bytes, int64_t n, float scale, float* out) {
+    const auto* b = static_cast<const uint8_t*>(bytes);
+    const float* value = Q4Table(kSigned);
+    const __m256 s = _mm256_set1_ps(scale);
+    const __m256 lo_table = _mm256_mul_ps(_mm256_loadu_ps(value), s), hi_table = _mm256_mul_ps(_mm256_loadu_ps(value + 8), s);
+    const __m128i low = _mm_set1_epi8(0x0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      int32_t four;
+      std::memcpy(&four, b + i / 2, 4);
+      const __m128i v = _mm_cvtsi32_si128(four);
+      const __m128i c = _mm_unpacklo_epi8(_mm_and_si128(v, low), _mm_and_si128(_mm_srli_epi16(v, 4), low));  // in element order
+      const __m256i idx = _mm256_cvtepu8_epi32(c);
+      const __m256 high = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28));  // sign bit: codes 8..15
+      _mm256_storeu_ps(out + i, _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo_table, idx), _mm256_permutevar8x32_ps(hi_table, idx), high));
+    }
+    for (; i < n; ++i) out[i] = value[Q4CodeAt(b, i)] * scale;
+  }
+  template <bool kSigned>
+  static void EncodeQ4(const float* x, int64_t n, float recip, void* bytes) {
+    auto* b = static_cast<uint8_t*>(bytes);
+    const __m256 rv = _mm256_set1_ps(recip), one = _mm256_set1_ps(1.0f), abs = _mm256_castsi256_ps(Set(0x7fffffffu));
+    const __m256i pick = _mm256_setr_epi8(0, 8, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                          0, 8, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      const __m256 xv = _mm256_loadu_ps(x + i);
+      const __m256 r = _mm256_min_ps(_mm256_mul_ps(_mm256_and_ps(xv, abs), rv), one);  // NaN: 1, as the scalar min
+      __m256i code;
+      if constexpr (kSigned) {
+        __m256i m = _mm256_setzero_si256();
+        for (int k = 0; k < 7; ++k) m = _mm256_sub_epi32(m, _mm256_castps_si256(_mm256_cmp_ps(r, _mm256_set1_ps(Q4SignedMid(k)), _CMP_GE_OQ)));
+        const __m256i neg = _mm256_andnot_si256(_mm256_cmpeq_epi32(m, _mm256_setzero_si256()), _mm256_srai_epi32(_mm256_castps_si256(xv), 31));
+        code = _mm256_or_si256(m, _mm256_and_si256(neg, Set(8)));
+      } else {
+        const __m256i k = _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(r, _mm256_set1_ps(16.0f)), _mm256_set1_ps(0.5f)));
+        code = _mm256_sub_epi32(_mm256_max_epi32(k, Set(1)), Set(1));
+      }
+      // Each 64-bit pair (even, odd code) to even | odd << 4 in its low byte, then the four bytes gathered.
+      const __m256i pairs = _mm256_shuffle_epi8(_mm256_or_si256(code, _mm256_srli_epi64(code, 28)), pick);
+      const auto four = static_cast<uint32_t>(_mm256_extract_epi16(pairs, 0)) | static_cast<uint32_t>(_mm256_extract_epi16(pairs, 8)) << 16;
+      std::memcpy(b + i / 2, &four, 4);
+    }
+    Q4EncodeCodes(x + i, n - i, recip, kSigned, b + i / 2);  // i is even
+  }
   static Vec ZeroUnlessAbove(Vec m, Vec r, float t) { return _mm256_and_ps(m.v, _mm256_cmp_ps(r.v, _mm256_set1_ps(t), _CMP_GT_OQ)); }
   static void StoreBf16Stochastic(void* base, int64_t i, Vec x, uint32_t key, uint32_t lo, Full) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(base) + i), Bf16Stochastic(x.v, key, lo));
