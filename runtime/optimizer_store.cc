@@ -6,7 +6,7 @@
 // Buffers per group (S = shard elements, E = bytes per element of the group's dtype):
 //   resident: master, exp_avg, exp_avg_sq[, max_exp_avg_sq]: S x 4 each, in device memory (offload
 //             none) or host memory (offload host); compact state (Group::format): each moment S x 4,
-//             2 or 1 plus S / block x 4 of q8 scales, no master without one (the parameters are the
+//             2, 1 or 1/2 plus S / block x 4 of q8/q4 scales, no master without one (the parameters are the
 //             state), and while a checkpoint load writes a moment, S x 4 in host memory (staged)
 //   swapped:  the same as streams of preallocated swap files (offload/swapper.h), plus the parameter
 //             shard as a stream (offload.params = nvme); 3 host buffer sets of one sub-group
@@ -243,7 +243,8 @@ Status OptimizerStore::WriteStored(int group, int kind, int64_t offset, int64_t 
   if (!TakesStored(s, kind)) return UnavailableError("optimizer store: group '", s.in.name, "' keeps kind ", kind, " as f32 values");
   const int64_t block = KindFormat(s, kind).blockwise() ? s.in.format.block : 1;
   if (offset % block != 0 || (n % block != 0 && offset + n != s.in.elements)) {
-    return InvalidArgumentError("optimizer store: ", PrecisionName(KindFormat(s, kind).precision), " state of group '", s.in.name, "' written at elements [", offset, ", ", offset + n,
+    return InvalidArgumentError("optimizer store: ", PrecisionName(KindFormat(s, kind).precision), " state of group '", s.in.name,
+                                "' written at elements [", offset, ", ", offset + n,
                                 "), not whole blocks of ", block);
   }
   RETURN_IF_ERROR(Settle());  // a capture still reading (or owed) the state gets it as it was

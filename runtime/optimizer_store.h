@@ -57,7 +57,7 @@ class OptimizerStore {
     // elements are left as they are: zero). Used only during Init.
     std::function<void(int64_t offset, int64_t count, float* out)> init;
     // How the trainable state is stored (kernels/adam.h; EngineConfig::state): compact() moments are
-    // bf16 or q8 codes with their scales, and without a master the parameters are the state.
+    // bf16 values, or q8 or q4 codes with their scales, and without a master the parameters are the state.
     kernels::CompactFormat format;
     int64_t index = 0;  // shard element 0's index in the group's flat buffer (rank x shard size)
   };
@@ -86,8 +86,8 @@ class OptimizerStore {
   Status Init(std::vector<Group> groups);
 
   // A window of a slot with compact state: the moments as stored from the window's first element (a
-  // block's start), their q8 or q4 scales from its first block, and the window's first global index. Window::master is null
-  // without a master: Window::params are updated in place.
+  // block's start), their q8 or q4 scales from its first block, and the window's first global index.
+  // Window::master is null without a master: Window::params are updated in place.
   struct CompactWindow {
     kernels::CompactFormat format;
     void* exp_avg;
@@ -166,7 +166,7 @@ class OptimizerStore {
     bool master_is_params = false;  // an f32 group's resident master: its parameters (HostParams), no copy
     DeviceBuffer host_grad, host_params;  // mirrors of device memory the host cannot address
     DeviceBuffer param_shard;             // held parameters in host memory
-    // Compact state: q8 scales, and the f32 values a checkpoint load wrote, encoded at the next
+    // Compact state: q8 or q4 scales, and the f32 values a checkpoint load wrote, encoded at the next
     // RefreshParams or Update (a block is encoded whole).
     DeviceBuffer exp_avg_scale, exp_avg_sq_scale;
     std::vector<float> staged[3];
@@ -179,7 +179,7 @@ class OptimizerStore {
   // How kind `kind` (0 master, 1 exp_avg, 2 exp_avg_sq, 3 max_exp_avg_sq) is kept: a compact slot's
   // moments in their precision, its master as the bf16 parameters where it has none; f32 otherwise.
   StateFormat KindFormat(const Slot& s, int kind) const;
-  // n elements of a compact kind from the form the slot keeps it in (`raw` at shard element `off`; q8:
+  // n elements of a compact kind from the form the slot keeps it in (`raw` at shard element `off`; q8, q4:
   // `scales` from the block holding `off`) into f32, and back (whole blocks: `off` and, but at the end
   // of the shard, `n` multiples of the block). Kind 0 without a master: the parameters.
   Status DecodeKind(const Slot& s, int kind, const void* raw, const float* scales, int64_t off, int64_t n, float* out) const;

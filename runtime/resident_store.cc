@@ -1,5 +1,5 @@
 // The resident placement of the optimizer store (store_placements.h): the state in device memory
-// (offload none) or host memory (offload host); compact state with its q8 scales, and the f32 values a
+// (offload none) or host memory (offload host); compact state with its q8/q4 scales, and the f32 values a
 // load writes into a compact moment, staged until the next refresh or step encodes them whole.
 #include "zrt/runtime/store_placements.h"
 

@@ -1,6 +1,6 @@
 // The swapped placement of the optimizer store (store_placements.h): the state as streams of swap
-// files on NVMe (offload/swapper.h), compact moments as kept with their q8 scales in streams of their
-// own, streamed through host memory sub-group by sub-group by each step, a load's partial q8 blocks
+// files on NVMe (offload/swapper.h), compact moments as kept with their q8/q4 scales in streams of their
+// own, streamed through host memory sub-group by sub-group by each step, a load's partial q8/q4 blocks
 // held until they are whole.
 #include "zrt/runtime/store_placements.h"
 
@@ -103,7 +103,9 @@ class SwappedStore final : public OptimizerStore {
   }
   Status ReadState(int g, int kind, int64_t offset, int64_t n, float* out) override {
     Slot& s = slots_[static_cast<size_t>(g)];
-    if (!KindFormat(s, kind).compact()) return swapper_->Read(slot_region_[static_cast<size_t>(g)], kinds_[static_cast<size_t>(kind)], offset, n, out);
+    if (!KindFormat(s, kind).compact()) {
+      return swapper_->Read(slot_region_[static_cast<size_t>(g)], kinds_[static_cast<size_t>(kind)], offset, n, out);
+    }
     RETURN_IF_ERROR(FlushPending());
     const auto [lo, hi] = Blocks(s, kind, offset, n);
     std::vector<float> v(static_cast<size_t>(hi - lo));

@@ -112,7 +112,8 @@ Status TierSink::Copy(const Piece& p, Part& part, int64_t offset, int64_t n, con
 // q8 or q4 chunk's scales); each chunk hashed once its last part is there.
 Status TierSink::Pack(const Piece& p, Part& part, int64_t offset, int64_t n, const float* data) {
   if (p.blockwise() && (offset % p.format.block != 0 || n % p.format.block != 0)) {
-    return InternalError("memory tier: ", PrecisionName(p.format.precision), " state arrived at elements [", offset, ", ", offset + n, "), not whole blocks of ", p.format.block);
+    return InternalError("memory tier: ", PrecisionName(p.format.precision), " state arrived at elements [", offset, ", ", offset + n,
+                         "), not whole blocks of ", p.format.block);
   }
   char* base = into_.data() + p.offset;
   for (int64_t done = 0; done < n;) {
@@ -182,7 +183,9 @@ Status TierSink::PutStored(int group, int buffer, int64_t offset, int64_t n, con
     const int64_t take = std::min(n - done, cn - at);
     char* chunk = base + p.Bytes(c0);
     std::memcpy(chunk + format.ValuesBytes(at), static_cast<const char*>(values) + format.ValuesBytes(done), static_cast<size_t>(format.ValuesBytes(take)));
-    if (p.blockwise()) std::memcpy(chunk + format.ValuesBytes(cn) + 4 * (at / block), scales + done / block, static_cast<size_t>(format.Scales(take)) * 4);
+    if (p.blockwise()) {
+      std::memcpy(chunk + format.ValuesBytes(cn) + 4 * (at / block), scales + done / block, static_cast<size_t>(format.Scales(take)) * 4);
+    }
     done += take;
   }
   HashFilled(p, parts_[piece], offset + n);
