@@ -12,7 +12,10 @@ TEST(EngineConfigJson, StatePrecision) {
   auto c = EngineConfigFromJson(*j);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->state, (StatePrecision{Precision::kQ8, Precision::kBf16, false, 128}));
-  for (const char* bad : {R"({"state": {"exp_avg": "int8"}})", R"({"state": {"q8_block": 100}})", R"({"state": {"masters": true}})",
+  auto q4 = EngineConfigFromJson(*ParseJson(R"({"state": {"exp_avg": "q4", "exp_avg_sq": "q4", "master": false}})", "test"));
+  ASSERT_TRUE(q4.ok()) << q4.status();
+  EXPECT_EQ(q4->state, (StatePrecision{Precision::kQ4, Precision::kQ4, false, 256}));
+  for (const char* bad : {R"({"state": {"exp_avg": "int8"}})", R"({"state": {"exp_avg_sq": "q2"}})", R"({"state": {"q8_block": 100}})", R"({"state": {"masters": true}})",
                           R"({"adam": {"amsgrad": true}, "state": {"exp_avg": "bf16"}})"}) {
     auto b = EngineConfigFromJson(*ParseJson(bad, "test"));
     EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument) << bad;
