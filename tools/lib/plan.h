@@ -46,7 +46,7 @@ struct PlanInput {
   bool recompute = false;               // full activation recomputation
   bool flash_attention = false;         // attention scores never stored (the 5 a s^2 b term goes)
   int param_bytes = 2;                  // bf16/f16 = 2, f32 = 4
-  std::string moments = "f32";          // EngineConfig::state: each Adam moment in f32, bf16 or q8 ...
+  std::string moments = "f32";          // EngineConfig::state: each Adam moment in f32, bf16, q8 or q4 ...
   bool master = true;                   // ... and an fp32 master (false: bf16 models only)
   int q8_block = 256;
   bool fp32_grads = false;              // EngineConfig::fp32_grads: 4-byte gradients
