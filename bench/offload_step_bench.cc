@@ -7,8 +7,8 @@
 //   host: in host memory; figure = parameters updated per second beside the same engine without
 //         offload (on CPU-only builds both are host memory, so the ratio shows the offload path's cost).
 //   nvme per state precision (EngineConfig::state): the same NVMe step with q8 moments and an fp32
-//         master, and q8 moments without one; figure = step time beside the f32 state's, with the
-//         bytes each moves.
+//         master, q8 moments without one, and q4 moments without one; figure = step time beside the
+//         f32 state's, with the bytes each moves.
 //
 //   offload_step_bench --params P --dir D [--budget BYTES] [--steps S] [--host-params H] [--fio-mixed-mbps M]
 #include <CLI/CLI.hpp>
@@ -125,7 +125,8 @@ int main(int argc, char** argv) {
 
   // The same step with compact state: fewer bytes through the disk.
   for (const StatePrecision& st : {StatePrecision{Precision::kQ8, Precision::kQ8, true, 256},
-                                   StatePrecision{Precision::kQ8, Precision::kQ8, false, 256}}) {
+                                   StatePrecision{Precision::kQ8, Precision::kQ8, false, 256},
+                                   StatePrecision{Precision::kQ4, Precision::kQ4, false, 256}}) {
     auto c = Run(comm->get(), params, OffloadTarget::kNvme, dir, budget, steps, st);
     if (!c.ok()) {
       std::fprintf(stderr, "nvme %s: %s\n", StatePrecisionName(st).c_str(), c.status().ToString().c_str());
@@ -134,7 +135,8 @@ int main(int argc, char** argv) {
     const double cm = static_cast<double>(c->swap.bytes_read + c->swap.bytes_written) / (steps > 1 ? steps - 1 : 1);
     std::printf("nvme, %s: step %.2f s (f32 state %.2f s), %.2f GB read + written per step = %.0f MB/s\n", StatePrecisionName(st).c_str(),
                 c->step_seconds, n.step_seconds, cm / 1e9, cm / c->step_seconds / 1e6);
-    bench::PrintResult("offload_step", "nvme step s, " + std::string(st.master ? "q8 moments" : "q8 moments no master"), c->step_seconds, "s",
+    const std::string moments = std::string(PrecisionName(st.exp_avg)) + (st.master ? " moments" : " moments no master");
+    bench::PrintResult("offload_step", "nvme step s, " + moments, c->step_seconds, "s",
                        n.step_seconds, "f32 state");
   }
 
