@@ -225,11 +225,9 @@ uint8_t Magnitude(const StateFormat& f, uint8_t code) {
 
 }  // namespace
 
-CodeScan::CodeScan(const StateFormat& format, int64_t n) : format_(format) {
-  if (!format.blockwise() || n % format.block != 0) {
-    format_.block = n > 0 ? -1 : 0;  // Check says why; an empty buffer passes
-    return;
-  }
+CodeScan::CodeScan(const StateFormat& format, int64_t n) : format_(format), n_(n) {
+  if (!format.blockwise() || n % format.block != 0) return;  // Check says why (an empty buffer passes)
+  whole_ = true;
   block_bytes_ = format.ValuesBytes(format.block);
   bytes_ = format.ValuesBytes(n);
   largest_.resize(static_cast<size_t>(n / format.block));
@@ -255,8 +253,8 @@ void CodeScan::Take(const char* codes, size_t bytes) {
 Status CodeScan::Check(const void* values, const float* scales) const {
   const std::string_view name = PrecisionName(format_.precision);
   const int64_t block = format_.block;
-  if (block == 0 && bytes_ == 0) return Status();
-  if (block <= 0 || at_ != bytes_) return DataLossError(name, " state of ", bytes_, " bytes of codes in blocks of ", block, " (", at_, " taken)");
+  if (!whole_) return n_ == 0 ? Status() : DataLossError(name, " state of ", n_, " elements in blocks of ", block);
+  if (at_ != bytes_) return DataLossError(name, " state: ", at_, " of its ", bytes_, " bytes of codes were taken");
   const auto* codes = static_cast<const uint8_t*>(values);
   const bool q4 = format_.precision == Precision::kQ4;
   const uint8_t top = (q4 ? kQ4MaxCode : kQ8MaxCode)[format_.is_signed ? 1 : 0];

@@ -105,6 +105,8 @@ class CodeScan {
 
  private:
   StateFormat format_;
+  int64_t n_;
+  bool whole_ = false;                            // blockwise, of whole blocks
   int64_t block_bytes_ = 0, bytes_ = 0, at_ = 0;  // bytes of a block, of all n codes, taken
   std::vector<uint8_t> largest_, negative_zero_;  // per block
 };
