@@ -127,7 +127,7 @@ __device__ __forceinline__ void StoreQ4(void* base, int64_t i, bool in, uint32_t
 
 // One thread block per segment of `seg` elements: a q8 or q4 block when a moment is one (its codes need the
 // block's largest magnitude: kept in registers, at most kMaxQuantBlock / kThreads per thread), else
-// any length. The same AdamElement and quant_math.h definitions as the CPU path.
+// any length. The same CompactAdamElement (AdamElement) and quant_math.h definitions as the CPU path.
 template <int G, int C, bool kSr>
 __global__ void __launch_bounds__(kThreads) AdamCompactKernel(CompactTensor t, AdamStepScalars s, uint64_t step, int64_t seg,
                                                                const int* skip, const float* scale) {
@@ -147,7 +147,11 @@ __global__ void __launch_bounds__(kThreads) AdamCompactKernel(CompactTensor t, A
     if (i >= b0 + n || (q && k >= kPer)) break;
     float p = kSr ? Bf16ToFloat(static_cast<const uint16_t*>(t.p)[i]) : static_cast<const float*>(t.p)[i];
     float m = LoadMoment(t.m, t.m_kind, ms, i, true), v = LoadMoment(t.v, t.v_kind, vs, i, false);
-    AdamElement<float>(s, p, LoadElem<G>(t.g, i), m, v, nullptr);
+    if (t.m_kind == 0 && t.v_kind == 0 && !kSr) {
+      AdamElement<float>(s, p, LoadElem<G>(t.g, i), m, v, nullptr);
+    } else {
+      CompactAdamElement<float>(s, p, LoadElem<G>(t.g, i), m, v);
+    }
     if constexpr (kSr) {
       const uint64_t gi = static_cast<uint64_t>(t.index + i);
       static_cast<uint16_t*>(t.p)[i] = FloatToBf16Stochastic(p, static_cast<uint32_t>(gi >> 32) == hi0 ? key0 : key1, static_cast<uint32_t>(gi));

@@ -36,6 +36,8 @@ Result<AdamStepScalars> MakeAdamStepScalars(const AdamConfig& c, int64_t step, d
   s.decay = s.use_decay ? static_cast<float>(1.0 - c.lr * c.weight_decay) : 1.0f;
   s.neg_step_size = static_cast<float>(-c.lr / bc1);
   s.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  s.compact_step = static_cast<float>(-c.lr * std::sqrt(bc2) / bc1);
+  s.compact_eps = static_cast<float>(c.eps * std::sqrt(bc2));
   s.grad_scale = static_cast<float>(grad_scale);
   s.amsgrad = c.amsgrad;
   return s;

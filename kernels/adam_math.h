@@ -16,6 +16,9 @@
 //   v  = fma((1 - b2) * g, g, b2 * v)           (Tensor.addcmul_ fuses too)
 //   v^ = max(v^, v) if amsgrad, else v
 //   p  = p + ((-lr / (1 - b1^t)) * m) / (sqrt(v^) / sqrt(1 - b2^t) + eps)
+// Compact state (CompactAdamElement; no PyTorch state to match: bf16, q8 or q4 moments, or no master)
+// takes Kingma & Ba's form of the same update, with one divide where PyTorch's order has two:
+//   p  = p + ((-lr sqrt(1 - b2^t) / (1 - b1^t)) * m) / (sqrt(v) + eps sqrt(1 - b2^t))
 #pragma once
 
 #include <cstdint>
@@ -38,6 +41,8 @@ struct AdamStepScalars {
   float decay;         // AdamW: 1 - lr * wd, applied to the parameter first; 1 for Adam(L2)
   float neg_step_size;  // -lr / (1 - beta1^t)
   float bc2_sqrt;       // sqrt(1 - beta2^t)
+  float compact_step;   // -lr * sqrt(1 - beta2^t) / (1 - beta1^t): CompactAdamElement's step size
+  float compact_eps;    // eps * sqrt(1 - beta2^t): CompactAdamElement's eps
   float grad_scale;    // gradients are multiplied by this first: 1 / (loss_scale * clip_coef)
   bool amsgrad;
   bool use_l2;
@@ -62,14 +67,20 @@ ZRT_HD float Fma(float a, float b, float c) {
 #endif
 }
 
-// Updates one element (or one vector of elements). `vmax` is null unless amsgrad.
+// The gradient's unscale, L2 or decoupled decay, and both moments: what every update shares.
 template <class V>
-ZRT_HD void AdamElement(const AdamStepScalars& s, V& p, V g, V& m, V& v, V* vmax) {
+ZRT_HD void AdamMoments(const AdamStepScalars& s, V& p, V g, V& m, V& v) {
   g = g * V(s.grad_scale);
   if (s.use_l2) g = Fma(p, V(s.l2), g);
   if (s.use_decay) p = p * V(s.decay);
   m = Fma(g, V(s.one_minus_beta1), V(s.beta1) * m);
   v = Fma(V(s.one_minus_beta2) * g, g, V(s.beta2) * v);
+}
+
+// Updates one element (or one vector of elements) in PyTorch's order. `vmax` is null unless amsgrad.
+template <class V>
+ZRT_HD void AdamElement(const AdamStepScalars& s, V& p, V g, V& m, V& v, V* vmax) {
+  AdamMoments<V>(s, p, g, m, v);
   V vhat = v;
   if (vmax != nullptr) {
     *vmax = Max(*vmax, v);
@@ -77,6 +88,14 @@ ZRT_HD void AdamElement(const AdamStepScalars& s, V& p, V g, V& m, V& v, V* vmax
   }
   const V denom = Sqrt(vhat) / V(s.bc2_sqrt) + V(s.eps);
   p = p + (V(s.neg_step_size) * m) / denom;
+}
+
+// The update of compact state: the same moments, then one divide and one square root (the divider is
+// what bounds a compact step on a CPU; docs/kernels.md "Compact state").
+template <class V>
+ZRT_HD void CompactAdamElement(const AdamStepScalars& s, V& p, V g, V& m, V& v) {
+  AdamMoments<V>(s, p, g, m, v);
+  p = p + (V(s.compact_step) * m) / (Sqrt(v) + V(s.compact_eps));
 }
 
 // The multiplier applied to every gradient before the update, and the pre-clip norm, from the global

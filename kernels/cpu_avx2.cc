@@ -65,12 +65,15 @@ inline __m256i Q8Encode(__m256 x, __m256 recip) {
   constexpr uint32_t kBias = kSigned ? 15 : 31;
   const __m256 ax = _mm256_and_ps(x, _mm256_castsi256_ps(Set(0x7fffffffu)));
   const __m256 r = _mm256_min_ps(_mm256_mul_ps(ax, recip), _mm256_set1_ps(1.0f));
-  const __m256i sub = _mm256_cvtps_epi32(_mm256_mul_ps(r, _mm256_set1_ps(kSigned ? 0x1p17f : 0x1p33f)));
   const __m256i u = _mm256_castps_si256(r);
   const __m256i t = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, Set(0x7ffffu)), _mm256_and_si256(_mm256_srli_epi32(u, 20), Set(1))), 20);
-  const __m256i normal = _mm256_sub_epi32(t, Set((127u - kBias) << 3));
+  __m256i mag = _mm256_sub_epi32(t, Set((127u - kBias) << 3));
+  // Codes of exponent 0 are rare (a value below 2^-14 of its block's largest): computed only when a lane has one.
   const __m256 is_sub = _mm256_cmp_ps(r, _mm256_set1_ps(kSigned ? 0x1p-14f : 0x1p-30f), _CMP_LT_OQ);
-  __m256i mag = _mm256_blendv_epi8(normal, sub, _mm256_castps_si256(is_sub));
+  if (_mm256_movemask_ps(is_sub) != 0) [[unlikely]] {
+    const __m256i sub = _mm256_cvtps_epi32(_mm256_mul_ps(r, _mm256_set1_ps(kSigned ? 0x1p17f : 0x1p33f)));
+    mag = _mm256_blendv_epi8(mag, sub, _mm256_castps_si256(is_sub));
+  }
   if constexpr (kSigned) {
     const __m256i neg = _mm256_srai_epi32(_mm256_castps_si256(x), 31);
     const __m256i zero = _mm256_cmpeq_epi32(mag, _mm256_setzero_si256());

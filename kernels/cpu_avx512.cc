@@ -49,36 +49,30 @@ inline __m512i Fmix32(__m512i h) {
   h = _mm512_mullo_epi32(h, Set(0xc2b2ae35u));
   return _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
 }
-// A code's magnitude bits shifted into a float's top bits are its value (exponent e + 127 - bias, 3
-// mantissa bits) for e > 0; for e = 0 that reads 2^-bias (1 + f/8), and the value f 2^(-bias-2) is
-// twice that less 2^-bias, exactly (one fused multiply-subtract).
-template <bool kSigned>
-inline __m512 Q8Decode(__m512i c) {
-  constexpr int kBias = kSigned ? 15 : 31;
-  const __m512i mag = kSigned ? _mm512_and_si512(c, Set(0x7f)) : c;
-  const __m512 v = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_slli_epi32(mag, 20), Set((127u - kBias) << 23)));
-  const __mmask16 sub = _mm512_cmplt_epu32_mask(mag, Set(8));
-  const __m512 lo2 = _mm512_set1_ps(kSigned ? 0x1p-14f : 0x1p-30f);  // 2 * 2^-bias
-  const __m512 x = _mm512_mask_fmsub_ps(v, sub, _mm512_set1_ps(2.0f), lo2);
-  if constexpr (!kSigned) return x;
-  // | the sign bit (bit 7 of the code, at bit 31 after the shift)
-  return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_castps_si512(x), _mm512_slli_epi32(c, 24), Set(0x80000000u), 0xF8));
+// An unsigned code's bits shifted into a float's top bits are its value (exponent e + 127 - 31, 3
+// mantissa bits) for e > 0; for e = 0 that reads 2^-31 (1 + f/8), and the value f 2^-33 is twice that
+// less 2^-30, exactly (one fused multiply-subtract).
+inline __m512 Q8DecodeUnsigned(__m512i c) {
+  const __m512 v = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_slli_epi32(c, 20), Set((127u - 31u) << 23)));
+  const __mmask16 sub = _mm512_cmplt_epu32_mask(c, Set(8));
+  return _mm512_mask_fmsub_ps(v, sub, _mm512_set1_ps(2.0f), _mm512_set1_ps(0x1p-30f));
 }
 template <bool kSigned>
 inline __m128i Q8Encode(__m512 x, __m512 recip) {
   constexpr uint32_t kBias = kSigned ? 15 : 31;
   const __m512 ax = _mm512_and_ps(x, _mm512_castsi512_ps(Set(0x7fffffffu)));
   const __m512 r = _mm512_min_ps(_mm512_mul_ps(ax, recip), _mm512_set1_ps(1.0f));
-  const __m512i sub = _mm512_cvtps_epi32(_mm512_mul_ps(r, _mm512_set1_ps(kSigned ? 0x1p17f : 0x1p33f)));
   const __m512i u = _mm512_castps_si512(r);
   const __m512i t = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, Set(0x7ffffu)), _mm512_and_si512(_mm512_srli_epi32(u, 20), Set(1))), 20);
-  const __m512i normal = _mm512_sub_epi32(t, Set((127u - kBias) << 3));
+  __m512i mag = _mm512_sub_epi32(t, Set((127u - kBias) << 3));
+  // Codes of exponent 0 are rare (a value below 2^-14 of its block's largest): computed only when a lane has one.
   const __mmask16 is_sub = _mm512_cmp_ps_mask(r, _mm512_set1_ps(kSigned ? 0x1p-14f : 0x1p-30f), _CMP_LT_OQ);
-  __m512i mag = _mm512_mask_blend_epi32(is_sub, normal, sub);
-  if constexpr (kSigned) {
-    const __mmask16 neg = _mm512_cmplt_epi32_mask(_mm512_castps_si512(x), _mm512_setzero_si512());
-    const __mmask16 nonzero = _mm512_cmpneq_epi32_mask(mag, _mm512_setzero_si512());
-    mag = _mm512_mask_or_epi32(mag, static_cast<__mmask16>(neg & nonzero), mag, Set(0x80));
+  if (is_sub != 0) [[unlikely]] {
+    mag = _mm512_mask_blend_epi32(is_sub, mag, _mm512_cvtps_epi32(_mm512_mul_ps(r, _mm512_set1_ps(kSigned ? 0x1p17f : 0x1p33f))));
+  }
+  if constexpr (kSigned) {  // the sign bit where the magnitude's code is not 0
+    const __mmask16 neg_nonzero = _mm512_mask_test_epi32_mask(_mm512_movepi32_mask(_mm512_castps_si512(x)), mag, mag);
+    mag = _mm512_mask_or_epi32(mag, neg_nonzero, mag, Set(0x80));
   }
   return _mm512_cvtepi32_epi8(mag);
 }
@@ -149,11 +143,23 @@ struct Isa {
   static float LaneMax(Vec x) { return _mm512_reduce_max_ps(x.v); }
   template <bool kSigned>
   static Vec DecodeQ8(const void* base, int64_t i, Full) {
-    return Q8Decode<kSigned>(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(base) + i))));
+    return DecodeQ8Bytes<kSigned>(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(base) + i)));
   }
   template <bool kSigned>
   static Vec DecodeQ8(const void* base, int64_t i, Tail t) {
-    return Q8Decode<kSigned>(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(t.m, static_cast<const uint8_t*>(base) + i)));
+    return DecodeQ8Bytes<kSigned>(_mm_maskz_loadu_epi8(t.m, static_cast<const uint8_t*>(base) + i));
+  }
+  // A signed code is an IEEE half's bits with the 4-bit exponent in the half's 5 (the same bias, 15)
+  // and its 3 mantissa bits on top of the half's 10 (exponent 0: the half's subnormals, f 2^-17):
+  // converted exactly by F16C. The unsigned code's exponent reaches 31, a half's infinities.
+  template <bool kSigned>
+  static Vec DecodeQ8Bytes(__m128i bytes) {
+    if constexpr (kSigned) {
+      const __m256i t = _mm256_slli_epi16(_mm256_cvtepu8_epi16(bytes), 7);  // code bits 0-7 at 7-14
+      return _mm512_cvtph_ps(_mm256_add_epi16(t, _mm256_and_si256(t, _mm256_set1_epi16(0x4000))));  // bit 14 -> 15
+    } else {
+      return Q8DecodeUnsigned(_mm512_cvtepu8_epi32(bytes));
+    }
   }
   template <bool kSigned>
   static void EncodeQ8(void* base, int64_t i, Vec x, Vec recip, Full) {

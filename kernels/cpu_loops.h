@@ -157,9 +157,9 @@ struct Kernels {
   }
 
   // ---- Adam over compact state (quant_math.h) ----
-  // Moments are decoded to f32, updated by the same AdamElement, and stored back: f32 and bf16 (round
-  // to nearest even) at once; when a moment is q8 or q4, both are kept for the block in two stack
-  // buffers and stored after it (a block's scale is its largest stored magnitude, and the coupling needs
+  // Moments are decoded to f32, updated by CompactAdamElement (AdamElement for f32 state with a master),
+  // and stored back: f32 and bf16 (round to nearest even) at once; when a moment is q8 or q4, both are
+  // kept for the block in two stack buffers and stored after it (a block's scale is its largest stored magnitude, and the coupling needs
   // the second moment's codes before the first moment is stored). q4 codes are decoded into those
   // buffers before the block and encoded from them after it, with the arithmetic of Q4Value and
   // Q4Encode, so every unit stores the same bits.
@@ -204,7 +204,11 @@ struct Kernels {
     // q4: decoded into mt / vt before the block (CompactLoop), updated in place there.
     V m = LoadMoment<M1, true>(M1 == kMomQ4 ? mt : r.exp_avg, ms, M1 == kMomQ4 ? i - b0 : i, tag);
     V v = LoadMoment<M2, false>(M2 == kMomQ4 ? vt : r.exp_avg_sq, vs, M2 == kMomQ4 ? i - b0 : i, tag);
-    AdamElement<V>(s, p, g, m, v, nullptr);
+    if constexpr (M1 == kMomF32 && M2 == kMomF32 && !kSr) {
+      AdamElement<V>(s, p, g, m, v, nullptr);  // f32 state with a master: AdamCpu's step, bit for bit
+    } else {
+      CompactAdamElement<V>(s, p, g, m, v);
+    }
     if constexpr (kSr) {
       Isa::StoreBf16Stochastic(r.param, i, p, r.key, r.index_lo + static_cast<uint32_t>(i), tag);
     } else {

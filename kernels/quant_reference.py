@@ -128,8 +128,9 @@ def rounding_bits(seed, step, index):
     return fmix32(k ^ (index & 0xFFFFFFFF).astype(U32)) >> U32(16)
 
 
-def adam(sc, p, g, m, v):
-    f = {k: F32(np.array(sc[k], U32).view(F32)) for k in ("beta1", "beta2", "omb1", "omb2", "eps", "l2", "decay", "nss", "bc2", "gs")}
+def adam(sc, p, g, m, v, usual):
+    f = {k: F32(np.array(sc[k], U32).view(F32))
+         for k in ("beta1", "beta2", "omb1", "omb2", "eps", "l2", "decay", "nss", "bc2", "cstep", "ceps", "gs")}
     g = g * f["gs"]
     if sc["use_l2"]:
         g = fma(p, np.full_like(p, f["l2"]), g)
@@ -137,8 +138,11 @@ def adam(sc, p, g, m, v):
         p = p * f["decay"]
     m = fma(g, np.full_like(g, f["omb1"]), f["beta1"] * m)
     v = fma(f["omb2"] * g, g, f["beta2"] * v)
-    denom = np.sqrt(v) / f["bc2"] + f["eps"]
-    return (p + (f["nss"] * m) / denom).astype(F32), m.astype(F32), v.astype(F32)
+    if usual:  # f32 state with a master: PyTorch's order, two divides
+        p = p + (f["nss"] * m) / (np.sqrt(v) / f["bc2"] + f["eps"])
+    else:  # compact state: Kingma & Ba's form, one divide
+        p = p + (f["cstep"] * m) / (np.sqrt(v) + f["ceps"])
+    return p.astype(F32), m.astype(F32), v.astype(F32)
 
 
 def store_moments(c, m, v):
@@ -198,7 +202,8 @@ def run_case(d, c):
 
     p = load("p", F32) if c["master"] else bf16_to_f32(load("p", np.uint16))
     g = load("g", F32) if c["grad"] == "f32" else bf16_to_f32(load("g", np.uint16))
-    p, m, v = adam(c["scalars"], p, g, moment_in("m"), moment_in("v"))
+    usual = c["master"] and c["m"] == "f32" and c["v"] == "f32"
+    p, m, v = adam(c["scalars"], p, g, moment_in("m"), moment_in("v"), usual)
     want = store_moments(c, m, v)
     if c["master"]:
         want["p"] = p

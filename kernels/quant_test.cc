@@ -247,6 +247,18 @@ TEST(AdamCompact, EveryIsaThreadCountAndChunkGivesTheSameBytes) {
       Buffers ref = start;
       AdamCompactArgs a = ArgsOf(ref, f, n, 256 * 3);
       ASSERT_TRUE(AdamCompactCpu(Scalars(false, 7), 7, {&a, 1}, grad, DType::kBF16, {.isa = CpuIsa::kScalar}).ok());
+      // The vector encoders take codes of exponent 0 (magnitudes 1..7) on a path of their own: the
+      // state must reach it, in vectors that mix them with larger codes.
+      for (const auto& [codes, is_signed] : {std::pair{&ref.m, true}, std::pair{&ref.v, false}}) {
+        if ((is_signed ? f.exp_avg : f.exp_avg_sq) != Precision::kQ8) continue;
+        int mixed = 0;
+        for (size_t i = 0; i + 16 <= codes->size(); i += 16) {
+          int tiny = 0;
+          for (size_t j = i; j < i + 16; ++j) tiny += ((*codes)[j] & (is_signed ? 0x7f : 0xff)) - 1u < 7u;
+          mixed += tiny > 0 && tiny < 16;
+        }
+        EXPECT_GT(mixed, 0) << Name(f) << (is_signed ? " exp_avg" : " exp_avg_sq") << ": no vector mixes exponent-0 codes with others";
+      }
       for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
         if (!CpuSupports(isa)) continue;
         for (int64_t chunk : {int64_t{1} << 15, int64_t{100}}) {
@@ -461,7 +473,8 @@ TEST(AdamCompact, MatchesAnIndependentNumPyImplementationOfTheRule) {
                          {"copy", f.master}, {"grad", grad == DType::kF32 ? "f32" : "bf16"},
                          {"scalars", {{"beta1", Bits(s.beta1)}, {"beta2", Bits(s.beta2)}, {"omb1", Bits(s.one_minus_beta1)},
                                       {"omb2", Bits(s.one_minus_beta2)}, {"eps", Bits(s.eps)}, {"l2", Bits(s.l2)}, {"decay", Bits(s.decay)},
-                                      {"nss", Bits(s.neg_step_size)}, {"bc2", Bits(s.bc2_sqrt)}, {"gs", Bits(s.grad_scale)},
+                                      {"nss", Bits(s.neg_step_size)}, {"bc2", Bits(s.bc2_sqrt)}, {"cstep", Bits(s.compact_step)},
+                                      {"ceps", Bits(s.compact_eps)}, {"gs", Bits(s.grad_scale)},
                                       {"use_l2", s.use_l2}, {"use_decay", s.use_decay}}}});
         ++id;
       }
