@@ -7,7 +7,7 @@
 // with and without a master, beside a probe of its own traffic and the f32-state step. The peer (torch.optim.AdamW, when Debian's python3-torch is
 // installed) is measured by bench/adam_peer.py and passed in with --peer-gelems.
 //
-//   adam_bench [--elements N] [--reps R] [--peer-gelems X] [--isa avx2|scalar]
+//   adam_bench [--elements N] [--reps R] [--peer-gelems X] [--isa avx512|avx2|scalar]  (auto: avx512bf16 where the CPU has it)
 #include <CLI/CLI.hpp>
 
 #include <cstdlib>
@@ -170,9 +170,9 @@ int main(int argc, char** argv) {
   app.add_option("--elements", n, "parameters per step")->capture_default_str();
   app.add_option("--reps", reps, "timed repetitions (median)")->capture_default_str();
   app.add_option("--peer-gelems", peer, "the peer's rate in G elements/s (bench/adam_peer.py), printed beside");
-  app.add_option("--isa", isa_name, "auto | avx2 | scalar")->check(CLI::IsMember({"auto", "avx2", "scalar"}))->capture_default_str();
+  app.add_option("--isa", isa_name, "auto | avx512 | avx2 | scalar")->check(CLI::IsMember({"auto", "avx512", "avx2", "scalar"}))->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  const CpuIsa isa = isa_name == "avx2" ? CpuIsa::kAvx2 : isa_name == "scalar" ? CpuIsa::kScalar : CpuIsa::kAuto;
+  const CpuIsa isa = isa_name == "avx512" ? CpuIsa::kAvx512 : isa_name == "avx2" ? CpuIsa::kAvx2 : isa_name == "scalar" ? CpuIsa::kScalar : CpuIsa::kAuto;
   CpuDevice dev;
   Buffers b;
   auto alloc = [&](DeviceBuffer& d, size_t bytes) {

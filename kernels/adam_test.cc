@@ -16,7 +16,7 @@ namespace {
 
 std::vector<CpuIsa> SupportedIsas() {
   std::vector<CpuIsa> v;
-  for (CpuIsa i : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+  for (CpuIsa i : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
     if (CpuSupports(i)) v.push_back(i);
   }
   return v;
@@ -285,7 +285,7 @@ TEST(AdamCpu, BadInputIsRejectedWithoutTouchingState) {
 }
 
 TEST(AdamCpu, ForcingAnUnsupportedIsaIsUnavailable) {
-  for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+  for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
     if (CpuSupports(isa)) continue;
     AdamConfig c;
     std::vector<float> x(4, 1.0f);

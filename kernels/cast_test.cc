@@ -22,7 +22,7 @@ TEST(CastCpu, EveryIsaEqualsScalarConversionsBitForBit) {
   }
   std::vector<uint16_t> h(n);
   for (auto& x : h) x = static_cast<uint16_t>(rng());
-  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
     if (!CpuSupports(isa)) continue;
     SCOPED_TRACE(std::string(CpuIsaName(isa)));
     CpuKernelOptions o;

@@ -63,11 +63,14 @@ inline __m256 Q8Decode(__m256i c) {
 template <bool kSigned>
 inline __m256i Q8Encode(__m256 x, __m256 recip) {
   constexpr uint32_t kBias = kSigned ? 15 : 31;
-  const __m256 ax = _mm256_and_ps(x, _mm256_castsi256_ps(Set(0x7fffffffu)));
+  // A second moment is >= 0 or NaN: its magnitude is itself (a NaN's r is 1 either way).
+  const __m256 ax = kSigned ? _mm256_and_ps(x, _mm256_castsi256_ps(Set(0x7fffffffu))) : x;
   const __m256 r = _mm256_min_ps(_mm256_mul_ps(ax, recip), _mm256_set1_ps(1.0f));
   const __m256i u = _mm256_castps_si256(r);
-  const __m256i t = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, Set(0x7ffffu)), _mm256_and_si256(_mm256_srli_epi32(u, 20), Set(1))), 20);
-  __m256i mag = _mm256_sub_epi32(t, Set((127u - kBias) << 3));
+  // Round to nearest even on 3 fraction bits with the exponent's rebias folded in (no wrap for r at
+  // or above the smallest normal code's value; smaller r take the branch below).
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 20), Set(1));
+  __m256i mag = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, Set(0x7ffffu - ((127u - kBias) << 23))), lsb), 20);
   // Codes of exponent 0 are rare (a value below 2^-14 of its block's largest): computed only when a lane has one.
   const __m256 is_sub = _mm256_cmp_ps(r, _mm256_set1_ps(kSigned ? 0x1p-14f : 0x1p-30f), _CMP_LT_OQ);
   if (_mm256_movemask_ps(is_sub) != 0) [[unlikely]] {

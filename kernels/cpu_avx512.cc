@@ -1,10 +1,11 @@
 // AVX-512 CPU kernels (F, BW, VL, DQ + F16C): 16 floats per vector, masked tails.
 // Built with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mf16c -ffp-contract=off; called only when
-// DetectCpuIsa() says the CPU and OS support it.
+// DetectCpuIsa() says the CPU and OS support it. Built a second time with -mavx512bf16 as
+// cpu_avx512_bf16.cc (CpuIsa::kAvx512Bf16): the same unit, its bf16 narrowing by that instruction.
 //
-// bf16 narrowing uses the integer round-to-nearest-even trick, not AVX512-BF16's vcvtneps2bf16: that
-// instruction treats subnormal inputs as zero, which would break bit-exactness with the scalar path
-// and PyTorch; the integer form costs four cheap ops per 16 elements, far below the memory time.
+// bf16 narrowing uses the integer round-to-nearest-even trick; built with AVX512-BF16, its
+// vcvtneps2bf16 for vectors without a subnormal input (which that instruction reads as zero, so they
+// keep the integer form: the bits stay the scalar path's and PyTorch's).
 #include <immintrin.h>
 
 #include "zrt/kernels/cpu_loops.h"
@@ -30,7 +31,7 @@ inline Vec Max(Vec a, Vec b) { return _mm512_max_ps(a.v, b.v); }
 inline Vec Fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a.v, b.v, c.v); }
 
 // float -> bf16 bits (RNE, NaN quieted), one 16-bit result per 32-bit lane.
-inline __m256i ToBf16(__m512 x) {
+inline __m256i ToBf16Int(__m512 x) {
   const __m512i u = _mm512_castps_si512(x);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
   __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
@@ -38,6 +39,16 @@ inline __m256i ToBf16(__m512 x) {
   r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
   return _mm512_cvtepi32_epi16(r);
 }
+#if defined(__AVX512BF16__)
+// AVX512-BF16's conversion rounds the same way and quiets a NaN the same way, but reads a subnormal
+// input as zero: a vector holding one (below 2^-126, rare) takes the integer path.
+inline __m256i ToBf16(__m512 x) {
+  if (_mm512_fpclass_ps_mask(x, 0x20) != 0) [[unlikely]] return ToBf16Int(x);
+  return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
+}
+#else
+inline __m256i ToBf16(__m512 x) { return ToBf16Int(x); }
+#endif
 inline __m512 FromBf16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
 
 // ---- compact state (quant_math.h): the scalar definitions' integer and float operations, 16 lanes ----
@@ -60,11 +71,14 @@ inline __m512 Q8DecodeUnsigned(__m512i c) {
 template <bool kSigned>
 inline __m128i Q8Encode(__m512 x, __m512 recip) {
   constexpr uint32_t kBias = kSigned ? 15 : 31;
-  const __m512 ax = _mm512_and_ps(x, _mm512_castsi512_ps(Set(0x7fffffffu)));
+  // A second moment is >= 0 or NaN: its magnitude is itself (a NaN's r is 1 either way).
+  const __m512 ax = kSigned ? _mm512_and_ps(x, _mm512_castsi512_ps(Set(0x7fffffffu))) : x;
   const __m512 r = _mm512_min_ps(_mm512_mul_ps(ax, recip), _mm512_set1_ps(1.0f));
   const __m512i u = _mm512_castps_si512(r);
-  const __m512i t = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, Set(0x7ffffu)), _mm512_and_si512(_mm512_srli_epi32(u, 20), Set(1))), 20);
-  __m512i mag = _mm512_sub_epi32(t, Set((127u - kBias) << 3));
+  // Round to nearest even on 3 fraction bits with the exponent's rebias folded in (no wrap for r at
+  // or above the smallest normal code's value; smaller r take the branch below).
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 20), Set(1));
+  __m512i mag = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, Set(0x7ffffu - ((127u - kBias) << 23))), lsb), 20);
   // Codes of exponent 0 are rare (a value below 2^-14 of its block's largest): computed only when a lane has one.
   const __mmask16 is_sub = _mm512_cmp_ps_mask(r, _mm512_set1_ps(kSigned ? 0x1p-14f : 0x1p-30f), _CMP_LT_OQ);
   if (is_sub != 0) [[unlikely]] {
@@ -227,5 +241,9 @@ struct Isa {
 }  // namespace zrt::kernels::avx512
 
 namespace zrt::kernels::internal {
+#if defined(__AVX512BF16__)
+const CpuKernelTable& Avx512Bf16Kernels() { return Kernels<avx512::Isa>::kTable; }
+#else
 const CpuKernelTable& Avx512Kernels() { return Kernels<avx512::Isa>::kTable; }
+#endif
 }  // namespace zrt::kernels::internal

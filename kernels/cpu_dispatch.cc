@@ -21,6 +21,7 @@ Result<const CpuKernelTable*> TableFor(CpuIsa isa) {
   if (isa == CpuIsa::kAuto) isa = DetectCpuIsa();
   if (!CpuSupports(isa)) return UnavailableError("this CPU does not support ", CpuIsaName(isa));
   switch (isa) {
+    case CpuIsa::kAvx512Bf16: return &Avx512Bf16Kernels();
     case CpuIsa::kAvx512: return &Avx512Kernels();
     case CpuIsa::kAvx2: return &Avx2Kernels();
     default: return &ScalarKernels();
@@ -56,6 +57,7 @@ std::string_view CpuIsaName(CpuIsa isa) {
     case CpuIsa::kScalar: return "scalar";
     case CpuIsa::kAvx2: return "avx2";
     case CpuIsa::kAvx512: return "avx512";
+    case CpuIsa::kAvx512Bf16: return "avx512bf16";
   }
   return "invalid";
 }
@@ -69,11 +71,13 @@ bool CpuSupports(CpuIsa isa) {
     case CpuIsa::kAvx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("f16c");
+    case CpuIsa::kAvx512Bf16: return CpuSupports(CpuIsa::kAvx512) && __builtin_cpu_supports("avx512bf16");
   }
   return false;
 }
 
 CpuIsa DetectCpuIsa() {
+  if (CpuSupports(CpuIsa::kAvx512Bf16)) return CpuIsa::kAvx512Bf16;
   if (CpuSupports(CpuIsa::kAvx512)) return CpuIsa::kAvx512;
   if (CpuSupports(CpuIsa::kAvx2)) return CpuIsa::kAvx2;
   return CpuIsa::kScalar;

@@ -60,5 +60,6 @@ struct CpuKernelTable {
 const CpuKernelTable& ScalarKernels();
 const CpuKernelTable& Avx2Kernels();
 const CpuKernelTable& Avx512Kernels();
+const CpuKernelTable& Avx512Bf16Kernels();  // cpu_avx512.cc built with AVX512-BF16 (cpu_avx512_bf16.cc)
 
 }  // namespace zrt::kernels::internal

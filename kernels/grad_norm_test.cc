@@ -13,7 +13,7 @@ namespace {
 
 std::vector<CpuIsa> Isas() {
   std::vector<CpuIsa> v;
-  for (CpuIsa i : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+  for (CpuIsa i : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
     if (CpuSupports(i)) v.push_back(i);
   }
   return v;

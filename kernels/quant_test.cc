@@ -259,7 +259,7 @@ TEST(AdamCompact, EveryIsaThreadCountAndChunkGivesTheSameBytes) {
         }
         EXPECT_GT(mixed, 0) << Name(f) << (is_signed ? " exp_avg" : " exp_avg_sq") << ": no vector mixes exponent-0 codes with others";
       }
-      for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+      for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
         if (!CpuSupports(isa)) continue;
         for (int64_t chunk : {int64_t{1} << 15, int64_t{100}}) {
           Buffers b = start;
