@@ -4,6 +4,7 @@
 //   mpirun -n 4 gpt --preset small --stage 3 --steps 300 --ckpt /tmp/gpt      # ~11M parameters
 //   mpirun -n 2 gpt --preset tiny --offload nvme --nvme-dir /tmp/swap
 //   gpt --preset tiny --reference DIR     # one forward/backward on fixed weights, for tests/gpt/torch_reference.py
+//   mpirun -n 2 gpt --preset tiny --experts 4 --top-k 2   # a mixture of 4 experts in every block
 //
 // One gather group per block (stage 3 gathers block by block, prefetching in the recorded order), bf16
 // parameters with fp32 master weights and fp32 gradients, AdamW without decay on biases, LayerNorm
@@ -64,6 +65,8 @@ struct Options {
   int64_t steps = 200, warmup = 20;
   double lr = 1e-3, clip = 1.0, temperature = 0.8;
   uint64_t seed = 1337;
+  int experts = 0, top_k = 1;  // a mixture of experts in place of each block's MLP
+  double aux_loss = 0.01;
 };
 
 // The trainer's side of the model: fp32 copies of the gathered bf16 parameters (a block's while it
@@ -71,7 +74,8 @@ struct Options {
 class Net {
  public:
   Net(zrt::ZeroEngine& e, const gpt::Config& c, std::vector<zrt::ParamHandle> h) : e_(e), c_(c), h_(std::move(h)) {}
-  int group_of_block(int l) const { return e_.group(h_[2 + static_cast<size_t>(l) * gpt::kBlockTensors]); }
+  size_t block_tensor(int l, int i) const { return 2 + static_cast<size_t>(l * c_.block_tensors() + i); }
+  int group_of_block(int l) const { return e_.group(h_[block_tensor(l, 0)]); }
   int embed() const { return e_.group(h_[0]); }
   int head() const { return e_.group(h_.back()); }
   // fp32 values of tensor t (its group gathered).
@@ -88,15 +92,17 @@ class Net {
   }
   zrt::Result<gpt::BlockParams> Block(int l) {
     gpt::BlockParams p;
-    for (int i = 0; i < gpt::kBlockTensors; ++i) {
-      ASSIGN_OR_RETURN(p.p[i], W(2 + static_cast<size_t>(l * gpt::kBlockTensors + i)));
+    for (int i = 0; i < c_.block_tensors(); ++i) {
+      ASSIGN_OR_RETURN(const float* w, W(block_tensor(l, i)));
+      p.p.push_back(w);
     }
     return p;
   }
   zrt::Result<gpt::BlockGrads> BlockGrads(int l) {
     gpt::BlockGrads g;
-    for (int i = 0; i < gpt::kBlockTensors; ++i) {
-      ASSIGN_OR_RETURN(g.g[i], G(2 + static_cast<size_t>(l * gpt::kBlockTensors + i)));
+    for (int i = 0; i < c_.block_tensors(); ++i) {
+      ASSIGN_OR_RETURN(float* d, G(block_tensor(l, i)));
+      g.g.push_back(d);
     }
     return g;
   }
@@ -104,7 +110,7 @@ class Net {
   // Frees block l's fp32 copies once the block is done (so the trainer holds one block's, as stage 3
   // holds one block's gathered parameters).
   void Drop(int l) {
-    for (int i = 0; i < gpt::kBlockTensors; ++i) w_.erase(2 + static_cast<size_t>(l * gpt::kBlockTensors + i));
+    for (int i = 0; i < c_.block_tensors(); ++i) w_.erase(block_tensor(l, i));
   }
 
   // Forward through every block, gathering each group when it is needed. Returns the mean loss.
@@ -216,7 +222,7 @@ Status WriteReference(const gpt::Config& c, const Options& o, const std::string&
   m.Embed(w[0].data(), w[1].data(), tokens.data());
   auto block = [&](int l) {
     gpt::BlockParams p;
-    for (int i = 0; i < gpt::kBlockTensors; ++i) p.p[i] = w[2 + static_cast<size_t>(l * gpt::kBlockTensors + i)].data();
+    for (int i = 0; i < c.block_tensors(); ++i) p.p.push_back(w[2 + static_cast<size_t>(l * c.block_tensors() + i)].data());
     return p;
   };
   for (int l = 0; l < c.layers; ++l) m.Block(l, block(l));
@@ -225,7 +231,7 @@ Status WriteReference(const gpt::Config& c, const Options& o, const std::string&
   m.HeadBackward(w[lf].data(), w[lf + 1].data(), w[0].data(), g[lf].data(), g[lf + 1].data(), g[0].data());
   for (int l = c.layers - 1; l >= 0; --l) {
     gpt::BlockGrads bg;
-    for (int i = 0; i < gpt::kBlockTensors; ++i) bg.g[i] = g[2 + static_cast<size_t>(l * gpt::kBlockTensors + i)].data();
+    for (int i = 0; i < c.block_tensors(); ++i) bg.g.push_back(g[2 + static_cast<size_t>(l * c.block_tensors() + i)].data());
     m.BlockBackward(l, block(l), bg);
   }
   m.EmbedBackward(g[0].data(), g[1].data());
@@ -450,6 +456,7 @@ void PrintBanner(const gpt::Config& c, const Options& o, const zrt::EngineConfig
               o.preset.c_str(), static_cast<long long>(c.num_params()), c.layers, c.dim, c.heads, c.context, world, o.stage,
               o.offload.c_str(), zrt::StatePrecisionName(cfg.state).c_str(), o.compact_embed ? "" : " (embeddings: f32 with a master)",
               text_bytes, cfg.metrics.peak_flops / 1e9);
+  if (c.experts > 0) std::printf("mixture of experts: %d per block, top %d per token, load-balancing weight %g\n", c.experts, c.top_k, c.aux_loss);
 }
 
 // One step's forward and backward passes over o.accum micro-batches: their mean loss over the ranks.
@@ -554,6 +561,9 @@ int main(int argc, char** argv) {
   CLI::App app{"gpt: a GPT-2 architecture transformer trained with zrt on Debian's fortunes"};
   Options o;
   app.add_option("--preset", o.preset, "tiny, small (~11M parameters) or gpt2 (GPT-2 124M's shape, byte tokens)");
+  app.add_option("--experts", o.experts, "a mixture of this many experts in place of each block's MLP (0: dense)")->check(CLI::Range(0, 256));
+  app.add_option("--top-k", o.top_k, "experts per token (--experts)")->check(CLI::PositiveNumber);
+  app.add_option("--aux-loss", o.aux_loss, "the load-balancing loss's weight (--experts)")->check(CLI::NonNegativeNumber);
   app.add_option("--stage", o.stage, "ZeRO stage")->check(CLI::Range(0, 3));
   app.add_option("--steps", o.steps, "optimizer steps in total");
   app.add_option("--batch", o.batch, "sequences per rank per micro-step");
@@ -588,8 +598,17 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   openblas_set_num_threads(1);  // one rank per core; the ranks are the parallelism
   auto c = gpt::Preset(o.preset);
+  if (c.ok()) {
+    c->experts = o.experts;
+    c->top_k = o.top_k;
+    c->aux_loss = static_cast<float>(o.aux_loss);
+  }
   auto text = ReadCorpus(o.data);
   Status s = !c.ok() ? c.status() : !text.ok() ? text.status() : Status();
+  if (s.ok() && o.experts > 0 && o.top_k > o.experts) s = zrt::InvalidArgumentError("--top-k ", o.top_k, " exceeds --experts ", o.experts);
+  if (s.ok() && o.experts > 0 && (!o.reference.empty() || !o.trace.empty())) {
+    s = zrt::InvalidArgumentError("--reference and --trace are for the dense model (tests/gpt/torch_*.py know no experts)");
+  }
   if (s.ok() && !o.reference.empty()) {
     s = WriteReference(*c, o, *text);
   } else if (s.ok()) {

@@ -93,12 +93,15 @@ uint64_t Mix(uint64_t x) {
 }  // namespace
 
 int64_t Config::num_params() const {
-  const int64_t D = dim;
-  return int64_t{vocab} * D + int64_t{context} * D + layers * (12 * D * D + 13 * D) + 2 * D;
+  const int64_t D = dim, mlp = 8 * D * D + 5 * D;
+  const int64_t block = 4 * D * D + 8 * D + (experts > 0 ? D * experts + experts * mlp : mlp);
+  return int64_t{vocab} * D + int64_t{context} * D + layers * block + 2 * D;
 }
 
 double Config::flops_per_token() const {
-  const double n = static_cast<double>(num_params() - int64_t{context} * dim);  // the position table is a lookup
+  // The position table is a lookup; a token passes through top_k of the experts.
+  const int64_t D = dim, idle = experts > 0 ? int64_t{layers} * (experts - top_k) * (8 * D * D + 5 * D) : 0;
+  const double n = static_cast<double>(num_params() - int64_t{context} * dim - idle);
   return 6.0 * n + 12.0 * layers * context * dim;
 }
 
@@ -122,10 +125,14 @@ std::vector<TensorDef> Tensors(const Config& c) {
     t.push_back({p + "attn.c_proj.bias", {D}, g, false});
     t.push_back({p + "ln_2.weight", {D}, g, false});
     t.push_back({p + "ln_2.bias", {D}, g, false});
-    t.push_back({p + "mlp.c_fc.weight", {D, 4 * D}, g, true});
-    t.push_back({p + "mlp.c_fc.bias", {4 * D}, g, false});
-    t.push_back({p + "mlp.c_proj.weight", {4 * D, D}, g, true});
-    t.push_back({p + "mlp.c_proj.bias", {D}, g, false});
+    if (c.experts > 0) t.push_back({p + "mlp.router.weight", {D, c.experts}, g, true});
+    for (int e = 0; e < std::max(c.experts, 1); ++e) {
+      const std::string m = c.experts > 0 ? p + "mlp.experts." + std::to_string(e) + "." : p + "mlp.";
+      t.push_back({m + "c_fc.weight", {D, 4 * D}, g, true});
+      t.push_back({m + "c_fc.bias", {4 * D}, g, false});
+      t.push_back({m + "c_proj.weight", {4 * D, D}, g, true});
+      t.push_back({m + "c_proj.bias", {D}, g, false});
+    }
   }
   t.push_back({"ln_f.weight", {D}, "head", false});
   t.push_back({"ln_f.bias", {D}, "head", false});
@@ -160,8 +167,12 @@ double MeasurePeakGemmFlops(int n) {
 int64_t Model::activation_bytes() const {
   int64_t floats = 0;
   for (const Acts& a : acts_) {
-    for (const auto* v : {&a.x, &a.ln1, &a.mean1, &a.rstd1, &a.qkv, &a.att, &a.y, &a.x_mid, &a.ln2, &a.mean2, &a.rstd2, &a.fc, &a.gelu}) {
+    for (const auto* v : {&a.x, &a.ln1, &a.mean1, &a.rstd1, &a.qkv, &a.att, &a.y, &a.x_mid, &a.ln2, &a.mean2, &a.rstd2, &a.fc, &a.gelu, &a.prob}) {
       floats += static_cast<int64_t>(v->size());
+    }
+    floats += static_cast<int64_t>(a.route.size());
+    for (const auto* vs : {&a.efc, &a.egelu, &a.eout}) {
+      for (const auto& v : *vs) floats += static_cast<int64_t>(v.size());
     }
   }
   floats += static_cast<int64_t>(x_.size() + lnf_.size() + meanf_.size() + rstdf_.size() + probs_.size() + dx_.size() + scratch_a_.size() +
@@ -183,8 +194,18 @@ Model::Model(const Config& c, int batch) : c_(c), B_(batch), N_(batch * c.contex
     a.ln2.resize(N * D);
     a.mean2.resize(N);
     a.rstd2.resize(N);
-    a.fc.resize(N * 4 * D);
-    a.gelu.resize(N * 4 * D);
+    if (c.experts > 0) {  // the experts' activations are sized by their tokens at each forward
+      const size_t E = Z(c.experts);
+      a.prob.resize(N * E);
+      a.route.resize(N * Z(c.top_k));
+      a.slots.resize(E);
+      a.efc.resize(E);
+      a.egelu.resize(E);
+      a.eout.resize(E);
+    } else {
+      a.fc.resize(N * 4 * D);
+      a.gelu.resize(N * 4 * D);
+    }
   }
   x_.resize(N * D);
   lnf_.resize(N * D);
@@ -244,10 +265,136 @@ void Model::Block(int layer, const BlockParams& w) {
   Linear(a.y.data(), w.p[4], w.p[5], a.x_mid.data(), N, D, D);
   for (size_t i = 0; i < a.x_mid.size(); ++i) a.x_mid[i] += a.x[i];
   LayerNorm(a.x_mid.data(), w.p[6], w.p[7], a.ln2.data(), a.mean2.data(), a.rstd2.data(), N, D);
+  if (c_.experts > 0) {
+    Experts(a, w);
+  } else {
+    Mlp(a, w);
+  }
+  for (size_t i = 0; i < x_.size(); ++i) x_[i] += a.x_mid[i];
+}
+
+// x_ = c_proj(gelu(c_fc(ln2))).
+void Model::Mlp(Acts& a, const BlockParams& w) {
+  const int N = N_, D = c_.dim;
   Linear(a.ln2.data(), w.p[8], w.p[9], a.fc.data(), N, D, 4 * D);
   for (size_t i = 0; i < a.fc.size(); ++i) a.gelu[i] = Gelu(a.fc[i]);
   Linear(a.gelu.data(), w.p[10], w.p[11], x_.data(), N, 4 * D, D);
-  for (size_t i = 0; i < x_.size(); ++i) x_[i] += a.x_mid[i];
+}
+
+void Model::MlpBackward(Acts& a, const BlockParams& w, const BlockGrads& g, float* d_ln2) {
+  const int N = N_, D = c_.dim;
+  float* d_gelu = scratch_a_.data();
+  LinearBackward(a.gelu.data(), w.p[10], dx_.data(), d_gelu, g.g[10], g.g[11], N, 4 * D, D);
+  for (size_t i = 0; i < a.fc.size(); ++i) d_gelu[i] *= GeluGrad(a.fc[i]);
+  LinearBackward(a.ln2.data(), w.p[8], d_gelu, d_ln2, g.g[8], g.g[9], N, D, 4 * D);
+}
+
+// x_ = sum over the token's top_k experts e of p_e expert_e(ln2); the load-balancing term in a.aux.
+void Model::Experts(Acts& a, const BlockParams& w) {
+  const int N = N_, D = c_.dim, E = c_.experts, K = c_.top_k;
+  MatMul(a.ln2.data(), w.p[8], a.prob.data(), N, E, D, false);  // the router's logits
+  for (auto& s : a.slots) s.clear();
+  for (int n = 0; n < N; ++n) {
+    float* p = a.prob.data() + Z(n) * Z(E);
+    const float mx = *std::max_element(p, p + E);
+    float sum = 0;
+    for (int e = 0; e < E; ++e) sum += (p[e] = std::exp(p[e] - mx));
+    for (int e = 0; e < E; ++e) p[e] /= sum;
+    for (int s = 0; s < K; ++s) {  // the s-th largest, ties to the lower index
+      int best = -1;
+      for (int e = 0; e < E; ++e) {
+        bool taken = false;
+        for (int r = 0; r < s; ++r) taken = taken || a.route[Z(n) * Z(K) + Z(r)] == e;
+        if (!taken && (best < 0 || p[e] > p[best])) best = e;
+      }
+      a.route[Z(n) * Z(K) + Z(s)] = best;
+      a.slots[Z(best)].push_back(n * K + s);
+    }
+  }
+  std::fill(x_.begin(), x_.end(), 0.0f);
+  std::vector<float> in;
+  double balance = 0;
+  for (int e = 0; e < E; ++e) {
+    const std::vector<int>& sl = a.slots[Z(e)];
+    const int ne = static_cast<int>(sl.size());
+    const float* const* we = w.p.data() + 9 + 4 * e;
+    a.efc[Z(e)].resize(Z(ne) * 4 * Z(D));
+    a.egelu[Z(e)].resize(Z(ne) * 4 * Z(D));
+    a.eout[Z(e)].resize(Z(ne) * Z(D));
+    double mean_p = 0;
+    for (int n = 0; n < N; ++n) mean_p += a.prob[Z(n) * Z(E) + Z(e)];
+    balance += static_cast<double>(ne) / (N * K) * (mean_p / N);
+    if (ne == 0) continue;
+    in.resize(Z(ne) * Z(D));
+    for (int i = 0; i < ne; ++i) std::memcpy(in.data() + Z(i) * Z(D), a.ln2.data() + Z(sl[Z(i)] / K) * Z(D), Z(D) * 4);
+    Linear(in.data(), we[0], we[1], a.efc[Z(e)].data(), ne, D, 4 * D);
+    for (size_t i = 0; i < a.efc[Z(e)].size(); ++i) a.egelu[Z(e)][i] = Gelu(a.efc[Z(e)][i]);
+    Linear(a.egelu[Z(e)].data(), we[2], we[3], a.eout[Z(e)].data(), ne, 4 * D, D);
+    for (int i = 0; i < ne; ++i) {
+      const int n = sl[Z(i)] / K;
+      const float gate = a.prob[Z(n) * Z(E) + Z(e)];
+      const float* o = a.eout[Z(e)].data() + Z(i) * Z(D);
+      float* x = x_.data() + Z(n) * Z(D);
+      for (int d = 0; d < D; ++d) x[d] += gate * o[d];
+    }
+  }
+  a.aux = static_cast<double>(c_.aux_loss) * E * balance;
+}
+
+void Model::ExpertsBackward(Acts& a, const BlockParams& w, const BlockGrads& g, float* d_ln2) {
+  const int N = N_, D = c_.dim, E = c_.experts, K = c_.top_k;
+  std::vector<float> d_prob(Z(N) * Z(E), 0.0f), in, d_out, d_gelu, d_in;
+  std::fill(d_ln2, d_ln2 + Z(N) * Z(D), 0.0f);
+  for (int e = 0; e < E; ++e) {
+    const std::vector<int>& sl = a.slots[Z(e)];
+    const int ne = static_cast<int>(sl.size());
+    // The load-balancing term: d/dp_{n,e} of aux_loss E sum_e f_e P_e, f_e held.
+    const float d_balance = c_.aux_loss * static_cast<float>(E) * (static_cast<float>(ne) / static_cast<float>(N * K)) / static_cast<float>(N);
+    for (int n = 0; n < N; ++n) d_prob[Z(n) * Z(E) + Z(e)] += d_balance;
+    if (ne == 0) continue;
+    const float* const* we = w.p.data() + 9 + 4 * e;
+    float* const* ge = g.g.data() + 9 + 4 * e;
+    in.resize(Z(ne) * Z(D));
+    d_out.resize(Z(ne) * Z(D));
+    for (int i = 0; i < ne; ++i) {
+      const int n = sl[Z(i)] / K;
+      std::memcpy(in.data() + Z(i) * Z(D), a.ln2.data() + Z(n) * Z(D), Z(D) * 4);
+      const float gate = a.prob[Z(n) * Z(E) + Z(e)];
+      const float* dy = dx_.data() + Z(n) * Z(D);
+      const float* o = a.eout[Z(e)].data() + Z(i) * Z(D);
+      float dot = 0;
+      for (int d = 0; d < D; ++d) {
+        d_out[Z(i) * Z(D) + Z(d)] = gate * dy[d];
+        dot += dy[d] * o[d];
+      }
+      d_prob[Z(n) * Z(E) + Z(e)] += dot;
+    }
+    d_gelu.resize(Z(ne) * 4 * Z(D));
+    LinearBackward(a.egelu[Z(e)].data(), we[2], d_out.data(), d_gelu.data(), ge[2], ge[3], ne, 4 * D, D);
+    for (size_t i = 0; i < d_gelu.size(); ++i) d_gelu[i] *= GeluGrad(a.efc[Z(e)][i]);
+    d_in.resize(Z(ne) * Z(D));
+    LinearBackward(in.data(), we[0], d_gelu.data(), d_in.data(), ge[0], ge[1], ne, D, 4 * D);
+    for (int i = 0; i < ne; ++i) {
+      float* dst = d_ln2 + Z(sl[Z(i)] / K) * Z(D);
+      for (int d = 0; d < D; ++d) dst[d] += d_in[Z(i) * Z(D) + Z(d)];
+    }
+  }
+  // Through the softmax to the logits (d_prob becomes d_logit), then the router.
+  for (int n = 0; n < N; ++n) {
+    const float* p = a.prob.data() + Z(n) * Z(E);
+    float* dp = d_prob.data() + Z(n) * Z(E);
+    float dot = 0;
+    for (int e = 0; e < E; ++e) dot += p[e] * dp[e];
+    for (int e = 0; e < E; ++e) dp[e] = p[e] * (dp[e] - dot);
+  }
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, E, N, 1.0f, a.ln2.data(), D, d_prob.data(), E, 1.0f, g.g[8], E);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, D, E, 1.0f, d_prob.data(), E, w.p[8], E, 1.0f, d_ln2, D);
+}
+
+double Model::aux_loss() const {
+  double sum = 0;
+  for (const Acts& a : acts_) sum += a.aux;
+  return sum;
 }
 
 double Model::Head(const float* ln_w, const float* ln_b, const float* wte) {
@@ -265,7 +412,7 @@ double Model::Head(const float* ln_w, const float* ln_b, const float* wte) {
     const uint8_t target = tokens_[Z(b) * Z(T + 1) + Z(t) + 1];
     loss -= std::log(std::max(p[target], 1e-30f));
   }
-  return loss / N;
+  return loss / N + aux_loss();
 }
 
 void Model::HeadBackward(const float* ln_w, const float* ln_b, const float* wte, float* d_ln_w, float* d_ln_b, float* d_wte) {
@@ -288,12 +435,13 @@ void Model::BlockBackward(int layer, const BlockParams& w, const BlockGrads& g) 
   Acts& a = acts_[Z(layer)];
   const int N = N_, D = c_.dim, T = c_.context, H = c_.heads, hd = D / H;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  // MLP: x_out = x_mid + c_proj(gelu(c_fc(ln2(x_mid)))).
-  float* d_gelu = scratch_a_.data();
-  LinearBackward(a.gelu.data(), w.p[10], dx_.data(), d_gelu, g.g[10], g.g[11], N, 4 * D, D);
-  for (size_t i = 0; i < a.fc.size(); ++i) d_gelu[i] *= GeluGrad(a.fc[i]);
+  // MLP: x_out = x_mid + mlp(ln2(x_mid)), the MLP dense or the experts.
   float* d_ln2 = scratch_b_.data();
-  LinearBackward(a.ln2.data(), w.p[8], d_gelu, d_ln2, g.g[8], g.g[9], N, D, 4 * D);
+  if (c_.experts > 0) {
+    ExpertsBackward(a, w, g, d_ln2);
+  } else {
+    MlpBackward(a, w, g, d_ln2);
+  }
   std::vector<float> d_mid(dx_);  // the residual path
   LayerNormBackward(a.x_mid.data(), w.p[6], a.mean2.data(), a.rstd2.data(), d_ln2, d_mid.data(), g.g[6], g.g[7], N, D);
   // Attention: x_mid = x + c_proj(attn(c_attn(ln1(x)))).

@@ -2,6 +2,13 @@
 // multi-head self-attention and a tanh-GELU MLP, a final LayerNorm, the output projection tied to the
 // token embedding), forward and backward in fp32 on the CPU, matrix products through BLAS.
 //
+// Mixture of experts (Config::experts > 0): each block's MLP is E experts of the same shape and a
+// router (a [D, E] linear layer, no bias). A token goes to the top_k experts of its router softmax p
+// (ties to the lower index) and its output is sum_e p_e expert_e(x) over them (Switch/GShard gating:
+// p itself, so the router learns from the loss at top_k = 1 too). Load balancing (Switch Transformer):
+// each block adds aux_loss * E * sum_e f_e P_e to the loss, f_e the share of the block's token-slots
+// routed to e (a constant of the step), P_e the mean of p_e over the tokens.
+//
 // The model computes block by block, so that a trainer gathers one block's parameters at a time
 // (ZeRO stage 3): Embed, Block(0..L-1), Head (loss) forward; HeadBackward, BlockBackward(L-1..0),
 // EmbedBackward backward. Activations of the last forward are kept for its backward. Weight layouts
@@ -23,7 +30,12 @@ struct Config {
   int layers = 2;
   int dim = 64;
   int heads = 4;
+  int experts = 0;         // > 0: a mixture of this many experts in place of each block's MLP
+  int top_k = 1;           // experts per token (<= experts)
+  float aux_loss = 0.01f;  // the load-balancing term's weight
   int64_t num_params() const;
+  // Tensors per block: 12 with the dense MLP; 9 + 4 experts with experts.
+  int block_tensors() const { return experts > 0 ? 9 + 4 * experts : 12; }
   // Forward + backward FLOPs per token (6N for the weights' matrix products + attention's 12 L T D).
   double flops_per_token() const;
 };
@@ -49,14 +61,14 @@ std::vector<TensorDef> Tensors(const Config& c);
 // hash of (seed, t, i), so any rank computes any element.
 float InitValue(const Config& c, const std::vector<TensorDef>& defs, uint64_t seed, int64_t t, int64_t i);
 
-// Per block, the tensors in Tensors() order: ln_1 w/b, c_attn w/b, attn c_proj w/b, ln_2 w/b, c_fc w/b,
-// mlp c_proj w/b.
-constexpr int kBlockTensors = 12;
+// Per block, the tensors in Tensors() order (Config::block_tensors() of them): ln_1 w/b, c_attn w/b,
+// attn c_proj w/b, ln_2 w/b, then mlp c_fc w/b and mlp c_proj w/b, or (experts) the router's weight and
+// per expert its c_fc w/b and c_proj w/b.
 struct BlockParams {
-  const float* p[kBlockTensors];
+  std::vector<const float*> p;
 };
 struct BlockGrads {
-  float* g[kBlockTensors];
+  std::vector<float*> g;
 };
 
 class Model {
@@ -66,8 +78,15 @@ class Model {
   // tokens: batch x (context + 1) bytes; inputs are [:, :T], targets [:, 1:].
   void Embed(const float* wte, const float* wpe, const uint8_t* tokens);
   void Block(int layer, const BlockParams& w);
-  // Mean cross-entropy of the targets; keeps the probabilities for HeadBackward.
+  // Mean cross-entropy of the targets, plus the blocks' load-balancing terms (experts); keeps the
+  // probabilities for HeadBackward.
   double Head(const float* ln_w, const float* ln_b, const float* wte);
+  // The load-balancing terms of the last forward (0 without experts).
+  double aux_loss() const;
+  // The experts each token of the last forward went to in `layer`, top_k per token (experts only).
+  const std::vector<int>& routes(int layer) const { return acts_[static_cast<size_t>(layer)].route; }
+  // The router's probabilities in `layer` of the last forward, [tokens, experts] (experts only).
+  const std::vector<float>& router_probs(int layer) const { return acts_[static_cast<size_t>(layer)].prob; }
   // Gradients are added (+=) into the given buffers.
   void HeadBackward(const float* ln_w, const float* ln_b, const float* wte, float* d_ln_w, float* d_ln_b, float* d_wte);
   void BlockBackward(int layer, const BlockParams& w, const BlockGrads& g);
@@ -82,7 +101,18 @@ class Model {
  private:
   struct Acts {  // one block's saved activations
     std::vector<float> x, ln1, mean1, rstd1, qkv, att, y, x_mid, ln2, mean2, rstd2, fc, gelu;
+    // experts: router probabilities [N, E], the experts per token [N, top_k], each expert's tokens
+    // (token-slot n * top_k + s, in order) and its activations over them ([n_e, 4D] and [n_e, D])
+    std::vector<float> prob;
+    std::vector<int> route;
+    std::vector<std::vector<int>> slots;
+    std::vector<std::vector<float>> efc, egelu, eout;
+    double aux = 0;
   };
+  void Mlp(Acts& a, const BlockParams& w);
+  void MlpBackward(Acts& a, const BlockParams& w, const BlockGrads& g, float* d_ln2);
+  void Experts(Acts& a, const BlockParams& w);
+  void ExpertsBackward(Acts& a, const BlockParams& w, const BlockGrads& g, float* d_ln2);
   Config c_;
   int B_, N_;  // batch, batch * context
   std::vector<uint8_t> tokens_;

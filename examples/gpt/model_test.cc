@@ -11,13 +11,13 @@ namespace gpt {
 namespace {
 
 struct Fixture {
-  Config c{256, 8, 2, 16, 2};
+  Config c;
   int batch = 2;
-  std::vector<TensorDef> defs = Tensors(c);
+  std::vector<TensorDef> defs;
   std::vector<std::vector<float>> w, g;
   std::vector<uint8_t> tokens;
 
-  explicit Fixture(uint64_t seed) {
+  explicit Fixture(uint64_t seed, Config config = {256, 8, 2, 16, 2}) : c(config), defs(Tensors(config)) {
     std::mt19937 rng(static_cast<unsigned>(seed));
     for (size_t t = 0; t < defs.size(); ++t) {
       int64_t n = 1;
@@ -34,7 +34,7 @@ struct Fixture {
   }
   BlockParams Block(int l) {
     BlockParams p;
-    for (int i = 0; i < kBlockTensors; ++i) p.p[i] = w[2 + static_cast<size_t>(l * kBlockTensors + i)].data();
+    for (int i = 0; i < c.block_tensors(); ++i) p.p.push_back(w[2 + static_cast<size_t>(l * c.block_tensors() + i)].data());
     return p;
   }
   double Loss(Model& m) {
@@ -50,17 +50,27 @@ struct Fixture {
     m.HeadBackward(w[lf].data(), w[lf + 1].data(), w[0].data(), g[lf].data(), g[lf + 1].data(), g[0].data());
     for (int l = c.layers - 1; l >= 0; --l) {
       BlockGrads bg;
-      for (int i = 0; i < kBlockTensors; ++i) bg.g[i] = g[2 + static_cast<size_t>(l * kBlockTensors + i)].data();
+      for (int i = 0; i < c.block_tensors(); ++i) bg.g.push_back(g[2 + static_cast<size_t>(l * c.block_tensors() + i)].data());
       m.BlockBackward(l, Block(l), bg);
     }
     m.EmbedBackward(g[0].data(), g[1].data());
   }
 };
 
-TEST(GptModel, GradientsMatchFiniteDifferencesForEveryTensor) {
-  Fixture f(std::random_device{}());
+// The experts each token went to, every block (empty without experts).
+std::vector<int> Routes(const Model& m, const Config& c) {
+  std::vector<int> r;
+  for (int l = 0; c.experts > 0 && l < c.layers; ++l) r.insert(r.end(), m.routes(l).begin(), m.routes(l).end());
+  return r;
+}
+
+// Each tensor's gradient along a random direction against central differences of the loss. With
+// experts the loss is smooth only while no token changes experts: a step that moves a token elsewhere
+// is taken again with a smaller eps (the routing is piecewise constant; its gradient is not taken).
+void CheckGradients(Fixture& f) {
   Model m(f.c, f.batch);
   f.Grads(m);
+  const std::vector<int> routes = Routes(m, f.c);
   std::mt19937 rng(99);
   for (size_t t = 0; t < f.defs.size(); ++t) {
     std::vector<float>& x = f.w[t];
@@ -68,15 +78,82 @@ TEST(GptModel, GradientsMatchFiniteDifferencesForEveryTensor) {
     for (float& v : d) v = (rng() & 1 ? 1.0f : -1.0f) / std::sqrt(static_cast<float>(x.size()));
     double analytic = 0;
     for (size_t i = 0; i < x.size(); ++i) analytic += static_cast<double>(f.g[t][i]) * d[i];
-    const float eps = 1e-2f;
     const std::vector<float> saved = x;
-    for (size_t i = 0; i < x.size(); ++i) x[i] = saved[i] + eps * d[i];
-    const double up = f.Loss(m);
-    for (size_t i = 0; i < x.size(); ++i) x[i] = saved[i] - eps * d[i];
-    const double down = f.Loss(m);
+    double numeric = 0;
+    bool smooth = false;
+    for (float eps = 1e-2f; !smooth && eps > 1e-4f; eps /= 4) {
+      for (size_t i = 0; i < x.size(); ++i) x[i] = saved[i] + eps * d[i];
+      const double up = f.Loss(m);
+      smooth = Routes(m, f.c) == routes;
+      for (size_t i = 0; i < x.size(); ++i) x[i] = saved[i] - eps * d[i];
+      const double down = f.Loss(m);
+      smooth = smooth && Routes(m, f.c) == routes;
+      numeric = (up - down) / (2 * eps);
+    }
     x = saved;
-    const double numeric = (up - down) / (2 * eps);
+    ASSERT_TRUE(smooth) << f.defs[t].name << ": every step moved a token to another expert";
     EXPECT_NEAR(analytic, numeric, 0.03 * std::abs(numeric) + 2e-4) << f.defs[t].name;
+  }
+}
+
+TEST(GptModel, GradientsMatchFiniteDifferencesForEveryTensor) {
+  Fixture f(std::random_device{}());
+  CheckGradients(f);
+}
+
+// Mixture of experts: the router (its softmax gates and the load-balancing term) and every expert,
+// one expert per token and two; a larger balancing weight so its gradient is not lost in the loss's.
+// The smallest gap, over every token and block, between the probability of its k-th expert and of the
+// best one it did not go to: how far the routing is from a tie.
+double RoutingMargin(const Model& m, const Config& c) {
+  double margin = 1;
+  for (int l = 0; l < c.layers; ++l) {
+    const std::vector<float>& p = m.router_probs(l);
+    const std::vector<int>& r = m.routes(l);
+    for (size_t n = 0; n * static_cast<size_t>(c.experts) < p.size(); ++n) {
+      const float* pn = p.data() + n * static_cast<size_t>(c.experts);
+      const float kth = pn[r[(n + 1) * static_cast<size_t>(c.top_k) - 1]];
+      for (int e = 0; e < c.experts; ++e) {
+        bool taken = false;
+        for (int s = 0; s < c.top_k; ++s) taken = taken || r[n * static_cast<size_t>(c.top_k) + static_cast<size_t>(s)] == e;
+        if (!taken) margin = std::min(margin, static_cast<double>(kth - pn[e]));
+      }
+    }
+  }
+  return margin;
+}
+
+TEST(GptModel, ExpertGradientsMatchFiniteDifferences) {
+  std::mt19937_64 seeds(std::random_device{}());
+  for (int k : {1, 2}) {
+    SCOPED_TRACE("top_k " + std::to_string(k));
+    const Config c{256, 8, 2, 16, 2, 4, k, 0.5f};
+    Fixture f(seeds(), c);
+    for (int tries = 0; tries < 100; ++tries) {  // weights whose routing is not within 2e-3 of a tie
+      Model probe(c, f.batch);
+      f.Loss(probe);
+      if (RoutingMargin(probe, c) >= 2e-3) break;
+      f = Fixture(seeds(), c);
+    }
+    CheckGradients(f);
+    Model m(f.c, f.batch);
+    const double loss = f.Loss(m);
+    EXPECT_GT(m.aux_loss(), 0.0);
+    EXPECT_LT(m.aux_loss(), loss);
+    // Every token went to k different experts.
+    for (int l = 0; l < f.c.layers; ++l) {
+      const std::vector<int>& r = m.routes(l);
+      ASSERT_EQ(r.size(), static_cast<size_t>(f.batch * f.c.context * k));
+      for (size_t n = 0; n < r.size(); n += static_cast<size_t>(k)) {
+        for (int s = 0; s < k; ++s) {
+          EXPECT_GE(r[n + static_cast<size_t>(s)], 0);
+          EXPECT_LT(r[n + static_cast<size_t>(s)], 4);
+          if (s > 0) {
+            EXPECT_NE(r[n + static_cast<size_t>(s)], r[n]);
+          }
+        }
+      }
+    }
   }
 }
 
@@ -92,6 +169,17 @@ TEST(GptModel, ParameterCountAndPresets) {
     }
     EXPECT_EQ(n, c->num_params()) << p;
   }
+  Config moe = *Preset("tiny");
+  moe.experts = 4;
+  moe.top_k = 2;
+  int64_t n = 0;
+  for (const TensorDef& d : Tensors(moe)) {
+    int64_t e = 1;
+    for (int64_t s : d.shape) e *= s;
+    n += e;
+  }
+  EXPECT_EQ(n, moe.num_params());
+  EXPECT_EQ(static_cast<int>(Tensors(moe).size()), 2 + moe.layers * moe.block_tensors() + 2);
   EXPECT_EQ(Preset("gpt2")->num_params(), 86'039'040);  // GPT-2 124M (124,439,808) with 256 byte tokens instead of 50257
   EXPECT_FALSE(Preset("huge").ok());
 }
