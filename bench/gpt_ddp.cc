@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
       model.Embed(P(0), P(1), tokens.data());
       for (int l = 0; l < c->layers; ++l) {
         gpt::BlockParams bp;
-        for (int i = 0; i < gpt::kBlockTensors; ++i) bp.p[i] = P(2 + static_cast<size_t>(l * gpt::kBlockTensors + i));
+        for (int i = 0; i < c->block_tensors(); ++i) bp.p.push_back(P(2 + static_cast<size_t>(l * c->block_tensors() + i)));
         model.Block(l, bp);
       }
       const size_t lf = defs.size() - 2;
@@ -70,9 +70,9 @@ int main(int argc, char** argv) {
       for (int l = c->layers - 1; l >= 0; --l) {
         gpt::BlockParams bp;
         gpt::BlockGrads bg;
-        for (int i = 0; i < gpt::kBlockTensors; ++i) {
-          bp.p[i] = P(2 + static_cast<size_t>(l * gpt::kBlockTensors + i));
-          bg.g[i] = G(2 + static_cast<size_t>(l * gpt::kBlockTensors + i));
+        for (int i = 0; i < c->block_tensors(); ++i) {
+          bp.p.push_back(P(2 + static_cast<size_t>(l * c->block_tensors() + i)));
+          bg.g.push_back(G(2 + static_cast<size_t>(l * c->block_tensors() + i)));
         }
         model.BlockBackward(l, bp, bg);
       }
