@@ -46,8 +46,12 @@ int main(int argc, char** argv) {
   for (size_t t = 0; t < defs.size(); ++t) {
     for (size_t i = offset[t]; i < offset[t + 1]; ++i) w[i] = gpt::InitValue(*c, defs, 1337, static_cast<int64_t>(t), static_cast<int64_t>(i - offset[t]));
   }
-  auto P = [&](size_t t) { return w.data() + offset[t]; };
-  auto G = [&](size_t t) { return g.data() + offset[t]; };
+  std::vector<const float*> wp;
+  std::vector<float*> gp;
+  for (size_t t = 0; t < defs.size(); ++t) {
+    wp.push_back(w.data() + offset[t]);
+    gp.push_back(g.data() + offset[t]);
+  }
   gpt::Model model(*c, batch);
   const size_t row = static_cast<size_t>(c->context) + 1;
   std::vector<uint8_t> tokens(static_cast<size_t>(batch) * row);
@@ -58,25 +62,8 @@ int main(int argc, char** argv) {
     std::fill(g.begin(), g.end(), 0.0f);
     for (int micro = 0; micro < accum; ++micro) {
       for (auto& x : tokens) x = static_cast<uint8_t>(((rng = rng * 6364136223846793005ull + 1442695040888963407ull) >> 33) % 96 + 32);
-      model.Embed(P(0), P(1), tokens.data());
-      for (int l = 0; l < c->layers; ++l) {
-        gpt::BlockParams bp;
-        for (int i = 0; i < c->block_tensors(); ++i) bp.p.push_back(P(2 + static_cast<size_t>(l * c->block_tensors() + i)));
-        model.Block(l, bp);
-      }
-      const size_t lf = defs.size() - 2;
-      model.Head(P(lf), P(lf + 1), P(0));
-      model.HeadBackward(P(lf), P(lf + 1), P(0), G(lf), G(lf + 1), G(0));
-      for (int l = c->layers - 1; l >= 0; --l) {
-        gpt::BlockParams bp;
-        gpt::BlockGrads bg;
-        for (int i = 0; i < c->block_tensors(); ++i) {
-          bp.p.push_back(P(2 + static_cast<size_t>(l * c->block_tensors() + i)));
-          bg.g.push_back(G(2 + static_cast<size_t>(l * c->block_tensors() + i)));
-        }
-        model.BlockBackward(l, bp, bg);
-      }
-      model.EmbedBackward(G(0), G(1));
+      gpt::Forward(model, *c, wp, tokens.data());
+      gpt::Backward(model, *c, wp, gp);
     }
     MPI_Allreduce(MPI_IN_PLACE, g.data(), static_cast<int>(total), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     const float scale = 1.0f / static_cast<float>(world * accum), lr = 1e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f;

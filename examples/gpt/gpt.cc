@@ -219,22 +219,14 @@ Status WriteReference(const gpt::Config& c, const Options& o, const std::string&
     std::copy_n(text.begin() + static_cast<std::ptrdiff_t>(at), c.context + 1, tokens.begin() + b * (c.context + 1));
   }
   gpt::Model m(c, o.batch);
-  m.Embed(w[0].data(), w[1].data(), tokens.data());
-  auto block = [&](int l) {
-    gpt::BlockParams p;
-    for (int i = 0; i < c.block_tensors(); ++i) p.p.push_back(w[2 + static_cast<size_t>(l * c.block_tensors() + i)].data());
-    return p;
-  };
-  for (int l = 0; l < c.layers; ++l) m.Block(l, block(l));
-  const size_t lf = defs.size() - 2;
-  meta["loss"] = m.Head(w[lf].data(), w[lf + 1].data(), w[0].data());
-  m.HeadBackward(w[lf].data(), w[lf + 1].data(), w[0].data(), g[lf].data(), g[lf + 1].data(), g[0].data());
-  for (int l = c.layers - 1; l >= 0; --l) {
-    gpt::BlockGrads bg;
-    for (int i = 0; i < c.block_tensors(); ++i) bg.g.push_back(g[2 + static_cast<size_t>(l * c.block_tensors() + i)].data());
-    m.BlockBackward(l, block(l), bg);
+  std::vector<const float*> wp;
+  std::vector<float*> gp;
+  for (size_t t = 0; t < defs.size(); ++t) {
+    wp.push_back(w[t].data());
+    gp.push_back(g[t].data());
   }
-  m.EmbedBackward(g[0].data(), g[1].data());
+  meta["loss"] = gpt::Forward(m, c, wp, tokens.data());
+  gpt::Backward(m, c, wp, gp);
   std::filesystem::create_directories(o.reference);
   auto write = [&](const std::string& name, const void* data, size_t bytes) {
     std::ofstream(o.reference + "/" + name, std::ios::binary | std::ios::app).write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));

@@ -504,4 +504,26 @@ void Model::EmbedBackward(float* d_wte, float* d_wpe) {
   }
 }
 
+namespace {
+template <class T>
+std::vector<T> BlockSlice(const Config& c, const std::vector<T>& all, int layer) {
+  const auto first = all.begin() + 2 + static_cast<std::ptrdiff_t>(layer) * c.block_tensors();
+  return std::vector<T>(first, first + c.block_tensors());
+}
+}  // namespace
+
+double Forward(Model& m, const Config& c, const std::vector<const float*>& w, const uint8_t* tokens) {
+  m.Embed(w[0], w[1], tokens);
+  for (int l = 0; l < c.layers; ++l) m.Block(l, {BlockSlice(c, w, l)});
+  const size_t lf = w.size() - 2;
+  return m.Head(w[lf], w[lf + 1], w[0]);
+}
+
+void Backward(Model& m, const Config& c, const std::vector<const float*>& w, const std::vector<float*>& grads) {
+  const size_t lf = w.size() - 2;
+  m.HeadBackward(w[lf], w[lf + 1], w[0], grads[lf], grads[lf + 1], grads[0]);
+  for (int l = c.layers - 1; l >= 0; --l) m.BlockBackward(l, {BlockSlice(c, w, l)}, {BlockSlice(c, grads, l)});
+  m.EmbedBackward(grads[0], grads[1]);
+}
+
 }  // namespace gpt

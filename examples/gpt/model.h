@@ -121,4 +121,10 @@ class Model {
   std::vector<float> dx_, scratch_a_, scratch_b_, scratch_c_;
 };
 
+// The whole model at once over one fp32 buffer per tensor in Tensors() order (a trainer without
+// gathers: tests, the reference, the DDP baseline): Forward returns Head's loss; Backward, after
+// Forward, adds every tensor's gradient into grads.
+double Forward(Model& m, const Config& c, const std::vector<const float*>& w, const uint8_t* tokens);
+void Backward(Model& m, const Config& c, const std::vector<const float*>& w, const std::vector<float*>& grads);
+
 }  // namespace gpt

@@ -32,28 +32,20 @@ struct Fixture {
     tokens.resize(static_cast<size_t>(batch) * static_cast<size_t>(c.context + 1));
     for (auto& x : tokens) x = static_cast<uint8_t>(tok(rng));
   }
-  BlockParams Block(int l) {
-    BlockParams p;
-    for (int i = 0; i < c.block_tensors(); ++i) p.p.push_back(w[2 + static_cast<size_t>(l * c.block_tensors() + i)].data());
+  std::vector<const float*> Weights() const {
+    std::vector<const float*> p;
+    for (const auto& x : w) p.push_back(x.data());
     return p;
   }
-  double Loss(Model& m) {
-    m.Embed(w[0].data(), w[1].data(), tokens.data());
-    for (int l = 0; l < c.layers; ++l) m.Block(l, Block(l));
-    const size_t lf = defs.size() - 2;
-    return m.Head(w[lf].data(), w[lf + 1].data(), w[0].data());
-  }
+  double Loss(Model& m) { return Forward(m, c, Weights(), tokens.data()); }
   void Grads(Model& m) {
     Loss(m);
-    for (auto& x : g) std::fill(x.begin(), x.end(), 0.0f);
-    const size_t lf = defs.size() - 2;
-    m.HeadBackward(w[lf].data(), w[lf + 1].data(), w[0].data(), g[lf].data(), g[lf + 1].data(), g[0].data());
-    for (int l = c.layers - 1; l >= 0; --l) {
-      BlockGrads bg;
-      for (int i = 0; i < c.block_tensors(); ++i) bg.g.push_back(g[2 + static_cast<size_t>(l * c.block_tensors() + i)].data());
-      m.BlockBackward(l, Block(l), bg);
+    std::vector<float*> d;
+    for (auto& x : g) {
+      std::fill(x.begin(), x.end(), 0.0f);
+      d.push_back(x.data());
     }
-    m.EmbedBackward(g[0].data(), g[1].data());
+    Backward(m, c, Weights(), d);
   }
 };
 
