@@ -1,30 +1,44 @@
-// Block-quantized int8 weights for stage-3 parameter gathers (qwZ, EngineConfig::quantized_weights;
-// ZeRO++, Wang et al. 2023): a shard of n values (f32, bf16 or f16) is sent as int8 codes with one f32
-// scale per block of `block` values, and every rank decodes the gathered codes into the full
-// parameters. Symmetric: scale = max |x| over the block / 127, code = round-to-nearest-even(x * (127 /
-// max |x|)) in [-127, 127], decoded as code * scale rounded to the parameter dtype. A block of zeros
-// has scale 0 and decodes to zeros; a block holding inf or NaN decodes to NaN (never a silent finite
-// value). |x - decoded| <= scale / 2 (plus the f32 arithmetic's rounding) before the dtype's rounding.
+// Block-quantized values for ZeRO++'s collectives (Wang et al. 2023): stage-3 parameter gathers (qwZ,
+// EngineConfig::quantized_weights, int8) and gradient reduce-scatters (qgZ, quantized_gradients, int8
+// or int4). A span of n values (f32, bf16 or f16) is sent as signed `bits`-bit codes with one f32
+// scale per block of `block` values, and the receivers decode them. Symmetric, with L = 127 (int8) or
+// 7 (int4): scale = max |x| over the block / L, code = round-to-nearest-even(x * (L / max |x|)) in
+// [-L, L], decoded as code * scale rounded to the destination dtype. A block of zeros has scale 0 and
+// decodes to zeros; a block holding inf or NaN decodes to NaN (never a silent finite value).
+// |x - decoded| <= scale / 2 = max |x| / (2 L) (plus the f32 arithmetic's rounding) before the
+// dtype's rounding.
 //
-// Packed layout of one shard (what is all-gathered): ceil(n / block) f32 scales, then n int8 codes;
-// PackedBytes(n, block) bytes, a multiple of 4 when n is (so gathered shards keep their scales aligned).
-// CPU only (host memory); the engine refuses the option on device memory the host cannot address.
+// Packed layout of one span (what is sent): ceil(n / block) f32 scales, then the codes: int8, one a
+// byte; int4, two a byte (element i in byte i / 2, the low nibble for even i, two's complement; a last
+// odd element's high nibble 0). int4 needs an even block, so that no byte holds two blocks' codes.
+// PackedWeightBytes(n, block, bits) bytes. CPU only (host memory); the engine refuses the options on
+// device memory the host cannot address.
 #pragma once
 
 #include <cstdint>
 
 #include "zrt/core/dtype.h"
+#include "zrt/core/status.h"
 
 namespace zrt::kernels {
 
 inline constexpr int64_t kWeightQuantMaxBlock = int64_t{1} << 20;
 
 constexpr int64_t WeightQuantBlocks(int64_t n, int64_t block) { return (n + block - 1) / block; }
-constexpr int64_t PackedWeightBytes(int64_t n, int64_t block) { return WeightQuantBlocks(n, block) * 4 + n; }
+// bits: 8 or 4 (CheckWeightQuant).
+constexpr int64_t PackedWeightBytes(int64_t n, int64_t block, int bits = 8) {
+  return WeightQuantBlocks(n, block) * 4 + (bits == 4 ? (n + 1) / 2 : n);
+}
+// The largest code: 127 for int8, 7 for int4.
+constexpr int WeightQuantLevels(int bits) { return bits == 4 ? 7 : 127; }
+// InvalidArgument naming what is wrong: bits not 8 or 4, a block outside [1, kWeightQuantMaxBlock], or
+// an odd block for int4.
+Status CheckWeightQuant(int64_t block, int bits);
 
-// src: n values of dtype (kF32, kBF16 or kF16); packed: PackedWeightBytes(n, block) bytes.
-void QuantizeWeights(const void* src, DType dtype, int64_t n, int64_t block, void* packed);
+// src: n values of dtype (kF32, kBF16 or kF16); packed: PackedWeightBytes(n, block, bits) bytes.
+// Precondition: CheckWeightQuant(block, bits) is OK.
+void QuantizeWeights(const void* src, DType dtype, int64_t n, int64_t block, void* packed, int bits = 8);
 // dst: n values of dtype, decoded from `packed`.
-void DequantizeWeights(const void* packed, int64_t n, int64_t block, void* dst, DType dtype);
+void DequantizeWeights(const void* packed, int64_t n, int64_t block, void* dst, DType dtype, int bits = 8);
 
 }  // namespace zrt::kernels

@@ -111,6 +111,7 @@ Result<EngineConfig> EngineConfigFromJson(const nlohmann::json& j, const EngineC
   RETURN_IF_ERROR(r.Read("prefetch_depth", &c.prefetch_depth));
   RETURN_IF_ERROR(r.Read("quantized_weights", &c.quantized_weights));
   RETURN_IF_ERROR(r.Read("quantized_gradients", &c.quantized_gradients));
+  RETURN_IF_ERROR(r.Read("quantized_gradient_bits", &c.quantized_gradient_bits));
   RETURN_IF_ERROR(r.Read("quantization_block", &c.quantization_block));
   RETURN_IF_ERROR(r.Read("secondary_shard_group", &c.secondary_shard_group));
   RETURN_IF_ERROR(r.Read("max_grad_norm", &c.max_grad_norm));
@@ -138,6 +139,13 @@ Result<EngineConfig> EngineConfigFromJson(const nlohmann::json& j, const EngineC
   if (c.quantized_weights && c.stage != 3) return InvalidArgumentError(r.Path("quantized_weights"), ": needs stage 3");
   if (c.quantized_gradients && c.stage == 0) return InvalidArgumentError(r.Path("quantized_gradients"), ": needs stage 1-3");
   if (c.quantization_block < 1) return InvalidArgumentError(r.Path("quantization_block"), ": must be >= 1");
+  if (c.quantized_gradient_bits != 8 && c.quantized_gradient_bits != 4) {
+    return InvalidArgumentError(r.Path("quantized_gradient_bits"), ": must be 8 or 4, got ", c.quantized_gradient_bits);
+  }
+  if (c.quantized_gradients && c.quantized_gradient_bits == 4 && c.quantization_block % 2 != 0) {
+    return InvalidArgumentError(r.Path("quantization_block"), ": must be even with quantized_gradient_bits 4 (two codes a byte), got ",
+                                c.quantization_block);
+  }
   if (c.secondary_shard_group != 0 && c.stage != 3) return InvalidArgumentError(r.Path("secondary_shard_group"), ": needs stage 3");
   if (c.secondary_shard_group < EngineConfig::kShardGroupNode || c.secondary_shard_group == 1) {
     return InvalidArgumentError(r.Path("secondary_shard_group"), ": must be 0 (off), -1 (a node) or >= 2");

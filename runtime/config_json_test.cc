@@ -27,7 +27,7 @@ TEST(EngineConfigJson, EveryFieldIsRead) {
   auto j = ParseJson(R"({
     "stage": 3, "shard_group_size": 8, "reduce_dtype": "bf16", "bucket_bytes": 1048576, "alignment": 128,
     "max_live_gathered_bytes": 2147483648, "prefetch_depth": 3, "max_grad_norm": 1.0, "grad_accum_steps": 4,
-    "quantized_weights": true, "quantized_gradients": true, "quantization_block": 512,
+    "quantized_weights": true, "quantized_gradients": true, "quantized_gradient_bits": 4, "quantization_block": 512,
     "fp32_grads": true, "optimizer_threads": 6,
     "adam": {"lr": 3e-4, "beta1": 0.8, "beta2": 0.95, "eps": 1e-6, "weight_decay": 0.1, "mode": "adam",
              "amsgrad": true, "bias_correction": false},
@@ -50,6 +50,7 @@ TEST(EngineConfigJson, EveryFieldIsRead) {
   EXPECT_EQ(c->prefetch_depth, 3);
   EXPECT_TRUE(c->quantized_weights);
   EXPECT_TRUE(c->quantized_gradients);
+  EXPECT_EQ(c->quantized_gradient_bits, 4);
   EXPECT_EQ(c->quantization_block, 512);
   EXPECT_EQ(c->max_grad_norm, 1.0);
   EXPECT_EQ(c->grad_accum_steps, 4);
@@ -121,6 +122,9 @@ TEST(EngineConfigJson, UnknownKeysAndBadValuesAreRefusedWithTheirPath) {
       {R"({"stage": 2, "quantized_weights": true})", "engine.quantized_weights: needs stage 3"},
       {R"({"stage": 0, "quantized_gradients": true})", "engine.quantized_gradients: needs stage 1-3"},
       {R"({"stage": 3, "quantized_weights": true, "quantization_block": 0})", "engine.quantization_block: must be >= 1"},
+      {R"({"quantized_gradient_bits": 2})", "engine.quantized_gradient_bits: must be 8 or 4, got 2"},
+      {R"({"quantized_gradients": true, "quantized_gradient_bits": 4, "quantization_block": 33})",
+       "engine.quantization_block: must be even with quantized_gradient_bits 4"},
       {R"([1, 2])", "engine: expected an object"},
       {R"({"metrics": {"peak_flops": -1}})", "engine.metrics.peak_flops: must be >= 0"},
       {R"({"metrics": {"jsonl": "x"}})", "engine.metrics.jsonl"},

@@ -360,6 +360,7 @@ Status EngineCore::Allocate(const InitFn& init) {
   bo.total = reduced;  // buckets no larger than the model needs (none on one rank)
   bo.replicas = replicas_.get();
   bo.quantized_block = config_.quantized_gradients ? config_.quantization_block : 0;
+  bo.quantized_bits = config_.quantized_gradient_bits;
   bo.node = node_.get(), bo.across = across_.get();  // qgZ's two levels, where the shard group spans nodes
   ASSIGN_OR_RETURN(impl_->bucketer, GradBucketer::Create(shards_, device_, impl_->compute.get(), bo), "finalize");
   RETURN_IF_ERROR(store.Init(std::move(store_groups)), "finalize");

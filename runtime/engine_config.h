@@ -131,6 +131,9 @@ struct EngineConfig {
   // qgZ, stages 1-3: gradient reduce-scatters as an all-to-all of each rank's codes, decoded and
   // summed in f32 in rank order by the shard's owner (errors do not compound over hops).
   bool quantized_gradients = false;
+  // qgZ's codes: 8 bits, or 4 (ZeRO++'s width: half the bytes again, each value off by up to its
+  // block's largest magnitude / 14 instead of / 254; quantization_block must be even).
+  int quantized_gradient_bits = 8;
   int64_t quantization_block = 256;
   // hpZ, stage 3: a secondary copy of the parameters, partitioned over groups of this many
   // consecutive ranks inside the shard group (make it a node: kShardGroupNode, -1, the launcher's

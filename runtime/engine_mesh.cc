@@ -37,6 +37,9 @@ Status internal::CheckQuantizedCollectives(const EngineConfig& c, const Device& 
   if (c.quantization_block < 1 || c.quantization_block > kernels::kWeightQuantMaxBlock) {
     return InvalidArgumentError("engine: quantization_block must be in [1, ", kernels::kWeightQuantMaxBlock, "], got ", c.quantization_block);
   }
+  if (c.quantized_gradients) {
+    RETURN_IF_ERROR(kernels::CheckWeightQuant(c.quantization_block, c.quantized_gradient_bits), "engine: quantized_gradient_bits");
+  }
   if (!device.host_accessible()) {
     return InvalidArgumentError("engine: quantized_weights and quantized_gradients work on host memory (CPU ranks); device ", device.name(),
                                 " is not addressable from the host");

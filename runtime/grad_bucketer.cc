@@ -71,6 +71,7 @@ class Staged final : public CommHandle::Impl {
 Result<std::unique_ptr<GradBucketer>> GradBucketer::Create(Communicator* comm, Device* device, Compute* compute,
                                                            const Options& o) {
   if (o.reduce_dtype == DType::kBytes) return InvalidArgumentError("gradient buckets: reduce dtype must be a float type");
+  if (o.quantized_block > 0) RETURN_IF_ERROR(kernels::CheckWeightQuant(o.quantized_block, o.quantized_bits), "gradient buckets");
   if (o.replicas != nullptr && o.replicas->size() > 1 && comm->size() == 1) {
     // One rank per shard group: its whole shard is all-reduced across the replicas.
     Options all = o;
@@ -115,7 +116,7 @@ Status GradBucketer::AllocateBucket(Bucket& b) {
 }
 
 size_t GradBucketer::PackedBytes(int64_t used) const {
-  return static_cast<size_t>(AlignUp(kernels::PackedWeightBytes(used, o_.quantized_block), 4));
+  return static_cast<size_t>(AlignUp(kernels::PackedWeightBytes(used, o_.quantized_block, o_.quantized_bits), 4));
 }
 
 Result<CommHandle> GradBucketer::LaunchQuantized(Bucket& b) {
@@ -123,7 +124,7 @@ Result<CommHandle> GradBucketer::LaunchQuantized(Bucket& b) {
   const size_t packed = PackedBytes(b.used), rsize = DTypeSize(o_.reduce_dtype);
   for (int r = 0; r < regions(); ++r) {
     kernels::QuantizeWeights(b.in.as<char>() + static_cast<size_t>(r * b.used) * rsize, o_.reduce_dtype, b.used, o_.quantized_block,
-                             b.qin.as<char>() + packed * static_cast<size_t>(r));
+                             b.qin.as<char>() + packed * static_cast<size_t>(r), o_.quantized_bits);
   }
   ASSIGN_OR_RETURN(CommHandle h, comm_->AllToAllAsync(b.qin.data(), b.qout.data(), packed));
   stats_.reduce_bytes += static_cast<int64_t>(packed) * (regions() - 1);
@@ -138,7 +139,7 @@ Result<CommHandle> GradBucketer::LaunchTwoLevel(Bucket& b) {
   for (int l = 0; l < p; ++l) {
     for (int n = 0; n < k; ++n) {
       kernels::QuantizeWeights(b.in.as<char>() + static_cast<size_t>((n * p + l) * b.used) * rsize, o_.reduce_dtype, b.used,
-                               o_.quantized_block, b.qin.as<char>() + packed * static_cast<size_t>(l * k + n));
+                               o_.quantized_block, b.qin.as<char>() + packed * static_cast<size_t>(l * k + n), o_.quantized_bits);
     }
   }
   ASSIGN_OR_RETURN(CommHandle h, o_.node->AllToAllAsync(b.qin.data(), b.qout.data(), packed * static_cast<size_t>(k)));
@@ -157,13 +158,15 @@ Result<CommHandle> GradBucketer::AcrossNodes(Bucket& b) {
   std::fill(node_sums, node_sums + k * b.used, 0.0f);
   for (int l = 0; l < p; ++l) {
     for (int n = 0; n < k; ++n) {
-      kernels::DequantizeWeights(b.qout.as<char>() + packed * static_cast<size_t>(l * k + n), b.used, o_.quantized_block, part, DType::kF32);
+      kernels::DequantizeWeights(b.qout.as<char>() + packed * static_cast<size_t>(l * k + n), b.used, o_.quantized_block, part,
+                                 DType::kF32, o_.quantized_bits);
       float* sum = node_sums + n * b.used;
       for (int64_t i = 0; i < b.used; ++i) sum[i] += part[i];
     }
   }
   for (int n = 0; n < k; ++n) {
-    kernels::QuantizeWeights(node_sums + n * b.used, DType::kF32, b.used, o_.quantized_block, b.qin.as<char>() + packed * static_cast<size_t>(n));
+    kernels::QuantizeWeights(node_sums + n * b.used, DType::kF32, b.used, o_.quantized_block,
+                             b.qin.as<char>() + packed * static_cast<size_t>(n), o_.quantized_bits);
   }
   ASSIGN_OR_RETURN(CommHandle h, o_.across->AllToAllAsync(b.qin.data(), b.qout.data(), packed), "reducing a gradient bucket across nodes");
   stats_.reduce_bytes += static_cast<int64_t>(packed) * (k - 1);
@@ -177,7 +180,8 @@ void GradBucketer::DecodeQuantized(Bucket& b, int sources, int divisor) {
   float* part = sum_.data() + capacity_;
   std::fill(sum, sum + b.used, 0.0f);
   for (int r = 0; r < sources; ++r) {
-    kernels::DequantizeWeights(b.qout.as<char>() + packed * static_cast<size_t>(r), b.used, o_.quantized_block, part, DType::kF32);
+    kernels::DequantizeWeights(b.qout.as<char>() + packed * static_cast<size_t>(r), b.used, o_.quantized_block, part, DType::kF32,
+                               o_.quantized_bits);
     for (int64_t i = 0; i < b.used; ++i) sum[i] += part[i];
   }
   const float n = static_cast<float>(divisor);

@@ -48,11 +48,12 @@ class GradBucketer {
     // Hybrid sharding: the ranks that hold the same shards (null or one rank: none). Outlives the
     // bucketer.
     Communicator* replicas = nullptr;
-    // qgZ (reduce-scatter only): each region travels as int8 codes with an f32 scale per this many
-    // values (kernels/weight_quant.h), an all-to-all of the codes; each rank decodes every rank's
-    // codes of its region and sums them in f32 in rank order, rounding once to reduce_dtype. 0: off.
-    // Host memory only.
+    // qgZ (reduce-scatter only): each region travels as int8 (or int4) codes with an f32 scale per
+    // this many values (kernels/weight_quant.h), an all-to-all of the codes; each rank decodes every
+    // rank's codes of its region and sums them in f32 in rank order, rounding once to reduce_dtype.
+    // 0: off. Host memory only.
     int64_t quantized_block = 0;
+    int quantized_bits = 8;  // 8 or 4 (then quantized_block is even): kernels::CheckWeightQuant
     // qgZ over two levels (ZeRO++'s hierarchical reduction): `node`, the P consecutive ranks of
     // `comm` a node holds (rank / P), and `across`, the K = size / P ranks at the same place in each
     // node (rank % P), both split from `comm` and outliving the bucketer. Each rank sends its node's

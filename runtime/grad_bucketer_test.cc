@@ -13,6 +13,7 @@
 
 #include "tests/support/reference.h"
 #include "zrt/core/communicator.h"
+#include "zrt/kernels/weight_quant.h"
 
 namespace zrt {
 namespace {
@@ -24,6 +25,7 @@ struct Case {
   DType reduce;
   int64_t quantized_block = 0;  // qgZ
   int node = 0;                 // qgZ over two levels: nodes of this many ranks
+  int bits = 8;                 // qgZ's codes: int8 or int4
 };
 
 class GradBucketerTest : public ::testing::TestWithParam<Case> {};
@@ -41,6 +43,7 @@ TEST_P(GradBucketerTest, ShardsAreTheAverageOfEveryRanksSlice) {
     o.reduce_dtype = c.reduce;
     o.all_reduce = c.all_reduce;
     o.quantized_block = c.quantized_block;
+    o.quantized_bits = c.bits;
     std::unique_ptr<Communicator> node, across;
     if (c.node > 0) {
       ASSIGN_OR_RETURN(node, comm.Split(comm.rank() / c.node, comm.rank()));
@@ -76,8 +79,9 @@ TEST_P(GradBucketerTest, ShardsAreTheAverageOfEveryRanksSlice) {
     }
     RETURN_IF_ERROR(b->Flush());
     const int me = c.all_reduce ? 0 : comm.rank();
-    // qgZ: each rank's value is off by at most half its block's scale, max |x| / 254 of that rank's
-    // region at most (bounded here by its largest gradient anywhere), and the average divides the sum.
+    // qgZ: each rank's value is off by at most half its block's scale, max |x| / (2 L) of that rank's
+    // region at most (L = 127 for int8, 7 for int4; bounded here by its largest gradient anywhere), and
+    // the average divides the sum.
     float quant_bound = 0;
     if (c.quantized_block > 0 && comm.size() > 1) {
       for (int r = 0; r < comm.size(); ++r) {
@@ -85,10 +89,10 @@ TEST_P(GradBucketerTest, ShardsAreTheAverageOfEveryRanksSlice) {
         for (const auto& v : grads[static_cast<size_t>(r)]) {
           for (float x : v) m = std::max(m, std::abs(x));
         }
-        quant_bound += m / 254.0f * 1.001f / static_cast<float>(comm.size());
+        quant_bound += m / (2.0f * static_cast<float>(kernels::WeightQuantLevels(c.bits))) * 1.001f / static_cast<float>(comm.size());
       }
       // Two levels: each node's sum quantized again, off by half its scale, at most the node's ranks'
-      // largest magnitudes (and their first errors) summed over 254: about the first bound again.
+      // largest magnitudes (and their first errors) summed over 2 L: about the first bound again.
       if (c.node > 0) quant_bound *= 2.01f;
     }
     int differ = 0;
@@ -99,7 +103,8 @@ TEST_P(GradBucketerTest, ShardsAreTheAverageOfEveryRanksSlice) {
         for (int r = 0; r < comm.size(); ++r) sum += grads[static_cast<size_t>(r)][g][static_cast<size_t>(begin) + i];
         float want = sum / static_cast<float>(comm.size());
         if (c.reduce == DType::kBF16) want = Bf16ToFloat(FloatToBf16(want));
-        const float tol = std::abs(want) * (c.reduce == DType::kBF16 && quant_bound > 0 ? 0x1p-7f : 1e-6f) + 1e-7f + quant_bound;
+        const float tol = std::abs(want) * (c.reduce == DType::kBF16 && quant_bound > 0 ? 0x1p-7f : 1e-6f) + 1e-7f +
+                          quant_bound * (c.node > 0 && c.bits == 4 ? 1.15f : 1.0f);
         EXPECT_NEAR(shards[g][i], want, tol) << "group " << g << " element " << i;
         differ += shards[g][i] != want;
       }
@@ -123,7 +128,26 @@ INSTANTIATE_TEST_SUITE_P(Cases, GradBucketerTest,
                                            Case{4, 1 << 20, true, DType::kF32}, Case{2, 64, false, DType::kF32, 16},
                                            Case{3, 4096, false, DType::kBF16, 32}, Case{4, 1 << 20, false, DType::kF32, 256},
                                            Case{1, 1 << 20, false, DType::kF32, 64}, Case{4, 64, false, DType::kF32, 16, 2},
-                                           Case{6, 4096, false, DType::kBF16, 32, 3}, Case{6, 1 << 20, false, DType::kF32, 256, 2}));
+                                           Case{6, 4096, false, DType::kBF16, 32, 3}, Case{6, 1 << 20, false, DType::kF32, 256, 2},
+                                           Case{2, 64, false, DType::kF32, 16, 0, 4}, Case{3, 4096, false, DType::kBF16, 32, 0, 4},
+                                           Case{4, 1 << 20, false, DType::kF32, 256, 0, 4}, Case{1, 1 << 20, false, DType::kF32, 64, 0, 4},
+                                           Case{4, 64, false, DType::kF32, 16, 2, 4}, Case{6, 4096, false, DType::kBF16, 32, 3, 4}));
+
+TEST(GradBucketer, RefusesInt4CodesInOddBlocks) {
+  ASSERT_TRUE(RunLoopbackRanks(2, [](Communicator& comm) -> Status {
+    CpuDevice dev;
+    ASSIGN_OR_RETURN(auto compute, Compute::For(&dev, {}));
+    GradBucketer::Options o;
+    o.quantized_block = 17;
+    o.quantized_bits = 4;
+    const auto r = GradBucketer::Create(&comm, &dev, compute.get(), o);
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("17"), std::string::npos) << r.status();
+    o.quantized_bits = 8;  // int8 takes any block
+    EXPECT_TRUE(GradBucketer::Create(&comm, &dev, compute.get(), o).ok());
+    return Status();
+  }).ok());
+}
 
 TEST(GradBucketer, RefusesBucketsTooSmallForTheRanks) {
   ASSERT_TRUE(RunLoopbackRanks(4, [](Communicator& comm) -> Status {

@@ -45,6 +45,7 @@ struct Mesh {
   int accum = 1;
   bool quantized_weights = false;  // qwZ, blocks of 64
   bool quantized_gradients = false;  // qgZ, blocks of 64
+  int quantized_gradient_bits = 8;   // qgZ's codes
   OffloadTarget offload_params = OffloadTarget::kNone;
   int secondary = 0;  // hpZ: secondary_shard_group
 };
@@ -87,6 +88,7 @@ class HybridTest : public EngineTest {
     cfg.state = s.state;
     cfg.quantized_weights = s.quantized_weights;
     cfg.quantized_gradients = s.quantized_gradients;
+    cfg.quantized_gradient_bits = s.quantized_gradient_bits;
     cfg.quantization_block = 64;
     cfg.secondary_shard_group = s.secondary;
     cfg.offload.optimizer = s.offload;
@@ -175,14 +177,17 @@ class HybridTest : public EngineTest {
   // Training with quantized collectives against exact ones: Adam moves each element by about lr per
   // step whatever the gradient's size, so an element whose tiny gradient changes sign may move the
   // other way. The mean difference is small; none exceeds what the steps could move.
-  static void ExpectCloseTraining(const std::vector<float>& got, const std::vector<float>& want, int steps, const std::string& what) {
+  // `mean`: the bound on the mean difference (int4 codes, quantized twice over two levels, move more
+  // elements the other way than int8's).
+  static void ExpectCloseTraining(const std::vector<float>& got, const std::vector<float>& want, int steps, const std::string& what,
+                                  double mean = 2e-3) {
     ASSERT_EQ(got.size(), want.size()) << what;
     double total = 0, worst = 0;
     for (size_t i = 0; i < got.size(); ++i) {
       total += std::fabs(got[i] - want[i]);
       worst = std::max(worst, static_cast<double>(std::fabs(got[i] - want[i])));
     }
-    EXPECT_LT(total / static_cast<double>(got.size()), 2e-3) << what << ": mean master difference";
+    EXPECT_LT(total / static_cast<double>(got.size()), mean) << what << ": mean master difference";
     EXPECT_LE(worst, steps * 2 * 1e-2 + 1e-3) << what << ": a master moved further than " << steps << " Adam steps of lr 1e-2 could";
   }
 
@@ -398,9 +403,10 @@ TEST_F(HybridTest, QuantizedWeightGathersStayWithinTheirScaleAndTheStateExact) {
 }
 
 // qgZ (EngineConfig::quantized_gradients) at stages 1-3, flat and hybrid (the shard group's
-// reduce-scatter quantized, the replicas' all-reduce exact), with qwZ too at stage 3: training
-// stays close to exact reductions (the mean master difference after 3 steps small, none beyond what
-// 3 Adam steps can move), replicas bit-identical, the reduce-scatters' bytes about a quarter of f32's.
+// reduce-scatter quantized, the replicas' all-reduce exact), with qwZ too at stage 3, int8 codes and
+// (stages 2-3) int4: training stays close to exact reductions (the mean master difference after 3
+// steps small, none beyond what 3 Adam steps can move), replicas bit-identical, the reduce-scatters'
+// bytes about a quarter of f32's (int8) or an eighth (int4).
 TEST_F(HybridTest, QuantizedGradientReductionsStayCloseToExactAndReplicasIdentical) {
   std::vector<int> meshes = HybridSizes();
   meshes.push_back(0);
@@ -410,30 +416,35 @@ TEST_F(HybridTest, QuantizedGradientReductionsStayCloseToExactAndReplicasIdentic
       const int shards = s == 0 ? size() : s;
       for (int node : {0, 2, 3}) {  // two levels: the launcher says nodes of this many ranks
         if (node > 0 && (node >= shards || shards % node != 0)) continue;
-        Mesh exact{.stage = stage, .shards = s, .dtype = DType::kBF16};
-        Mesh quant = exact;
-        quant.quantized_gradients = true;
-        quant.quantized_weights = stage == 3;
-        SCOPED_TRACE(Name(quant) + (quant.quantized_weights ? " + qwZ" : "") + (node > 0 ? ", two levels, nodes of " + std::to_string(node) : ""));
-        auto ref = Build(comm_.get(), exact);
-        if (node > 0) ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", std::to_string(node).c_str(), 1);
-        auto e = Build(comm_.get(), quant);
-        ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", local.c_str(), 1);
-        ASSERT_TRUE(ref.ok() && e.ok()) << ref.status() << e.status();
-        Train(**ref, rank(), 0, 3, 1);
-        Train(**e, rank(), 0, 3, 1);
-        const std::vector<float> mq = Masters(**e), mr = Masters(**ref);
-        ExpectCloseTraining(mq, mr, 3, "masters after 3 steps, quantized vs exact reductions");
-        ExpectReplicasIdentical(**e, shards, "qgZ");
-        const CommStats cq = (*e)->comm_stats(), cr = (*ref)->comm_stats();
-        if (shards > 1) {  // the shard group's reduce-scatter: ~1.06 bytes per f32 value's 4 (blocks of 64), the replicas' all-reduce exact
-          EXPECT_LT(cq.reduce_bytes - cq.replica_bytes, (cr.reduce_bytes - cr.replica_bytes) * 4 / 10)
-              << cq.reduce_bytes << " vs " << cr.reduce_bytes;
+        for (int bits : {8, 4}) {
+          if (bits == 4 && stage == 1) continue;  // (the same reduce-scatter as stage 2's)
+          Mesh exact{.stage = stage, .shards = s, .dtype = DType::kBF16};
+          Mesh quant = exact;
+          quant.quantized_gradients = true;
+          quant.quantized_gradient_bits = bits;
+          quant.quantized_weights = stage == 3;
+          SCOPED_TRACE(Name(quant) + " int" + std::to_string(bits) + (quant.quantized_weights ? " + qwZ" : "") +
+                       (node > 0 ? ", two levels, nodes of " + std::to_string(node) : ""));
+          auto ref = Build(comm_.get(), exact);
+          if (node > 0) ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", std::to_string(node).c_str(), 1);
+          auto e = Build(comm_.get(), quant);
+          ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", local.c_str(), 1);
+          ASSERT_TRUE(ref.ok() && e.ok()) << ref.status() << e.status();
+          Train(**ref, rank(), 0, 3, 1);
+          Train(**e, rank(), 0, 3, 1);
+          const std::vector<float> mq = Masters(**e), mr = Masters(**ref);
+          ExpectCloseTraining(mq, mr, 3, "masters after 3 steps, quantized vs exact reductions", bits == 8 ? 2e-3 : 4e-3);
+          ExpectReplicasIdentical(**e, shards, "qgZ");
+          const CommStats cq = (*e)->comm_stats(), cr = (*ref)->comm_stats();
+          if (shards > 1) {  // the shard group's reduce-scatter: ~1.06 (int8) or ~0.56 (int4) bytes per f32 value's 4 (blocks of 64), the replicas' all-reduce exact
+            EXPECT_LT(cq.reduce_bytes - cq.replica_bytes, (cr.reduce_bytes - cr.replica_bytes) * (bits == 8 ? 4 : 2) / 10)
+                << cq.reduce_bytes << " vs " << cr.reduce_bytes;
+          }
+          // Two levels where the launcher's nodes split the shard group (the emulated cluster's own, or
+          // the ones set here): the second level's bytes counted.
+          const int p = node > 0 ? node : ThreadPool::LauncherRanksPerNode();
+          EXPECT_EQ(cq.across_nodes_bytes > 0, p >= 2 && p < shards && shards % p == 0);
         }
-        // Two levels where the launcher's nodes split the shard group (the emulated cluster's own, or
-        // the ones set here): the second level's bytes counted.
-        const int p = node > 0 ? node : ThreadPool::LauncherRanksPerNode();
-        EXPECT_EQ(cq.across_nodes_bytes > 0, p >= 2 && p < shards && shards % p == 0);
       }
     }
   }
@@ -443,6 +454,18 @@ TEST_F(HybridTest, QuantizedGradientReductionsStayCloseToExactAndReplicasIdentic
   auto r = ZeroEngine::Create(comm_.get(), &device_, cfg);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("stage 1-3"), std::string_view::npos) << r.status();
+  // int4 codes go two a byte: an odd block, or a width other than 8 and 4, is refused naming it.
+  cfg.stage = 2;
+  cfg.quantized_gradient_bits = 4;
+  cfg.quantization_block = 63;
+  r = ZeroEngine::Create(comm_.get(), &device_, cfg);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("63"), std::string_view::npos) << r.status();
+  cfg.quantized_gradient_bits = 2;
+  cfg.quantization_block = 64;
+  r = ZeroEngine::Create(comm_.get(), &device_, cfg);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("quantized_gradient_bits"), std::string_view::npos) << r.status();
 }
 
 // shard_group_size = node: the launcher's ranks per node, checked against the host names. On one
