@@ -53,10 +53,11 @@ void Step(ZeroEngine& e, int64_t n_per_group) {
 }
 
 Figures Run(Communicator* comm, Device* dev, MPI_Comm node, int shards, DType reduce, int64_t params, int groups, int steps,
-            bool quantized_weights = false, bool quantized_gradients = false, int secondary = 0) {
+            bool quantized_weights = false, bool quantized_gradients = false, int secondary = 0, int gradient_bits = 8) {
   EngineConfig cfg;
   cfg.quantized_weights = quantized_weights;
   cfg.quantized_gradients = quantized_gradients;
+  cfg.quantized_gradient_bits = gradient_bits;
   cfg.secondary_shard_group = secondary;
   cfg.reduce_dtype = reduce;
   cfg.stage = 3;
@@ -102,8 +103,8 @@ Figures Run(Communicator* comm, Device* dev, MPI_Comm node, int shards, DType re
 }
 
 // Flat ZeRO-3 with ZeRO++'s options (qwZ: the gathers as int8 codes and a scale per 256 values; qgZ:
-// the reduce-scatters likewise; hpZ: the backward's gathers inside a node), beside flat: the lines and
-// the RESULT rows.
+// the reduce-scatters likewise, qgZ4 in int4 codes; hpZ: the backward's gathers inside a node), beside
+// flat: the lines and the RESULT rows.
 void ReportZeroPlusPlus(const Figures& flat, const std::vector<std::pair<std::string, Figures>>& runs, int n, const std::string& reduce_name,
                         double link_gbit) {
   auto mb = [](double b) { return b / 1e6; };
@@ -186,10 +187,13 @@ int main(int argc, char** argv) {
     const Figures flat = Run(comm.get(), &dev, node, 0, reduce, params, groups, steps);
     // ZeRO++'s options on flat ZeRO-3; hpZ's secondary group a node (where the world spans several).
     std::vector<std::pair<std::string, Figures>> plus;
-    for (const auto& [name, qw, qg, hpz] : {std::tuple{"qwZ", true, false, false}, std::tuple{"qwZ+qgZ", true, true, false},
-                                            std::tuple{"hpZ", false, false, true}, std::tuple{"qwZ+hpZ+qgZ", true, true, true}}) {
+    // (qgZ4: qgZ's codes in int4.)
+    for (const auto& [name, qw, qg, hpz, bits] :
+         {std::tuple{"qwZ", true, false, false, 8}, std::tuple{"qwZ+qgZ", true, true, false, 8}, std::tuple{"qwZ+qgZ4", true, true, false, 4},
+          std::tuple{"hpZ", false, false, true, 8}, std::tuple{"qwZ+hpZ+qgZ", true, true, true, 8},
+          std::tuple{"qwZ+hpZ+qgZ4", true, true, true, 4}}) {
       if (hpz && !(per_node >= 2 && per_node < n && n % per_node == 0)) continue;
-      plus.emplace_back(name, Run(comm.get(), &dev, node, 0, reduce, params, groups, steps, qw, qg, hpz ? per_node : 0));
+      plus.emplace_back(name, Run(comm.get(), &dev, node, 0, reduce, params, groups, steps, qw, qg, hpz ? per_node : 0, bits));
     }
     Figures hybrid;
     const bool hybrid_ok = nodes > 1 && per_node * nodes == n;

@@ -206,6 +206,9 @@ void AddPlanCommand(CLI::App& app, Args& a) {
       ->check(AtLeast(1));
   plan->add_flag("--quantized-weights", pi.quantized_weights, "stage 3: parameter gathers as int8 codes (qwZ; EngineConfig::quantized_weights)");
   plan->add_flag("--quantized-gradients", pi.quantized_gradients, "stages 1-3: gradient reduce-scatters as int8 codes (qgZ)");
+  plan->add_option("--quantized-gradient-bits", pi.quantized_gradient_bits, "qgZ's codes: 8 or 4 bits (EngineConfig::quantized_gradient_bits)")
+      ->check(CLI::IsMember({4, 8}))
+      ->capture_default_str();
   plan->add_option("--secondary-shard-group", pi.secondary_shard_group,
                    "stage 3: a secondary copy of the parameters over this many devices (a node), the backward's gathers inside it "
                    "(hpZ; EngineConfig::secondary_shard_group)")

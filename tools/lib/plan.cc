@@ -232,9 +232,10 @@ struct Links {
 
 Links LinksFor(const PlanInput& in, const Model& m, int shards) {
   const double elements = m.psi / (in.tp * in.pp), bytes = elements * in.param_bytes, s = shards, r = double(in.gpus) / shards;
-  // Per element on the wire: the dtype's bytes, or with qwZ / qgZ a code and 4 / block of a scale.
-  const double q = 1 + 4.0 / static_cast<double>(in.quantization_block);
-  const double gather = in.quantized_weights ? q : in.param_bytes, reduce = in.quantized_gradients ? q : in.param_bytes;
+  // Per element on the wire: the dtype's bytes, or with qwZ / qgZ a code (qgZ: a byte or half of one)
+  // and 4 / block of a scale.
+  const double scale = 4.0 / static_cast<double>(in.quantization_block), code = in.quantized_gradient_bits / 8.0;
+  const double gather = in.quantized_weights ? 1 + scale : in.param_bytes, reduce = in.quantized_gradients ? code + scale : in.param_bytes;
   // The shard group: stage 3 gathers twice and reduce-scatters (with hpZ the backward's gather goes
   // over the P-device secondary group, in the dtype); stages 1-2 reduce-scatter and gather once.
   // qgZ over a shard group spanning nodes of P devices goes two levels: (P-1)/P of the codes inside
@@ -308,6 +309,13 @@ Status CheckInput(const PlanInput& in) {
   if (in.quantized_weights && in.stage != 3) return InvalidArgumentError("plan: --quantized-weights needs stage 3");
   if (in.quantized_gradients && in.stage == 0) return InvalidArgumentError("plan: --quantized-gradients needs stage 1-3");
   if (in.quantization_block < 1) return InvalidArgumentError("plan: --quantization-block must be >= 1");
+  if (in.quantized_gradient_bits != 8 && in.quantized_gradient_bits != 4) {
+    return InvalidArgumentError("plan: --quantized-gradient-bits must be 8 or 4, got ", in.quantized_gradient_bits);
+  }
+  if (in.quantized_gradients && in.quantized_gradient_bits == 4 && in.quantization_block % 2 != 0) {
+    return InvalidArgumentError("plan: --quantization-block must be even with --quantized-gradient-bits 4 (two codes a byte), got ",
+                                in.quantization_block);
+  }
   if (in.secondary_shard_group != 0 && (in.stage != 3 || Secondary(in, Shards(in)) == 0)) {
     return InvalidArgumentError("plan: --secondary-shard-group (hpZ) needs stage 3 and 2 <= P < the shard group's ", Shards(in),
                                 " devices, dividing it; got ", in.secondary_shard_group);
@@ -546,7 +554,12 @@ void PrintPlan(const PlanInput& in, const Model& m, const Estimate& e, std::ostr
   if (Shards(in) < in.gpus && in.stage > 0) out << " in shard groups of " << Shards(in) << " (" << in.gpus / Shards(in) << " replicas)";
   if (in.secondary_shard_group > 0) out << ", the backward's gathers over " << in.secondary_shard_group << " devices (hpZ)";
   if (in.quantized_weights || in.quantized_gradients) {
-    out << ", int8 " << (in.quantized_weights ? in.quantized_gradients ? "gathers and reductions (qwZ, qgZ)" : "gathers (qwZ)" : "reductions (qgZ)");
+    const std::string qg = "int" + std::to_string(in.quantized_gradient_bits) + " reductions (qgZ)";
+    if (in.quantized_weights && in.quantized_gradients && in.quantized_gradient_bits == 8) {
+      out << ", int8 gathers and reductions (qwZ, qgZ)";
+    } else {
+      out << ", " << (in.quantized_weights ? in.quantized_gradients ? "int8 gathers (qwZ), " + qg : "int8 gathers (qwZ)" : qg);
+    }
   }
   if (in.tp * in.pp > 1) out << ", TP " << in.tp << " x PP " << in.pp;
   out << ", offload " << in.offload;

@@ -32,8 +32,10 @@ struct PlanInput {
   int shard_group = 0;
   int tp = 1, pp = 1;
   // ZeRO++'s quantized collectives (docs/engine.md "Quantized collectives"): stage-3 parameter gathers
-  // (qwZ) and stage 1-3 gradient reduce-scatters (qgZ) as int8 codes with an f32 scale per block.
+  // (qwZ) and stage 1-3 gradient reduce-scatters (qgZ) as int8 codes (qgZ: or int4,
+  // quantized_gradient_bits) with an f32 scale per block.
   bool quantized_weights = false, quantized_gradients = false;
+  int quantized_gradient_bits = 8;
   int64_t quantization_block = 256;
   // hpZ (EngineConfig::secondary_shard_group), stage 3: a secondary copy of the parameters over P
   // devices (a node: gpus_per_node), the backward's gathers inside it; 0: off. Applies to a shard group

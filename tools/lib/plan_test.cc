@@ -130,6 +130,19 @@ TEST(Plan, QuantizedCollectivesShrinkTheirVolumes) {
   std::ostringstream text;
   ASSERT_TRUE(Plan(in, false, text).ok());
   EXPECT_NE(text.str().find("int8 reductions (qgZ)"), std::string::npos) << text.str();
+  // int4 codes: half a byte per value and the same scales.
+  in.quantized_gradient_bits = 4;
+  EXPECT_NEAR(PlanJson(in)["comm_bytes_per_step"].get<double>(), (0.5 + 4.0 / 256) * two * E + 2 * E * f, 1e3);
+  std::ostringstream text4;
+  ASSERT_TRUE(Plan(in, false, text4).ok());
+  EXPECT_NE(text4.str().find("int4 reductions (qgZ)"), std::string::npos) << text4.str();
+  in.quantization_block = 255;
+  std::ostringstream odd;
+  const Status odd_block = Plan(in, false, odd);
+  EXPECT_EQ(odd_block.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(odd_block.message().find("255"), std::string::npos) << odd_block;
+  in.quantization_block = 256;
+  in.quantized_gradient_bits = 8;
   // Where they cannot be.
   for (auto bad : {std::make_pair(2, true), std::make_pair(0, false)}) {
     PlanInput b;
