@@ -19,6 +19,7 @@
 
 #include "zrt/core/dtype.h"
 #include "zrt/core/status.h"
+#include "zrt/kernels/cpu.h"
 
 namespace zrt::kernels {
 
@@ -36,9 +37,10 @@ constexpr int WeightQuantLevels(int bits) { return bits == 4 ? 7 : 127; }
 Status CheckWeightQuant(int64_t block, int bits);
 
 // src: n values of dtype (kF32, kBF16 or kF16); packed: PackedWeightBytes(n, block, bits) bytes.
-// Precondition: CheckWeightQuant(block, bits) is OK.
-void QuantizeWeights(const void* src, DType dtype, int64_t n, int64_t block, void* packed, int bits = 8);
+// Precondition: CheckWeightQuant(block, bits) is OK. `isa`: the instruction set (kAuto: the best the
+// CPU has; one it lacks runs the baseline loops); every one gives the same bytes.
+void QuantizeWeights(const void* src, DType dtype, int64_t n, int64_t block, void* packed, int bits = 8, CpuIsa isa = CpuIsa::kAuto);
 // dst: n values of dtype, decoded from `packed`.
-void DequantizeWeights(const void* packed, int64_t n, int64_t block, void* dst, DType dtype, int bits = 8);
+void DequantizeWeights(const void* packed, int64_t n, int64_t block, void* dst, DType dtype, int bits = 8, CpuIsa isa = CpuIsa::kAuto);
 
 }  // namespace zrt::kernels
