@@ -138,11 +138,11 @@ Result<EngineConfig> EngineConfigFromJson(const nlohmann::json& j, const EngineC
   if (c.prefetch_depth < 0) return InvalidArgumentError(r.Path("prefetch_depth"), ": must be >= 0");
   if (c.quantized_weights && c.stage != 3) return InvalidArgumentError(r.Path("quantized_weights"), ": needs stage 3");
   if (c.quantized_gradients && c.stage == 0) return InvalidArgumentError(r.Path("quantized_gradients"), ": needs stage 1-3");
-  if (c.quantization_block < 1) return InvalidArgumentError(r.Path("quantization_block"), ": must be >= 1");
+  if (c.quantization_block < 0) return InvalidArgumentError(r.Path("quantization_block"), ": must be >= 0 (0: each width's own)");
   if (c.quantized_gradient_bits != 8 && c.quantized_gradient_bits != 4) {
     return InvalidArgumentError(r.Path("quantized_gradient_bits"), ": must be 8 or 4, got ", c.quantized_gradient_bits);
   }
-  if (c.quantized_gradients && c.quantized_gradient_bits == 4 && c.quantization_block % 2 != 0) {
+  if (c.quantized_gradients && c.quantized_gradient_bits == 4 && c.quantization_block % 2 != 0) {  // (0 is even: 64)
     return InvalidArgumentError(r.Path("quantization_block"), ": must be even with quantized_gradient_bits 4 (two codes a byte), got ",
                                 c.quantization_block);
   }

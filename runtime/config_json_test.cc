@@ -121,7 +121,7 @@ TEST(EngineConfigJson, UnknownKeysAndBadValuesAreRefusedWithTheirPath) {
       {R"({"fp32_grads": 1})", "engine.fp32_grads: expected true or false"},
       {R"({"stage": 2, "quantized_weights": true})", "engine.quantized_weights: needs stage 3"},
       {R"({"stage": 0, "quantized_gradients": true})", "engine.quantized_gradients: needs stage 1-3"},
-      {R"({"stage": 3, "quantized_weights": true, "quantization_block": 0})", "engine.quantization_block: must be >= 1"},
+      {R"({"stage": 3, "quantized_weights": true, "quantization_block": -1})", "engine.quantization_block: must be >= 0"},
       {R"({"quantized_gradient_bits": 2})", "engine.quantized_gradient_bits: must be 8 or 4, got 2"},
       {R"({"quantized_gradients": true, "quantized_gradient_bits": 4, "quantization_block": 33})",
        "engine.quantization_block: must be even with quantized_gradient_bits 4"},

@@ -31,6 +31,7 @@
 #include "zrt/core/thread_pool.h"
 #include "zrt/kernels/adam.h"
 #include "zrt/kernels/grad_norm.h"
+#include "zrt/kernels/weight_quant.h"
 #include "zrt/runtime/engine_internal.h"
 
 namespace zrt {
@@ -359,7 +360,7 @@ Status EngineCore::Allocate(const InitFn& init) {
   bo.all_reduce = config_.stage == 0;
   bo.total = reduced;  // buckets no larger than the model needs (none on one rank)
   bo.replicas = replicas_.get();
-  bo.quantized_block = config_.quantized_gradients ? config_.quantization_block : 0;
+  bo.quantized_block = config_.quantized_gradients ? kernels::QuantBlockFor(config_.quantization_block, config_.quantized_gradient_bits) : 0;
   bo.quantized_bits = config_.quantized_gradient_bits;
   bo.node = node_.get(), bo.across = across_.get();  // qgZ's two levels, where the shard group spans nodes
   ASSIGN_OR_RETURN(impl_->bucketer, GradBucketer::Create(shards_, device_, impl_->compute.get(), bo), "finalize");
@@ -375,7 +376,7 @@ Status EngineCore::Allocate(const InitFn& init) {
     impl_->gatherer = std::make_unique<ParamGatherer>(shards_, &impl_->staging, impl_->host_staging.get(), upload,
                                                       config_.max_live_gathered_bytes, config_.prefetch_depth);
     impl_->gatherer->SetGroups(std::move(refs));
-    if (config_.quantized_weights) impl_->gatherer->QuantizeGathers(config_.quantization_block);
+    if (config_.quantized_weights) impl_->gatherer->QuantizeGathers(kernels::QuantBlockFor(config_.quantization_block, 8));
     if (secondary_) impl_->gatherer->SecondaryShards(secondary_.get(), device_);
   }
   return GatherUpdatedParams(true);

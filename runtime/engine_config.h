@@ -134,7 +134,9 @@ struct EngineConfig {
   // qgZ's codes: 8 bits, or 4 (ZeRO++'s width: half the bytes again, each value off by up to its
   // block's largest magnitude / 14 instead of / 254; quantization_block must be even).
   int quantized_gradient_bits = 8;
-  int64_t quantization_block = 256;
+  // Values per f32 scale of both; 0: each width's own (kernels::QuantBlockFor: 256 for int8, 64 for
+  // int4 qgZ).
+  int64_t quantization_block = 0;
   // hpZ, stage 3: a secondary copy of the parameters, partitioned over groups of this many
   // consecutive ranks inside the shard group (make it a node: kShardGroupNode, -1, the launcher's
   // ranks per node): a group's first gather in a step keeps the rank's 1/P of it, and its later

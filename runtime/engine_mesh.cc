@@ -34,11 +34,13 @@ Status internal::CheckQuantizedCollectives(const EngineConfig& c, const Device& 
   if (c.quantized_gradients && c.stage == 0) {
     return InvalidArgumentError("engine: quantized_gradients needs stage 1-3 (it quantizes the reduce-scatter; stage 0 all-reduces)");
   }
-  if (c.quantization_block < 1 || c.quantization_block > kernels::kWeightQuantMaxBlock) {
-    return InvalidArgumentError("engine: quantization_block must be in [1, ", kernels::kWeightQuantMaxBlock, "], got ", c.quantization_block);
+  if (c.quantization_block < 0 || c.quantization_block > kernels::kWeightQuantMaxBlock) {
+    return InvalidArgumentError("engine: quantization_block must be 0 (each width's own) or in [1, ", kernels::kWeightQuantMaxBlock,
+                                "], got ", c.quantization_block);
   }
   if (c.quantized_gradients) {
-    RETURN_IF_ERROR(kernels::CheckWeightQuant(c.quantization_block, c.quantized_gradient_bits), "engine: quantized_gradient_bits");
+    RETURN_IF_ERROR(kernels::CheckWeightQuant(kernels::QuantBlockFor(c.quantization_block, c.quantized_gradient_bits), c.quantized_gradient_bits),
+                    "engine: quantized_gradient_bits");
   }
   if (!device.host_accessible()) {
     return InvalidArgumentError("engine: quantized_weights and quantized_gradients work on host memory (CPU ranks); device ", device.name(),

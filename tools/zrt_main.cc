@@ -213,7 +213,9 @@ void AddPlanCommand(CLI::App& app, Args& a) {
                    "stage 3: a secondary copy of the parameters over this many devices (a node), the backward's gathers inside it "
                    "(hpZ; EngineConfig::secondary_shard_group)")
       ->check(AtLeast(2));
-  plan->add_option("--quantization-block", pi.quantization_block, "values per f32 scale of qwZ / qgZ")->check(AtLeast(1))->capture_default_str();
+  plan->add_option("--quantization-block", pi.quantization_block, "values per f32 scale of qwZ / qgZ (0: 256 for int8, 64 for int4)")
+      ->check(AtLeast(0))
+      ->capture_default_str();
   plan->add_option("--tp", pi.tp, "tensor-parallel degree: the model per device is divided by TP x PP")->check(AtLeast(1))->capture_default_str();
   plan->add_option("--pp", pi.pp, "pipeline-parallel degree")->check(AtLeast(1))->capture_default_str();
   plan->add_option("--intra-gbps", pi.intra_gbps, "GB/s per device inside a node (with --inter-gbps: communication time per step)")

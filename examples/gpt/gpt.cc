@@ -60,6 +60,7 @@ struct Options {
   bool no_master = false;
   bool quantized_weights = false, quantized_gradients = false;
   int quantized_gradient_bits = 8;
+  int64_t quantization_block = 0;
   int secondary_shard_group = 0;  // hpZ
   bool compact_embed = false;   // ... unless this (the 8-bit Adam paper keeps embeddings' state in 32 bits)
   int stage = 3, batch = 8, accum = 2, every = 50, keep_last = 2, print_every = 10, val_every = 100, sample = 120;
@@ -261,6 +262,7 @@ zrt::Result<zrt::EngineConfig> MakeEngineConfig(zrt::Communicator& comm, const g
   cfg.quantized_weights = o.quantized_weights;
   cfg.quantized_gradients = o.quantized_gradients;
   cfg.quantized_gradient_bits = o.quantized_gradient_bits;
+  cfg.quantization_block = o.quantization_block;
   cfg.secondary_shard_group = o.secondary_shard_group;
   ASSIGN_OR_RETURN(cfg.offload.optimizer, zrt::ParseOffloadTarget(o.offload));
   if (o.stage == 3) cfg.offload.params = cfg.offload.optimizer;
@@ -571,9 +573,11 @@ int main(int argc, char** argv) {
   app.add_option("--moments", o.moments, "Adam moments in f32, bf16, q8 or q4 (8- or 4-bit block-wise)")
       ->check(CLI::IsMember({"f32", "bf16", "q8", "q4"}));
   app.add_flag("--no-master", o.no_master, "no fp32 master: bf16 parameters updated with stochastic rounding");
-  app.add_flag("--quantized-weights", o.quantized_weights, "stage 3: parameter gathers as int8 codes with a scale per 256 values (qwZ)");
+  app.add_flag("--quantized-weights", o.quantized_weights, "stage 3: parameter gathers as int8 codes with a scale per block of values (qwZ)");
   app.add_flag("--quantized-gradients", o.quantized_gradients, "stages 1-3: gradient reduce-scatters as an all-to-all of int8 codes (qgZ)");
   app.add_option("--quantized-gradient-bits", o.quantized_gradient_bits, "qgZ's codes: 8 or 4 bits")->check(CLI::IsMember({4, 8}));
+  app.add_option("--quantization-block", o.quantization_block, "values per f32 scale of qwZ / qgZ (0: 256 for int8, 64 for int4)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--secondary-shard-group", o.secondary_shard_group,
                  "stage 3: the backward's gathers inside groups of this many ranks (hpZ; -1: a node)");
   app.add_flag("--compact-embed", o.compact_embed, "the embeddings' state in --moments / --no-master too (default: f32 with a master)");

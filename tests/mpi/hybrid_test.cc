@@ -398,8 +398,10 @@ TEST_F(HybridTest, QuantizedWeightGathersStayWithinTheirScaleAndTheStateExact) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("stage 3"), std::string_view::npos) << r.status();
   cfg.stage = 3;
-  cfg.quantization_block = 0;
+  cfg.quantization_block = -1;
   EXPECT_EQ(ZeroEngine::Create(comm_.get(), &device_, cfg).status().code(), StatusCode::kInvalidArgument);
+  cfg.quantization_block = 0;  // each width's own: 256 for qwZ's int8
+  EXPECT_TRUE(ZeroEngine::Create(comm_.get(), &device_, cfg).ok());
 }
 
 // qgZ (EngineConfig::quantized_gradients) at stages 1-3, flat and hybrid (the shard group's

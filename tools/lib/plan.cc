@@ -46,6 +46,7 @@
 
 #include "zrt/core/device.h"
 #include "zrt/core/state_view.h"
+#include "zrt/kernels/weight_quant.h"
 #include "tools/lib/plan.h"
 
 namespace zrt::tools {
@@ -234,8 +235,11 @@ Links LinksFor(const PlanInput& in, const Model& m, int shards) {
   const double elements = m.psi / (in.tp * in.pp), bytes = elements * in.param_bytes, s = shards, r = double(in.gpus) / shards;
   // Per element on the wire: the dtype's bytes, or with qwZ / qgZ a code (qgZ: a byte or half of one)
   // and 4 / block of a scale.
-  const double scale = 4.0 / static_cast<double>(in.quantization_block), code = in.quantized_gradient_bits / 8.0;
-  const double gather = in.quantized_weights ? 1 + scale : in.param_bytes, reduce = in.quantized_gradients ? code + scale : in.param_bytes;
+  const int64_t gather_block = kernels::QuantBlockFor(in.quantization_block, 8);
+  const int64_t reduce_block = kernels::QuantBlockFor(in.quantization_block, in.quantized_gradient_bits);
+  const double code = in.quantized_gradient_bits / 8.0;
+  const double gather = in.quantized_weights ? 1 + 4.0 / static_cast<double>(gather_block) : in.param_bytes;
+  const double reduce = in.quantized_gradients ? code + 4.0 / static_cast<double>(reduce_block) : in.param_bytes;
   // The shard group: stage 3 gathers twice and reduce-scatters (with hpZ the backward's gather goes
   // over the P-device secondary group, in the dtype); stages 1-2 reduce-scatter and gather once.
   // qgZ over a shard group spanning nodes of P devices goes two levels: (P-1)/P of the codes inside
@@ -308,7 +312,7 @@ Status CheckInput(const PlanInput& in) {
   if (in.stage == 0 && in.shard_group > 0 && in.shard_group != in.gpus) return InvalidArgumentError("plan: stage 0 shards nothing (--shard-group)");
   if (in.quantized_weights && in.stage != 3) return InvalidArgumentError("plan: --quantized-weights needs stage 3");
   if (in.quantized_gradients && in.stage == 0) return InvalidArgumentError("plan: --quantized-gradients needs stage 1-3");
-  if (in.quantization_block < 1) return InvalidArgumentError("plan: --quantization-block must be >= 1");
+  if (in.quantization_block < 0) return InvalidArgumentError("plan: --quantization-block must be >= 0 (0: each width's own)");
   if (in.quantized_gradient_bits != 8 && in.quantized_gradient_bits != 4) {
     return InvalidArgumentError("plan: --quantized-gradient-bits must be 8 or 4, got ", in.quantized_gradient_bits);
   }

@@ -36,7 +36,7 @@ struct PlanInput {
   // quantized_gradient_bits) with an f32 scale per block.
   bool quantized_weights = false, quantized_gradients = false;
   int quantized_gradient_bits = 8;
-  int64_t quantization_block = 256;
+  int64_t quantization_block = 0;  // 0: each width's own (kernels::QuantBlockFor)
   // hpZ (EngineConfig::secondary_shard_group), stage 3: a secondary copy of the parameters over P
   // devices (a node: gpus_per_node), the backward's gathers inside it; 0: off. Applies to a shard group
   // S with 2 <= P < S dividing it.

@@ -130,9 +130,12 @@ TEST(Plan, QuantizedCollectivesShrinkTheirVolumes) {
   std::ostringstream text;
   ASSERT_TRUE(Plan(in, false, text).ok());
   EXPECT_NE(text.str().find("int8 reductions (qgZ)"), std::string::npos) << text.str();
-  // int4 codes: half a byte per value and the same scales.
+  // int4 codes: half a byte per value, with a scale per 256 values, and by default (block 0) per 64.
   in.quantized_gradient_bits = 4;
   EXPECT_NEAR(PlanJson(in)["comm_bytes_per_step"].get<double>(), (0.5 + 4.0 / 256) * two * E + 2 * E * f, 1e3);
+  in.quantization_block = 0;
+  EXPECT_NEAR(PlanJson(in)["comm_bytes_per_step"].get<double>(), (0.5 + 4.0 / 64) * two * E + 2 * E * f, 1e3);
+  in.quantization_block = 256;
   std::ostringstream text4;
   ASSERT_TRUE(Plan(in, false, text4).ok());
   EXPECT_NE(text4.str().find("int4 reductions (qgZ)"), std::string::npos) << text4.str();
