@@ -408,7 +408,8 @@ TEST_F(HybridTest, QuantizedWeightGathersStayWithinTheirScaleAndTheStateExact) {
 // reduce-scatter quantized, the replicas' all-reduce exact), with qwZ too at stage 3, int8 codes and
 // (stages 2-3) int4: training stays close to exact reductions (the mean master difference after 3
 // steps small, none beyond what 3 Adam steps can move), replicas bit-identical, the reduce-scatters'
-// bytes about a quarter of f32's (int8) or an eighth (int4).
+// bytes about a quarter of f32's (int8) or an eighth (int4); an int4 run resumed from its checkpoint
+// goes on bit for bit as the uninterrupted one.
 TEST_F(HybridTest, QuantizedGradientReductionsStayCloseToExactAndReplicasIdentical) {
   std::vector<int> meshes = HybridSizes();
   meshes.push_back(0);
@@ -446,6 +447,20 @@ TEST_F(HybridTest, QuantizedGradientReductionsStayCloseToExactAndReplicasIdentic
           // the ones set here): the second level's bytes counted.
           const int p = node > 0 ? node : ThreadPool::LauncherRanksPerNode();
           EXPECT_EQ(cq.across_nodes_bytes > 0, p >= 2 && p < shards && shards % p == 0);
+          if (bits == 4 && node == 0 && stage >= 2) {
+            // Deterministic: a run resumed from a checkpoint takes the uninterrupted run's next steps bit for bit.
+            const std::string dir = Save(**e, root_ + "/qgz4-" + std::to_string(stage) + "-" + std::to_string(s));
+            auto fresh = Build(comm_.get(), quant);
+            ASSERT_TRUE(fresh.ok()) << fresh.status();
+            auto loaded = ckpt::Load(dir, (*fresh)->state_view());
+            ASSERT_TRUE(loaded.ok()) << loaded.status();
+            ASSERT_TRUE((*fresh)->Restore(loaded->counters).ok());
+            Train(**e, rank(), 3, 2, 1);
+            Train(**fresh, rank(), 3, 2, 1);
+            const std::vector<float> a = Masters(**e), b = Masters(**fresh);
+            ASSERT_EQ(a.size(), b.size());
+            EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << "int4 qgZ resumed vs uninterrupted";
+          }
         }
       }
     }
