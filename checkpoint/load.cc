@@ -217,6 +217,7 @@ PreparedLoad::~PreparedLoad() = default;
 Result<std::unique_ptr<PreparedLoad>> PreparedLoad::Prepare(const std::string& dir, const StateView& target, const LoadOptions& options,
                                                            bool* mismatch) {
   if (mismatch != nullptr) *mismatch = false;
+  RETURN_IF_ERROR(target.CheckOneMesh("load " + dir));
   auto p = std::make_unique<Impl>();
   p->dir = dir;
   p->target = &target;

@@ -99,6 +99,7 @@ Result<std::unique_ptr<internal::PreparedLoad>> Prepare(Communicator* comm, cons
 
 Result<ResumeResult> Resume(Communicator* comm, const CheckpointOptions& where, const StateView& target, const ResumeOptions& o) {
   if (comm == nullptr) return InvalidArgumentError("resume: null communicator");
+  RETURN_IF_ERROR(target.CheckOneMesh("resume"));
   ASSIGN_OR_RETURN(const std::vector<Candidate> candidates, Candidates(comm, where));
   if (candidates.empty()) return NotFoundError("resume: no checkpoint under ", where.root, where.memory ? " or in its memory tier" : "");
   ResumeResult r;

@@ -16,6 +16,7 @@ namespace zrt::ckpt {
 
 Result<Manifest> ManifestFor(const StateView& state, const nlohmann::json& trainer_state, int64_t chunk_elements,
                              const std::string& nonce) {
+  RETURN_IF_ERROR(state.CheckOneMesh("checkpoint"));
   Manifest m;
   m.nonce = nonce;
   m.step = state.counters.step;

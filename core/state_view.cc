@@ -87,4 +87,13 @@ Result<std::optional<StoredPart>> StateView::StoredMemory(int group, int buffer)
 
 Status StateView::Restore(const StateCounters& saved) const { return owner != nullptr ? owner->Restore(saved) : Status(); }
 
+Status StateView::CheckOneMesh(std::string_view what) const {
+  for (const StateGroup& g : groups) {
+    if (g.own_group_ranks == 0) continue;
+    return FailedPreconditionError(what, ": group '", g.name, "' is sharded over a data-parallel group of its own (", g.own_group_ranks,
+                              " ranks: ParamOptions::data_parallel), which the checkpoint format does not record yet");
+  }
+  return Status();
+}
+
 }  // namespace zrt

@@ -134,6 +134,10 @@ struct StateGroup {
   std::vector<StateBuffer> buffers;
   double lr = 0;
   double weight_decay = 0;
+  // Ranks of the group's own data-parallel group (the engine's ParamOptions::data_parallel: the layout
+  // is over it, this rank's shard its place in it), or 0: the view's mesh. Checkpoints do not record a
+  // mesh per group yet: they refuse such a view (StateView::CheckOneMesh).
+  int own_group_ranks = 0;
 };
 
 // The owner's counters a checkpoint carries besides the buffers.
@@ -244,6 +248,9 @@ struct StateView {
   // The owner's StoredMemory; nullopt without an owner.
   Result<std::optional<StoredPart>> StoredMemory(int group, int buffer) const;
   Status Restore(const StateCounters& saved) const;
+  // OK unless a group is over a data-parallel group of its own (StateGroup::own_group_ranks), which a
+  // checkpoint cannot record yet: Unimplemented naming it, for `what` ("save", "load", ...).
+  Status CheckOneMesh(std::string_view what) const;
 };
 
 }  // namespace zrt

@@ -21,10 +21,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <map>
 #include <numeric>
 #include <optional>
+#include <sstream>
 
 #include "zrt/core/base.h"
 #include "zrt/core/logging.h"
@@ -200,6 +202,17 @@ Result<ParamHandle> EngineCore::AddParam(const std::string& name, const std::vec
   const Settings st{o.lr_scale, o.weight_decay.value_or(config_.adam.weight_decay)};
   RETURN_IF_ERROR(CheckRate("add_param: lr_scale", name, st.lr_scale));
   RETURN_IF_ERROR(CheckRate("add_param: weight_decay", name, st.weight_decay));
+  Communicator* dp = o.data_parallel == comm_ ? nullptr : o.data_parallel;
+  if (dp != nullptr) {
+    if (own_dp_ != nullptr && dp != own_dp_) {
+      return InvalidArgumentError("add_param '", name, "': a second data-parallel group besides the engine's (one per rank: the ",
+                                  "expert-data-parallel group; earlier tensors have another)");
+    }
+    if (dp->size() < 1 || dp->size() > comm_->size() || comm_->size() % dp->size() != 0 || dp->rank() < 0 || dp->rank() >= dp->size()) {
+      return InvalidArgumentError("add_param '", name, "': its data-parallel group of ", dp->size(), " ranks must divide the engine's ",
+                                  comm_->size(), " (a group split from the engine's communicator)");
+    }
+  }
   // Checkpoints match tensors by name: a repeated one would save and verify but never load.
   const auto index = static_cast<int64_t>(params_.size());
   if (!param_index_.emplace(name, index).second) {
@@ -210,43 +223,76 @@ Result<ParamHandle> EngineCore::AddParam(const std::string& name, const std::vec
   param_frozen_.push_back(o.frozen ? 1 : 0);
   param_groups_.push_back(o.group);
   param_state_.push_back(o.state.value_or(config_.state));
+  param_dp_.push_back(dp);
+  if (dp != nullptr) own_dp_ = dp;
   return ParamHandle{index};
 }
 
-Status EngineCore::CheckRegistration() {
-  // Rank 0's list is the reference: count first, then one hash per parameter.
-  int64_t count = static_cast<int64_t>(params_.size());
+namespace {
+// The tensors `idx` of this rank against those of rank 0 of `c` (count first, then one hash per
+// tensor); `whose` says which tensors in the errors.
+Status CheckSameTensors(Communicator* c, const std::vector<size_t>& idx, const std::vector<uint64_t>& hash,
+                        const std::function<std::string(size_t)>& describe, const std::string& whose) {
+  int64_t count = static_cast<int64_t>(idx.size());
   int64_t root_count = count;
-  RETURN_IF_ERROR(comm_->Broadcast(&root_count, sizeof(root_count), DType::kBytes, 0));
+  RETURN_IF_ERROR(c->Broadcast(&root_count, sizeof(root_count), DType::kBytes, 0));
   float mismatch = root_count == count ? 0.0f : 1.0f;
-  RETURN_IF_ERROR(comm_->AllReduce(&mismatch, &mismatch, 1, DType::kF32, ReduceOp::kMax));
+  RETURN_IF_ERROR(c->AllReduce(&mismatch, &mismatch, 1, DType::kF32, ReduceOp::kMax));
   if (mismatch != 0) {
-    return InvalidArgumentError("finalize: ranks registered different numbers of parameters (rank 0: ", root_count,
-                                ", rank ", comm_->rank(), ": ", count, ")");
+    return InvalidArgumentError("finalize: ranks registered different numbers of ", whose, " (rank 0", whose == "parameters" ? "" : " of that group",
+                                ": ", root_count, ", rank ", c->rank(), ": ", count, ")");
   }
-  std::vector<uint64_t> mine(params_.size()), root(params_.size());
-  for (size_t i = 0; i < params_.size(); ++i) {
-    mine[i] = root[i] = SpecHash(params_[i], param_groups_[i], settings_[i].lr_scale, settings_[i].weight_decay, param_frozen_[i],
-                                 param_state_[i]);
-  }
-  RETURN_IF_ERROR(comm_->Broadcast(root.data(), root.size() * sizeof(uint64_t), DType::kBytes, 0));
-  size_t first = params_.size();
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (mine[i] != root[i]) {
-      first = i;
+  std::vector<uint64_t> mine(idx.size()), root(idx.size());
+  for (size_t k = 0; k < idx.size(); ++k) mine[k] = root[k] = hash[idx[k]];
+  RETURN_IF_ERROR(c->Broadcast(root.data(), root.size() * sizeof(uint64_t), DType::kBytes, 0));
+  size_t first = idx.size();
+  for (size_t k = 0; k < idx.size(); ++k) {
+    if (mine[k] != root[k]) {
+      first = k;
       break;
     }
   }
   float first_f = static_cast<float>(first);  // exact below 2^24 parameters
-  RETURN_IF_ERROR(comm_->AllReduce(&first_f, &first_f, 1, DType::kF32, ReduceOp::kMin));
+  RETURN_IF_ERROR(c->AllReduce(&first_f, &first_f, 1, DType::kF32, ReduceOp::kMin));
   const auto f = static_cast<size_t>(first_f);
-  if (f < params_.size()) {
-    return InvalidArgumentError("finalize: parameter #", f, " differs across ranks (rank ", comm_->rank(), " has ",
-                                params_[f].ToString(), " in group '", param_groups_[f], "' with lr_scale ", settings_[f].lr_scale,
-                                " and weight_decay ", settings_[f].weight_decay, param_frozen_[f] ? ", frozen" : "",
-                                ", state ", StatePrecisionName(param_state_[f]),
+  if (f < idx.size()) {
+    const std::string which = whose == "parameters" ? "" : " (#" + std::to_string(f) + " of the " + whose + ")";
+    return InvalidArgumentError("finalize: parameter #", idx[f], which, " differs across ranks (rank ", c->rank(),
+                                whose == "parameters" ? "" : " of that group", " has ", describe(idx[f]),
                                 mine[f] == root[f] ? ", as rank 0 does" : ", rank 0 has something else", ")");
   }
+  return Status();
+}
+}  // namespace
+
+// Every rank registered the same parameters over the engine's group; the tensors over a group of
+// their own are the same on every rank of that group (and every rank has such a group, of one size,
+// or none does: agreed first, so that the group's check runs on all of its ranks or on none).
+Status EngineCore::CheckRegistration() {
+  std::vector<uint64_t> hash(params_.size());
+  std::vector<size_t> dense, own;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    hash[i] = SpecHash(params_[i], param_groups_[i], settings_[i].lr_scale, settings_[i].weight_decay, param_frozen_[i], param_state_[i]);
+    (param_dp_[i] != nullptr ? own : dense).push_back(i);
+  }
+  auto describe = [this](size_t i) {
+    std::ostringstream o;
+    o << params_[i].ToString() << " in group '" << param_groups_[i] << "' with lr_scale " << settings_[i].lr_scale << " and weight_decay "
+      << settings_[i].weight_decay << (param_frozen_[i] ? ", frozen" : "") << ", state " << StatePrecisionName(param_state_[i]);
+    return o.str();
+  };
+  const float size = own_dp_ != nullptr ? static_cast<float>(own_dp_->size()) : 0.0f;
+  float agreed[2] = {size, -size};
+  RETURN_IF_ERROR(comm_->AllReduce(agreed, agreed, 2, DType::kF32, ReduceOp::kMax));
+  if (agreed[0] != -agreed[1]) {
+    return InvalidArgumentError("finalize: rank ", comm_->rank(), " registered ", own_dp_ != nullptr ? std::to_string(own_dp_->size()) : "no",
+                                " tensors over a data-parallel group of its own", own_dp_ != nullptr ? " of that many ranks" : "",
+                                ", other ranks ", agreed[0] > size ? "over one of " + std::to_string(static_cast<int>(agreed[0])) + " ranks" : "none",
+                                " (every rank has one such group, of one size, or none does)");
+  }
+  RETURN_IF_ERROR(CheckSameTensors(comm_, dense, hash, describe, "parameters"));
+  // Judged inside each group, agreed over the world (a group that failed stops every rank).
+  if (own_dp_ != nullptr) return AgreeOnStatus(comm_, CheckSameTensors(own_dp_, own, hash, describe, "tensors over the rank's own data-parallel group"));
   return Status();
 }
 
@@ -264,6 +310,7 @@ Status EngineCore::Finalize(const InitFn& init) {
       groups_.back()->grad_dtype = config_.fp32_grads ? DType::kF32 : params_[i].dtype;
       groups_.back()->frozen = param_frozen_[i] != 0;
       groups_.back()->state = param_state_[i];
+      groups_.back()->dp = param_dp_[i];
     }
     Group& g = *groups_[static_cast<size_t>(it->second)];
     if (g.dtype != params_[i].dtype) {
@@ -278,12 +325,17 @@ Status EngineCore::Finalize(const InitFn& init) {
       return InvalidArgumentError("finalize: parameter '", params_[i].name, "' has state ", StatePrecisionName(param_state_[i]), " but group '",
                                   g.name, "' has ", StatePrecisionName(g.state), " (one state precision per group: give it a group of its own)");
     }
+    if (g.dp != param_dp_[i]) {
+      return InvalidArgumentError("finalize: parameter '", params_[i].name, "' and '", g.tensors[0].name, "' of group '", g.name,
+                                  "' have different data-parallel groups (one per group: give it a group of its own)");
+    }
     param_group_index_.push_back(it->second);
     param_pos_.push_back(static_cast<int64_t>(g.params.size()));
     g.params.push_back(static_cast<int64_t>(i));
     g.tensors.push_back(params_[i]);
   }
   for (const auto& g : groups_) RETURN_IF_ERROR(CheckGroupState(*g));
+  RETURN_IF_ERROR(CheckOwnGroups());
   RETURN_IF_ERROR(Allocate(init));
   BuildSettingRuns();
   impl_->clock.Begin();
@@ -305,6 +357,27 @@ Status EngineCore::CheckGroupState(const Group& g) const {
   return Status();
 }
 
+Communicator* EngineCore::Dp(const Group& g) const { return g.dp != nullptr ? g.dp : shards_; }
+
+// Tensors over a data-parallel group of their own: what they do not combine with yet (agreed: every
+// rank has such a group or none, and the configuration is the same everywhere).
+Status EngineCore::CheckOwnGroups() {
+  if (own_dp_ == nullptr) return Status();
+  const char* what = nullptr;
+  if (shards_ != comm_) what = "hybrid sharding (shard_group_size)";
+  if (config_.quantized_weights) what = "quantized_weights (qwZ)";
+  if (config_.quantized_gradients) what = "quantized_gradients (qgZ)";
+  if (config_.secondary_shard_group != 0) what = "secondary_shard_group (hpZ)";
+  if (what != nullptr) {
+    return InvalidArgumentError("finalize: tensors over a data-parallel group of their own (ParamOptions::data_parallel) do not combine with ", what,
+                                " yet");
+  }
+  for (auto& g : groups_) {
+    if (g->dp != nullptr) g->grad_scale = static_cast<float>(g->dp->size()) / static_cast<float>(comm_->size());
+  }
+  return Status();
+}
+
 namespace {
 // The layout's alignment: q8 and q4 blocks start at a multiple of the block in the group's flat buffer.
 int64_t GroupAlignment(int64_t alignment, const StatePrecision& st) {
@@ -313,12 +386,12 @@ int64_t GroupAlignment(int64_t alignment, const StatePrecision& st) {
 }  // namespace
 
 Status EngineCore::Allocate(const InitFn& init) {
-  const int n = LayoutSize(), rank = LayoutRank();
   OptimizerStore& store = *impl_->store;
   std::vector<OptimizerStore::Group> store_groups;
-  int64_t reduced = 0;  // per rank, everything a step reduces: the trained groups' shards
+  int64_t reduced = 0, own_reduced = 0;  // per rank, everything a step reduces: the trained groups' shards (over the engine's group, over the own)
   for (auto& gp : groups_) {
     Group& g = *gp;
+    const int n = LayoutSize(g), rank = LayoutRank(g);
     ASSIGN_OR_RETURN(g.layout, ShardLayout::Create(g.tensors, n, g.frozen ? config_.alignment : GroupAlignment(config_.alignment, g.state)),
                      "group '", g.name, "'");
     const auto P = static_cast<size_t>(g.layout.padded_size()), S = static_cast<size_t>(g.layout.shard_size());
@@ -352,7 +425,7 @@ Status EngineCore::Allocate(const InitFn& init) {
       }
     };
     store_groups.push_back(std::move(sg));
-    if (!g.frozen) reduced += g.layout.shard_size();
+    if (!g.frozen) (g.dp != nullptr ? own_reduced : reduced) += g.layout.shard_size();
   }
   GradBucketer::Options bo;
   bo.bucket_bytes = config_.bucket_bytes;
@@ -364,13 +437,21 @@ Status EngineCore::Allocate(const InitFn& init) {
   bo.quantized_bits = config_.quantized_gradient_bits;
   bo.node = node_.get(), bo.across = across_.get();  // qgZ's two levels, where the shard group spans nodes
   ASSIGN_OR_RETURN(impl_->bucketer, GradBucketer::Create(shards_, device_, impl_->compute.get(), bo), "finalize");
+  if (own_dp_ != nullptr) {
+    GradBucketer::Options own;
+    own.bucket_bytes = config_.bucket_bytes;
+    own.reduce_dtype = config_.reduce_dtype;
+    own.all_reduce = config_.stage == 0;
+    own.total = own_reduced;
+    ASSIGN_OR_RETURN(impl_->own_bucketer, GradBucketer::Create(own_dp_, device_, impl_->compute.get(), own), "finalize (the own data-parallel group)");
+  }
   RETURN_IF_ERROR(store.Init(std::move(store_groups)), "finalize");
   if (config_.stage == 3) {
     std::vector<ParamGatherer::GroupRef> refs;
     for (size_t gi = 0; gi < groups_.size(); ++gi) {
       Group& g = *groups_[gi];
       OptimizerStore::ParamSource src = store.Params(static_cast<int>(gi));
-      refs.push_back({src.shard, g.dtype, &g.layout, g.name, std::move(src.load), src.load_bytes});
+      refs.push_back({src.shard, g.dtype, &g.layout, g.name, std::move(src.load), src.load_bytes, g.dp});
     }
     Compute* upload = store.params_need_upload() ? impl_->compute.get() : nullptr;
     impl_->gatherer = std::make_unique<ParamGatherer>(shards_, &impl_->staging, impl_->host_staging.get(), upload,
@@ -384,12 +465,12 @@ Status EngineCore::Allocate(const InitFn& init) {
 
 void* EngineCore::OwnParams(Group& g) const {
   if (config_.stage == 3) return g.param_shard.data();
-  return g.full_param.as<char>() + static_cast<size_t>(g.layout.shard_begin(LayoutRank())) * g.esize();
+  return g.full_param.as<char>() + static_cast<size_t>(g.layout.shard_begin(LayoutRank(g))) * g.esize();
 }
 
 void* EngineCore::GradShard(Group& g) const {
   if (config_.stage >= 2) return g.grad_shard.data();
-  return g.full_grad.as<char>() + static_cast<size_t>(g.layout.shard_begin(LayoutRank())) * g.gsize();
+  return g.full_grad.as<char>() + static_cast<size_t>(g.layout.shard_begin(LayoutRank(g))) * g.gsize();
 }
 
 Status EngineCore::GatherUpdatedParams(bool include_frozen) {
@@ -399,10 +480,11 @@ Status EngineCore::GatherUpdatedParams(bool include_frozen) {
     Group& g = *gp;
     if (g.frozen && !include_frozen) continue;  // unchanged since they were gathered
     const size_t S = static_cast<size_t>(g.layout.shard_size());
-    ASSIGN_OR_RETURN(CommHandle h, shards_->AllGatherAsync(OwnParams(g), g.full_param.data(), S, g.dtype), "gathering group '",
+    Communicator* dp = Dp(g);
+    ASSIGN_OR_RETURN(CommHandle h, dp->AllGatherAsync(OwnParams(g), g.full_param.data(), S, g.dtype), "gathering group '",
                      g.name, "'");
     handles.push_back(std::move(h));
-    impl_->step_gathers.gather_bytes += static_cast<int64_t>(S * g.esize()) * (shards_->size() - 1);
+    impl_->step_gathers.gather_bytes += static_cast<int64_t>(S * g.esize()) * (dp->size() - 1);
     ++impl_->step_gathers.collectives;
   }
   for (CommHandle& h : handles) RETURN_IF_ERROR(h.Wait(), "gathering updated parameters");
@@ -511,7 +593,8 @@ Status EngineCore::GradsReady(int group) {
 
 Status EngineCore::ReduceGroup(int gi) {
   Group& g = *groups_[static_cast<size_t>(gi)];
-  RETURN_IF_ERROR(impl_->bucketer->Add(g.full_grad.data(), g.grad_dtype, g.layout, GradShard(g), g.grad_dtype), "reducing group '", g.name, "'");
+  GradBucketer& bucketer = g.dp != nullptr ? *impl_->own_bucketer : *impl_->bucketer;
+  RETURN_IF_ERROR(bucketer.Add(g.full_grad.data(), g.grad_dtype, g.layout, GradShard(g), g.grad_dtype), "reducing group '", g.name, "'");
   g.grad_reduced = true;
   if (config_.stage >= 2) {  // the bucket holds a copy: the full gradient can go
     impl_->staging.Release(std::move(g.full_grad));
@@ -572,6 +655,7 @@ Status EngineCore::ReduceAll() {
     RETURN_IF_ERROR(ReduceGroup(gi));
   }
   RETURN_IF_ERROR(impl_->bucketer->Flush(), "step");
+  if (impl_->own_bucketer) RETURN_IF_ERROR(impl_->own_bucketer->Flush(), "step (the own data-parallel group)");
   for (auto& gp : groups_) {
     gp->grad_reduced = false;
     gp->grad_live = false;
@@ -582,21 +666,36 @@ Status EngineCore::ReduceAll() {
 // Global sum of squares of the gradients; any inf/NaN on any rank makes it inf (one all-reduce). One
 // multi-tensor pass per gradient dtype (on a GPU: one kernel and one host read each).
 Result<float> EngineCore::GlobalSumSquares() {
-  double local = 0;
-  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
-    std::vector<kernels::GradRef> refs;
-    for (auto& gp : groups_) {
-      if (gp->grad_dtype == t && !gp->frozen) refs.push_back({GradShard(*gp), gp->layout.shard_size()});
+  auto local_of = [&](bool own) -> Result<double> {
+    double local = 0;
+    for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+      std::vector<kernels::GradRef> refs;
+      for (auto& gp : groups_) {
+        if (gp->grad_dtype == t && !gp->frozen && (gp->dp != nullptr) == own) refs.push_back({GradShard(*gp), gp->layout.shard_size()});
+      }
+      if (refs.empty()) continue;
+      ASSIGN_OR_RETURN(kernels::GradStats st, impl_->compute->SumSquares(refs, t), "step");
+      local += st.nonfinite ? std::numeric_limits<double>::infinity() : st.sum_squares;
     }
-    if (refs.empty()) continue;
-    ASSIGN_OR_RETURN(kernels::GradStats st, impl_->compute->SumSquares(refs, t), "step");
-    local += st.nonfinite ? std::numeric_limits<double>::infinity() : st.sum_squares;
+    return local;
+  };
+  ASSIGN_OR_RETURN(const double dense, local_of(false));
+  if (own_dp_ == nullptr) {
+    // Over every rank, not only the shard group, so that clipping and skips agree everywhere: each
+    // shard is counted once per replica.
+    float global = static_cast<float>(dense);
+    if (config_.stage != 0) RETURN_IF_ERROR(comm_->AllReduce(&global, &global, 1, DType::kF32, ReduceOp::kSum), "step: norm");
+    return Replicas() > 1 ? global / static_cast<float>(Replicas()) : global;
   }
-  // Over every rank, not only the shard group, so that clipping and skips agree everywhere: each
-  // shard is counted once per replica.
+  // With tensors over their own groups each element counts once: the dense ones' shards are on every
+  // rank at stage 0 (else once), the own groups' on each of their group's ranks at stage 0; and those
+  // hold the average over their group, grad_scale times the gradient.
+  ASSIGN_OR_RETURN(const double own, local_of(true));
+  const double n = comm_->size(), e = own_dp_->size(), scale = e / n;
+  const double local = dense / (config_.stage == 0 ? n : 1) + own * scale * scale / (config_.stage == 0 ? e : 1);
   float global = static_cast<float>(local);
-  if (config_.stage != 0) RETURN_IF_ERROR(comm_->AllReduce(&global, &global, 1, DType::kF32, ReduceOp::kSum), "step: norm");
-  return Replicas() > 1 ? global / static_cast<float>(Replicas()) : global;
+  RETURN_IF_ERROR(comm_->AllReduce(&global, &global, 1, DType::kF32, ReduceOp::kSum), "step: norm");
+  return global;
 }
 
 // Scalars per group and settings class: lr = peak * schedule * lr_scale, the tensor's weight decay.
@@ -607,7 +706,7 @@ Result<EngineCore::Scalars> EngineCore::StepScalars(double lr, float grad_multip
       kernels::AdamConfig c = config_.adam;
       c.lr = lr * st.lr_scale;
       c.weight_decay = st.weight_decay;
-      ASSIGN_OR_RETURN(kernels::AdamStepScalars sc, kernels::MakeAdamStepScalars(c, steps_ + 1, grad_multiplier), "step, group '",
+      ASSIGN_OR_RETURN(kernels::AdamStepScalars sc, kernels::MakeAdamStepScalars(c, steps_ + 1, grad_multiplier * groups_[gi]->grad_scale), "step, group '",
                        groups_[gi]->name, "'");
       scalars[gi].push_back(sc);
     }
@@ -731,7 +830,8 @@ StateView EngineCore::state_view() {
   v.owner = impl_->owner.get();
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     const Group& g = *groups_[gi];
-    v.groups.push_back({g.name, g.tensors, g.layout, impl_->store->StateBuffers(static_cast<int>(gi)), lr(), config_.adam.weight_decay});
+    v.groups.push_back({g.name, g.tensors, g.layout, impl_->store->StateBuffers(static_cast<int>(gi)), lr(), config_.adam.weight_decay,
+                        g.dp != nullptr ? g.dp->size() : 0});
   }
   return v;
 }

@@ -86,6 +86,17 @@ struct ParamOptions {
   // The optimizer state's precision (unset: config.state). Tensors of one group share it: put, say,
   // the embeddings in a group of their own to keep their moments in f32 while the rest is q8.
   std::optional<StatePrecision> state;
+  // The data-parallel group the tensor is sharded and reduced over, when it is not the engine's
+  // (docs/engine.md "Tensors with their own data-parallel group"): a mixture-of-experts model's
+  // experts, each held by the ranks of one expert-data-parallel group (the trainer splits it from the
+  // engine's communicator: the ranks at the same place in each expert-parallel group). The tensor
+  // exists on those ranks only: ranks of one such group register the same tensors, other ranks other
+  // ones (or none). Its gradient is summed over the group and divided by the engine's world size (the
+  // gradient of the mean of every rank's loss, as the dense tensors'); the global norm counts it once.
+  // Null or the engine's communicator: the engine's. Tensors of one group share it, and a rank has at
+  // most one besides the engine's; it must outlive the engine. Stages 0-3, not with hybrid sharding or
+  // the quantized collectives; checkpoints refuse such state for now.
+  Communicator* data_parallel = nullptr;
 };
 
 class ZeroEngine {

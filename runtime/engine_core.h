@@ -113,8 +113,11 @@ class EngineCore {
   Status SplitNodes();
   Result<int> NodeRanks(const char* setting);
   Status OnOneHost(Communicator* group, const char* setting);
-  int LayoutRank() const { return config_.stage == 0 ? 0 : shards_->rank(); }  // stage 0's layout has one "rank"
-  int LayoutSize() const { return config_.stage == 0 ? 1 : shards_->size(); }
+  // A group's ranks: its own data-parallel group (ParamOptions::data_parallel), or the shard group.
+  Communicator* Dp(const Group& g) const;
+  int LayoutRank(const Group& g) const { return config_.stage == 0 ? 0 : Dp(g)->rank(); }  // stage 0's layout has one "rank"
+  int LayoutSize(const Group& g) const { return config_.stage == 0 ? 1 : Dp(g)->size(); }
+  Status CheckOwnGroups();  // the tensors with a data-parallel group of their own, against the engine's settings
   int Replicas() const { return replicas_ ? replicas_->size() : 1; }
 
   Communicator* comm_;
@@ -143,6 +146,8 @@ class EngineCore {
   std::vector<int64_t> param_pos_;  // within its group
   std::vector<char> param_frozen_;
   std::vector<StatePrecision> param_state_;
+  std::vector<Communicator*> param_dp_;  // ParamOptions::data_parallel (null: the engine's)
+  Communicator* own_dp_ = nullptr;       // the one data-parallel group of this rank's tensors besides the engine's, or null
   std::vector<std::unique_ptr<Group>> groups_;
   // The trainer's settings a restore replaced, for UseTrainerSettings, and what differed.
   struct TrainerSettings {

@@ -37,6 +37,11 @@ struct EngineCore::Group {
   std::vector<Settings> classes;
   bool frozen = false;  // no gradients, no optimizer state (a store slot holding master only: its parameters)
   StatePrecision state;  // of its optimizer state (trainable groups)
+  // Its own data-parallel group (ParamOptions::data_parallel), or null: the engine's shard group. The
+  // reduction averages over it; grad_scale (its size / the world's) makes that the average over the
+  // world, applied with the step's multiplier.
+  Communicator* dp = nullptr;
+  float grad_scale = 1;
   DeviceBuffer full_param, param_shard, full_grad, grad_shard;
   bool gathered = false;      // stages 0-2 bookkeeping for Release
   bool grad_live = false;     // full gradient exists (and is zeroed) for this step
@@ -57,6 +62,7 @@ struct EngineCore::Impl {
   std::unique_ptr<Compute> host_compute;     // CPU kernels on offloaded state
   BufferPool staging;
   std::unique_ptr<GradBucketer> bucketer;
+  std::unique_ptr<GradBucketer> own_bucketer;  // the groups over their own data-parallel group (EngineCore::own_dp_)
   std::unique_ptr<ParamGatherer> gatherer;
   std::unique_ptr<OptimizerStore> store;
   CommStats step_gathers;  // stages 1-2 parameter all-gathers after the step

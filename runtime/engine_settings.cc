@@ -17,9 +17,9 @@ namespace zrt {
 using internal::CheckRate;
 
 void EngineCore::BuildSettingRuns() {
-  const int rank = LayoutRank();
   for (auto& gp : groups_) {
     Group& g = *gp;
+    const int rank = LayoutRank(g);
     g.runs.clear();
     g.classes.clear();
     if (g.frozen) continue;

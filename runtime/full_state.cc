@@ -12,6 +12,7 @@ namespace zrt {
 
 Status ForEachFullTensor(Communicator* comm, const StateView& state, const FullStateOptions& o, const FullStateFn& fn) {
   if (o.root < -1 || o.root >= comm->size()) return InvalidArgumentError("full state: root ", o.root, " is not a rank (or -1)");
+  RETURN_IF_ERROR(state.CheckOneMesh("full state"));
   if (comm->size() != state.world_size) {
     return InvalidArgumentError("full state: the communicator has ", comm->size(), " ranks, the state ", state.world_size);
   }

@@ -33,7 +33,7 @@ Status ParamGatherer::Decode(int g) {
   const GroupRef& r = groups_[static_cast<size_t>(g)];
   const int64_t n = r.layout->shard_size();
   const size_t packed = PackedBytes(g), shard = ShardBytes(g);
-  for (int q = 0; q < comm_->size(); ++q) {
+  for (int q = 0; q < Comm(g)->size(); ++q) {
     kernels::DequantizeWeights(static_cast<const char*>(s.packed_all.data()) + packed * static_cast<size_t>(q), n, quant_block_,
                                static_cast<char*>(s.buffer.data()) + shard * static_cast<size_t>(q), r.dtype);
   }
@@ -58,7 +58,7 @@ Status ParamGatherer::Load(int g) {
 void ParamGatherer::DropShard(int g) {
   State& s = state_[static_cast<size_t>(g)];
   if (!s.packed.empty()) {
-    live_bytes_ -= static_cast<int64_t>(PackedBytes(g) * static_cast<size_t>(1 + comm_->size()));
+    live_bytes_ -= static_cast<int64_t>(PackedBytes(g) * static_cast<size_t>(1 + Comm(g)->size()));
     pool_->Release(std::move(s.packed));
     pool_->Release(std::move(s.packed_all));
   }
@@ -138,10 +138,11 @@ Status ParamGatherer::Start(int g) {
   ASSIGN_OR_RETURN(s.buffer, pool_->Acquire(Bytes(g)), "gathering group '", r.name, "'");
   live_bytes_ += static_cast<int64_t>(Bytes(g));
   int64_t moved = static_cast<int64_t>(Bytes(g));
-  if (quant_block_ > 0 && comm_->size() > 1) {  // (one rank moves nothing: its shard is the gather, exact)
+  Communicator* comm = Comm(g);
+  if (quant_block_ > 0 && comm->size() > 1) {  // (one rank moves nothing: its shard is the gather, exact)
     const size_t packed = PackedBytes(g);
     auto mine = pool_->Acquire(packed);
-    auto all = mine.ok() ? pool_->Acquire(packed * static_cast<size_t>(comm_->size())) : Result<DeviceBuffer>(mine.status());
+    auto all = mine.ok() ? pool_->Acquire(packed * static_cast<size_t>(comm->size())) : Result<DeviceBuffer>(mine.status());
     if (!all.ok()) {
       if (mine.ok()) pool_->Release(std::move(*mine));
       pool_->Release(std::move(s.buffer));
@@ -152,17 +153,17 @@ Status ParamGatherer::Start(int g) {
     }
     s.packed = std::move(*mine);
     s.packed_all = std::move(*all);
-    live_bytes_ += static_cast<int64_t>(packed * static_cast<size_t>(1 + comm_->size()));
+    live_bytes_ += static_cast<int64_t>(packed * static_cast<size_t>(1 + comm->size()));
     kernels::QuantizeWeights(src, r.dtype, r.layout->shard_size(), quant_block_, s.packed.data());
-    ASSIGN_OR_RETURN(s.handle, comm_->AllGatherAsync(s.packed.data(), s.packed_all.data(), packed, DType::kBytes),
+    ASSIGN_OR_RETURN(s.handle, comm->AllGatherAsync(s.packed.data(), s.packed_all.data(), packed, DType::kBytes),
                      "gathering group '", r.name, "' (quantized)");
-    moved = static_cast<int64_t>(packed) * comm_->size();
+    moved = static_cast<int64_t>(packed) * comm->size();
   } else {
-    ASSIGN_OR_RETURN(s.handle, comm_->AllGatherAsync(src, s.buffer.data(), static_cast<size_t>(r.layout->shard_size()), r.dtype),
+    ASSIGN_OR_RETURN(s.handle, comm->AllGatherAsync(src, s.buffer.data(), static_cast<size_t>(r.layout->shard_size()), r.dtype),
                      "gathering group '", r.name, "'");
   }
   s.phase = Phase::kInFlight;
-  stats_.gather_bytes += moved * (comm_->size() - 1) / comm_->size();
+  stats_.gather_bytes += moved * (comm->size() - 1) / comm->size();
   ++stats_.collectives;
   return Status();
 }

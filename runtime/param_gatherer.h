@@ -56,6 +56,9 @@ class ParamGatherer {
     // Offloaded shard: reads it into dst (load_bytes, 4 KiB-aligned) asynchronously.
     std::function<Result<IoHandle>(void* dst)> load;
     size_t load_bytes = 0;
+    // The ranks the group is sharded over (its own data-parallel group: ParamOptions::data_parallel);
+    // null: the gatherer's communicator.
+    Communicator* comm = nullptr;
   };
   // Gathered parameters come from `pool` (device memory); offloaded shards are read into `load_pool`
   // (host memory the I/O engine can write). `upload`: shards are in host memory and the pool's are
@@ -101,6 +104,10 @@ class ParamGatherer {
     DeviceBuffer secondary;       // hpZ: this rank's slice of the parameters as last gathered
     bool secondary_valid = false;  // ... and gathered in this step
   };
+  Communicator* Comm(int g) const {  // the group's ranks
+    Communicator* c = groups_[static_cast<size_t>(g)].comm;
+    return c != nullptr ? c : comm_;
+  }
   size_t Bytes(int g) const;       // the full (gathered) parameters
   size_t ShardBytes(int g) const;  // this rank's shard
   size_t PackedBytes(int g) const;  // qwZ: this rank's shard as codes and scales (a multiple of 4)

@@ -664,7 +664,8 @@ Result<LoadResult> LoadLocal(const std::string& path, const StateView& target, c
 }  // namespace
 
 Result<LoadResult> LoadSafetensors(Communicator* comm, const std::string& path, const StateView& target, const SafetensorsLoadOptions& o) {
-  Result<LoadResult> local = LoadLocal(path, target, o);
+  const Status mesh = target.CheckOneMesh("initialising from " + path);
+  Result<LoadResult> local = mesh.ok() ? LoadLocal(path, target, o) : Result<LoadResult>(mesh);
   Status agreed = AgreeOnStatus(comm, local.status());
   if (!agreed.ok()) return agreed.WithContext("initialising from " + path);
   RETURN_IF_ERROR(target.Restore(local->counters), "initialising from ", path);
