@@ -285,10 +285,10 @@ Status EngineCore::CheckRegistration() {
   float agreed[2] = {size, -size};
   RETURN_IF_ERROR(comm_->AllReduce(agreed, agreed, 2, DType::kF32, ReduceOp::kMax));
   if (agreed[0] != -agreed[1]) {
-    return InvalidArgumentError("finalize: rank ", comm_->rank(), " registered ", own_dp_ != nullptr ? std::to_string(own_dp_->size()) : "no",
-                                " tensors over a data-parallel group of its own", own_dp_ != nullptr ? " of that many ranks" : "",
-                                ", other ranks ", agreed[0] > size ? "over one of " + std::to_string(static_cast<int>(agreed[0])) + " ranks" : "none",
-                                " (every rank has one such group, of one size, or none does)");
+    const std::string mine = own_dp_ != nullptr ? "tensors over a data-parallel group of its own of " + std::to_string(own_dp_->size()) + " ranks"
+                                                : "no tensors over a data-parallel group of its own";
+    return InvalidArgumentError("finalize: rank ", comm_->rank(), " has ", mine, ", and other ranks differ (every rank has one such group, of ",
+                                "one size, or none does)");
   }
   RETURN_IF_ERROR(CheckSameTensors(comm_, dense, hash, describe, "parameters"));
   // Judged inside each group, agreed over the world (a group that failed stops every rank).
