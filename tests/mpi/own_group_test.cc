@@ -5,14 +5,16 @@
 // an expert-data-parallel group and hold the same experts; the model has dense tensors over the world
 // beside them. Against a one-process reference engine holding every tensor, whose gradients are the
 // world's mean for dense tensors and the sum over an expert's holders divided by the world for
-// experts: parameters and the clipped global norm at stages 0-3 (accumulation, host offload at
-// stage 3), replicas of an expert bit-identical, and the rules: registrations compared within the
-// groups, one such group per rank, the configurations that do not combine, checkpoints refused.
+// experts: parameters and the clipped global norm at stages 0-3 (accumulation; host and NVMe offload
+// of state and parameters at stage 3), replicas of an expert bit-identical, and the rules:
+// registrations compared within the groups, one such group per rank, the configurations that do not
+// combine, checkpoints refused.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
@@ -50,10 +52,11 @@ struct Case {
   int accum = 1;
   double clip = 0;
   bool offload = false;  // stage 3: optimizer state and parameter shards in host memory
+  bool nvme = false;     // stage 3: both on NVMe (streamed in sub-groups)
 };
 std::string Name(const Case& r, int ep) {
   return "stage " + std::to_string(r.stage) + " accum " + std::to_string(r.accum) + " clip " + std::to_string(r.clip) +
-         (r.offload ? " offload" : "") + " EP " + std::to_string(ep);
+         (r.offload ? " offload" : "") + (r.nvme ? " nvme" : "") + " EP " + std::to_string(ep);
 }
 
 EngineConfig Config(const Case& r) {
@@ -69,6 +72,11 @@ EngineConfig Config(const Case& r) {
   if (r.offload) {
     c.offload.optimizer = OffloadTarget::kHost;
     c.offload.params = OffloadTarget::kHost;
+  }
+  if (r.nvme) {  // nvme_dir: the caller's
+    c.offload.optimizer = OffloadTarget::kNvme;
+    c.offload.params = OffloadTarget::kNvme;
+    c.offload.sub_group_elements = 512;
   }
   return c;
 }
@@ -110,7 +118,15 @@ class OwnGroupTest : public EngineTest {
 
   // This rank's engine: its experts over `edp`.
   Result<std::unique_ptr<ZeroEngine>> Build(const Case& r, int ep, Communicator* edp, std::vector<int64_t>* keys) {
-    ASSIGN_OR_RETURN(auto e, ZeroEngine::Create(comm_.get(), &device_, Config(r)));
+    EngineConfig c = Config(r);
+    if (r.nvme) {
+      const std::string root = testing::SharedScratchRoot(comm_.get(), "zrt_own_group_nvme");
+      if (root.empty()) return InternalError("no scratch root");
+      nvme_roots_.push_back(root);
+      c.offload.nvme_dir = root + "/rank" + std::to_string(rank());
+      std::filesystem::create_directories(c.offload.nvme_dir);
+    }
+    ASSIGN_OR_RETURN(auto e, ZeroEngine::Create(comm_.get(), &device_, c));
     RETURN_IF_ERROR(AddModel(*e, ep, {rank() % ep}, edp, keys));
     return e;
   }
@@ -118,7 +134,7 @@ class OwnGroupTest : public EngineTest {
   // The one-process reference: every tensor, gradients already reduced as the engine defines them.
   Result<std::unique_ptr<ZeroEngine>> BuildReference(const Case& r, int ep, Communicator* self, std::vector<int64_t>* keys) {
     Case one = r;
-    one.offload = false;
+    one.offload = one.nvme = false;
     ASSIGN_OR_RETURN(auto e, ZeroEngine::Create(self, &device_, Config(one)));
     std::vector<int> all(static_cast<size_t>(ep));
     for (int er = 0; er < ep; ++er) all[static_cast<size_t>(er)] = er;
@@ -130,6 +146,11 @@ class OwnGroupTest : public EngineTest {
   void Backward(ZeroEngine& e, const std::vector<int64_t>& keys, const std::function<float(int64_t key, int64_t i, float v)>& grad) {
     EngineTest::Backward(e, keys.size(), [&](int64_t p, int64_t i, float v) { return grad(keys[static_cast<size_t>(p)], i, v); });
   }
+
+  void TearDown() override {
+    for (const std::string& root : nvme_roots_) EXPECT_TRUE(testing::RemoveSharedScratchRoot(comm_.get(), root).ok());
+  }
+  std::vector<std::string> nvme_roots_;
 
   // Trains both for `steps` optimizer steps and compares.
   void Compare(const Case& r, int ep) {
@@ -206,6 +227,7 @@ TEST_F(OwnGroupTest, MatchesTheReferenceAtEveryStageAndExpertParallelSize) {
     Compare({.stage = 3, .accum = 2, .clip = 0.5}, ep);
     Compare({.stage = 0, .clip = 0.5}, ep);
     Compare({.stage = 3, .offload = true}, ep);
+    Compare({.stage = 3, .accum = 2, .nvme = true}, ep);
   }
 }
 
