@@ -249,7 +249,7 @@ struct StateView {
   Result<std::optional<StoredPart>> StoredMemory(int group, int buffer) const;
   Status Restore(const StateCounters& saved) const;
   // OK unless a group is over a data-parallel group of its own (StateGroup::own_group_ranks), which a
-  // checkpoint cannot record yet: Unimplemented naming it, for `what` ("save", "load", ...).
+  // checkpoint cannot record yet: FailedPrecondition naming it, for `what` ("save", "load", ...).
   Status CheckOneMesh(std::string_view what) const;
 };
 

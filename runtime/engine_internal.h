@@ -1,4 +1,4 @@
-// Internal to the engine (engine.cc, engine_settings.cc): its per-group state and the components it
+// Internal to the engine (engine.cc, engine_settings.cc, engine_registration.cc, engine_mesh.cc): its per-group state and the components it
 // owns. Not installed.
 #pragma once
 
