@@ -67,6 +67,7 @@ struct Checkpointer::Impl {
     int shard_rank = -1;  // -1: this rank writes nothing (a replica beyond the manifest's parts)
     int part = 0;         // the part of its shard it writes (format.h PartPlan)
     std::shared_ptr<ChunkQueue> queue;  // the capture's sink; null without a shard
+    std::vector<int> groups;            // the queue's (the view's) groups in the manifest (snapshot.h SnapshotStart::groups)
     StateOwner* owner = nullptr;        // asked to settle a capture still owed at the commit (alive while the queue is open)
     // The writer's figures, kept here until the commit hands them to the stats: the training thread may
     // read those (last_stats) while the writer works.
@@ -176,7 +177,7 @@ Status Checkpointer::Impl::WriteFiles(Job& j) {
   const std::string ctx = "writing checkpoint step " + std::to_string(j.manifest.step);
   if (j.shard_rank >= 0) {
     ShardWriteStats ws;
-    RETURN_IF_ERROR(WriteQueuedShard(*io, j.save.tmp, j.manifest, j.shard_rank, *j.queue, {o.compression, encoders.get(), j.part}, &ws), ctx);
+    RETURN_IF_ERROR(WriteQueuedShard(*io, j.save.tmp, j.manifest, j.shard_rank, *j.queue, {o.compression, encoders.get(), j.part}, &ws, j.groups), ctx);
     j.stored_bytes = ws.stored_bytes;
   }
   if (comm->rank() == 0) RETURN_IF_ERROR(PublishFile(*io, j.save.tmp, kManifestFile, EncodeManifest(j.manifest)), ctx);
@@ -226,10 +227,22 @@ Status Checkpointer::SaveAsync(const StateView& state, const nlohmann::json& tra
     return Status();
   }
   ASSIGN_OR_RETURN(const std::vector<ShardLayout> layouts, SavedLayouts(m), "checkpoint step ", m.step);
-  const PartPlan plan(m, layouts);
+  const PartPlan plan(m, layouts, job->shard_rank);
   c.stats.raw_bytes = plan.raw_bytes(job->part);
-  job->queue = std::make_shared<ChunkQueue>(QueuedKinds(m, layouts), m.chunk_elements, c.o.staging_budget_bytes, c.device, std::move(c.staging),
-                                            plan.Mask(job->part));
+  // The queue takes the view's groups (in the manifest: start.groups), the file the manifest's.
+  std::vector<std::vector<QueuedKind>> kinds = QueuedKinds(m, layouts), view_kinds;
+  std::vector<std::vector<std::vector<char>>> keep = plan.Mask(job->part), view_keep;
+  for (size_t g = 0; g < start.groups.size(); ++g) {
+    view_kinds.push_back(kinds[static_cast<size_t>(start.groups[g])]);
+    view_keep.push_back(keep[static_cast<size_t>(start.groups[g])]);
+  }
+  if (!start.groups.empty()) {
+    kinds = std::move(view_kinds);
+    keep = std::move(view_keep);
+  }
+  job->groups = start.groups;
+  job->queue = std::make_shared<ChunkQueue>(std::move(kinds), m.chunk_elements, c.o.staging_budget_bytes, c.device, std::move(c.staging),
+                                            std::move(keep));
   job->owner = state.owner;
   std::shared_ptr<ChunkQueue> queue = job->queue;
   c.Hand(std::move(job), true, Status());

@@ -31,7 +31,8 @@ void ShardSource::InMemory::MapIfInMemory(const IoFile& f, int64_t bytes) {
   n_ = static_cast<size_t>(bytes);
 }
 
-Status ShardSource::Plan(int rank, int group, int kind, int64_t begin, int64_t count) {
+Status ShardSource::Plan(int shard, int group, int kind, int64_t begin, int64_t count) {
+  const int rank = File(group, shard);
   ASSIGN_OR_RETURN(Rank * r, Open(rank));
   const auto& list = r->by_kind[{group, kind}];
   auto it = std::upper_bound(list.begin(), list.end(), begin, [&](int64_t v, Ref c) { return v < r->chunk(c).elem_offset; });
@@ -72,7 +73,7 @@ Status ShardSource::ReadWhole(const std::vector<Whole>& targets) {
   Status s;
   for (size_t t = 0; t < targets.size() && s.ok(); ++t) {
     const Whole& w = targets[t];
-    auto opened = Open(w.rank);
+    auto opened = Open(File(w.group, w.rank));
     if (!opened.ok()) {
       s = opened.status().WithContext(w.what);
       break;
@@ -117,9 +118,9 @@ Status ShardSource::ReadWhole(const std::vector<Whole>& targets) {
   return s;
 }
 
-Status ShardSource::ForEachStored(int rank, int group, int kind, int64_t count,
+Status ShardSource::ForEachStored(int shard, int group, int kind, int64_t count,
                                   const std::function<Status(int64_t begin, int64_t n, const char* stored)>& fn) {
-  ASSIGN_OR_RETURN(Rank * r, Open(rank));
+  ASSIGN_OR_RETURN(Rank * r, Open(File(group, shard)));
   const ShardLayout& l = layouts_[static_cast<size_t>(group)];
   std::vector<char> unpacked;
   for (const Ref ref : r->by_kind[{group, kind}]) {  // sorted by elem_offset; they tile the shard (ReadShardIndexes)
@@ -135,8 +136,8 @@ Status ShardSource::ForEachStored(int rank, int group, int kind, int64_t count,
   return Status();
 }
 
-Status ShardSource::CopyStored(int rank, int group, int kind, int64_t count, const StoredPart& into) {
-  ASSIGN_OR_RETURN(Rank * r, Open(rank));
+Status ShardSource::CopyStored(int shard, int group, int kind, int64_t count, const StoredPart& into) {
+  ASSIGN_OR_RETURN(Rank * r, Open(File(group, shard)));
   const ShardLayout& l = layouts_[static_cast<size_t>(group)];
   const GroupEntry& ge = m_.groups[static_cast<size_t>(group)];
   const StateFormat form = ge.format(static_cast<size_t>(kind));
@@ -171,8 +172,8 @@ Status ShardSource::CopyStored(int rank, int group, int kind, int64_t count, con
   return Status();
 }
 
-Status ShardSource::Read(int rank, int group, int kind, int64_t begin, int64_t count, float* dst) {
-  ASSIGN_OR_RETURN(Rank * r, Open(rank));
+Status ShardSource::Read(int shard, int group, int kind, int64_t begin, int64_t count, float* dst) {
+  ASSIGN_OR_RETURN(Rank * r, Open(File(group, shard)));
   const auto& list = r->by_kind[{group, kind}];  // chunks sorted by elem_offset
   const std::string& file = r->parts[0].index.data_file;
   auto it = std::upper_bound(list.begin(), list.end(), begin, [&](int64_t v, Ref c) { return v < r->chunk(c).elem_offset; });
@@ -191,6 +192,7 @@ Status ShardSource::Read(int rank, int group, int kind, int64_t begin, int64_t c
 }
 
 Result<ShardSource::Rank*> ShardSource::Open(int rank) {
+  if (rank < 0 || rank >= m_.shards) return InvalidArgumentError(dir_.path(), ": no such saved shard (a read outside the manifest's groups)");
   auto it = ranks_.find(rank);
   if (it != ranks_.end()) return it->second.get();
   auto r = std::make_unique<Rank>();

@@ -28,7 +28,9 @@ struct FreeFloatsFwd {
 };
 
 // The saved shards, opened on demand: each index is read and checked against the manifest (its chunks
-// tile every (group, kind) exactly once) before any of its chunks is read.
+// tile every (group, kind) exactly once) before any of its chunks is read. Callers name a group's
+// saved shard (`rank` below: the shard of that group's layout); the file holding it is the manifest's
+// business (format.h FileOf).
 class ShardSource {
  public:
   ShardSource(const CheckpointDir& dir, const Manifest& m, std::vector<ShardLayout> layouts, IoEngine& io)
@@ -106,7 +108,12 @@ class ShardSource {
     std::map<std::pair<int, int>, std::vector<Ref>> by_kind;  // each (group, kind)'s chunks by element
     const ChunkEntry& chunk(Ref c) const { return parts[c.p].index.chunks[c.k]; }
   };
-  Result<Rank*> Open(int rank);
+  // The file holding saved shard `shard` of `group` (-1 when out of range: Open refuses it).
+  int File(int group, int shard) const {
+    if (group < 0 || static_cast<size_t>(group) >= m_.groups.size() || shard < 0 || shard >= GroupShards(m_, group)) return -1;
+    return FileOf(m_, group, shard);
+  }
+  Result<Rank*> Open(int rank);  // file `rank`'s parts
   static size_t Need(const ChunkEntry& ce);
   // An aligned buffer of at least `need` bytes: a spare one (the cache's oldest entry's, or one
   // returned by the read-ahead) when large enough, else a new one.

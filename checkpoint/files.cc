@@ -1,5 +1,6 @@
 #include "zrt/checkpoint/files.h"
 
+#include <algorithm>
 #include <memory>
 
 #include <dirent.h>
@@ -148,7 +149,7 @@ std::string ChunkName(const Manifest& m, const ShardLayout& l, const RankIndex& 
   return ::zrt::internal::StrCat(r.data_file, " chunk ", k, " (group '", g.name, "', ",
                           c.kind >= 0 && c.kind < static_cast<int>(g.kinds.size()) ? g.kinds[static_cast<size_t>(c.kind)] : "?",
                           ", elements ", c.elem_offset, "..", c.elem_offset + c.elements, ", ",
-                          TensorsIn(m, l, c.group, r.rank, c.elem_offset, c.elem_offset + c.elements), ")");
+                          TensorsIn(m, l, c.group, std::max(0, ShardIn(m, c.group, r.rank)), c.elem_offset, c.elem_offset + c.elements), ")");
 }
 
 namespace {

@@ -51,13 +51,39 @@ Status ValidateStored(const Manifest& m, const GroupEntry& g) {
   return Status();
 }
 
-// The manifest's own rules (docs/checkpoint-format.md "Rules", M1-M6).
+// M7: groups that list their files (a group over a mesh of its own). Every rank wrote its file, one
+// part each; a group's files are distinct files of the save, one at stage 0 (a replicated shard).
+Status ValidateFiles(const Manifest& m) {
+  if (m.shards != m.world_size || m.parts != 1) {
+    return DataLossError("groups list their files, but shards ", m.shards, " / parts ", m.parts, " are not world_size ", m.world_size,
+                         " / 1 (every rank writes its own file)");
+  }
+  for (const GroupEntry& g : m.groups) {
+    const size_t n = g.files.empty() ? static_cast<size_t>(m.shards) : g.files.size();
+    if (m.stage == 0 ? n != 1 : n > static_cast<size_t>(m.shards)) {
+      return DataLossError("group '", g.name, "': ", n, " shard(s) at stage ", m.stage, " in a save of ", m.shards, " files",
+                           m.stage == 0 ? " (stage 0 saves one shard of each group)" : "");
+    }
+    std::set<int> seen;
+    for (int f : g.files) {
+      if (f < 0 || f >= m.shards || !seen.insert(f).second) {
+        return DataLossError("group '", g.name, "': file ", f, " is outside [0, ", m.shards, ") or listed twice");
+      }
+    }
+  }
+  return Status();
+}
+
+// The manifest's own rules (docs/checkpoint-format.md "Rules", M1-M7).
 Status ValidateManifest(const Manifest& m) {
   if (m.shards < 1 || m.shards > kMaxShards || m.world_size < 1 || m.world_size > kMaxShards) {
     return DataLossError("shards ", m.shards, " / world_size ", m.world_size, " outside [1, ", kMaxShards, "]");
   }
   if (m.stage < 0 || m.stage > 3) return DataLossError("stage ", m.stage, " is not 0..3");
-  if (m.stage == 0 ? m.shards != 1 : m.world_size % m.shards != 0) {
+  const bool listed = std::any_of(m.groups.begin(), m.groups.end(), [](const GroupEntry& g) { return !g.files.empty(); });
+  if (listed) {
+    RETURN_IF_ERROR(ValidateFiles(m));
+  } else if (m.stage == 0 ? m.shards != 1 : m.world_size % m.shards != 0) {
     return DataLossError("shards ", m.shards, " disagrees with stage ", m.stage, " and world_size ", m.world_size,
                          " (stage 0 saves one shard, stages 1-3 one per shard group rank, a divisor of the world)");
   }
@@ -124,8 +150,8 @@ Result<json> Open(std::string_view text, const std::string& where) {
   const json& format = j.contains("format") ? j["format"] : json();
   const json& version = j.contains("version") ? j["version"] : json();
   if (!format.is_string() || format.get<std::string>() != kFormatName) return DataLossError(where, ": not a zrt checkpoint file");
-  if (!version.is_number_integer() || version.get<int64_t>() != kFormatVersion) {
-    return DataLossError(where, ": format version ", version.dump(), " (this zrt reads ", kFormatVersion, ")");
+  if (!version.is_number_integer() || version.get<int64_t>() < 1 || version.get<int64_t>() > kFormatVersion) {
+    return DataLossError(where, ": format version ", version.dump(), " (this zrt reads 1 to ", kFormatVersion, ")");
   }
   return j;
 }
@@ -204,6 +230,23 @@ Result<int64_t> ParseStepDirName(std::string_view name) {
   return v;
 }
 
+int GroupShards(const Manifest& m, int g) {
+  const GroupEntry& ge = m.groups[static_cast<size_t>(g)];
+  return ge.files.empty() ? m.shards : static_cast<int>(ge.files.size());
+}
+
+int FileOf(const Manifest& m, int g, int shard) {
+  const GroupEntry& ge = m.groups[static_cast<size_t>(g)];
+  return ge.files.empty() ? shard : ge.files[static_cast<size_t>(shard)];
+}
+
+int ShardIn(const Manifest& m, int g, int file) {
+  const GroupEntry& ge = m.groups[static_cast<size_t>(g)];
+  if (ge.files.empty()) return file >= 0 && file < m.shards ? file : -1;
+  const auto it = std::find(ge.files.begin(), ge.files.end(), file);
+  return it == ge.files.end() ? -1 : static_cast<int>(it - ge.files.begin());
+}
+
 RankIndex IndexOf(const Manifest& m, int rank, int part) {
   RankIndex idx;
   idx.nonce = m.nonce;
@@ -213,6 +256,9 @@ RankIndex IndexOf(const Manifest& m, int rank, int part) {
   idx.part = part;
   idx.parts = m.parts;
   idx.data_file = DataFileName(rank, part, m.parts);
+  for (int g = 0; g < static_cast<int>(m.groups.size()); ++g) {
+    if (!m.groups[static_cast<size_t>(g)].files.empty() && ShardIn(m, g, rank) >= 0) idx.holds.emplace_back(g, ShardIn(m, g, rank));
+  }
   return idx;
 }
 
@@ -220,14 +266,15 @@ namespace {
 __extension__ typedef __int128 Wide;  // a shard's bytes times the parts
 }  // namespace
 
-PartPlan::PartPlan(const Manifest& m, std::span<const ShardLayout> layouts)
+PartPlan::PartPlan(const Manifest& m, std::span<const ShardLayout> layouts, int file)
     : raw_(static_cast<size_t>(std::max(m.parts, 1)), 0), file_(raw_.size(), 0) {
   // The chunks' bytes before compression, in order; then each chunk goes to the part its first byte
   // falls in when the total is cut into m.parts equal runs.
   int64_t total = 0;
+  auto held = [&](size_t g) { return ShardIn(m, static_cast<int>(g), file) >= 0; };
   for (size_t g = 0; g < m.groups.size(); ++g) {
     const GroupEntry& ge = m.groups[g];
-    const int64_t shard = layouts[g].shard_size();
+    const int64_t shard = held(g) ? layouts[g].shard_size() : 0;
     for (size_t k = 0; k < ge.kinds.size(); ++k) {
       total += ge.format(k).Bytes(shard);
     }
@@ -238,7 +285,8 @@ PartPlan::PartPlan(const Manifest& m, std::span<const ShardLayout> layouts)
     const int64_t shard = layouts[g].shard_size();
     auto& kinds = parts_.emplace_back(ge.kinds.size());
     for (size_t k = 0; k < ge.kinds.size(); ++k) {
-      for (int64_t e = 0; e < shard; e += m.chunk_elements) {
+      for (int64_t e = 0; e < shard && !held(g); e += m.chunk_elements) kinds[k].push_back(-1);
+      for (int64_t e = 0; e < shard && held(g); e += m.chunk_elements) {
         const int64_t bytes = ge.format(k).Bytes(std::min(m.chunk_elements, shard - e));
         const int p = total == 0 ? 0 : static_cast<int>(static_cast<Wide>(at) * m.parts / total);  // exact: every rank agrees
         kinds[k].push_back(p);
@@ -280,7 +328,7 @@ std::string IndexFileName(int rank, int part, int parts) { return ShardFileName(
 json ManifestJson(const Manifest& m) {
   json j;
   j["format"] = kFormatName;
-  j["version"] = kFormatVersion;
+  j["version"] = std::any_of(m.groups.begin(), m.groups.end(), [](const GroupEntry& g) { return !g.files.empty(); }) ? 2 : 1;
   j["nonce"] = m.nonce;
   j["step"] = m.step;
   j["world_size"] = m.world_size;
@@ -301,6 +349,7 @@ json ManifestJson(const Manifest& m) {
     }
     json& o = groups.emplace_back(json{{"name", g.name}, {"lr", g.lr}, {"weight_decay", g.weight_decay}, {"alignment", g.alignment},
                                        {"kinds", g.kinds}, {"tensors", std::move(tensors)}});
+    if (!g.files.empty()) o["files"] = g.files;
     if (std::any_of(g.stored.begin(), g.stored.end(), [](Precision a) { return a != Precision::kF32; })) {  // else as before it existed
       for (Precision a : g.stored) o["stored"].push_back(PrecisionName(a));
       if (g.block != 0) o["block"] = g.block;
@@ -350,6 +399,10 @@ Result<Manifest> DecodeManifest(std::string_view text, const std::string& where)
         }
       }
       if (g.contains("block")) ge.block = I64(g["block"], "block");
+      if (g.contains("files")) {
+        for (const json& f : Arr(g["files"], "files")) ge.files.push_back(I32(f, "files"));
+        if (ge.files.empty()) throw FieldError("group '" + ge.name + "': an empty files list");
+      }
       for (const json& t : Arr(At(g, "tensors"), "tensors")) {
         TensorEntry te;
         te.name = Str(At(t, "name"), "tensor name");
@@ -362,6 +415,11 @@ Result<Manifest> DecodeManifest(std::string_view text, const std::string& where)
       m.groups.push_back(std::move(ge));
     }
     RETURN_IF_ERROR(ValidateManifest(m), where);
+    const bool listed = std::any_of(m.groups.begin(), m.groups.end(), [](const GroupEntry& g) { return !g.files.empty(); });
+    if (listed != (j["version"].get<int64_t>() == 2)) {
+      return DataLossError(where, ": format version ", j["version"].get<int64_t>(), listed ? " with" : " without",
+                           " groups listing their files (version 2 exactly when some group does)");
+    }
     return m;
   });
 }
@@ -369,7 +427,7 @@ Result<Manifest> DecodeManifest(std::string_view text, const std::string& where)
 std::string EncodeIndex(const RankIndex& r) {
   json j;
   j["format"] = kFormatName;
-  j["version"] = kFormatVersion;
+  j["version"] = 1;  // unchanged by version 2
   j["nonce"] = r.nonce;
   j["step"] = r.step;
   j["rank"] = r.rank;
@@ -380,6 +438,10 @@ std::string EncodeIndex(const RankIndex& r) {
   }
   j["data_file"] = r.data_file;
   j["data_bytes"] = r.data_bytes;
+  if (!r.holds.empty()) {
+    j["holds"] = json::array();
+    for (const auto& [g, s] : r.holds) j["holds"].push_back(json::array({g, s}));
+  }
   // Chunks as arrays (compact: O(chunks) bytes): [group, kind, elem_offset, elements, file_offset,
   // stored_bytes, codec, xxh3]
   json chunks = json::array();
@@ -405,6 +467,9 @@ Result<RankIndex> DecodeIndex(std::string_view text, const std::string& where) {
     }
     r.data_file = Str(At(j, "data_file"), "data_file");
     r.data_bytes = I64(At(j, "data_bytes"), "data_bytes");
+    if (j.contains("holds")) {
+      for (const json& h : Arr(j["holds"], "holds")) r.holds.emplace_back(I32(Item(h, 0, "holds"), "holds group"), I32(Item(h, 1, "holds"), "holds shard"));
+    }
     for (const json& c : Arr(At(j, "chunks"), "chunks")) {
       ChunkEntry e;
       e.group = I32(Item(c, 0, "chunk"), "chunk group");
@@ -452,6 +517,9 @@ Status ValidateIndexFile(const Manifest& m, std::span<const ShardLayout> layouts
   }
   const std::string data = DataFileName(rank, part, m.parts);
   if (r.data_file != data) return DataLossError(where, ": data file '", r.data_file, "' is not ", data);
+  if (r.holds != IndexOf(m, rank, part).holds) {
+    return DataLossError(where, ": the shards of groups over meshes of their own it holds (\"holds\") disagree with the manifest's files");
+  }
   std::vector<std::pair<int64_t, int64_t>> spans;
   spans.reserve(r.chunks.size());
   for (size_t k = 0; k < r.chunks.size(); ++k) {
@@ -461,6 +529,7 @@ Status ValidateIndexFile(const Manifest& m, std::span<const ShardLayout> layouts
     if (c.kind < 0 || c.kind >= static_cast<int>(ge.kinds.size())) {
       return DataLossError(where, ": chunk ", k, " names unknown state kind ", c.kind, " of group '", ge.name, "'");
     }
+    if (ShardIn(m, c.group, rank) < 0) return DataLossError(where, ": chunk ", k, " is of group '", ge.name, "', which this file holds no shard of");
     const int64_t shard = layouts[static_cast<size_t>(c.group)].shard_size();
     if (c.elements < 1 || c.elements > m.chunk_elements || c.elem_offset < 0 || c.elem_offset > shard - c.elements) {
       return DataLossError(where, ": chunk ", k, " (elements ", c.elem_offset, "+", c.elements, ") lies outside the shard of ",
@@ -496,7 +565,9 @@ Status ValidateCover(const Manifest& m, std::span<const ShardLayout> layouts, st
   for (const RankIndex& r : parts) {
     for (const ChunkEntry& c : r.chunks) cover[static_cast<size_t>(c.group)][static_cast<size_t>(c.kind)].emplace_back(c.elem_offset, c.elements);
   }
+  const int file = parts.empty() ? 0 : parts.front().rank;
   for (size_t g = 0; g < m.groups.size(); ++g) {
+    if (ShardIn(m, static_cast<int>(g), file) < 0) continue;  // none of its chunks is here (ValidateIndexFile)
     const int64_t shard = layouts[g].shard_size();
     for (size_t k = 0; k < m.groups[g].kinds.size(); ++k) {
       auto& v = cover[g][k];
@@ -530,7 +601,7 @@ Result<ShardLayout> SavedLayout(const Manifest& m, int group) {
   if (group < 0 || group >= static_cast<int>(m.groups.size())) return DataLossError("manifest: no group #", group);
   std::vector<int64_t> numels;
   for (const TensorEntry& t : m.groups[static_cast<size_t>(group)].tensors) numels.push_back(t.numel);
-  ASSIGN_OR_RETURN(ShardLayout l, ShardLayout::Create(numels, m.shards, m.groups[static_cast<size_t>(group)].alignment),
+  ASSIGN_OR_RETURN(ShardLayout l, ShardLayout::Create(numels, GroupShards(m, group), m.groups[static_cast<size_t>(group)].alignment),
                    "manifest group '", m.groups[static_cast<size_t>(group)].name, "'");
   // The offsets recorded must be the ones the layout gives (a reader in another language relies on them).
   for (size_t t = 0; t < numels.size(); ++t) {

@@ -14,6 +14,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -25,7 +26,10 @@
 
 namespace zrt::ckpt {
 
-inline constexpr int kFormatVersion = 1;
+// The newest version this zrt reads and writes. A manifest is written as version 2 only when a group
+// lists its files (GroupEntry::files), which a reader of version 1 would read over the wrong files;
+// every other manifest, and every index, as version 1, as before.
+inline constexpr int kFormatVersion = 2;
 inline constexpr std::string_view kFormatName = "zrt-checkpoint";
 
 // Bounds every reader enforces (docs/checkpoint-format.md, "Rules"): a file beyond them is refused as
@@ -57,6 +61,12 @@ struct GroupEntry {
   // with a q8 kind, its elements per block.
   std::vector<Precision> stored;
   int64_t block = 0;
+  // The files holding the group's shards, in shard order ("files"; docs/checkpoint-format.md "Groups
+  // over a mesh of their own"): shard s is in rank-<files[s]>.*. Empty: the manifest's mesh, shard s
+  // in file s, m.shards of them. A group over a data-parallel group of its own (the experts of a
+  // mixture-of-experts model) lists its members' files; each file then holds the shards of the groups
+  // that name it.
+  std::vector<int> files;
   Precision stored_as(size_t kind) const { return kind < stored.size() ? stored[kind] : Precision::kF32; }
   // How kind `kind`'s chunks are stored (a chunk of n elements: format(kind).Bytes(n) bytes before
   // compression; q8: whole blocks' codes, then their f32 scales; docs/checkpoint-format.md "Stored state").
@@ -67,7 +77,9 @@ struct Manifest {
   std::string nonce;  // shared by the manifest and every index of one save
   int64_t step = 0;
   int world_size = 1;  // ranks of the job that saved
-  int shards = 1;      // distinct shards: world_size (or a divisor of it: hybrid sharding), or 1 for stage 0
+  // Distinct shards, one file each: world_size (or a divisor of it: hybrid sharding), or 1 for stage 0;
+  // world_size when a group lists its files (every rank writes its file).
+  int shards = 1;
   // Files per shard: a save spread over the ranks that hold the same shard (its replicas) has each
   // write a part of it, rank-r.part-p.{data,index.json} (1: rank-r.{data,index.json}).
   int parts = 1;
@@ -82,6 +94,12 @@ struct Manifest {
   nlohmann::json trainer_state = nlohmann::json::object();
   std::vector<GroupEntry> groups;
 };
+
+// Shards of group `g` (its layout's world size), the file holding its shard `shard`, and the shard of
+// it file `file` holds (-1: none).
+int GroupShards(const Manifest& m, int g);
+int FileOf(const Manifest& m, int g, int shard);
+int ShardIn(const Manifest& m, int g, int file);
 
 struct ChunkEntry {
   int group = 0;
@@ -104,19 +122,24 @@ struct RankIndex {
   std::string data_file;
   int64_t data_bytes = 0;
   std::vector<ChunkEntry> chunks;
+  // With groups that list their files (version 2): the shard of each such group this file holds,
+  // {group, shard}, in group order ("holds"; I5: what the manifest's lists say, so an edit of the lists
+  // alone cannot make a reader take one shard for another).
+  std::vector<std::pair<int, int>> holds;
 };
 
 // The index of part `part` of shard `rank` of the checkpoint `m` describes, before its chunks: nonce,
 // step, rank, shards, part, data file name.
 RankIndex IndexOf(const Manifest& m, int rank, int part = 0);
 
-// Which part of a shard writes each chunk when a save is spread over m.parts writers (every shard
-// alike): the shard's chunks in order (group, kind, element) cut into m.parts runs of about the same
-// bytes before compression. What a reader needs is only that the parts' chunks tile the shard.
+// Which part of file `file` writes each chunk when a save is spread over m.parts writers (every file
+// alike): the file's chunks in order (group, kind, element) cut into m.parts runs of about the same
+// bytes before compression (the chunks of a group the file does not hold: no part's). What a reader
+// needs is only that the parts' chunks tile the file's shards.
 class PartPlan {
  public:
-  PartPlan(const Manifest& m, std::span<const ShardLayout> layouts);
-  int part(int group, int kind, int64_t chunk) const {
+  PartPlan(const Manifest& m, std::span<const ShardLayout> layouts, int file = 0);
+  int part(int group, int kind, int64_t chunk) const {  // -1: the file holds no shard of the group
     return parts_[static_cast<size_t>(group)][static_cast<size_t>(kind)][static_cast<size_t>(chunk)];
   }
   // [group][kind][chunk]: 1 where the chunk is part `part`'s.
@@ -152,12 +175,14 @@ Result<Manifest> DecodeManifest(std::string_view text, const std::string& where)
 std::string EncodeIndex(const RankIndex& r);
 // Parses an index (its own fields only; ValidateIndex checks it against the manifest).
 Result<RankIndex> DecodeIndex(std::string_view text, const std::string& where);
-// The rules an index file of part `part` of shard `rank` must meet against its manifest on its own
-// (I1, I2, I4): the same save, the data file's name, every chunk inside its shard and its file, raw
-// chunks exactly their elements, disjoint file ranges. `layouts` are SavedLayouts(m).
+// The rules an index file of part `part` of file `rank` must meet against its manifest on its own
+// (I1, I2, I4, I5): the same save, the data file's name, the shards it holds, every chunk of a group
+// the file holds and inside its shard and its file, raw chunks exactly their elements, disjoint file
+// ranges. `layouts` are SavedLayouts(m).
 Status ValidateIndexFile(const Manifest& m, std::span<const ShardLayout> layouts, const RankIndex& r, int rank, int part,
                          const std::string& where);
-// I3: the chunks of a shard's parts (all m.parts of them) cover every (group, kind) exactly once.
+// I3: the chunks of a file's parts (all m.parts of them) cover every (group, kind) of the groups it
+// holds exactly once.
 Status ValidateCover(const Manifest& m, std::span<const ShardLayout> layouts, std::span<const RankIndex> parts,
                      const std::string& where);
 // Both, for a checkpoint of one part per shard.
@@ -169,7 +194,7 @@ namespace internal {
 std::string Seal(nlohmann::json j);
 }  // namespace internal
 
-// The layout a group had when saved (shards ranks, the saved alignment); every group's.
+// The layout a group had when saved (GroupShards ranks, the saved alignment); every group's.
 Result<ShardLayout> SavedLayout(const Manifest& m, int group);
 Result<std::vector<ShardLayout>> SavedLayouts(const Manifest& m);
 

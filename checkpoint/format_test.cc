@@ -219,6 +219,113 @@ TEST(Format, PartsRoundTripTheirBoundsAndThePlan) {
   EXPECT_EQ(plan.max_file_bytes(1), 10 * 4096);
 }
 
+// Groups over meshes of their own ("files", M7): absent means the manifest's mesh (every checkpoint
+// before it reads as it did); listed, every rank wrote its file in one part, a group's files are
+// distinct files of the save (one at stage 0), its layout is over them, a file's index holds chunks of
+// the groups that list it alone and covers each of those, and the plan gives it only theirs.
+TEST(Format, GroupsOverTheirOwnFilesRoundTripTheirRulesAndThePlan) {
+  Manifest m = Sample();
+  m.world_size = m.shards = 4;
+  m.chunk_elements = 1024;
+  EXPECT_EQ(nlohmann::json::parse(EncodeManifest(m))["groups"][0].count("files"), 0u) << "the manifest's mesh: written as before";
+  GroupEntry ex = m.groups[0];
+  ex.name = "experts@0";
+  ex.tensors = {{"expert.0", {2000}, DType::kF32, 0, 2000}};
+  ex.files = {1, 3};
+  m.groups.push_back(ex);
+  ex.name = "experts@1";
+  ex.tensors = {{"expert.1", {2000}, DType::kF32, 0, 2000}};
+  ex.files = {2, 0};
+  m.groups.push_back(ex);
+  auto back = DecodeManifest(EncodeManifest(m), "manifest.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->groups[1].files, (std::vector<int>{1, 3}));
+  EXPECT_EQ(GroupShards(*back, 0), 4);
+  EXPECT_EQ(GroupShards(*back, 2), 2);
+  EXPECT_EQ(FileOf(*back, 2, 1), 0);
+  EXPECT_EQ(FileOf(*back, 0, 3), 3);
+  EXPECT_EQ(ShardIn(*back, 1, 3), 1);
+  EXPECT_EQ(ShardIn(*back, 1, 0), -1);
+  EXPECT_EQ(ShardIn(*back, 0, 2), 2);
+  const std::vector<ShardLayout> layouts = *SavedLayouts(*back);
+  EXPECT_EQ(layouts[1].world_size(), 2);
+  // Hostile lists: each refused as corrupt, naming the group.
+  const std::vector<std::pair<std::string, std::function<void(Manifest&)>>> bad = {
+      {"a file listed twice", [](Manifest& x) { x.groups[1].files = {1, 1}; }},
+      {"a file beyond the save", [](Manifest& x) { x.groups[1].files = {1, 4}; }},
+      {"a negative file", [](Manifest& x) { x.groups[1].files = {-1, 3}; }},
+      {"more shards than files", [](Manifest& x) { x.groups[1].files = {0, 1, 2, 3, 0}; }},
+      {"fewer shards than ranks", [](Manifest& x) { x.shards = 2; }},
+      {"parts", [](Manifest& x) { x.parts = 2; }},
+      {"two shards at stage 0", [](Manifest& x) { x.stage = 0; x.groups[0].files = {0}; }},
+  };
+  for (const auto& [what, spoil] : bad) {
+    Manifest x = m;
+    spoil(x);
+    auto refused = DecodeManifest(EncodeManifest(x), "manifest.json");
+    EXPECT_EQ(refused.status().code(), StatusCode::kDataLoss) << what;
+  }
+  {
+    nlohmann::json j = nlohmann::json::parse(EncodeManifest(m));
+    j.erase("checksum");
+    j["groups"][1]["files"] = nlohmann::json::array();
+    EXPECT_EQ(DecodeManifest(internal::Seal(j), "manifest.json").status().code(), StatusCode::kDataLoss) << "an empty list";
+    j["groups"][1]["files"] = {1.5, 3};
+    EXPECT_EQ(DecodeManifest(internal::Seal(j), "manifest.json").status().code(), StatusCode::kDataLoss) << "a fraction";
+    // Version 2 exactly when a group lists its files: a reader of version 1 refuses such a manifest.
+    EXPECT_EQ(nlohmann::json::parse(EncodeManifest(m))["version"], 2);
+    EXPECT_EQ(nlohmann::json::parse(EncodeManifest(Sample()))["version"], 1);
+    j["groups"][1]["files"] = {1, 3};
+    ASSERT_TRUE(DecodeManifest(internal::Seal(j), "manifest.json").ok());
+    j["version"] = 1;
+    EXPECT_EQ(DecodeManifest(internal::Seal(j), "manifest.json").status().code(), StatusCode::kDataLoss) << "files in version 1";
+    nlohmann::json plain = nlohmann::json::parse(EncodeManifest(Sample()));
+    plain.erase("checksum");
+    plain["version"] = 2;
+    EXPECT_EQ(DecodeManifest(internal::Seal(plain), "manifest.json").status().code(), StatusCode::kDataLoss) << "version 2 without files";
+    plain["version"] = 3;
+    EXPECT_EQ(DecodeManifest(internal::Seal(plain), "manifest.json").status().code(), StatusCode::kDataLoss) << "a version from the future";
+  }
+  // File 0 holds shard 0 of the dense group and shard 1 of experts@1, nothing of experts@0.
+  RankIndex r = IndexOf(*back, 0);
+  const int64_t ds = layouts[0].shard_size(), es = layouts[2].shard_size();
+  int64_t at = 0;
+  for (int k = 0; k < 3; ++k) {
+    r.chunks.push_back({0, k, 0, ds, at, ds * 4, Codec::kRaw, 0});
+    at += 4096;
+  }
+  for (int k = 0; k < 3; ++k) {
+    r.chunks.push_back({2, k, 0, es, at, es * 4, Codec::kRaw, 0});
+    at += 4096;
+  }
+  r.data_bytes = at;
+  EXPECT_TRUE(ValidateIndex(*back, layouts, r, 0, "i").ok()) << ValidateIndex(*back, layouts, r, 0, "i");
+  RankIndex foreign = r;
+  foreign.chunks[3].group = 1;  // experts@0 is not in file 0
+  const Status st = ValidateIndex(*back, layouts, foreign, 0, "i");
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st;
+  EXPECT_NE(st.message().find("experts@0"), std::string::npos) << st;
+  EXPECT_EQ(r.holds, (std::vector<std::pair<int, int>>{{2, 1}})) << "file 0 holds shard 1 of experts@1";
+  auto r_back = DecodeIndex(EncodeIndex(r), "i");
+  ASSERT_TRUE(r_back.ok()) << r_back.status();
+  EXPECT_EQ(r_back->holds, r.holds);
+  // The manifest's lists edited alone (two shards of experts@1 swapped, checksum recomputed): the
+  // index disagrees, the file is refused rather than its shard taken for the other.
+  Manifest swapped = *back;
+  swapped.groups[2].files = {0, 2};
+  const std::vector<ShardLayout> swapped_layouts = *SavedLayouts(swapped);
+  const Status sw = ValidateIndex(swapped, swapped_layouts, r, 0, "i");
+  EXPECT_EQ(sw.code(), StatusCode::kDataLoss) << sw;
+  EXPECT_NE(sw.message().find("holds"), std::string::npos) << sw;
+  RankIndex short_of = r;
+  short_of.chunks.pop_back();  // experts@1's last kind missing
+  EXPECT_EQ(ValidateIndex(*back, layouts, short_of, 0, "i").code(), StatusCode::kDataLoss);
+  const PartPlan plan(*back, layouts, 0);
+  EXPECT_EQ(plan.part(1, 0, 0), -1) << "no part of file 0 writes experts@0";
+  EXPECT_EQ(plan.part(2, 0, 0), 0);
+  EXPECT_EQ(plan.raw_bytes(0), 3 * 4 * (ds + es));
+}
+
 TEST(Codec, RoundTripsAndFallsBackToRaw) {
   std::mt19937_64 rng(testing::TestSeed());
   std::vector<float> smooth(100000);

@@ -44,7 +44,7 @@ using Where = std::map<std::string, std::pair<int, int>>;  // tensor name -> (sa
 // Every target tensor against the checkpoint (names, shapes, dtypes), before any data is read; what
 // does not match (not strict) goes in `r`.
 Status CheckTensors(const std::string& dir, const Manifest& m, const Where& where, const StateView& target, const LoadOptions& o,
-                    LoadResult* r) {
+                    bool world, LoadResult* r) {
   std::set<std::string> in_target;
   for (const StateGroup& tg : target.groups) {
     for (const TensorSpec& spec : tg.tensors) {
@@ -69,7 +69,7 @@ Status CheckTensors(const std::string& dir, const Manifest& m, const Where& wher
     }
   }
   for (const auto& [name, gt] : where) {
-    if (in_target.contains(name)) continue;
+    if (world || in_target.contains(name)) continue;  // world: judged over every rank (PreparedLoad::Claimed)
     if (o.strict) return InvalidArgumentError("load: checkpoint ", dir, " has tensor '", name, "', which the model does not (LoadOptions::strict = false ignores it)");
     r->unexpected.push_back("tensor '" + name + "'");
   }
@@ -162,11 +162,11 @@ Status FillStored(const std::string& dir, const StateView& target, int gi, int b
   *taken = true;
   ASSIGN_OR_RETURN(const std::optional<StoredPart> kept, target.StoredMemory(gi, bi), "loading group '", tg.name, "' (", b.kind, ")");
   if (kept.has_value()) {  // straight into the owner's memory
-    return src.CopyStored(tg.layout.world_size() == 1 ? 0 : target.rank, bp.stored_group, bp.stored_kind, b.count, *kept)
+    return src.CopyStored(target.ShardOf(tg), bp.stored_group, bp.stored_kind, b.count, *kept)
         .WithContext("loading group '" + tg.name + "' (" + b.kind + ") from " + dir);
   }
   const int64_t unit = b.format.blockwise() ? b.format.block : 1;
-  Status s = src.ForEachStored(tg.layout.world_size() == 1 ? 0 : target.rank, bp.stored_group, bp.stored_kind, b.count,
+  Status s = src.ForEachStored(target.ShardOf(tg), bp.stored_group, bp.stored_kind, b.count,
                                [&](int64_t begin, int64_t n, const char* stored) -> Status {
                                  if (begin % unit != 0) return DataLossError("a chunk of codes starts inside a block of ", unit);
                                  const auto* scales = reinterpret_cast<const float*>(stored + b.format.ValuesBytes(n));
@@ -215,9 +215,8 @@ PreparedLoad::PreparedLoad(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 PreparedLoad::~PreparedLoad() = default;
 
 Result<std::unique_ptr<PreparedLoad>> PreparedLoad::Prepare(const std::string& dir, const StateView& target, const LoadOptions& options,
-                                                           bool* mismatch) {
+                                                           bool* mismatch, bool world) {
   if (mismatch != nullptr) *mismatch = false;
-  RETURN_IF_ERROR(target.CheckOneMesh("load " + dir));
   auto p = std::make_unique<Impl>();
   p->dir = dir;
   p->target = &target;
@@ -232,14 +231,15 @@ Result<std::unique_ptr<PreparedLoad>> PreparedLoad::Prepare(const std::string& d
       where[p->m.groups[static_cast<size_t>(g)].tensors[static_cast<size_t>(t)].name] = {g, t};
     }
   }
-  if (Status s = CheckTensors(dir, p->m, where, target, options, &p->result); !s.ok()) {
+  if (Status s = CheckTensors(dir, p->m, where, target, options, world, &p->result); !s.ok()) {
     if (mismatch != nullptr) *mismatch = true;
     return s;
   }
   p->plan.resize(target.groups.size());
   for (size_t gi = 0; gi < target.groups.size(); ++gi) {
     const StateGroup& tg = target.groups[gi];
-    const int same = SameLayout(p->m, p->saved, where, tg), rank = tg.layout.world_size() == 1 ? 0 : target.rank;
+    const int same = SameLayout(p->m, p->saved, where, tg), rank = target.ShardOf(tg);
+    if (rank < 0) return InvalidArgumentError("load: group '", tg.name, "': rank ", target.rank, " is not in its own data-parallel group");
     for (const StateBuffer& b : tg.buffers) {
       if (b.dtype != DType::kF32) return InvalidArgumentError("load: state '", b.kind, "' must be f32");
       if (!b.resident() && target.owner == nullptr) {
@@ -250,6 +250,24 @@ Result<std::unique_ptr<PreparedLoad>> PreparedLoad::Prepare(const std::string& d
     }
   }
   return std::unique_ptr<PreparedLoad>(new PreparedLoad(std::move(p)));
+}
+
+const Manifest& PreparedLoad::manifest() const { return impl_->m; }
+
+std::vector<float> PreparedLoad::Claimed() const {
+  std::set<std::string> mine;
+  for (const StateGroup& tg : impl_->target->groups) {
+    for (const TensorSpec& spec : tg.tensors) mine.insert(spec.name);
+  }
+  std::vector<float> out;
+  for (const GroupEntry& ge : impl_->m.groups) {
+    for (const TensorEntry& te : ge.tensors) out.push_back(mine.contains(te.name) ? 1.0f : 0.0f);
+  }
+  return out;
+}
+
+void PreparedLoad::AddUnexpected(std::vector<std::string> names) {
+  for (std::string& n : names) impl_->result.unexpected.push_back("tensor '" + n + "'");
 }
 
 Result<LoadResult> PreparedLoad::Fill() {
@@ -274,7 +292,7 @@ Result<LoadResult> PreparedLoad::Fill() {
       const BufferPlan& bp = p.plan[gi][bi];
       const StateBuffer& b = tg.buffers[bi];
       if (bp.whole_group >= 0) {
-        wholes.push_back({tg.layout.world_size() == 1 ? 0 : target.rank, bp.whole_group, bp.whole_kind, static_cast<float*>(b.data), b.count,
+        wholes.push_back({target.ShardOf(tg), bp.whole_group, bp.whole_kind, static_cast<float*>(b.data), b.count,
                           "loading group '" + tg.name + "' (" + b.kind + ") from " + p.dir});
       }
       for (const Copy& c : bp.copies) RETURN_IF_ERROR(src.Plan(c.rank, c.group, c.kind, c.src, c.count), "loading from ", p.dir);

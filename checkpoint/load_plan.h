@@ -6,7 +6,9 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "zrt/checkpoint/format.h"
 #include "zrt/checkpoint/load.h"
 
 namespace zrt::ckpt::internal {
@@ -15,9 +17,16 @@ class PreparedLoad {
  public:
   // `mismatch` (optional) is set when the failure is the target's own: tensors, shapes or dtypes that
   // the checkpoint does not have (strict), not the files. `target` must outlive the prepared load.
+  // `world`: the checkpoint's tensors that the target lacks are judged over every rank's target
+  // (Claimed, AddUnexpected: a rank holds the tensors of its own data-parallel groups alone), not here.
   static Result<std::unique_ptr<PreparedLoad>> Prepare(const std::string& dir, const StateView& target, const LoadOptions& options,
-                                                       bool* mismatch = nullptr);
+                                                       bool* mismatch = nullptr, bool world = false);
   ~PreparedLoad();
+  const Manifest& manifest() const;
+  // Per tensor of the manifest (groups, then tensors, in order): 1 where the target has it.
+  std::vector<float> Claimed() const;
+  // Tensors of the checkpoint no rank's target has (not strict; Fill's LoadResult::unexpected).
+  void AddUnexpected(std::vector<std::string> names);
   // Reads (every chunk checked) and fills the target; its buffers change from here on.
   Result<LoadResult> Fill();
 

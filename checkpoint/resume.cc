@@ -84,13 +84,31 @@ Result<std::unique_ptr<internal::PreparedLoad>> Prepare(Communicator* comm, cons
   }
   RETURN_IF_ERROR(BroadcastStatus(comm, complete, 0));
   bool mine = false;
-  auto prepared = internal::PreparedLoad::Prepare(dir, target, o.load, &mine);
+  const bool world = target.has_own_groups();  // the same on every rank (the engine agreed at finalize)
+  auto prepared = internal::PreparedLoad::Prepare(dir, target, o.load, &mine, world);
   Status agreed = AgreeOnStatus(comm, prepared.status());
   if (!agreed.ok()) {
     float any = mine ? 1.0f : 0.0f;
     RETURN_IF_ERROR(comm->AllReduce(&any, &any, 1, DType::kF32, ReduceOp::kMax), "resume");
     *mismatch = any > 0;
     return agreed;
+  }
+  if (world) {  // a tensor of the checkpoint is unexpected when no rank's model has it
+    std::vector<float> claimed = (*prepared)->Claimed();
+    RETURN_IF_ERROR(comm->AllReduce(claimed.data(), claimed.data(), claimed.size(), DType::kF32, ReduceOp::kMax), "resume");
+    std::vector<std::string> unclaimed;
+    size_t i = 0;
+    for (const GroupEntry& ge : (*prepared)->manifest().groups) {
+      for (const TensorEntry& te : ge.tensors) {
+        if (claimed[i++] == 0) unclaimed.push_back(te.name);
+      }
+    }
+    if (!unclaimed.empty() && o.load.strict) {
+      *mismatch = true;
+      return InvalidArgumentError("load: checkpoint ", dir, " has tensor '", unclaimed.front(), "'", unclaimed.size() > 1 ? " (and " + std::to_string(unclaimed.size() - 1) + " more)" : "",
+                                  ", which no rank's model has (LoadOptions::strict = false ignores it)");
+    }
+    (*prepared)->AddUnexpected(std::move(unclaimed));
   }
   return prepared;
 }
@@ -99,7 +117,6 @@ Result<std::unique_ptr<internal::PreparedLoad>> Prepare(Communicator* comm, cons
 
 Result<ResumeResult> Resume(Communicator* comm, const CheckpointOptions& where, const StateView& target, const ResumeOptions& o) {
   if (comm == nullptr) return InvalidArgumentError("resume: null communicator");
-  RETURN_IF_ERROR(target.CheckOneMesh("resume"));
   ASSIGN_OR_RETURN(const std::vector<Candidate> candidates, Candidates(comm, where));
   if (candidates.empty()) return NotFoundError("resume: no checkpoint under ", where.root, where.memory ? " or in its memory tier" : "");
   ResumeResult r;

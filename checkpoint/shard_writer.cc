@@ -16,7 +16,14 @@ namespace zrt::ckpt {
 
 Result<Manifest> ManifestFor(const StateView& state, const nlohmann::json& trainer_state, int64_t chunk_elements,
                              const std::string& nonce) {
-  RETURN_IF_ERROR(state.CheckOneMesh("checkpoint"));
+  RETURN_IF_ERROR(state.CheckOneMesh("a manifest of one rank's view (a save of it is collective: snapshot.h)"));
+  return internal::LocalManifest(state, trainer_state, chunk_elements, nonce);
+}
+
+namespace internal {
+
+Result<Manifest> LocalManifest(const StateView& state, const nlohmann::json& trainer_state, int64_t chunk_elements,
+                               const std::string& nonce) {
   Manifest m;
   m.nonce = nonce;
   m.step = state.counters.step;
@@ -31,9 +38,14 @@ Result<Manifest> ManifestFor(const StateView& state, const nlohmann::json& train
   m.engine_state = nlohmann::json::parse(state.counters.engine_state, nullptr, false);
   if (!m.engine_state.is_object()) return InvalidArgumentError("checkpoint: the engine state is not a JSON object");
   m.trainer_state = trainer_state;
-  m.shards = state.groups.empty() ? state.world_size : state.groups[0].layout.world_size();
+  m.shards = 0;
   for (const StateGroup& g : state.groups) {
-    if (g.layout.world_size() != m.shards) return InvalidArgumentError("checkpoint: groups sharded over different world sizes");
+    if (!g.own_group.empty()) continue;
+    if (m.shards != 0 && g.layout.world_size() != m.shards) return InvalidArgumentError("checkpoint: groups sharded over different world sizes");
+    m.shards = g.layout.world_size();
+  }
+  if (m.shards == 0) m.shards = state.world_size;
+  for (const StateGroup& g : state.groups) {
     GroupEntry ge;
     ge.name = g.name;
     ge.lr = g.lr;
@@ -67,6 +79,8 @@ Result<Manifest> ManifestFor(const StateView& state, const nlohmann::json& train
   return m;
 }
 
+}  // namespace internal
+
 // ---- ShardWriter ---------------------------------------------------------------------------------
 
 // A chunk on its way: being encoded (and checksummed), then written. Compressed chunks keep their
@@ -97,7 +111,7 @@ Result<std::unique_ptr<ShardWriter>> ShardWriter::Open(IoEngine& io, const std::
   if (o.part < 0 || o.part >= m.parts) return InvalidArgumentError("part ", o.part, " of a checkpoint of ", m.parts, " part(s) per shard");
   std::unique_ptr<ShardWriter> w(new ShardWriter(io, dir, m, shard, o));
   ASSIGN_OR_RETURN(w->layouts_, SavedLayouts(m));
-  const PartPlan plan(m, w->layouts_);
+  const PartPlan plan(m, w->layouts_, shard);
   w->written_ = plan.Mask(o.part);
   for (auto& kinds : w->written_) {
     for (auto& chunks : kinds) {
@@ -524,7 +538,7 @@ int64_t ChunkQueue::encoded_elements() const {
 // The chunks in the order they fill; when none is ready, the ones on their way finish first (their
 // buffers go back to the queue the owner may be waiting on).
 Status WriteQueuedShard(IoEngine& io, const std::string& dir, const Manifest& m, int shard, ChunkQueue& queue,
-                        const ShardWriteOptions& options, ShardWriteStats* stats) {
+                        const ShardWriteOptions& options, ShardWriteStats* stats, std::span<const int> groups) {
   Status s = [&]() -> Status {
     ASSIGN_OR_RETURN(std::unique_ptr<ShardWriter> w, ShardWriter::Open(io, dir, m, shard, options));
     for (;;) {
@@ -535,7 +549,8 @@ Status WriteQueuedShard(IoEngine& io, const std::string& dir, const Manifest& m,
         if (!c) break;
       }
       auto buffer = std::make_shared<DeviceBuffer>(std::move(c->buffer));
-      RETURN_IF_ERROR(w->WriteStored(c->group, c->kind, c->offset, c->count, buffer->data(),
+      const int group = groups.empty() ? c->group : c->group >= 0 && static_cast<size_t>(c->group) < groups.size() ? groups[static_cast<size_t>(c->group)] : -1;
+      RETURN_IF_ERROR(w->WriteStored(group, c->kind, c->offset, c->count, buffer->data(),
                                      [&queue, buffer] { queue.Release(std::move(*buffer)); }));
     }
     return w->Finish(stats);

@@ -12,6 +12,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <span>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -31,9 +32,15 @@ struct ShardWriteStats {
 };
 
 // The manifest of a save of `state` (its counters, groups and layouts; f32 state buffers only), with
-// the save's nonce and chunk size.
+// the save's nonce and chunk size. A view with groups over data-parallel groups of their own is
+// refused: its manifest takes every rank's part (snapshot.h StartSnapshot).
 Result<Manifest> ManifestFor(const StateView& state, const nlohmann::json& trainer_state, int64_t chunk_elements,
                              const std::string& nonce);
+namespace internal {
+// The same for any view, this rank's groups as they are (an own group's entry over its own group).
+Result<Manifest> LocalManifest(const StateView& state, const nlohmann::json& trainer_state, int64_t chunk_elements,
+                               const std::string& nonce);
+}  // namespace internal
 
 struct ShardWriteOptions {
   CompressOptions compression;
@@ -188,8 +195,9 @@ class ChunkQueue final : public StateSink {
 
 // The disk save's writer: shard `shard` written from `queue` chunk by chunk as they fill, until the
 // delivery ends; then the files are finished. A failure stops the queue (the owner stops putting and
-// never waits for buffers again). `m` must outlive the call.
+// never waits for buffers again). `m` must outlive the call. `groups`: the queue's group g is the
+// manifest's groups[g] (empty: the same; snapshot.h SnapshotStart::groups).
 Status WriteQueuedShard(IoEngine& io, const std::string& dir, const Manifest& m, int shard, ChunkQueue& queue,
-                        const ShardWriteOptions& options = {}, ShardWriteStats* stats = nullptr);
+                        const ShardWriteOptions& options = {}, ShardWriteStats* stats = nullptr, std::span<const int> groups = {});
 
 }  // namespace zrt::ckpt

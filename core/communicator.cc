@@ -206,4 +206,22 @@ Status AgreeOnStatus(Communicator* comm, const Status& local) {
   return Status(s.code(), internal::StrCat("failed on rank ", static_cast<int>(failing), ": ", s.message()));
 }
 
+Result<std::vector<std::string>> AllGatherStrings(Communicator* comm, const std::string& mine) {
+  const auto n = static_cast<size_t>(comm->size());
+  std::vector<int64_t> lengths(n);
+  const auto length = static_cast<int64_t>(mine.size());
+  RETURN_IF_ERROR(comm->AllGather(&length, lengths.data(), sizeof(int64_t), DType::kBytes));
+  const int64_t longest = std::max<int64_t>(1, *std::max_element(lengths.begin(), lengths.end()));
+  std::string padded = mine;
+  padded.resize(static_cast<size_t>(longest));
+  std::string all(n * static_cast<size_t>(longest), '\0');
+  RETURN_IF_ERROR(comm->AllGather(padded.data(), all.data(), static_cast<size_t>(longest), DType::kBytes));
+  std::vector<std::string> out;
+  for (size_t r = 0; r < n; ++r) {
+    if (lengths[r] < 0 || lengths[r] > longest) return InternalError("gathered length ", lengths[r], " of rank ", r);
+    out.push_back(all.substr(r * static_cast<size_t>(longest), static_cast<size_t>(lengths[r])));
+  }
+  return out;
+}
+
 }  // namespace zrt

@@ -151,6 +151,9 @@ Status BroadcastStatus(Communicator* comm, const Status& s, int root);
 // error and the others the highest failing rank's, as "failed on rank r: ...". One all-reduce of a
 // float, plus one broadcast on failure.
 Status AgreeOnStatus(Communicator* comm, const Status& local);
+// Collective: every rank's bytes, by rank (an all-gather of the lengths, then of the bytes padded to
+// the longest).
+Result<std::vector<std::string>> AllGatherStrings(Communicator* comm, const std::string& mine);
 
 // LoopbackCommunicator: N ranks in one process, one thread each, over host memory. The collectives
 // of Communicator with the same semantics as MpiCommunicator (f32 accumulation for bf16/f16, the

@@ -1,6 +1,8 @@
 // StateView's entry points: the owner's, or the resident buffers directly when there is none.
 #include "zrt/core/state_view.h"
 
+#include <algorithm>
+
 #include <cstring>
 #include <vector>
 
@@ -87,11 +89,22 @@ Result<std::optional<StoredPart>> StateView::StoredMemory(int group, int buffer)
 
 Status StateView::Restore(const StateCounters& saved) const { return owner != nullptr ? owner->Restore(saved) : Status(); }
 
+bool StateView::has_own_groups() const {
+  return std::any_of(groups.begin(), groups.end(), [](const StateGroup& g) { return !g.own_group.empty(); });
+}
+
+int StateView::ShardOf(const StateGroup& g) const {
+  if (g.layout.world_size() == 1) return 0;
+  if (g.own_group.empty()) return rank;
+  const auto it = std::find(g.own_group.begin(), g.own_group.end(), rank);
+  return it == g.own_group.end() ? -1 : static_cast<int>(it - g.own_group.begin());
+}
+
 Status StateView::CheckOneMesh(std::string_view what) const {
   for (const StateGroup& g : groups) {
-    if (g.own_group_ranks == 0) continue;
-    return FailedPreconditionError(what, ": group '", g.name, "' is sharded over a data-parallel group of its own (", g.own_group_ranks,
-                              " ranks: ParamOptions::data_parallel), which the checkpoint format does not record yet");
+    if (g.own_group.empty()) continue;
+    return FailedPreconditionError(what, ": group '", g.name, "' is sharded over a data-parallel group of its own (", g.own_group.size(),
+                                   " ranks: ParamOptions::data_parallel), which this path does not take yet (disk checkpoints do)");
   }
   return Status();
 }

@@ -134,10 +134,12 @@ struct StateGroup {
   std::vector<StateBuffer> buffers;
   double lr = 0;
   double weight_decay = 0;
-  // Ranks of the group's own data-parallel group (the engine's ParamOptions::data_parallel: the layout
-  // is over it, this rank's shard its place in it), or 0: the view's mesh. Checkpoints do not record a
-  // mesh per group yet: they refuse such a view (StateView::CheckOneMesh).
-  int own_group_ranks = 0;
+  // The world ranks of the group's own data-parallel group, in its order (the engine's
+  // ParamOptions::data_parallel: the layout is over it at stages 1-3, member i holding shard i; at
+  // stage 0 each member holds all of it), or empty: the view's mesh. A disk checkpoint records it
+  // (the group's shards in its members' files) and the full state reads it (runtime/full_state.h); the
+  // memory tier and safetensors initialisation refuse it (StateView::CheckOneMesh).
+  std::vector<int> own_group;
 };
 
 // The owner's counters a checkpoint carries besides the buffers.
@@ -248,8 +250,14 @@ struct StateView {
   // The owner's StoredMemory; nullopt without an owner.
   Result<std::optional<StoredPart>> StoredMemory(int group, int buffer) const;
   Status Restore(const StateCounters& saved) const;
-  // OK unless a group is over a data-parallel group of its own (StateGroup::own_group_ranks), which a
-  // checkpoint cannot record yet: FailedPrecondition naming it, for `what` ("save", "load", ...).
+  // Whether a group is over a data-parallel group of its own (StateGroup::own_group; such a view has
+  // no hybrid sharding: `rank` is the rank in the world).
+  bool has_own_groups() const;
+  // This rank's shard of group `g`'s layout: 0 for one shard, its place in the group's own group, or
+  // `rank` (-1: the rank is not in its own group, a malformed view).
+  int ShardOf(const StateGroup& g) const;
+  // OK unless a group is over a data-parallel group of its own, which `what` ("memory tier snapshot",
+  // ...) does not take yet: FailedPrecondition naming it.
   Status CheckOneMesh(std::string_view what) const;
 };
 

@@ -716,7 +716,7 @@ StateView EngineCore::state_view() {
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     const Group& g = *groups_[gi];
     v.groups.push_back({g.name, g.tensors, g.layout, impl_->store->StateBuffers(static_cast<int>(gi)), lr(), config_.adam.weight_decay,
-                        g.dp != nullptr ? g.dp->size() : 0});
+                        g.dp != nullptr ? own_ranks_ : std::vector<int>()});
   }
   return v;
 }

@@ -148,6 +148,7 @@ class EngineCore {
   std::vector<StatePrecision> param_state_;
   std::vector<Communicator*> param_dp_;  // ParamOptions::data_parallel (null: the engine's)
   Communicator* own_dp_ = nullptr;       // the one data-parallel group of this rank's tensors besides the engine's, or null
+  std::vector<int> own_ranks_;           // own_dp_'s members' ranks in comm_, in own_dp_'s order (finalize)
   std::vector<std::unique_ptr<Group>> groups_;
   // The trainer's settings a restore replaced, for UseTrainerSettings, and what differed.
   struct TrainerSettings {

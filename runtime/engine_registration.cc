@@ -119,6 +119,11 @@ Status EngineCore::CheckOwnGroups() {
   for (auto& g : groups_) {
     if (g->dp != nullptr) g->grad_scale = static_cast<float>(g->dp->size()) / static_cast<float>(comm_->size());
   }
+  // The members' world ranks in the group's order: what a checkpoint records (StateGroup::own_group).
+  std::vector<float> ranks(static_cast<size_t>(own_dp_->size()));
+  const float mine = static_cast<float>(comm_->rank());
+  RETURN_IF_ERROR(own_dp_->AllGather(&mine, ranks.data(), 1, DType::kF32), "finalize (the own data-parallel group's ranks)");
+  own_ranks_.assign(ranks.begin(), ranks.end());
   return Status();
 }
 

@@ -9,8 +9,10 @@
 //
 // Streamed tensor by tensor: memory is one tensor's fp32 values on each receiving rank, and on every
 // other rank the largest piece of one tensor it owns (about numel / world size). Values are exact
-// (bytes are moved, nothing is summed). Collective: every rank calls it with the same options; an
-// error on one rank (a failed NVMe read, an unknown tensor) is every rank's.
+// (bytes are moved, nothing is summed). Collective: every rank calls it with the same options
+// (checked: InvalidArgument on every rank otherwise); an error on one rank (a failed NVMe read, an
+// unknown tensor) is every rank's. Tensors over a data-parallel group of their own (experts) come
+// after the others, each expert group's by its first member's rank.
 #pragma once
 
 #include <functional>

@@ -54,6 +54,10 @@ Result<std::string> Reshard(const std::string& dir, const std::string& out_root,
   nm.world_size = o.world_size;
   if (o.stage >= 0) nm.stage = o.stage;
   nm.shards = nm.stage == 0 ? 1 : o.world_size;
+  nm.parts = 1;
+  // Groups saved over meshes of their own (experts) come out over the new mesh like the others: a
+  // resume finds every tensor by name, whichever mesh its model puts it on.
+  for (GroupEntry& ge : nm.groups) ge.files.clear();
   nm.created_unix = static_cast<int64_t>(std::time(nullptr));
   const SaveDir save = SaveDirFor(out_root, m.step, nm.nonce);
   if (std::filesystem::exists(save.final)) return AlreadyExistsError("reshard: ", save.final, " exists");

@@ -371,6 +371,7 @@ MemoryTier::~MemoryTier() {
 Status MemoryTier::Save(const StateView& state, const nlohmann::json& trainer_state) {
   Impl& t = *impl_;
   if (t.gen) RETURN_IF_ERROR(t.Commit(), "committing the previous snapshot");
+  RETURN_IF_ERROR(state.CheckOneMesh("memory tier snapshot"));  // the same on every rank (the engine agreed at finalize)
   // The step every rank already holds is kept as it is (replacing it would leave a moment with no
   // whole copy of it).
   ASSIGN_OR_RETURN(internal::SnapshotStart start, internal::StartSnapshot(t.comm, state, trainer_state, 1 << 20, t.stats.step == state.counters.step),

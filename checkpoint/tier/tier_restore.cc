@@ -362,6 +362,7 @@ Result<std::vector<int64_t>> TierCandidates(Communicator* comm, const std::strin
 
 Result<LoadResult> LoadFromTier(Communicator* comm, const std::string& root, const MemoryTierOptions& o, int64_t step,
                                 const StateView& target, const LoadOptions& load, std::string* dir, bool* from_peer) {
+  RETURN_IF_ERROR(target.CheckOneMesh("memory tier restore"));  // the same on every rank: the resume falls back to disk
   const TierPlace p = PlaceOf(root, o, comm->size(), comm->rank());
   const std::string own = StepPath(p.own_dir, step);
   *dir = own;

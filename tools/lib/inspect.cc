@@ -123,6 +123,7 @@ void PrintGroup(const json& jg, int shards, std::ostream& out) {
   out << "  group '" << jg["name"].get<std::string>() << "': lr " << jg["lr"].get<double>() << ", " << jg["tensors"].size()
       << " tensor(s), padded " << jg["padded_size"].get<int64_t>() << " elements, " << shards << " x " << jg["shard_size"].get<int64_t>()
       << " per shard\n";
+  if (jg.contains("files")) out << "    over a mesh of its own: shard i in file rank-<files[i]> of " << jg["files"].dump() << "\n";
   if (jg.contains("stored")) {  // compact state (checkpoint-format.md "Stored state")
     out << "    stored:";
     for (size_t k = 0; k < jg["kinds"].size(); ++k) out << " " << jg["kinds"][k].get<std::string>() << "=" << jg["stored"][k].get<std::string>();
@@ -163,7 +164,7 @@ Status CkptInspect(const std::string& dir, const std::string& tensor, bool stats
   json j = ManifestJson(reader->manifest());  // the manifest's own fields (docs/checkpoint-format.md), then what inspect adds
   const json manifest_groups = std::move(j["groups"]);
   j["dir"] = dir;
-  j["format_version"] = kFormatVersion;
+  j["format_version"] = j["version"];  // the manifest's
   j["compression"] = json::object();
   for (const auto& [kind, rs] : stored.bytes) j["compression"][kind] = {{"raw_bytes", rs.first}, {"stored_bytes", rs.second}};
   j["groups"] = json::array();
@@ -176,7 +177,7 @@ Status CkptInspect(const std::string& dir, const std::string& tensor, bool stats
     return Status();
   }
   PrintHeader(j, out);
-  for (const json& jg : j["groups"]) PrintGroup(jg, reader->manifest().shards, out);
+  for (int g = 0; g < static_cast<int>(j["groups"].size()); ++g) PrintGroup(j["groups"][static_cast<size_t>(g)], GroupShards(reader->manifest(), g), out);
   return Status();
 }
 
