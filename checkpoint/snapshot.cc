@@ -85,13 +85,13 @@ Result<MeshManifest> ManifestForMesh(Communicator* comm, const StateView& state,
   m.groups.clear();
   m.shards = state.world_size;
   m.parts = 1;
-  for (size_t g = 0; g < state.groups.size(); ++g) {
+  out.groups.assign(state.groups.size(), -1);
+  for (size_t g = 0; g < state.groups.size(); ++g) {  // the dense groups first, wherever they are in the view
     if (!state.groups[g].own_group.empty()) continue;
-    out.groups.push_back(static_cast<int>(m.groups.size()));
+    out.groups[g] = static_cast<int>(m.groups.size());
     m.groups.push_back(local->groups[g]);
     if (state.stage == 0) m.groups.back().files = {0};
   }
-  out.groups.resize(state.groups.size(), -1);
   std::map<std::string, std::string> tensor_group;  // names are unique across the save
   for (const GroupEntry& ge : m.groups) {
     for (const TensorEntry& te : ge.tensors) tensor_group[te.name] = ge.name;

@@ -137,8 +137,8 @@ struct StateGroup {
   // The world ranks of the group's own data-parallel group, in its order (the engine's
   // ParamOptions::data_parallel: the layout is over it at stages 1-3, member i holding shard i; at
   // stage 0 each member holds all of it), or empty: the view's mesh. A disk checkpoint records it
-  // (the group's shards in its members' files) and the full state reads it (runtime/full_state.h); the
-  // memory tier and safetensors initialisation refuse it (StateView::CheckOneMesh).
+  // (the group's shards in its members' files), the full state and safetensors initialisation read
+  // it; the memory tier refuses it (StateView::CheckOneMesh).
   std::vector<int> own_group;
 };
 

@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -591,7 +592,10 @@ Status ImportSafetensors(const std::string& in_path, const std::string& out_root
 
 namespace {
 
-Result<LoadResult> LoadLocal(const std::string& path, const StateView& target, const SafetensorsLoadOptions& o) {
+// `world`: every rank's tensor names, where a rank's view holds only some (groups over a
+// data-parallel group of their own: its experts); the file's other tensors are judged against it.
+Result<LoadResult> LoadLocal(const std::string& path, const StateView& target, const SafetensorsLoadOptions& o,
+                             const std::set<std::string>* world) {
   RETURN_IF_ERROR(target.Settle(), "initialising from ", path);  // a capture still reading the buffers ends before they change
   ASSIGN_OR_RETURN(SafetensorsReader r, SafetensorsReader::Open(path));
   ASSIGN_OR_RETURN(FileState s, Describe(r, o.names));
@@ -615,12 +619,12 @@ Result<LoadResult> LoadLocal(const std::string& path, const StateView& target, c
     }
   }
   for (const auto& [name, i] : where) {
-    if (in_target.contains(name)) continue;
+    if (in_target.contains(name) || (world != nullptr && world->contains(name))) continue;
     if (o.strict) return InvalidArgumentError(path, " has tensor '", name, "', which the model does not (strict = false ignores it; a name map drops it)");
     res.unexpected.push_back("tensor '" + name + "'");
   }
   for (const StateGroup& g : target.groups) {
-    const int rank = g.layout.world_size() == 1 ? 0 : target.rank;
+    const int rank = target.ShardOf(g);
     for (const StateBuffer& b : g.buffers) {
       if (b.dtype != DType::kF32) return InvalidArgumentError("state '", b.kind, "' must be f32");
       const bool wanted = b.kind == "master" || (!o.params_only && s.from_zrt);
@@ -664,8 +668,19 @@ Result<LoadResult> LoadLocal(const std::string& path, const StateView& target, c
 }  // namespace
 
 Result<LoadResult> LoadSafetensors(Communicator* comm, const std::string& path, const StateView& target, const SafetensorsLoadOptions& o) {
-  const Status mesh = target.CheckOneMesh("initialising from " + path);
-  Result<LoadResult> local = mesh.ok() ? LoadLocal(path, target, o) : Result<LoadResult>(mesh);
+  std::optional<std::set<std::string>> world;
+  if (target.has_own_groups()) {  // the same on every rank: a collective to know what the world's model has
+    std::string mine;
+    for (const StateGroup& g : target.groups) {
+      for (const TensorSpec& t : g.tensors) mine += t.name + '\n';
+    }
+    ASSIGN_OR_RETURN(const std::vector<std::string> all, AllGatherStrings(comm, mine), "initialising from ", path);
+    world.emplace();
+    for (const std::string& names : all) {
+      for (size_t at = 0, end; (end = names.find('\n', at)) != std::string::npos; at = end + 1) world->insert(names.substr(at, end - at));
+    }
+  }
+  Result<LoadResult> local = LoadLocal(path, target, o, world ? &*world : nullptr);
   Status agreed = AgreeOnStatus(comm, local.status());
   if (!agreed.ok()) return agreed.WithContext("initialising from " + path);
   RETURN_IF_ERROR(target.Restore(local->counters), "initialising from ", path);

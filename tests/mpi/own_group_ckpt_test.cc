@@ -5,7 +5,8 @@
 // state); resumed on fewer and on more ranks with EP fixed (the data-parallel size changes), the
 // parameters exactly as saved; offline resharded and resumed; a corrupt byte in one rank's file makes
 // every rank fall back together; a tensor no rank's model has refused (strict) or reported, one that
-// only some ranks have accepted; the memory tier refuses such a view.
+// only some ranks have accepted; exported to safetensors and initialised from it on another mesh;
+// the memory tier refuses such a view.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -22,6 +23,7 @@
 #include "zrt/checkpoint/checkpointer.h"
 #include "zrt/checkpoint/format.h"
 #include "zrt/checkpoint/interchange/interchange.h"
+#include "zrt/checkpoint/interchange/safetensors.h"
 #include "zrt/checkpoint/tensor_reader.h"
 
 namespace zrt {
@@ -313,6 +315,59 @@ TEST_F(OwnGroupCheckpointTest, TensorsNoRankHasAreJudgedOverTheWorld) {
 
 // Two own groups with a tensor of the same name cannot be told apart by a load: the save refuses,
 // naming it, on every rank; the memory tier refuses the view.
+// A save exported to safetensors (every expert in one file) initialises a fresh job at another stage
+// and on fewer ranks with EP fixed: each rank's tensors exactly the saved job's full state; the
+// file's experts of other EP ranks are no surprise (strictness is the world's), while a tensor no
+// rank has is refused on every rank.
+TEST_F(OwnGroupCheckpointTest, InitialisesFromSafetensorsOnAnotherMesh) {
+  const std::string root = testing::SharedScratchRoot(comm_.get(), "zrt_own_group_safetensors");
+  ASSERT_FALSE(root.empty());
+  for (int ep : Eps()) {
+    SCOPED_TRACE("EP " + std::to_string(ep));
+    auto job = Start(comm_.get(), Config({.stage = 2}), ep);
+    ASSERT_TRUE(job.ok()) << job.status();
+    Train(*job, 2);
+    Values full;  // every tensor, as the job has it
+    ASSERT_TRUE(job->e->ForEachFullTensor({.root = -1}, [&](const TensorSpec& t, std::string_view, std::span<const float> v) {
+      full[t.name].assign(v.begin(), v.end());
+      return Status();
+    }).ok());
+    const std::string dir = Save(*job, root + "/ep" + std::to_string(ep));
+    ASSERT_FALSE(dir.empty());
+    job->e.reset();
+    const std::string file = root + "/ep" + std::to_string(ep) + ".safetensors";
+    Status st = rank() == 0 ? ckpt::ExportSafetensors(dir, file, {}) : Status();
+    ASSERT_TRUE(AgreeOnStatus(comm_.get(), st).ok()) << st;
+    for (const int n : {size(), ep}) {
+      if (n == ep && n == size()) continue;
+      SCOPED_TRACE(std::to_string(n) + " ranks");
+      auto sub = comm_->Split(rank() < n ? 0 : -1, rank());
+      ASSERT_TRUE(sub.ok()) << sub.status();
+      if (rank() < n) {
+        Communicator* world = n == size() ? comm_.get() : sub->get();
+        auto fresh = Start(world, Config({.stage = n == size() ? 3 : 0}), ep);
+        ASSERT_TRUE(fresh.ok()) << fresh.status();
+        auto res = ckpt::LoadSafetensors(world, file, fresh->e->state_view());
+        ASSERT_TRUE(res.ok()) << res.status();
+        EXPECT_TRUE(res->unexpected.empty() && res->missing.empty());
+        for (const auto& [name, v] : Snapshot(*fresh)) {
+          ASSERT_TRUE(full.contains(name)) << name;
+          EXPECT_EQ(0, std::memcmp(full.at(name).data(), v.data(), v.size() * sizeof(float))) << "tensor '" << name << "'";
+        }
+        fresh->e.reset();
+        // Without expert 0's weight on any rank: the file's is refused, on every rank, naming it.
+        auto lacking = Start(world, Config({.stage = 2}), ep, "expert.0.w");
+        ASSERT_TRUE(lacking.ok()) << lacking.status();
+        auto refused = ckpt::LoadSafetensors(world, file, lacking->e->state_view());
+        EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << refused.status();
+        EXPECT_NE(refused.status().message().find("expert.0.w"), std::string::npos) << refused.status();
+      }
+      sub->reset();
+    }
+  }
+  ASSERT_TRUE(testing::RemoveSharedScratchRoot(comm_.get(), root).ok());
+}
+
 TEST_F(OwnGroupCheckpointTest, RefusesWhatItCannotRecord) {
   auto edp = comm_->Split(rank(), rank());  // EP = N: one rank each
   ASSERT_TRUE(edp.ok());

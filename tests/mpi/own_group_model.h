@@ -68,15 +68,17 @@ inline EngineConfig Config(const Case& r) {
 // Rank q's gradient of tensor `key`'s element i at value v.
 inline float Grad(int q, int64_t key, int64_t i, float v) { return v - Target(q, key, i) + 0.01f * static_cast<float>(q); }
 
-// The dense tensors, then the experts of EP ranks `eps` (over `edp`, or the engine's group when
-// null), initialised by their keys; without the tensor named `skip`.
+// The dense tensors but the last, the experts of EP ranks `eps` (over `edp`, or the engine's group
+// when null), then the last dense one; initialised by their keys; without the tensor named `skip`.
 inline Status AddModel(ZeroEngine& e, int ep, const std::vector<int>& eps, Communicator* edp, std::vector<int64_t>* keys,
                        const std::string& skip = "") {
   keys->clear();
-  for (size_t p = 0; p < kDense.size(); ++p) {
+  auto dense = [&](size_t p) -> Status {
     RETURN_IF_ERROR(e.AddParam(kDense[p].name, kDense[p].shape, DType::kF32, {.group = kDense[p].group}).status());
     keys->push_back(static_cast<int64_t>(p));
-  }
+    return Status();
+  };
+  for (size_t p = 0; p + 1 < kDense.size(); ++p) RETURN_IF_ERROR(dense(p));
   for (int er : eps) {
     for (const Expert& x : ExpertsOf(ep, er)) {
       if (x.w.name != skip) {
@@ -89,6 +91,7 @@ inline Status AddModel(ZeroEngine& e, int ep, const std::vector<int>& eps, Commu
       }
     }
   }
+  RETURN_IF_ERROR(dense(kDense.size() - 1));  // the last after the experts: groups of both kinds interleave in the view
   const std::vector<int64_t> k = *keys;
   return e.Finalize([k](int64_t p, int64_t off, int64_t n, float* out) {
     for (int64_t i = 0; i < n; ++i) out[i] = Init(k[static_cast<size_t>(p)], off + i);
