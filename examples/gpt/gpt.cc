@@ -5,6 +5,7 @@
 //   mpirun -n 2 gpt --preset tiny --offload nvme --nvme-dir /tmp/swap
 //   gpt --preset tiny --reference DIR     # one forward/backward on fixed weights, for tests/gpt/torch_reference.py
 //   mpirun -n 2 gpt --preset tiny --experts 4 --top-k 2   # a mixture of 4 experts in every block
+//   mpirun -n 4 gpt --preset tiny --experts 4 --top-k 2 --expert-parallel 2   # 2 experts per rank
 //
 // One gather group per block (stage 3 gathers block by block, prefetching in the recorded order), bf16
 // parameters with fp32 master weights and fp32 gradients, AdamW without decay on biases, LayerNorm
@@ -20,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 
 #include <zrt/zrt.h>
 
@@ -68,28 +70,101 @@ struct Options {
   double lr = 1e-3, clip = 1.0, temperature = 0.8;
   uint64_t seed = 1337;
   int experts = 0, top_k = 1;  // a mixture of experts in place of each block's MLP
+  int expert_parallel = 1;     // ranks per expert-parallel group (ExpertGroups)
   double aux_loss = 0.01;
 };
 
+// --expert-parallel P: each P consecutive ranks form an expert-parallel group, whose all-to-alls
+// bring every expert the tokens of the group's ranks (gpt::ExpertParallel); rank r holds experts
+// [(r % P) E / P, (r % P + 1) E / P) of every block. The ranks at the same place in their groups
+// (rank % P alike) form the experts' expert-data-parallel group, which their tensors are sharded and
+// reduced over (ParamOptions::data_parallel); the dense tensors use the whole world.
+class ExpertGroups {
+ public:
+  static zrt::Result<std::unique_ptr<ExpertGroups>> Create(zrt::MpiCommunicator& comm, int p) {
+    std::unique_ptr<ExpertGroups> g(new ExpertGroups);
+    if (p == 1) return g;
+    if (comm.size() % p != 0) return zrt::InvalidArgumentError("--expert-parallel ", p, " does not divide the ", comm.size(), " ranks");
+    if (MPI_Comm_split(comm.comm(), comm.rank() / p, comm.rank(), &g->ep_) != MPI_SUCCESS) {
+      return zrt::InternalError("MPI_Comm_split of the expert-parallel groups failed");
+    }
+    ASSIGN_OR_RETURN(g->edp_, comm.Split(comm.rank() % p, comm.rank()), "the expert-data-parallel groups");
+    g->model_ = {p, comm.rank() % p, [ep = g->ep_](std::vector<std::vector<float>> send) { return AllToAll(ep, send); }};
+    return g;
+  }
+  ~ExpertGroups() {
+    if (ep_ != MPI_COMM_NULL) MPI_Comm_free(&ep_);
+  }
+  const gpt::ExpertParallel& model() const { return model_; }
+  zrt::Communicator* edp() const { return edp_.get(); }  // null with P = 1
+
+ private:
+  ExpertGroups() = default;
+  // send[q] to rank q of `ep`; what each sent this one (their counts first, then the floats).
+  static std::vector<std::vector<float>> AllToAll(MPI_Comm ep, const std::vector<std::vector<float>>& send) {
+    const size_t p = send.size();
+    std::vector<int> sc(p), rc(p), sd(p), rd(p);
+    std::vector<float> flat;
+    for (size_t q = 0; q < p; ++q) {
+      sc[q] = static_cast<int>(send[q].size());
+      sd[q] = static_cast<int>(flat.size());
+      flat.insert(flat.end(), send[q].begin(), send[q].end());
+    }
+    MPI_Alltoall(sc.data(), 1, MPI_INT, rc.data(), 1, MPI_INT, ep);
+    int total = 0;
+    for (size_t q = 0; q < p; ++q) {
+      rd[q] = total;
+      total += rc[q];
+    }
+    std::vector<float> in(static_cast<size_t>(total));
+    MPI_Alltoallv(flat.data(), sc.data(), sd.data(), MPI_FLOAT, in.data(), rc.data(), rd.data(), MPI_FLOAT, ep);
+    std::vector<std::vector<float>> out(p);
+    for (size_t q = 0; q < p; ++q) out[q].assign(in.begin() + rd[q], in.begin() + rd[q] + rc[q]);
+    return out;
+  }
+  MPI_Comm ep_ = MPI_COMM_NULL;
+  std::unique_ptr<zrt::Communicator> edp_;
+  gpt::ExpertParallel model_;
+};
+
+// The expert a tensor belongs to (its name's "mlp.experts.<e>."), or -1.
+int ExpertOf(const std::string& name) {
+  const size_t at = name.find("mlp.experts.");
+  return at == std::string::npos ? -1 : std::stoi(name.substr(at + 12));
+}
+
 // The trainer's side of the model: fp32 copies of the gathered bf16 parameters (a block's while it
-// computes, the embedding's and the head's through the step), the engine's fp32 gradient views.
+// computes, the embedding's and the head's through the step), the engine's fp32 gradient views. With
+// expert parallelism the tensors of other ranks' experts have no handle (null weights and gradients)
+// and a block's local experts are a gather group of their own.
 class Net {
  public:
-  Net(zrt::ZeroEngine& e, const gpt::Config& c, std::vector<zrt::ParamHandle> h) : e_(e), c_(c), h_(std::move(h)) {}
+  Net(zrt::ZeroEngine& e, const gpt::Config& c, std::vector<std::optional<zrt::ParamHandle>> h) : e_(e), c_(c), h_(std::move(h)) {
+    for (int l = 0; l < c_.layers; ++l) {
+      int g = -1;
+      for (int i = 0; i < c_.block_tensors(); ++i) {
+        const auto& t = h_[block_tensor(l, i)];
+        if (t && e_.group(*t) != group_of_block(l)) g = e_.group(*t);
+      }
+      experts_.push_back(g);
+    }
+  }
   size_t block_tensor(int l, int i) const { return 2 + static_cast<size_t>(l * c_.block_tensors() + i); }
-  int group_of_block(int l) const { return e_.group(h_[block_tensor(l, 0)]); }
-  int embed() const { return e_.group(h_[0]); }
-  int head() const { return e_.group(h_.back()); }
-  // fp32 values of tensor t (its group gathered).
+  int group_of_block(int l) const { return e_.group(*h_[block_tensor(l, 0)]); }
+  int embed() const { return e_.group(*h_[0]); }
+  int head() const { return e_.group(*h_.back()); }
+  // fp32 values of tensor t (its group gathered); null for another rank's expert.
   zrt::Result<const float*> W(size_t t) {
-    ASSIGN_OR_RETURN(zrt::TensorView v, e_.Param(h_[t]));
+    if (!h_[t]) return nullptr;
+    ASSIGN_OR_RETURN(zrt::TensorView v, e_.Param(*h_[t]));
     std::span<const bf16> s = v.as<bf16>();
     std::vector<float>& f = w_[t];
     f.assign(s.begin(), s.end());
     return f.data();
   }
   zrt::Result<float*> G(size_t t) {
-    ASSIGN_OR_RETURN(zrt::TensorView v, e_.Grad(h_[t]));
+    if (!h_[t]) return nullptr;
+    ASSIGN_OR_RETURN(zrt::TensorView v, e_.Grad(*h_[t]));
     return v.as<float>().data();  // fp32_grads
   }
   zrt::Result<gpt::BlockParams> Block(int l) {
@@ -115,6 +190,20 @@ class Net {
     for (int i = 0; i < c_.block_tensors(); ++i) w_.erase(block_tensor(l, i));
   }
 
+  // Block l's groups: its own, and its experts' when they are a group of their own.
+  Status GatherBlock(int l) {
+    RETURN_IF_ERROR(e_.Gather(group_of_block(l)).status());
+    return experts_[static_cast<size_t>(l)] < 0 ? Status() : e_.Gather(experts_[static_cast<size_t>(l)]).status();
+  }
+  Status ReleaseBlock(int l) {
+    RETURN_IF_ERROR(e_.Release(group_of_block(l)));
+    return experts_[static_cast<size_t>(l)] < 0 ? Status() : e_.Release(experts_[static_cast<size_t>(l)]);
+  }
+  Status BlockGradsReady(int l) {
+    RETURN_IF_ERROR(e_.GradsReady(group_of_block(l)));
+    return experts_[static_cast<size_t>(l)] < 0 ? Status() : e_.GradsReady(experts_[static_cast<size_t>(l)]);
+  }
+
   // Forward through every block, gathering each group when it is needed. Returns the mean loss.
   zrt::Result<double> Forward(gpt::Model& m, const uint8_t* tokens) {
     RETURN_IF_ERROR(e_.Gather(embed()).status());
@@ -123,11 +212,11 @@ class Net {
     m.Embed(wte, wpe, tokens);
     RETURN_IF_ERROR(e_.Release(embed()));
     for (int l = 0; l < c_.layers; ++l) {
-      RETURN_IF_ERROR(e_.Gather(group_of_block(l)).status());
+      RETURN_IF_ERROR(GatherBlock(l));
       ASSIGN_OR_RETURN(gpt::BlockParams p, Block(l));
       m.Block(l, p);
       Drop(l);
-      RETURN_IF_ERROR(e_.Release(group_of_block(l)));
+      RETURN_IF_ERROR(ReleaseBlock(l));
     }
     RETURN_IF_ERROR(e_.Gather(head()).status());
     RETURN_IF_ERROR(e_.Gather(embed()).status());  // the tied output projection
@@ -146,13 +235,13 @@ class Net {
     RETURN_IF_ERROR(e_.GradsReady(head()));
     RETURN_IF_ERROR(e_.Release(embed()));
     for (int l = c_.layers - 1; l >= 0; --l) {
-      RETURN_IF_ERROR(e_.Gather(group_of_block(l)).status());
+      RETURN_IF_ERROR(GatherBlock(l));
       ASSIGN_OR_RETURN(gpt::BlockParams p, Block(l));
       ASSIGN_OR_RETURN(gpt::BlockGrads g, BlockGrads(l));
       m.BlockBackward(l, p, g);
       Drop(l);
-      RETURN_IF_ERROR(e_.Release(group_of_block(l)));
-      RETURN_IF_ERROR(e_.GradsReady(group_of_block(l)));
+      RETURN_IF_ERROR(ReleaseBlock(l));
+      RETURN_IF_ERROR(BlockGradsReady(l));
     }
     ASSIGN_OR_RETURN(float* dwpe, G(1));
     ASSIGN_OR_RETURN(dwte, G(0));
@@ -163,7 +252,8 @@ class Net {
  private:
   zrt::ZeroEngine& e_;
   gpt::Config c_;
-  std::vector<zrt::ParamHandle> h_;
+  std::vector<std::optional<zrt::ParamHandle>> h_;
+  std::vector<int> experts_;  // per block, its experts' gather group (-1: the block's own)
   std::map<size_t, std::vector<float>> w_;
 };
 
@@ -292,8 +382,8 @@ struct RunTotals {
 };
 
 // --sample: text from the trained model (every rank runs the forwards: stage 3 gathers are collective).
-Status SampleText(zrt::ZeroEngine& engine, Net& net, const gpt::Config& c, const Options& o, int rank) {
-  gpt::Model one(c, 1);
+Status SampleText(zrt::ZeroEngine& engine, Net& net, const gpt::Config& c, const Options& o, const ExpertGroups& groups, int rank) {
+  gpt::Model one(c, 1, groups.model());
   std::string out = "The ";
   std::vector<uint8_t> ctx(static_cast<size_t>(c.context) + 1, ' ');
   uint64_t rng = o.seed;
@@ -332,18 +422,27 @@ void PrintReport(zrt::ZeroEngine& engine, const zrt::EngineConfig& cfg, const gp
                  const RunTotals& t) {
   const zrt::StateFormat moment = zrt::StateFormat::Of(cfg.state.exp_avg, "exp_avg", cfg.state.q8_block);
   const double mb = static_cast<double>(moment.Bytes(cfg.state.q8_block)) / static_cast<double>(cfg.state.q8_block);
-  double psi_embed = 0;
+  double psi_embed = 0, psi_x = 0;  // psi_x: the experts' parameters, with --expert-parallel
   for (const gpt::TensorDef& d : gpt::Tensors(c)) {
-    if (d.group == "embed" && !o.compact_embed) psi_embed += static_cast<double>(zrt::TensorSpec{d.name, d.shape, zrt::DType::kBF16}.numel());
+    const auto numel = static_cast<double>(zrt::TensorSpec{d.name, d.shape, zrt::DType::kBF16}.numel());
+    if (d.group == "embed" && !o.compact_embed) psi_embed += numel;
+    if (o.expert_parallel > 1 && ExpertOf(d.name) >= 0) psi_x += numel;
   }
-  const double psi = static_cast<double>(c.num_params()), n = o.stage == 0 ? 1 : world;
-  const double K = 12 * psi_embed + (2 * mb + (o.no_master ? 0 : 4)) * (psi - psi_embed);  // optimizer bytes, all tensors
-  const double formula[] = {6 * psi + K, 6 * psi + K / n, 2 * psi + (4 * psi + K) / n, (6 * psi + K) / n};
+  const double psi = static_cast<double>(c.num_params()), n = o.stage == 0 ? 1 : world, kb = 2 * mb + (o.no_master ? 0 : 4);
+  // The formula for `p` parameters (`k` optimizer bytes) over `s` ranks: the dense part over the
+  // world, and a rank's 1/P of the experts over their N / P holders.
+  auto zero = [&](double p, double k, double s) {
+    const double f[] = {6 * p + k, 6 * p + k / s, 2 * p + (4 * p + k) / s, (6 * p + k) / s};
+    return f[o.stage];
+  };
+  const double P = o.expert_parallel;
+  const double formula = zero(psi - psi_x, 12 * psi_embed + kb * (psi - psi_embed - psi_x), n) +
+                         zero(psi_x / P, kb * psi_x / P, o.stage == 0 ? 1 : n / P);
   const auto m = engine.memory();
   const double state = static_cast<double>(m.peak_of(zrt::MemCategory::kParameters) + m.peak_of(zrt::MemCategory::kGradients) +
                                            m.peak_of(zrt::MemCategory::kOptimizerState));
   std::printf("memory per rank: model state %.1f MiB (ZeRO formula %.1f MiB) + activations %.1f MiB\n%s", state / 1048576,
-              formula[o.stage] / 1048576, static_cast<double>(model.activation_bytes()) / 1048576, m.ToString().c_str());
+              formula / 1048576, static_cast<double>(model.activation_bytes()) / 1048576, m.ToString().c_str());
   if (o.offload != "none") std::printf("host memory (offload):\n%s", engine.host_memory().ToString().c_str());
   // Gradient reductions hidden behind backward: 1 - (time blocked on them) / (time they were in flight).
   const double hidden = t.reduce_s > 0 ? 1 - t.reduce_wait_s / t.reduce_s : 0;
@@ -357,19 +456,34 @@ void PrintReport(zrt::ZeroEngine& engine, const zrt::EngineConfig& cfg, const gp
 }
 
 // The model's tensors registered with the engine (each group's own state precision, the embeddings'
-// f32 unless --compact-embed) and initialised.
-zrt::Result<std::vector<zrt::ParamHandle>> AddModel(zrt::ZeroEngine& engine, const gpt::Config& c, const Options& o) {
+// f32 unless --compact-embed) and initialised (each tensor as without expert parallelism). With
+// --expert-parallel, this rank's experts of block l in group "h.<l>.experts" over their
+// expert-data-parallel group; other ranks' experts not at all (no handle).
+zrt::Result<std::vector<std::optional<zrt::ParamHandle>>> AddModel(zrt::ZeroEngine& engine, const gpt::Config& c, const Options& o,
+                                                                   const ExpertGroups& groups) {
   const auto defs = gpt::Tensors(c);
-  std::vector<zrt::ParamHandle> handles;
-  for (const gpt::TensorDef& d : defs) {
+  std::vector<std::optional<zrt::ParamHandle>> handles;
+  std::vector<int64_t> def_of;  // by registration
+  for (size_t t = 0; t < defs.size(); ++t) {
+    const gpt::TensorDef& d = defs[t];
+    const int expert = ExpertOf(d.name);
     zrt::ParamOptions po{.group = d.group};
     if (!d.decay) po.weight_decay = 0;
     if (d.group == "embed" && !o.compact_embed) po.state = zrt::StatePrecision{};
+    if (expert >= 0 && groups.edp() != nullptr) {
+      if (!groups.model().holds(expert, c.experts)) {
+        handles.emplace_back();  // another rank's
+        continue;
+      }
+      po.group = d.group + ".experts";
+      po.data_parallel = groups.edp();
+    }
     ASSIGN_OR_RETURN(zrt::ParamHandle h, engine.AddParam(d.name, d.shape, zrt::DType::kBF16, po));
-    handles.push_back(h);
+    handles.emplace_back(h);
+    def_of.push_back(static_cast<int64_t>(t));
   }
-  RETURN_IF_ERROR(engine.Finalize([&](int64_t t, int64_t off, int64_t n, float* out) {
-    for (int64_t i = 0; i < n; ++i) out[i] = gpt::InitValue(c, defs, o.seed, t, off + i);
+  RETURN_IF_ERROR(engine.Finalize([&](int64_t p, int64_t off, int64_t n, float* out) {
+    for (int64_t i = 0; i < n; ++i) out[i] = gpt::InitValue(c, defs, o.seed, def_of[static_cast<size_t>(p)], off + i);
   }));
   return handles;
 }
@@ -453,6 +567,10 @@ void PrintBanner(const gpt::Config& c, const Options& o, const zrt::EngineConfig
               o.offload.c_str(), zrt::StatePrecisionName(cfg.state).c_str(), o.compact_embed ? "" : " (embeddings: f32 with a master)",
               text_bytes, cfg.metrics.peak_flops / 1e9);
   if (c.experts > 0) std::printf("mixture of experts: %d per block, top %d per token, load-balancing weight %g\n", c.experts, c.top_k, c.aux_loss);
+  if (o.expert_parallel > 1) {
+    std::printf("expert parallelism: %d experts per rank in groups of %d ranks, each expert's state over its %d holders\n",
+                c.experts / o.expert_parallel, o.expert_parallel, world / o.expert_parallel);
+  }
 }
 
 // One step's forward and backward passes over o.accum micro-batches: their mean loss over the ranks.
@@ -492,8 +610,9 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
   zrt::CpuDevice device;
   ASSIGN_OR_RETURN(const zrt::EngineConfig cfg, MakeEngineConfig(comm, c, o));
   ASSIGN_OR_RETURN(auto engine, zrt::ZeroEngine::Create(&comm, &device, cfg));
-  ASSIGN_OR_RETURN(std::vector<zrt::ParamHandle> handles, AddModel(*engine, c, o));
-  Net net(*engine, c, handles);
+  ASSIGN_OR_RETURN(std::unique_ptr<ExpertGroups> groups, ExpertGroups::Create(comm, o.expert_parallel));
+  ASSIGN_OR_RETURN(auto handles, AddModel(*engine, c, o, *groups));
+  Net net(*engine, c, std::move(handles));
   std::unique_ptr<zrt::ckpt::Checkpointer> ck;
   RunTotals t;
   auto save = [&]() -> Status {
@@ -505,7 +624,7 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
   RETURN_IF_ERROR(StartFrom(comm, device, *engine, cfg, o, &ck, t));
   if (rank == 0) PrintBanner(c, o, cfg, world, text.size());
   if (!o.trace.empty()) RETURN_IF_ERROR(BeginTrace(c, o, comm, t.resumed_from != "-" || !o.init.empty()));
-  gpt::Model model(c, o.batch);
+  gpt::Model model(c, o.batch, groups->model());
   Batches batches{text, o.batch, static_cast<size_t>(c.context) + 1};
   double& loss = t.loss;
   zrt::CommStats comm_before = engine->comm_stats();
@@ -540,7 +659,7 @@ Status Train(zrt::MpiCommunicator& comm, const gpt::Config& c, const Options& o,
     RETURN_IF_ERROR(ck->Wait());
     if (t.saves > 0) t.stall += ck->last_stats().stall_seconds;
   }
-  if (o.sample > 0) RETURN_IF_ERROR(SampleText(*engine, net, c, o, rank));
+  if (o.sample > 0) RETURN_IF_ERROR(SampleText(*engine, net, c, o, *groups, rank));
   std::ofstream dump;
   if (rank == 0 && !o.dump.empty()) dump.open(o.dump, std::ios::binary | std::ios::trunc);
   RETURN_IF_ERROR(engine->ForEachFullTensor({}, [&](const zrt::TensorSpec&, std::string_view, std::span<const float> v) {
@@ -560,6 +679,10 @@ int main(int argc, char** argv) {
   app.add_option("--experts", o.experts, "a mixture of this many experts in place of each block's MLP (0: dense)")->check(CLI::Range(0, 256));
   app.add_option("--top-k", o.top_k, "experts per token (--experts)")->check(CLI::PositiveNumber);
   app.add_option("--aux-loss", o.aux_loss, "the load-balancing loss's weight (--experts)")->check(CLI::NonNegativeNumber);
+  app.add_option("--expert-parallel", o.expert_parallel,
+                 "the experts split over groups of this many consecutive ranks (all-to-all token dispatch), each expert's state over "
+                 "the ranks holding it (--experts)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--stage", o.stage, "ZeRO stage")->check(CLI::Range(0, 3));
   app.add_option("--steps", o.steps, "optimizer steps in total");
   app.add_option("--batch", o.batch, "sequences per rank per micro-step");
@@ -605,6 +728,9 @@ int main(int argc, char** argv) {
   auto text = ReadCorpus(o.data);
   Status s = !c.ok() ? c.status() : !text.ok() ? text.status() : Status();
   if (s.ok() && o.experts > 0 && o.top_k > o.experts) s = zrt::InvalidArgumentError("--top-k ", o.top_k, " exceeds --experts ", o.experts);
+  if (s.ok() && o.expert_parallel > 1 && (o.experts == 0 || o.experts % o.expert_parallel != 0)) {
+    s = zrt::InvalidArgumentError("--expert-parallel ", o.expert_parallel, " must divide --experts (", o.experts, ")");
+  }
   if (s.ok() && o.experts > 0 && (!o.reference.empty() || !o.trace.empty())) {
     s = zrt::InvalidArgumentError("--reference and --trace are for the dense model (tests/gpt/torch_*.py know no experts)");
   }

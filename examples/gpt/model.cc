@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 namespace gpt {
 
@@ -24,6 +25,12 @@ void MatMul(const float* a, const float* b, float* out, int m, int n, int k, boo
 void Linear(const float* x, const float* w, const float* b, float* y, int n, int in, int out) {
   for (int r = 0; r < n; ++r) std::memcpy(y + Z(r) * Z(out), b, Z(out) * 4);
   MatMul(x, w, y, n, out, in, true);
+}
+
+// Appends src[at, at + n) to dst and moves at on by n.
+void Take(const std::vector<float>& src, size_t& at, size_t n, std::vector<float>& dst) {
+  dst.insert(dst.end(), src.begin() + static_cast<std::ptrdiff_t>(at), src.begin() + static_cast<std::ptrdiff_t>(at + n));
+  at += n;
 }
 
 // dW[I,O] += x^T dy, db[O] += colsum(dy), dx[N,I] = dy W^T
@@ -171,7 +178,7 @@ int64_t Model::activation_bytes() const {
       floats += static_cast<int64_t>(v->size());
     }
     floats += static_cast<int64_t>(a.route.size());
-    for (const auto* vs : {&a.efc, &a.egelu, &a.eout}) {
+    for (const auto* vs : {&a.eout, &a.ein, &a.efc, &a.egelu}) {
       for (const auto& v : *vs) floats += static_cast<int64_t>(v.size());
     }
   }
@@ -180,7 +187,7 @@ int64_t Model::activation_bytes() const {
   return floats * 4;
 }
 
-Model::Model(const Config& c, int batch) : c_(c), B_(batch), N_(batch * c.context), acts_(Z(c.layers)) {
+Model::Model(const Config& c, int batch, ExpertParallel ep) : c_(c), ep_(std::move(ep)), B_(batch), N_(batch * c.context), acts_(Z(c.layers)) {
   const size_t N = Z(N_), D = Z(c.dim), T = Z(c.context), H = Z(c.heads);
   for (Acts& a : acts_) {
     a.x.resize(N * D);
@@ -198,10 +205,13 @@ Model::Model(const Config& c, int batch) : c_(c), B_(batch), N_(batch * c.contex
       const size_t E = Z(c.experts);
       a.prob.resize(N * E);
       a.route.resize(N * Z(c.top_k));
+      const size_t local = E / Z(ep_.ranks);
       a.slots.resize(E);
-      a.efc.resize(E);
-      a.egelu.resize(E);
       a.eout.resize(E);
+      a.ein.resize(local);
+      a.efc.resize(local);
+      a.egelu.resize(local);
+      a.recv.resize(Z(ep_.ranks) * local);
     } else {
       a.fc.resize(N * 4 * D);
       a.gelu.resize(N * 4 * D);
@@ -289,9 +299,15 @@ void Model::MlpBackward(Acts& a, const BlockParams& w, const BlockGrads& g, floa
   LinearBackward(a.ln2.data(), w.p[8], d_gelu, d_ln2, g.g[8], g.g[9], N, D, 4 * D);
 }
 
+std::vector<std::vector<float>> Model::Exchange(std::vector<std::vector<float>> send) {
+  return ep_.ranks == 1 ? send : ep_.exchange(std::move(send));
+}
+
 // x_ = sum over the token's top_k experts e of p_e expert_e(ln2); the load-balancing term in a.aux.
+// Each token-slot's row goes to its expert's rank and its output comes back: to rank q, per expert of
+// q a count, then the rows, expert by expert; back, the outputs in the same order.
 void Model::Experts(Acts& a, const BlockParams& w) {
-  const int N = N_, D = c_.dim, E = c_.experts, K = c_.top_k;
+  const int N = N_, D = c_.dim, E = c_.experts, K = c_.top_k, P = ep_.ranks, L = E / P;
   MatMul(a.ln2.data(), w.p[8], a.prob.data(), N, E, D, false);  // the router's logits
   for (auto& s : a.slots) s.clear();
   for (int n = 0; n < N; ++n) {
@@ -311,25 +327,53 @@ void Model::Experts(Acts& a, const BlockParams& w) {
       a.slots[Z(best)].push_back(n * K + s);
     }
   }
+  std::vector<std::vector<float>> send(Z(P));
+  for (int e = 0; e < E; ++e) {
+    std::vector<float>& out = send[Z(e / L)];
+    const std::vector<int>& sl = a.slots[Z(e)];
+    if (e % L == 0) out.resize(Z(L));  // the counts (exact in a float below 2^24 token-slots)
+    out[Z(e % L)] = static_cast<float>(sl.size());
+    for (int slot : sl) out.insert(out.end(), a.ln2.data() + Z(slot / K) * Z(D), a.ln2.data() + Z(slot / K + 1) * Z(D));
+  }
+  std::vector<std::vector<float>> recv = Exchange(std::move(send)), reply(Z(P));
+  // This rank's experts over the rows of every rank, rank by rank.
+  std::vector<size_t> at(Z(P));
+  for (int q = 0; q < P; ++q) {
+    for (int j = 0; j < L; ++j) a.recv[Z(q) * Z(L) + Z(j)] = static_cast<int>(recv[Z(q)].at(Z(j)));
+    at[Z(q)] = Z(L);
+  }
+  std::vector<float> out;
+  for (int j = 0; j < L; ++j) {
+    const float* const* we = w.p.data() + 9 + 4 * (ep_.rank * L + j);
+    std::vector<float>& in = a.ein[Z(j)];
+    in.clear();
+    for (int q = 0; q < P; ++q) {
+      Take(recv[Z(q)], at[Z(q)], Z(a.recv[Z(q) * Z(L) + Z(j)]) * Z(D), in);
+    }
+    const int rows = static_cast<int>(in.size() / Z(D));
+    a.efc[Z(j)].resize(in.size() * 4);
+    a.egelu[Z(j)].resize(in.size() * 4);
+    out.resize(in.size());
+    if (rows > 0) {
+      Linear(in.data(), we[0], we[1], a.efc[Z(j)].data(), rows, D, 4 * D);
+      for (size_t i = 0; i < a.efc[Z(j)].size(); ++i) a.egelu[Z(j)][i] = Gelu(a.efc[Z(j)][i]);
+      Linear(a.egelu[Z(j)].data(), we[2], we[3], out.data(), rows, 4 * D, D);
+    }
+    size_t from = 0;
+    for (int q = 0; q < P; ++q) Take(out, from, Z(a.recv[Z(q) * Z(L) + Z(j)]) * Z(D), reply[Z(q)]);
+  }
+  const std::vector<std::vector<float>> back = Exchange(std::move(reply));
   std::fill(x_.begin(), x_.end(), 0.0f);
-  std::vector<float> in;
   double balance = 0;
+  std::vector<size_t> from(Z(P), 0);
   for (int e = 0; e < E; ++e) {
     const std::vector<int>& sl = a.slots[Z(e)];
     const int ne = static_cast<int>(sl.size());
-    const float* const* we = w.p.data() + 9 + 4 * e;
-    a.efc[Z(e)].resize(Z(ne) * 4 * Z(D));
-    a.egelu[Z(e)].resize(Z(ne) * 4 * Z(D));
-    a.eout[Z(e)].resize(Z(ne) * Z(D));
+    a.eout[Z(e)].clear();
+    Take(back[Z(e / L)], from[Z(e / L)], Z(ne) * Z(D), a.eout[Z(e)]);
     double mean_p = 0;
     for (int n = 0; n < N; ++n) mean_p += a.prob[Z(n) * Z(E) + Z(e)];
     balance += static_cast<double>(ne) / (N * K) * (mean_p / N);
-    if (ne == 0) continue;
-    in.resize(Z(ne) * Z(D));
-    for (int i = 0; i < ne; ++i) std::memcpy(in.data() + Z(i) * Z(D), a.ln2.data() + Z(sl[Z(i)] / K) * Z(D), Z(D) * 4);
-    Linear(in.data(), we[0], we[1], a.efc[Z(e)].data(), ne, D, 4 * D);
-    for (size_t i = 0; i < a.efc[Z(e)].size(); ++i) a.egelu[Z(e)][i] = Gelu(a.efc[Z(e)][i]);
-    Linear(a.egelu[Z(e)].data(), we[2], we[3], a.eout[Z(e)].data(), ne, 4 * D, D);
     for (int i = 0; i < ne; ++i) {
       const int n = sl[Z(i)] / K;
       const float gate = a.prob[Z(n) * Z(E) + Z(e)];
@@ -341,42 +385,64 @@ void Model::Experts(Acts& a, const BlockParams& w) {
   a.aux = static_cast<double>(c_.aux_loss) * E * balance;
 }
 
+// The forward's exchanges backwards: each token-slot's output gradient to its expert's rank, the
+// gradient of its input back.
 void Model::ExpertsBackward(Acts& a, const BlockParams& w, const BlockGrads& g, float* d_ln2) {
-  const int N = N_, D = c_.dim, E = c_.experts, K = c_.top_k;
-  std::vector<float> d_prob(Z(N) * Z(E), 0.0f), in, d_out, d_gelu, d_in;
+  const int N = N_, D = c_.dim, E = c_.experts, K = c_.top_k, P = ep_.ranks, L = E / P;
+  std::vector<float> d_prob(Z(N) * Z(E), 0.0f);
   std::fill(d_ln2, d_ln2 + Z(N) * Z(D), 0.0f);
+  std::vector<std::vector<float>> send(Z(P));
   for (int e = 0; e < E; ++e) {
     const std::vector<int>& sl = a.slots[Z(e)];
     const int ne = static_cast<int>(sl.size());
     // The load-balancing term: d/dp_{n,e} of aux_loss E sum_e f_e P_e, f_e held.
     const float d_balance = c_.aux_loss * static_cast<float>(E) * (static_cast<float>(ne) / static_cast<float>(N * K)) / static_cast<float>(N);
     for (int n = 0; n < N; ++n) d_prob[Z(n) * Z(E) + Z(e)] += d_balance;
-    if (ne == 0) continue;
-    const float* const* we = w.p.data() + 9 + 4 * e;
-    float* const* ge = g.g.data() + 9 + 4 * e;
-    in.resize(Z(ne) * Z(D));
-    d_out.resize(Z(ne) * Z(D));
+    std::vector<float>& d_out = send[Z(e / L)];
     for (int i = 0; i < ne; ++i) {
       const int n = sl[Z(i)] / K;
-      std::memcpy(in.data() + Z(i) * Z(D), a.ln2.data() + Z(n) * Z(D), Z(D) * 4);
       const float gate = a.prob[Z(n) * Z(E) + Z(e)];
       const float* dy = dx_.data() + Z(n) * Z(D);
       const float* o = a.eout[Z(e)].data() + Z(i) * Z(D);
       float dot = 0;
       for (int d = 0; d < D; ++d) {
-        d_out[Z(i) * Z(D) + Z(d)] = gate * dy[d];
+        d_out.push_back(gate * dy[d]);
         dot += dy[d] * o[d];
       }
       d_prob[Z(n) * Z(E) + Z(e)] += dot;
     }
-    d_gelu.resize(Z(ne) * 4 * Z(D));
-    LinearBackward(a.egelu[Z(e)].data(), we[2], d_out.data(), d_gelu.data(), ge[2], ge[3], ne, 4 * D, D);
-    for (size_t i = 0; i < d_gelu.size(); ++i) d_gelu[i] *= GeluGrad(a.efc[Z(e)][i]);
-    d_in.resize(Z(ne) * Z(D));
-    LinearBackward(in.data(), we[0], d_gelu.data(), d_in.data(), ge[0], ge[1], ne, D, 4 * D);
-    for (int i = 0; i < ne; ++i) {
-      float* dst = d_ln2 + Z(sl[Z(i)] / K) * Z(D);
-      for (int d = 0; d < D; ++d) dst[d] += d_in[Z(i) * Z(D) + Z(d)];
+  }
+  const std::vector<std::vector<float>> recv = Exchange(std::move(send));
+  std::vector<std::vector<float>> reply(Z(P));
+  std::vector<size_t> at(Z(P), 0);
+  std::vector<float> d_out, d_gelu, d_in;
+  for (int j = 0; j < L; ++j) {
+    const int e = ep_.rank * L + j;
+    const float* const* we = w.p.data() + 9 + 4 * e;
+    float* const* ge = g.g.data() + 9 + 4 * e;
+    d_out.clear();
+    for (int q = 0; q < P; ++q) {
+      Take(recv[Z(q)], at[Z(q)], Z(a.recv[Z(q) * Z(L) + Z(j)]) * Z(D), d_out);
+    }
+    const int rows = static_cast<int>(d_out.size() / Z(D));
+    d_in.assign(d_out.size(), 0.0f);
+    if (rows > 0) {
+      d_gelu.resize(Z(rows) * 4 * Z(D));
+      LinearBackward(a.egelu[Z(j)].data(), we[2], d_out.data(), d_gelu.data(), ge[2], ge[3], rows, 4 * D, D);
+      for (size_t i = 0; i < d_gelu.size(); ++i) d_gelu[i] *= GeluGrad(a.efc[Z(j)][i]);
+      LinearBackward(a.ein[Z(j)].data(), we[0], d_gelu.data(), d_in.data(), ge[0], ge[1], rows, D, 4 * D);
+    }
+    size_t from = 0;
+    for (int q = 0; q < P; ++q) Take(d_in, from, Z(a.recv[Z(q) * Z(L) + Z(j)]) * Z(D), reply[Z(q)]);
+  }
+  const std::vector<std::vector<float>> back = Exchange(std::move(reply));
+  std::vector<size_t> from(Z(P), 0);
+  for (int e = 0; e < E; ++e) {
+    const std::vector<float>& b = back[Z(e / L)];
+    for (int slot : a.slots[Z(e)]) {
+      float* dst = d_ln2 + Z(slot / K) * Z(D);
+      for (int d = 0; d < D; ++d) dst[d] += b[from[Z(e / L)] + Z(d)];
+      from[Z(e / L)] += Z(D);
     }
   }
   // Through the softmax to the logits (d_prob becomes d_logit), then the router.

@@ -9,6 +9,12 @@
 // each block adds aux_loss * E * sum_e f_e P_e to the loss, f_e the share of the block's token-slots
 // routed to e (a constant of the step), P_e the mean of p_e over the tokens.
 //
+// Expert parallelism (ExpertParallel): the experts split over the ranks of an expert-parallel group,
+// rank r computing experts [r E / P, (r + 1) E / P) for the tokens of every rank of the group (an
+// all-to-all dispatches each token-slot to its expert's rank and another brings the output back; the
+// backward does the same with the gradients). The router, the gating and the load-balancing term stay
+// on each rank's own tokens, so a rank's loss is what it would be with every expert local.
+//
 // The model computes block by block, so that a trainer gathers one block's parameters at a time
 // (ZeRO stage 3): Embed, Block(0..L-1), Head (loss) forward; HeadBackward, BlockBackward(L-1..0),
 // EmbedBackward backward. Activations of the last forward are kept for its backward. Weight layouts
@@ -16,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -61,9 +68,22 @@ std::vector<TensorDef> Tensors(const Config& c);
 // hash of (seed, t, i), so any rank computes any element.
 float InitValue(const Config& c, const std::vector<TensorDef>& defs, uint64_t seed, int64_t t, int64_t i);
 
+// Where a model's experts are (Config::experts > 0): P ranks of an expert-parallel group, this one
+// `rank`, holding experts [rank E / P, (rank + 1) E / P) (E a multiple of P). Default: every expert here.
+struct ExpertParallel {
+  int ranks = 1, rank = 0;
+  // Collective over the group (every rank calls it at the same points): send[q] goes to rank q;
+  // returns, by rank, what each sent this one. Needed when ranks > 1.
+  std::function<std::vector<std::vector<float>>(std::vector<std::vector<float>> send)> exchange;
+  bool holds(int expert, int experts) const { return expert / (experts / ranks) == rank; }
+};
+
 // Per block, the tensors in Tensors() order (Config::block_tensors() of them): ln_1 w/b, c_attn w/b,
 // attn c_proj w/b, ln_2 w/b, then mlp c_fc w/b and mlp c_proj w/b, or (experts) the router's weight and
-// per expert its c_fc w/b and c_proj w/b.
+// per expert its c_fc w/b and c_proj w/b. With expert parallelism the experts of other ranks are not
+// read (their pointers may be null), and a local expert's gradients are the sum of every group rank's
+// loss's gradient (the engine's reduction over the expert-data-parallel group, the ranks holding the
+// same experts, divides by the world: docs/engine.md "Tensors with their own data-parallel group").
 struct BlockParams {
   std::vector<const float*> p;
 };
@@ -73,7 +93,7 @@ struct BlockGrads {
 
 class Model {
  public:
-  Model(const Config& c, int batch);
+  Model(const Config& c, int batch, ExpertParallel ep = {});
 
   // tokens: batch x (context + 1) bytes; inputs are [:, :T], targets [:, 1:].
   void Embed(const float* wte, const float* wpe, const uint8_t* tokens);
@@ -101,19 +121,26 @@ class Model {
  private:
   struct Acts {  // one block's saved activations
     std::vector<float> x, ln1, mean1, rstd1, qkv, att, y, x_mid, ln2, mean2, rstd2, fc, gelu;
-    // experts: router probabilities [N, E], the experts per token [N, top_k], each expert's tokens
-    // (token-slot n * top_k + s, in order) and its activations over them ([n_e, 4D] and [n_e, D])
+    // experts: router probabilities [N, E], the experts per token [N, top_k], each expert's token-slots
+    // of this rank (n * top_k + s, in order) and their outputs ([n_e, D]); per local expert the rows
+    // it computed (every group rank's, by rank: recv[q * local + j] from rank q) and its activations
+    // over them ([rows, D], [rows, 4D] twice)
     std::vector<float> prob;
     std::vector<int> route;
     std::vector<std::vector<int>> slots;
-    std::vector<std::vector<float>> efc, egelu, eout;
+    std::vector<std::vector<float>> eout, ein, efc, egelu;
+    std::vector<int> recv;
     double aux = 0;
   };
   void Mlp(Acts& a, const BlockParams& w);
   void MlpBackward(Acts& a, const BlockParams& w, const BlockGrads& g, float* d_ln2);
   void Experts(Acts& a, const BlockParams& w);
   void ExpertsBackward(Acts& a, const BlockParams& w, const BlockGrads& g, float* d_ln2);
+  // The expert-parallel all-to-all: send[q] to rank q, returns what each rank sent this one (on one
+  // rank, send itself).
+  std::vector<std::vector<float>> Exchange(std::vector<std::vector<float>> send);
   Config c_;
+  ExpertParallel ep_;
   int B_, N_;  // batch, batch * context
   std::vector<uint8_t> tokens_;
   std::vector<Acts> acts_;

@@ -4,8 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <barrier>
 #include <cmath>
 #include <random>
+#include <thread>
 
 namespace gpt {
 namespace {
@@ -145,6 +147,98 @@ TEST(GptModel, ExpertGradientsMatchFiniteDifferences) {
           }
         }
       }
+    }
+  }
+}
+
+// Expert parallelism in one process: P "ranks" on threads, each with its own tokens and a mailbox
+// all-to-all, against the model with every expert local on each rank's tokens: the same routes and
+// loss on every rank, the same gradients of the dense tensors, and of each expert on its rank the
+// sum of the ranks' gradients; the experts of other ranks never read (null pointers).
+TEST(GptModel, ExpertParallelMatchesEveryExpertLocal) {
+  std::mt19937_64 seeds(std::random_device{}());
+  for (int P : {2, 4}) {
+    for (int k : {1, 2}) {
+      SCOPED_TRACE("EP " + std::to_string(P) + " top_k " + std::to_string(k));
+      const Config c{256, 8, 2, 16, 2, 4, k, 0.5f};
+      const uint64_t seed = seeds();
+      std::vector<Fixture> ref;  // rank r's tokens; the weights are rank 0's on every rank
+      for (int r = 0; r < P; ++r) {
+        ref.emplace_back(r == 0 ? seed : seeds(), c);
+        ref.back().w = ref.front().w;
+      }
+      std::vector<double> ref_loss(static_cast<size_t>(P));
+      std::vector<std::vector<int>> ref_routes(static_cast<size_t>(P));
+      for (int r = 0; r < P; ++r) {
+        Model m(c, ref[static_cast<size_t>(r)].batch);
+        ref[static_cast<size_t>(r)].Grads(m);
+        ref_loss[static_cast<size_t>(r)] = ref[static_cast<size_t>(r)].Loss(m);
+        ref_routes[static_cast<size_t>(r)] = Routes(m, c);
+      }
+      // The mailbox: box[from][to], written before the first wait and read before the second.
+      std::vector<std::vector<std::vector<float>>> box(static_cast<size_t>(P));
+      std::barrier sync(P);
+      std::vector<std::vector<std::vector<float>>> grads(static_cast<size_t>(P));
+      std::vector<double> loss(static_cast<size_t>(P));
+      std::vector<std::vector<int>> routes(static_cast<size_t>(P));
+      std::vector<std::thread> ranks;
+      for (int r = 0; r < P; ++r) {
+        ranks.emplace_back([&, r] {
+          ExpertParallel ep{P, r, [&, r](std::vector<std::vector<float>> send) {
+                              box[static_cast<size_t>(r)] = std::move(send);
+                              sync.arrive_and_wait();
+                              std::vector<std::vector<float>> recv;
+                              for (int q = 0; q < P; ++q) recv.push_back(box[static_cast<size_t>(q)][static_cast<size_t>(r)]);
+                              sync.arrive_and_wait();
+                              return recv;
+                            }};
+          const Fixture& f = ref[static_cast<size_t>(r)];
+          std::vector<const float*> w = f.Weights();
+          auto& g = grads[static_cast<size_t>(r)];
+          std::vector<float*> d;
+          for (size_t t = 0; t < f.defs.size(); ++t) {
+            const std::string& name = f.defs[t].name;
+            const size_t at = name.find("experts.");
+            const bool local = at == std::string::npos || ep.holds(std::stoi(name.substr(at + 8)), c.experts);
+            g.emplace_back(f.w[t].size(), 0.0f);
+            if (!local) w[t] = nullptr;
+            d.push_back(local ? g.back().data() : nullptr);
+          }
+          Model m(c, f.batch, ep);
+          Forward(m, c, w, f.tokens.data());
+          Backward(m, c, w, d);
+          loss[static_cast<size_t>(r)] = Forward(m, c, w, f.tokens.data());
+          routes[static_cast<size_t>(r)] = Routes(m, c);
+        });
+      }
+      for (auto& t : ranks) t.join();
+      const std::vector<TensorDef>& defs = ref[0].defs;
+      int experts_with_gradients = 0;  // tensors of experts that had tokens (not a vacuous comparison)
+      for (int r = 0; r < P; ++r) {
+        const size_t ur = static_cast<size_t>(r);
+        EXPECT_EQ(routes[ur], ref_routes[ur]) << "rank " << r;
+        EXPECT_NEAR(loss[ur], ref_loss[ur], 1e-5 * ref_loss[ur]) << "rank " << r;
+        for (size_t t = 0; t < defs.size(); ++t) {
+          const size_t at = defs[t].name.find("experts.");
+          const int expert = at == std::string::npos ? -1 : std::stoi(defs[t].name.substr(at + 8));
+          if (expert >= 0 && expert / (c.experts / P) != r) continue;
+          std::vector<float> want = ref[ur].g[t];
+          if (expert >= 0) {  // the sum over the ranks
+            std::fill(want.begin(), want.end(), 0.0f);
+            for (int q = 0; q < P; ++q) {
+              for (size_t i = 0; i < want.size(); ++i) want[i] += ref[static_cast<size_t>(q)].g[t][i];
+            }
+          }
+          float scale = 0, worst = 0;
+          for (size_t i = 0; i < want.size(); ++i) {
+            scale = std::max(scale, std::abs(want[i]));
+            worst = std::max(worst, std::abs(grads[ur][t][i] - want[i]));
+          }
+          EXPECT_LE(worst, 1e-5f * scale + 1e-7f) << defs[t].name << " on rank " << r;
+          if (expert >= 0 && scale > 0) ++experts_with_gradients;
+        }
+      }
+      EXPECT_GT(experts_with_gradients, 0);
     }
   }
 }

@@ -23,18 +23,20 @@ stages_agree() {
   done
 }
 
-# killed_and_resumed FLAGS STEPS EVERY KILLS: a 2-rank run with a rank killed (-9, at random moments
-# after a checkpoint) up to KILLS times ends with the uninterrupted run's weights bit for bit; then a
-# run saved on 2 ranks at STEPS / 2 resumes on 3 (resharded) to the end.
+# killed_and_resumed FLAGS STEPS EVERY KILLS [RANKS [MORE]]: a RANKS-rank run (2) with a rank killed
+# (-9, at random moments after a checkpoint) up to KILLS times ends with the uninterrupted run's
+# weights bit for bit; then a run saved on RANKS ranks at STEPS / 2 resumes on MORE (3, resharded) to
+# the end.
 killed_and_resumed() {
-  local -n flags=$1; local steps=$2 every=$3 kills=$4
+  local -n flags=$1; local steps=$2 every=$3 kills=$4 n=${5:-2} more=${6:-3}
   local save=("${flags[@]}" --stage 3 --every "$every" --keep-last 2) killed=0 attempt job
   local args=("${save[@]}" --steps "$steps")
-  echo "== killed and resumed, bit for bit"
-  mpi 2 "$bin" "${args[@]}" --ckpt "$work/base" --dump "$work/base.bin" > "$work/base.log"
+  rm -rf "$work/base" "$work/run" "$work/reshard"
+  echo "== killed and resumed at $n ranks, bit for bit"
+  mpi "$n" "$bin" "${args[@]}" --ckpt "$work/base" --dump "$work/base.bin" > "$work/base.log"
   for attempt in $(seq 1 $((3 * kills))); do
     [ $killed -ge "$kills" ] && break
-    mpi 2 "$bin" "${args[@]}" --ckpt "$work/run" --dump "$work/run.bin" > "$work/run.$attempt.log" 2>&1 &
+    mpi "$n" "$bin" "${args[@]}" --ckpt "$work/run" --dump "$work/run.bin" > "$work/run.$attempt.log" 2>&1 &
     job=$!
     kill_after_checkpoint "$work/run" "gpt.*$work/run " $job || true
     wait $job || true
@@ -42,15 +44,15 @@ killed_and_resumed() {
     rm -f "$work/run.bin"
   done
   [ $killed -ge 1 ] || { echo "FAIL: never managed to kill a rank before the run ended"; exit 1; }
-  mpi 2 "$bin" "${args[@]}" --ckpt "$work/run" --dump "$work/run.bin" > "$work/run.final.log"
+  mpi "$n" "$bin" "${args[@]}" --ckpt "$work/run" --dump "$work/run.bin" > "$work/run.final.log"
   grep -q "^resumed from $work/run/step-" "$work/run.final.log" || { echo "FAIL: the final run did not resume"; exit 1; }
   cmp "$work/base.bin" "$work/run.bin" || { echo "FAIL: the killed-and-resumed run differs from the uninterrupted one"; exit 1; }
   echo "   final weights identical to the uninterrupted run ($killed kills)"
   local half=$((steps / 2))
-  mpi 2 "$bin" "${save[@]}" --steps $half --ckpt "$work/reshard" > /dev/null
-  mpi 3 "$bin" "${args[@]}" --ckpt "$work/reshard" > "$work/reshard.log" 2>&1
-  grep -q "^resumed from $work/reshard/step-$(printf %08d $half) (saved by 2 ranks" "$work/reshard.log" ||
-    { echo "FAIL: no resume on 3 ranks"; cat "$work/reshard.log"; exit 1; }
+  mpi "$n" "$bin" "${save[@]}" --steps $half --ckpt "$work/reshard" > /dev/null
+  mpi "$more" "$bin" "${args[@]}" --ckpt "$work/reshard" > "$work/reshard.log" 2>&1
+  grep -q "^resumed from $work/reshard/step-$(printf %08d $half) (saved by $n ranks" "$work/reshard.log" ||
+    { echo "FAIL: no resume on $more ranks"; cat "$work/reshard.log"; exit 1; }
   grep -q "^SUMMARY steps=$steps" "$work/reshard.log" || { echo "FAIL: the resharded run did not finish"; exit 1; }
-  echo "   saved on 2 ranks, resumed on 3, finished"
+  echo "   saved on $n ranks, resumed on $more, finished"
 }

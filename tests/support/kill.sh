@@ -1,13 +1,14 @@
 # Sourced by the kill/resume scripts (tests/crash/*.sh, tests/gpt/gpt_e2e.sh) and scripts/demo.
 #
-# rank_pids PATTERN: the rank processes whose command line matches PATTERN — never the launcher
-# (mpirun's command line holds the same words: killing it orphans the ranks, which then keep running
-# and writing the same checkpoint root as the restarted job).
+# rank_pids PATTERN: the rank processes whose command line matches PATTERN — never the launcher nor
+# the `timeout` wrapping it (their command lines hold the same words: killing mpirun orphans the
+# ranks, killing timeout orphans mpirun and returns the caller's wait at once; either way the job
+# keeps running and writing the same checkpoint root as the restarted one).
 rank_pids() {
   local p
   for p in $(pgrep -f "$1"); do
     case "$(ps -o comm= -p "$p" 2>/dev/null)" in
-      mpirun | orterun | prterun | mpiexec | orted | prted | "") ;;
+      mpirun | orterun | prterun | mpiexec | orted | prted | timeout | "") ;;
       *) echo "$p" ;;
     esac
   done
