@@ -136,9 +136,9 @@ struct StateGroup {
   double weight_decay = 0;
   // The world ranks of the group's own data-parallel group, in its order (the engine's
   // ParamOptions::data_parallel: the layout is over it at stages 1-3, member i holding shard i; at
-  // stage 0 each member holds all of it), or empty: the view's mesh. A disk checkpoint records it
-  // (the group's shards in its members' files), the full state and safetensors initialisation read
-  // it; the memory tier refuses it (StateView::CheckOneMesh).
+  // stage 0 each member holds all of it), or empty: the view's mesh. A checkpoint (disk or memory
+  // tier) records it (the group's shards in its members' files); the full state and safetensors
+  // initialisation read it.
   std::vector<int> own_group;
 };
 
@@ -256,8 +256,8 @@ struct StateView {
   // This rank's shard of group `g`'s layout: 0 for one shard, its place in the group's own group, or
   // `rank` (-1: the rank is not in its own group, a malformed view).
   int ShardOf(const StateGroup& g) const;
-  // OK unless a group is over a data-parallel group of its own, which `what` ("memory tier snapshot",
-  // ...) does not take yet: FailedPrecondition naming it.
+  // OK unless a group is over a data-parallel group of its own, which `what` (a manifest of one rank's
+  // view alone, ...) cannot describe: FailedPrecondition naming it.
   Status CheckOneMesh(std::string_view what) const;
 };
 

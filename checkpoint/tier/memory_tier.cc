@@ -81,8 +81,8 @@ struct MemoryTier::Impl {
   struct Gen {
     int64_t step = -1;
     Manifest m;
-    std::vector<Piece> plan;
-    int64_t bytes = 0;
+    std::vector<Piece> plan, replica_plan;  // this rank's file's pieces, its source's (the same but with groups over meshes of their own)
+    int64_t bytes = 0, replica_bytes = 0;
     int own_shard = 0, replica_shard = 0;
     bool replicates = false;  // a replica is sent (none where the state has live replicas: tier_dir.h)
     std::shared_ptr<TierSink> sink;                // the own copy: the capture's sink (null when this rank failed before it)
@@ -111,19 +111,21 @@ struct MemoryTier::Impl {
   void Fail(const Status& s) {
     if (gen->local.ok() && !s.ok()) gen->local = s;
   }
-  // Collective: generation `m.step` begins: its file plan, the budget (checked at the first one, on
-  // every rank alike), its directory and the sink its own copy is captured into.
-  Status Begin(Manifest m, double t0) {
+  // Collective: generation `m.step` begins: its file plans, the budget (checked at the first one, on
+  // every rank alike), its directory and the sink its own copy is captured into (`groups`: the view's
+  // group g is the manifest's groups[g], SnapshotStart::groups).
+  Status Begin(Manifest m, std::vector<int> groups, double t0) {
     auto g = std::make_unique<Gen>();
     g->t0 = t0;
     g->step = m.step;
     g->m = std::move(m);
-    ASSIGN_OR_RETURN(g->plan, internal::PlanFile(g->m, &g->bytes), "memory tier");
     g->own_shard = comm->rank() % g->m.shards;  // core/state_view.h's numbering
     g->replica_shard = source % g->m.shards;
+    ASSIGN_OR_RETURN(g->plan, internal::PlanFile(g->m, g->own_shard, &g->bytes), "memory tier");
+    ASSIGN_OR_RETURN(g->replica_plan, internal::PlanFile(g->m, g->replica_shard, &g->replica_bytes), "memory tier");
     g->replicates = Replicated(n, o) && !LiveReplicas(n, g->m.shards);
     if (!budget_checked) {  // two generations of the own copy and the replica must fit
-      const int64_t need = 2 * g->bytes * (g->replicates ? 2 : 1);
+      const int64_t need = 2 * (g->bytes + (g->replicates ? g->replica_bytes : 0));
       Status fits = need <= stats.budget_bytes ? Status()
                     : OutOfMemoryError("memory tier: rank ", comm->rank(), " needs ", need, " bytes (two generations of its ", g->bytes,
                                        "-byte snapshot", g->replicates ? " and of its peer's replica" : "", ") in ", rank_dir,
@@ -139,7 +141,7 @@ struct MemoryTier::Impl {
       RETURN_IF_ERROR(RemoveTree(own_tmp));
       RETURN_IF_ERROR(MakeTierDir(own_tmp));
       Recycle(own_dir, own_data);  // a removed generation's file: its pages are there already
-      gen->sink = std::make_shared<TierSink>(gen->m, gen->plan, own_data, gen->bytes);
+      gen->sink = std::make_shared<TierSink>(gen->m, gen->plan, own_data, gen->bytes, std::move(groups));
       return Status();
     }());
     return Status();
@@ -157,20 +159,20 @@ struct MemoryTier::Impl {
         RETURN_IF_ERROR(RemoveTree(rep_tmp));
         RETURN_IF_ERROR(MakeTierDir(rep_tmp));
         Recycle(replica_dir, rep_tmp + "/" + DataFileName(g.replica_shard));
-        ASSIGN_OR_RETURN(g.replica, Mapping::Map(rep_tmp + "/" + DataFileName(g.replica_shard), g.bytes, true));
+        ASSIGN_OR_RETURN(g.replica, Mapping::Map(rep_tmp + "/" + DataFileName(g.replica_shard), g.replica_bytes, true));
         return Status();
       }();
     }
     const bool ok = local->ok();
-    const size_t sums_bytes = ok ? g.own_sums().size() * 8 : 0;
-    if (ok) g.replica_sums.resize(g.own_sums().size());
-    RETURN_IF_ERROR(c->Shift(ok ? g.own_sums().data() : nullptr, sums_bytes, g.replica_sums.data(), sums_bytes, d));
+    const size_t sums_out = ok ? g.own_sums().size() * 8 : 0, sums_in = ok ? FirstChunks(g.m, g.replica_plan).back() * 8 : 0;
+    if (ok) g.replica_sums.resize(sums_in / 8);
+    RETURN_IF_ERROR(c->Shift(ok ? g.own_sums().data() : nullptr, sums_out, g.replica_sums.data(), sums_in, d));
     return c->ShiftAsync(ok ? g.own().data() : nullptr, ok ? static_cast<size_t>(g.bytes) : 0, ok ? g.replica.data() : nullptr,
-                         ok ? static_cast<size_t>(g.bytes) : 0, d);
+                         ok ? static_cast<size_t>(g.replica_bytes) : 0, d);
   }
   Status SealReplica(Gen& g) {
-    return internal::Seal(*io, StepPath(replica_dir, g.step) + ".tmp", StepPath(replica_dir, g.step), g.m, g.plan, g.replica_shard,
-                          g.replica_sums, g.bytes)
+    return internal::Seal(*io, StepPath(replica_dir, g.step) + ".tmp", StepPath(replica_dir, g.step), g.m, g.replica_plan, g.replica_shard,
+                          g.replica_sums, g.replica_bytes)
         .WithContext("memory tier replica of rank " + std::to_string(source));
   }
   // On the copy's thread, with `wire`: after the copy (`local`: its outcome), the replica's transfer
@@ -371,14 +373,14 @@ MemoryTier::~MemoryTier() {
 Status MemoryTier::Save(const StateView& state, const nlohmann::json& trainer_state) {
   Impl& t = *impl_;
   if (t.gen) RETURN_IF_ERROR(t.Commit(), "committing the previous snapshot");
-  RETURN_IF_ERROR(state.CheckOneMesh("memory tier snapshot"));  // the same on every rank (the engine agreed at finalize)
+  RETURN_IF_ERROR(internal::TierTakes(state), "memory tier snapshot");  // the same on every rank (the engine agreed at finalize)
   // The step every rank already holds is kept as it is (replacing it would leave a moment with no
   // whole copy of it).
   ASSIGN_OR_RETURN(internal::SnapshotStart start, internal::StartSnapshot(t.comm, state, trainer_state, 1 << 20, t.stats.step == state.counters.step),
                    "memory tier");
   if (start.skip) return Status();
   const double t0 = SteadySeconds();  // the stall, from the agreement on (snapshot.h)
-  RETURN_IF_ERROR(t.Begin(std::move(start.manifest), t0));
+  RETURN_IF_ERROR(t.Begin(std::move(start.manifest), std::move(start.groups), t0));
   Impl::Gen& gen = *t.gen;
   gen.owner = state.owner;
   if (gen.local.ok()) {

@@ -47,11 +47,18 @@ Status ReserveBlocks(int fd, int64_t offset, int64_t bytes, const std::string& p
   return e == 0 ? Status() : ErrnoStatus(e, "memory tier: no room for " + std::to_string(bytes) + " bytes in " + path);
 }
 
-Result<std::vector<Piece>> PlanFile(const Manifest& m, int64_t* total) {
+Status TierTakes(const StateView& state) {
+  if (state.stage != 0 || !state.has_own_groups()) return Status();
+  return FailedPreconditionError("the memory tier does not take stage 0 with groups over data-parallel groups of their own (each rank's copy "
+                                 "would need the replicated shards a save records in one file); disk checkpoints do");
+}
+
+Result<std::vector<Piece>> PlanFile(const Manifest& m, int file, int64_t* total) {
   ASSIGN_OR_RETURN(std::vector<ShardLayout> layouts, SavedLayouts(m));
   std::vector<Piece> plan;
   int64_t off = 0;
   for (size_t g = 0; g < m.groups.size(); ++g) {
+    if (ShardIn(m, static_cast<int>(g), file) < 0) continue;  // another file's (a group over a mesh of its own)
     for (size_t k = 0; k < m.groups[g].kinds.size(); ++k) {
       const GroupEntry& ge = m.groups[g];
       const Piece& p = plan.emplace_back(Piece{static_cast<int>(g), static_cast<int>(k), layouts[g].shard_size(), off, ge.format(k)});
@@ -78,8 +85,9 @@ Status Seal(const IoEngine& io, const std::string& tmp, const std::string& final
   return RenamePath(tmp, final);
 }
 
-TierSink::TierSink(const Manifest& m, std::vector<Piece> plan, std::string path, int64_t bytes)
-    : plan_(std::move(plan)), first_(FirstChunks(m, plan_)), chunk_(m.chunk_elements), path_(std::move(path)), bytes_(bytes) {
+TierSink::TierSink(const Manifest& m, std::vector<Piece> plan, std::string path, int64_t bytes, std::vector<int> groups)
+    : plan_(std::move(plan)), first_(FirstChunks(m, plan_)), groups_(std::move(groups)), chunk_(m.chunk_elements), path_(std::move(path)),
+      bytes_(bytes) {
   sums_.assign(first_.back(), 0);
   parts_.resize(plan_.size());
   for (size_t i = 0; i < plan_.size(); ++i) {
@@ -140,9 +148,12 @@ void TierSink::HashFilled(const Piece& p, Part& part, int64_t filled) {
   }
 }
 
-Result<size_t> TierSink::Arriving(int group, int buffer, int64_t offset, int64_t n) {
+Result<size_t> TierSink::Arriving(int view_group, int buffer, int64_t offset, int64_t n) {
   if (abandoned_) return FailedPreconditionError("memory tier: the snapshot no longer takes state");
   if (closed_) return FailedPreconditionError("memory tier: a part came after the snapshot's delivery ended");
+  const int group = groups_.empty() ? view_group
+                    : view_group >= 0 && static_cast<size_t>(view_group) < groups_.size() ? groups_[static_cast<size_t>(view_group)]
+                                                                                             : -1;
   const size_t piece = group >= 0 && static_cast<size_t>(group) < piece_of_group_.size() ? piece_of_group_[static_cast<size_t>(group)] + static_cast<size_t>(buffer) : plan_.size();
   if (buffer < 0 || piece >= plan_.size() || plan_[piece].group != group) {
     return InternalError("memory tier: state arrived for group ", group, " buffer ", buffer, ", which the snapshot does not have");

@@ -109,7 +109,7 @@ class Mapping {
 };
 
 // Where each (group, kind) of a shard lies in its data file: raw chunks, each buffer 4 KiB-aligned
-// (the layout WriteShard gives uncompressed state).
+// (the layout WriteShard gives uncompressed state); `group` is the manifest's.
 struct Piece {
   int group, kind;
   int64_t count, offset;
@@ -117,7 +117,14 @@ struct Piece {
   bool blockwise() const { return format.blockwise(); }  // q8, q4: codes with blocks' scales
   int64_t Bytes(int64_t elements) const { return format.Bytes(elements); }
 };
-Result<std::vector<Piece>> PlanFile(const Manifest& m, int64_t* total);
+// OK unless the memory tier cannot hold `state`: at stage 0, groups over data-parallel groups of
+// their own (a save's manifest has one file hold each replicated shard, and a tier copy must hold all
+// its rank's); FailedPrecondition saying so.
+Status TierTakes(const StateView& state);
+
+// The pieces of file `file` (rank-<file>.data): every (group, kind) of the groups it holds (all of
+// them unless groups list their files: format.h ShardIn), in manifest order.
+Result<std::vector<Piece>> PlanFile(const Manifest& m, int file, int64_t* total);
 
 // The chunks' positions in ForEachChunk's order: first[i] is piece i's first chunk; the total last.
 std::vector<size_t> FirstChunks(const Manifest& m, const std::vector<Piece>& plan);
@@ -135,7 +142,8 @@ Status Seal(const IoEngine& io, const std::string& tmp, const std::string& final
 // Thread-safety: every method from any thread (a mutex; Put holds it while it copies).
 class TierSink final : public StateSink {
  public:
-  TierSink(const Manifest& m, std::vector<Piece> plan, std::string path, int64_t bytes);
+  // `groups`: the view's group g is the manifest's groups[g] (SnapshotStart::groups; empty: g).
+  TierSink(const Manifest& m, std::vector<Piece> plan, std::string path, int64_t bytes, std::vector<int> groups = {});
 
   Status Put(int group, int buffer, int64_t offset, int64_t n, const float* data) override;
   // Compact state as the owner keeps it: copied into its chunks as they are stored (nothing encoded).
@@ -164,7 +172,8 @@ class TierSink final : public StateSink {
   void HashFilled(const Piece& p, Part& part, int64_t filled);
   const std::vector<Piece> plan_;
   const std::vector<size_t> first_;  // per piece: its first chunk's checksum
-  std::vector<size_t> piece_of_group_;  // group g's buffer b is piece piece_of_group_[g] + b
+  std::vector<size_t> piece_of_group_;  // the manifest's group g's buffer b is piece piece_of_group_[g] + b
+  const std::vector<int> groups_;       // the view's group -> the manifest's (empty: the same)
   const int64_t chunk_;
   const std::string path_;
   const int64_t bytes_;

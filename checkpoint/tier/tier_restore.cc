@@ -27,6 +27,7 @@
 #include "zrt/checkpoint/codec.h"
 #include "zrt/checkpoint/files.h"
 #include "zrt/checkpoint/fs_util.h"
+#include "zrt/checkpoint/load_plan.h"
 #include "zrt/checkpoint/tier/memory_tier.h"
 #include "zrt/checkpoint/tier/tier_dir.h"
 #include "zrt/checkpoint/tier/tier_file.h"
@@ -59,7 +60,7 @@ Offer OfferReplica(const std::string& rep, int source, int64_t step) {
     const int shard = source % m.shards;  // core/state_view.h's numbering
     ASSIGN_OR_RETURN(o.files[1], cd.ReadFile(IndexFileName(shard)));
     int64_t total = 0;
-    ASSIGN_OR_RETURN(o.plan, PlanFile(m, &total));
+    ASSIGN_OR_RETURN(o.plan, PlanFile(m, shard, &total));
     ASSIGN_OR_RETURN(o.data, Mapping::Map(cd.PathOf(DataFileName(shard)), total, false));
     return Status();
   }();
@@ -118,29 +119,49 @@ struct Receipt {
   bool take() const { return receiving && prepared.ok(); }
 };
 
-// Where piece p lands in the target's buffer b: host f32 memory, or the compact form p stores kept so
-// in host memory; null values when it cannot land there.
-Target DirectTarget(const Piece& p, const StateBuffer& b, const StateView& target) {
+// The target's group holding each manifest group's tensors (found by its first tensor's name: names
+// are unique in a save; a group over a mesh of its own is "<name>@<k>" there), -1 for none.
+std::vector<int> TargetGroups(const Manifest& m, const StateView& target) {
+  std::vector<int> out(m.groups.size(), -1);
+  for (size_t g = 0; g < m.groups.size(); ++g) {
+    if (m.groups[g].tensors.empty()) continue;
+    for (size_t t = 0; t < target.groups.size(); ++t) {
+      const auto& tt = target.groups[t].tensors;
+      if (!tt.empty() && tt.front().name == m.groups[g].tensors.front().name) out[g] = static_cast<int>(t);
+    }
+  }
+  return out;
+}
+
+// Where piece p lands in buffer b of the target's group tg: host f32 memory, or the compact form p
+// stores kept so in host memory; null values when it cannot land there.
+Target DirectTarget(const Piece& p, int tg, const StateBuffer& b, const StateView& target) {
   if (!p.format.compact()) return Target{b.dtype == DType::kF32 && !b.format.compact() ? static_cast<char*>(b.data) : nullptr};
   if (b.format != p.format) return Target{};
-  auto kept = target.StoredMemory(p.group, p.kind);
+  auto kept = target.StoredMemory(tg, p.kind);
   if (!kept.ok() || !kept->has_value()) return Target{};
   const StoredPart& sp = **kept;
   if (sp.format != p.format || (p.blockwise() && sp.scales == nullptr)) return Target{};
   return Target{static_cast<char*>(sp.values), p.blockwise() ? reinterpret_cast<char*>(sp.scales) : nullptr};
 }
 
-// Each piece's target when every one is host memory laid out as the replica's (the same tensors,
-// offsets, shard size and kinds, in order, each kept as the replica stores it), else empty.
+// Each piece's target when every one is host memory laid out as the replica's (the file's groups
+// are the target's, each with the same tensors, offsets, shard size and kinds, in order, each kept as
+// the replica stores it), else empty.
 std::vector<Target> DirectTargets(const Manifest& m, const std::vector<Piece>& plan, const StateView& target, const LoadOptions& load) {
   auto layouts = SavedLayouts(m);
-  if (!load.strict || load.params_only || !layouts.ok() || m.groups.size() != target.groups.size()) return {};
+  if (!load.strict || load.params_only || !layouts.ok()) return {};
+  const std::vector<int> to = TargetGroups(m, target);
+  std::set<int> covered;
+  for (const Piece& p : plan) covered.insert(to[static_cast<size_t>(p.group)]);
+  if (covered.contains(-1) || covered.size() != target.groups.size()) return {};
   std::vector<Target> into;
   for (const Piece& p : plan) {
     const GroupEntry& ge = m.groups[static_cast<size_t>(p.group)];
-    const StateGroup& tg = target.groups[static_cast<size_t>(p.group)];
+    const int tgi = to[static_cast<size_t>(p.group)];
+    const StateGroup& tg = target.groups[static_cast<size_t>(tgi)];
     const auto k = static_cast<size_t>(p.kind);
-    if (ge.name != tg.name || ge.tensors.size() != tg.tensors.size() || k >= tg.buffers.size() || ge.kinds.size() != tg.buffers.size()) return {};
+    if (ge.tensors.size() != tg.tensors.size() || k >= tg.buffers.size() || ge.kinds.size() != tg.buffers.size()) return {};
     const ShardLayout& l = (*layouts)[static_cast<size_t>(p.group)];
     if (l.shard_size() != tg.layout.shard_size() || l.world_size() != tg.layout.world_size()) return {};
     for (size_t t = 0; t < tg.tensors.size(); ++t) {
@@ -150,11 +171,44 @@ std::vector<Target> DirectTargets(const Manifest& m, const std::vector<Piece>& p
     }
     const StateBuffer& b = tg.buffers[k];
     if (b.kind != ge.kinds[k] || b.count != p.count || (p.count > 0 && p.blockwise() && m.chunk_elements % p.format.block != 0)) return {};
-    const Target t = DirectTarget(p, b, target);
+    const Target t = DirectTarget(p, tgi, b, target);
     if (t.values == nullptr && p.count > 0) return {};
     into.push_back(t);
   }
   return into;
+}
+
+// This rank's copy in `dir`, loaded. With groups over meshes of their own the copy's manifest holds
+// every rank's tensors, which LoadFromTier judged over the world first (JudgedOverTheWorld).
+Result<LoadResult> LoadCopy(const std::string& dir, const StateView& target, const LoadOptions& load) {
+  ASSIGN_OR_RETURN(std::unique_ptr<PreparedLoad> p, PreparedLoad::Prepare(dir, target, load, nullptr, target.has_own_groups()));
+  return p->Fill();
+}
+
+// Collective, for a target with groups over meshes of their own and a strict load: the generation's
+// tensors (its manifest, as every rank's copy has it) that no rank's model has are refused, on every
+// rank (a rank without a readable copy leaves the verdict to the others: the manifests are the same).
+Status JudgedOverTheWorld(Communicator* comm, const std::string& own, const StateView& target) {
+  std::string mine;
+  for (const StateGroup& g : target.groups) {
+    for (const TensorSpec& t : g.tensors) mine += t.name + '\n';
+  }
+  ASSIGN_OR_RETURN(const std::vector<std::string> all, AllGatherStrings(comm, mine));
+  std::set<std::string> world;
+  for (const std::string& names : all) {
+    for (size_t at = 0, end; (end = names.find('\n', at)) != std::string::npos; at = end + 1) world.insert(names.substr(at, end - at));
+  }
+  Status local;
+  if (auto m = ReadManifest(own); m.ok()) {
+    for (const GroupEntry& ge : m->groups) {
+      for (const TensorEntry& te : ge.tensors) {
+        if (local.ok() && !world.contains(te.name)) {
+          local = InvalidArgumentError("memory tier: ", own, " has tensor '", te.name, "', which no rank's model has (LoadOptions::strict = false ignores it)");
+        }
+      }
+    }
+  }
+  return AgreeOnStatus(comm, local);
 }
 
 // The manifest and index received (`in`: the offered sizes), checked as a load checks them, and where
@@ -170,16 +224,28 @@ Status PlanReceipt(Receipt& rc, const StateView& target, const LoadOptions& load
   ASSIGN_OR_RETURN(rc.index, DecodeIndex(rc.got[1], what + ": index"));
   RETURN_IF_ERROR(ValidateIndex(rc.m, layouts, rc.index, shard, what + ": index"));
   int64_t total = 0;
-  ASSIGN_OR_RETURN(rc.plan, PlanFile(rc.m, &total), what);
+  ASSIGN_OR_RETURN(rc.plan, PlanFile(rc.m, shard, &total), what);
   if (total != in[2] || rc.index.data_bytes != total) {
     return DataLossError(what, ": ", in[2], " bytes of data offered, its manifest lays out ", total, " and its index says ", rc.index.data_bytes);
   }
   rc.into = DirectTargets(rc.m, rc.plan, target, load);
   if (!rc.into.empty()) return target.Settle();  // a capture still reading the buffers ends before they change
+  // PlanFile's layout of the target's buffers, in the file's order of its groups.
+  const std::vector<int> to = TargetGroups(rc.m, target);
+  std::set<int> covered;
   int64_t expected = 0;
-  for (const StateGroup& g : target.groups) {
-    for (const StateBuffer& b : g.buffers) expected = AlignUp(expected) + b.format.Bytes(b.count);  // PlanFile's layout
+  for (const Piece& p : rc.plan) {
+    const int tg = to[static_cast<size_t>(p.group)];
+    const auto k = static_cast<size_t>(p.kind);
+    if (tg < 0 || k >= target.groups[static_cast<size_t>(tg)].buffers.size()) {
+      return DataLossError(what, ": group '", rc.m.groups[static_cast<size_t>(p.group)].name, "' (", rc.m.groups[static_cast<size_t>(p.group)].kinds[k],
+                           ") is none of this rank's");
+    }
+    covered.insert(tg);
+    const StateBuffer& b = target.groups[static_cast<size_t>(tg)].buffers[k];
+    expected = AlignUp(expected) + b.format.Bytes(b.count);
   }
+  if (covered.size() != target.groups.size()) return DataLossError(what, ": it holds ", covered.size(), " of this rank's ", target.groups.size(), " groups");
   if (expected != total) return DataLossError(what, ": ", total, " bytes of data, this rank's shard is ", expected);
   RETURN_IF_ERROR(RemoveTree(tmp));
   RETURN_IF_ERROR(MakeTierDir(tmp));
@@ -191,11 +257,14 @@ Status PlanReceipt(Receipt& rc, const StateView& target, const LoadOptions& load
 // Direct: every chunk of the index checked where it landed (raw, at its piece's place: anything else
 // in the index is refused; a compact form also as a load checks it), and the outcome a load would give.
 Result<LoadResult> CheckDirect(const Receipt& rc, const std::string& what) {
-  std::vector<size_t> piece_of(rc.m.groups.size() + 1, 0);  // group g's kind k is piece piece_of[g] + k
-  for (size_t g = 0; g < rc.m.groups.size(); ++g) piece_of[g + 1] = piece_of[g] + rc.m.groups[g].kinds.size();
+  std::vector<size_t> piece_of(rc.m.groups.size(), rc.plan.size());  // group g's kind k is piece piece_of[g] + k (the file's groups)
+  for (size_t i = rc.plan.size(); i-- > 0;) piece_of[static_cast<size_t>(rc.plan[i].group)] = i;
   for (size_t k = 0; k < rc.index.chunks.size(); ++k) {
     const ChunkEntry& c = rc.index.chunks[k];
     const size_t i = piece_of[static_cast<size_t>(c.group)] + static_cast<size_t>(c.kind);
+    if (i >= rc.plan.size() || rc.plan[i].group != c.group || rc.plan[i].kind != c.kind) {
+      return DataLossError(what, ": chunk ", k, " is of a group the replica's file does not hold");
+    }
     const Piece& p = rc.plan[i];
     const bool q8 = p.blockwise();  // codes, then scales
     if (c.codec != Codec::kRaw || c.stored_bytes != p.Bytes(c.elements) || c.file_offset != p.offset + p.Bytes(c.elem_offset) ||
@@ -300,7 +369,7 @@ Status Round(Communicator* comm, const TierPlace& p, int64_t step, int distance,
     *res = placed.WithContext("memory tier: rank " + std::to_string(p.rank) + " placing its replica of step " + std::to_string(step));
     return Status();
   }
-  auto again = Load(own, target, load);
+  auto again = LoadCopy(own, target, load);
   *res = again.ok() ? std::move(again) : Result<LoadResult>(again.status().WithContext(what));
   return Status();
 }
@@ -362,12 +431,13 @@ Result<std::vector<int64_t>> TierCandidates(Communicator* comm, const std::strin
 
 Result<LoadResult> LoadFromTier(Communicator* comm, const std::string& root, const MemoryTierOptions& o, int64_t step,
                                 const StateView& target, const LoadOptions& load, std::string* dir, bool* from_peer) {
-  RETURN_IF_ERROR(target.CheckOneMesh("memory tier restore"));  // the same on every rank: the resume falls back to disk
   const TierPlace p = PlaceOf(root, o, comm->size(), comm->rank());
   const std::string own = StepPath(p.own_dir, step);
   *dir = own;
   *from_peer = false;
-  Result<LoadResult> res = Exists(own) ? Load(own, target, load) : Result<LoadResult>(NotFoundError("no copy in ", own));
+  RETURN_IF_ERROR(TierTakes(target), "memory tier restore");  // the same on every rank: the resume falls back to disk
+  if (target.has_own_groups() && load.strict) RETURN_IF_ERROR(JudgedOverTheWorld(comm, own, target), "memory tier: restoring step ", step);
+  Result<LoadResult> res = Exists(own) ? LoadCopy(own, target, load) : Result<LoadResult>(NotFoundError("no copy in ", own));
   // Per rank: whether it needs its copy from another, and the shards its own copy records.
   int64_t mine[2] = {res.ok() ? 0 : 1, res.ok() ? ShardsOf(own) : 0};
   std::vector<int64_t> all(static_cast<size_t>(p.n) * 2);

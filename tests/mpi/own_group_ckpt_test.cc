@@ -6,12 +6,13 @@
 // parameters exactly as saved; offline resharded and resumed; a corrupt byte in one rank's file makes
 // every rank fall back together; a tensor no rank's model has refused (strict) or reported, one that
 // only some ranks have accepted; exported to safetensors and initialised from it on another mesh;
-// the memory tier refuses such a view.
+// the memory tier's snapshots restored from own copies and peers' replicas.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "zrt/checkpoint/interchange/interchange.h"
 #include "zrt/checkpoint/interchange/safetensors.h"
 #include "zrt/checkpoint/tensor_reader.h"
+#include "zrt/checkpoint/tier/memory_tier.h"
 
 namespace zrt {
 namespace {
@@ -368,6 +370,84 @@ TEST_F(OwnGroupCheckpointTest, InitialisesFromSafetensorsOnAnotherMesh) {
   ASSERT_TRUE(testing::RemoveSharedScratchRoot(comm_.get(), root).ok());
 }
 
+// The memory tier holds every rank's groups (its experts' shards in its own copy and in its replica
+// on the next rank): a job that died restores from each rank's own copy, or on the rank whose copy is
+// gone from its peer's replica, bit for bit (f32 at stage 2; q8 moments at stage 3, taken as stored),
+// and trains on as the job did; a tensor no rank's model has is refused.
+TEST_F(OwnGroupCheckpointTest, TheMemoryTierRestoresOwnCopiesAndPeersReplicas) {
+  const std::string root = testing::SharedScratchRoot(comm_.get(), "zrt_own_group_tier");
+  ASSERT_FALSE(root.empty());
+  ckpt::CheckpointOptions o{.root = root};
+  o.memory = ckpt::MemoryTierOptions{.dir = testing::TierScratchDir(root), .ranks_per_node = 1};
+  auto clear_tier = [&] {
+    ASSERT_TRUE(comm_->Barrier().ok());
+    if (rank() == 0) std::filesystem::remove_all(ckpt::MemoryTier::JobDir(root, *o.memory));
+    ASSERT_TRUE(comm_->Barrier().ok());
+  };
+  for (int ep : Eps()) {
+    for (const bool q8 : {false, true}) {
+      SCOPED_TRACE("EP " + std::to_string(ep) + (q8 ? ", stage 3 q8" : ", stage 2 f32"));
+      EngineConfig c = Config({.stage = q8 ? 3 : 2});
+      if (q8) {
+        c.alignment = 256;
+        c.state.exp_avg = c.state.exp_avg_sq = Precision::kQ8;
+      }
+      Values saved, after;
+      {
+        auto a = Start(comm_.get(), c, ep);
+        ASSERT_TRUE(a.ok()) << a.status();
+        auto ck = ckpt::Checkpointer::Create(comm_.get(), &device_, o);
+        ASSERT_TRUE(ck.ok()) << ck.status();
+        Train(*a, 2);
+        Status st = (*ck)->SaveToMemory(a->e->state_view());
+        if (st.ok()) st = (*ck)->Wait();
+        ASSERT_TRUE(st.ok()) << st;
+        saved = Snapshot(*a);
+        Train(*a, 2);
+        after = Snapshot(*a);
+      }  // the job dies: the tier keeps the snapshot (newer than any disk checkpoint)
+      for (const bool lost : {false, true}) {
+        if (lost && size() == 1) continue;
+        ASSERT_TRUE(comm_->Barrier().ok());
+        if (lost && rank() == 0) {
+          std::filesystem::remove_all(ckpt::MemoryTier::RankDir(root, *o.memory, size() - 1) + "/own/" + ckpt::StepDirName(2));
+        }
+        ASSERT_TRUE(comm_->Barrier().ok());
+        auto b = Start(comm_.get(), c, ep);
+        ASSERT_TRUE(b.ok()) << b.status();
+        auto ck = ckpt::Checkpointer::Create(comm_.get(), &device_, o);
+        ASSERT_TRUE(ck.ok()) << ck.status();
+        auto r = (*ck)->Resume(b->e->state_view());
+        ASSERT_TRUE(r.ok()) << r.status();
+        EXPECT_EQ(r->step, 2);
+        EXPECT_EQ(r->source, lost && rank() == size() - 1 ? "peer" : "memory") << (lost ? "own copy lost" : "");
+        ExpectSame(Snapshot(*b), saved, lost ? "restored through the replica" : "restored");
+        Train(*b, 2);
+        ExpectSame(Snapshot(*b), after, "trained on");
+      }
+      if (q8) {  // without expert 0's weight on any rank: the snapshot does not fit, nothing is loaded
+        auto lacking = Start(comm_.get(), c, ep, "expert.0.w");
+        ASSERT_TRUE(lacking.ok()) << lacking.status();
+        auto ck = ckpt::Checkpointer::Create(comm_.get(), &device_, o);
+        ASSERT_TRUE(ck.ok()) << ck.status();
+        auto r = (*ck)->Resume(lacking->e->state_view());
+        EXPECT_FALSE(r.ok());
+        EXPECT_NE(r.status().message().find("expert.0.w"), std::string::npos) << r.status();
+        EXPECT_EQ(lacking->e->steps(), 0);
+      }
+      clear_tier();
+    }
+    // Stage 0 (each rank's copy would need replicated shards a save records in one file): refused.
+    auto z = Start(comm_.get(), Config({.stage = 0}), ep);
+    ASSERT_TRUE(z.ok()) << z.status();
+    auto ck = ckpt::Checkpointer::Create(comm_.get(), &device_, o);
+    ASSERT_TRUE(ck.ok()) << ck.status();
+    Status st = (*ck)->SaveToMemory(z->e->state_view());
+    EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st;
+  }
+  ASSERT_TRUE(testing::RemoveSharedScratchRoot(comm_.get(), root).ok());
+}
+
 TEST_F(OwnGroupCheckpointTest, RefusesWhatItCannotRecord) {
   auto edp = comm_->Split(rank(), rank());  // EP = N: one rank each
   ASSERT_TRUE(edp.ok());
@@ -378,10 +458,13 @@ TEST_F(OwnGroupCheckpointTest, RefusesWhatItCannotRecord) {
   ASSERT_TRUE((*e)->AddParam("d", {8}, DType::kF32).ok());
   ASSERT_TRUE((*e)->AddParam("x", {8}, DType::kF32, {.group = "experts", .data_parallel = edp->get()}).ok());
   ASSERT_TRUE((*e)->Finalize(InitFn()).ok());
-  {
-    auto ck = ckpt::Checkpointer::Create(comm_.get(), &device_, {.root = root});
+  for (const bool memory : {false, true}) {  // a disk save, and the memory tier's snapshot alike
+    SCOPED_TRACE(memory ? "memory tier" : "disk");
+    ckpt::CheckpointOptions o{.root = root};
+    if (memory) o.memory = ckpt::MemoryTierOptions{.dir = testing::TierScratchDir(root)};
+    auto ck = ckpt::Checkpointer::Create(comm_.get(), &device_, o);
     ASSERT_TRUE(ck.ok()) << ck.status();
-    Status st = (*ck)->SaveAsync((*e)->state_view());
+    Status st = memory ? (*ck)->SaveToMemory((*e)->state_view()) : (*ck)->SaveAsync((*e)->state_view());
     if (st.ok()) st = (*ck)->Wait();
     if (size() == 1) {
       EXPECT_TRUE(st.ok()) << st;
@@ -389,15 +472,6 @@ TEST_F(OwnGroupCheckpointTest, RefusesWhatItCannotRecord) {
       EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st;
       EXPECT_NE(st.message().find("tensor 'x'"), std::string::npos) << st;
     }
-  }
-  {
-    ckpt::CheckpointOptions o{.root = root};
-    o.memory = ckpt::MemoryTierOptions{.dir = root + "/tier"};
-    auto ck = ckpt::Checkpointer::Create(comm_.get(), &device_, o);
-    ASSERT_TRUE(ck.ok()) << ck.status();
-    Status st = (*ck)->SaveToMemory((*e)->state_view());
-    EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st;
-    EXPECT_NE(st.message().find("'experts'"), std::string::npos) << st;
   }
   e->reset();
   ASSERT_TRUE(testing::RemoveSharedScratchRoot(comm_.get(), root).ok());
