@@ -80,7 +80,7 @@ struct MemoryTier::Impl {
 
   struct Gen {
     int64_t step = -1;
-    Manifest m;
+    Manifest m, replica_m;  // the own copy's manifest, the replica's (the same but at stage 0 with own groups: Begin)
     std::vector<Piece> plan, replica_plan;  // this rank's file's pieces, its source's (the same but with groups over meshes of their own)
     int64_t bytes = 0, replica_bytes = 0;
     int own_shard = 0, replica_shard = 0;
@@ -111,9 +111,9 @@ struct MemoryTier::Impl {
   void Fail(const Status& s) {
     if (gen->local.ok() && !s.ok()) gen->local = s;
   }
-  // Collective: generation `m.step` begins: its file plans, the budget (checked at the first one, on
-  // every rank alike), its directory and the sink its own copy is captured into (`groups`: the view's
-  // group g is the manifest's groups[g], SnapshotStart::groups).
+  // Collective: generation `m.step` begins: its manifests and file plans, the budget (checked at the
+  // first one, on every rank alike), its directory and the sink its own copy is captured into
+  // (`groups`: the view's group g is the manifest's groups[g], SnapshotStart::groups).
   Status Begin(Manifest m, std::vector<int> groups, double t0) {
     auto g = std::make_unique<Gen>();
     g->t0 = t0;
@@ -121,9 +121,31 @@ struct MemoryTier::Impl {
     g->m = std::move(m);
     g->own_shard = comm->rank() % g->m.shards;  // core/state_view.h's numbering
     g->replica_shard = source % g->m.shards;
-    ASSIGN_OR_RETURN(g->plan, internal::PlanFile(g->m, g->own_shard, &g->bytes), "memory tier");
-    ASSIGN_OR_RETURN(g->replica_plan, internal::PlanFile(g->m, g->replica_shard, &g->replica_bytes), "memory tier");
     g->replicates = Replicated(n, o) && !LiveReplicas(n, g->m.shards);
+    g->replica_m = g->m;
+    const bool listed = std::any_of(g->m.groups.begin(), g->m.groups.end(), [](const GroupEntry& ge) { return !ge.files.empty(); });
+    if (g->m.stage == 0 && listed) {
+      // A save records each replicated shard in one file (its group's first member's); a tier copy
+      // holds every group of its rank, so its manifest names its file for them, and a replica's is
+      // its source's, which the source sends (the holder cannot tell which expert groups it has).
+      for (int mg : groups) g->m.groups[static_cast<size_t>(mg)].files = {comm->rank()};
+      Status got;
+      if (g->replicates) {
+        const std::string out = EncodeManifest(g->m);
+        int64_t len = static_cast<int64_t>(out.size()), in_len = 0;
+        got = comm->Shift(&len, sizeof len, &in_len, sizeof in_len, d);
+        std::string in(got.ok() && in_len > 0 && in_len <= kMaxJsonBytes ? static_cast<size_t>(in_len) : 0, '\0');
+        if (got.ok()) got = comm->Shift(out.data(), out.size(), in.data(), in.size(), d);  // sizes that disagree fail on both sides
+        if (got.ok()) {
+          auto rm = DecodeManifest(in, "memory tier: rank " + std::to_string(source) + "'s manifest");
+          got = rm.ok() && rm->step != g->step ? DataLossError("memory tier: rank ", source, "'s manifest is of step ", rm->step) : rm.status();
+          if (got.ok()) g->replica_m = std::move(*rm);
+        }
+      }
+      RETURN_IF_ERROR(AgreeOnStatus(comm, got), "memory tier");
+    }
+    ASSIGN_OR_RETURN(g->plan, internal::PlanFile(g->m, g->own_shard, &g->bytes), "memory tier");
+    ASSIGN_OR_RETURN(g->replica_plan, internal::PlanFile(g->replica_m, g->replica_shard, &g->replica_bytes), "memory tier");
     if (!budget_checked) {  // two generations of the own copy and the replica must fit
       const int64_t need = 2 * (g->bytes + (g->replicates ? g->replica_bytes : 0));
       Status fits = need <= stats.budget_bytes ? Status()
@@ -164,14 +186,14 @@ struct MemoryTier::Impl {
       }();
     }
     const bool ok = local->ok();
-    const size_t sums_out = ok ? g.own_sums().size() * 8 : 0, sums_in = ok ? FirstChunks(g.m, g.replica_plan).back() * 8 : 0;
+    const size_t sums_out = ok ? g.own_sums().size() * 8 : 0, sums_in = ok ? FirstChunks(g.replica_m, g.replica_plan).back() * 8 : 0;
     if (ok) g.replica_sums.resize(sums_in / 8);
     RETURN_IF_ERROR(c->Shift(ok ? g.own_sums().data() : nullptr, sums_out, g.replica_sums.data(), sums_in, d));
     return c->ShiftAsync(ok ? g.own().data() : nullptr, ok ? static_cast<size_t>(g.bytes) : 0, ok ? g.replica.data() : nullptr,
                          ok ? static_cast<size_t>(g.replica_bytes) : 0, d);
   }
   Status SealReplica(Gen& g) {
-    return internal::Seal(*io, StepPath(replica_dir, g.step) + ".tmp", StepPath(replica_dir, g.step), g.m, g.replica_plan, g.replica_shard,
+    return internal::Seal(*io, StepPath(replica_dir, g.step) + ".tmp", StepPath(replica_dir, g.step), g.replica_m, g.replica_plan, g.replica_shard,
                           g.replica_sums, g.replica_bytes)
         .WithContext("memory tier replica of rank " + std::to_string(source));
   }
@@ -373,7 +395,6 @@ MemoryTier::~MemoryTier() {
 Status MemoryTier::Save(const StateView& state, const nlohmann::json& trainer_state) {
   Impl& t = *impl_;
   if (t.gen) RETURN_IF_ERROR(t.Commit(), "committing the previous snapshot");
-  RETURN_IF_ERROR(internal::TierTakes(state), "memory tier snapshot");  // the same on every rank (the engine agreed at finalize)
   // The step every rank already holds is kept as it is (replacing it would leave a moment with no
   // whole copy of it).
   ASSIGN_OR_RETURN(internal::SnapshotStart start, internal::StartSnapshot(t.comm, state, trainer_state, 1 << 20, t.stats.step == state.counters.step),

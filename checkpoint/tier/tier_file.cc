@@ -47,12 +47,6 @@ Status ReserveBlocks(int fd, int64_t offset, int64_t bytes, const std::string& p
   return e == 0 ? Status() : ErrnoStatus(e, "memory tier: no room for " + std::to_string(bytes) + " bytes in " + path);
 }
 
-Status TierTakes(const StateView& state) {
-  if (state.stage != 0 || !state.has_own_groups()) return Status();
-  return FailedPreconditionError("the memory tier does not take stage 0 with groups over data-parallel groups of their own (each rank's copy "
-                                 "would need the replicated shards a save records in one file); disk checkpoints do");
-}
-
 Result<std::vector<Piece>> PlanFile(const Manifest& m, int file, int64_t* total) {
   ASSIGN_OR_RETURN(std::vector<ShardLayout> layouts, SavedLayouts(m));
   std::vector<Piece> plan;

@@ -117,11 +117,6 @@ struct Piece {
   bool blockwise() const { return format.blockwise(); }  // q8, q4: codes with blocks' scales
   int64_t Bytes(int64_t elements) const { return format.Bytes(elements); }
 };
-// OK unless the memory tier cannot hold `state`: at stage 0, groups over data-parallel groups of
-// their own (a save's manifest has one file hold each replicated shard, and a tier copy must hold all
-// its rank's); FailedPrecondition saying so.
-Status TierTakes(const StateView& state);
-
 // The pieces of file `file` (rank-<file>.data): every (group, kind) of the groups it holds (all of
 // them unless groups list their files: format.h ShardIn), in manifest order.
 Result<std::vector<Piece>> PlanFile(const Manifest& m, int file, int64_t* total);

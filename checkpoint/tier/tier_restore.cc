@@ -435,7 +435,6 @@ Result<LoadResult> LoadFromTier(Communicator* comm, const std::string& root, con
   const std::string own = StepPath(p.own_dir, step);
   *dir = own;
   *from_peer = false;
-  RETURN_IF_ERROR(TierTakes(target), "memory tier restore");  // the same on every rank: the resume falls back to disk
   if (target.has_own_groups() && load.strict) RETURN_IF_ERROR(JudgedOverTheWorld(comm, own, target), "memory tier: restoring step ", step);
   Result<LoadResult> res = Exists(own) ? LoadCopy(own, target, load) : Result<LoadResult>(NotFoundError("no copy in ", own));
   // Per rank: whether it needs its copy from another, and the shards its own copy records.
