@@ -110,15 +110,10 @@ json Describe(const StateView& state, int me) {
   return groups;
 }
 
-}  // namespace
-
-Status ForEachFullTensor(Communicator* comm, const StateView& state, const FullStateOptions& o, const FullStateFn& fn) {
-  if (comm->size() != state.world_size) {
-    return InvalidArgumentError("full state: the communicator has ", comm->size(), " ranks, the state ", state.world_size);
-  }
+// Collective: checks that every rank asks for the same (the walk is collective) and returns every
+// own group, as its first member describes it (every rank has such groups or none does).
+Result<std::vector<OwnGroup>> AgreedOwnGroups(Communicator* comm, const StateView& state, const FullStateOptions& o) {
   const int me = comm->rank();
-  // What every rank asks for (it must be the same: the walk is collective), and every own group, as
-  // its first member describes it (every rank has such groups or none does).
   const json asked = {o.root, o.kinds, o.tensors};
   const json mine = {{"asked", asked}, {"groups", state.has_own_groups() ? Describe(state, me) : json::array()}};
   ASSIGN_OR_RETURN(const std::vector<std::string> parts, AllGatherStrings(comm, mine.dump()), "full state");
@@ -145,6 +140,17 @@ Status ForEachFullTensor(Communicator* comm, const StateView& state, const FullS
   } catch (const json::exception& e) {  // the same bytes on every rank: the same verdict
     return InternalError("full state: a rank's description: ", e.what());
   }
+  return own;
+}
+
+}  // namespace
+
+Status ForEachFullTensor(Communicator* comm, const StateView& state, const FullStateOptions& o, const FullStateFn& fn) {
+  if (comm->size() != state.world_size) {
+    return InvalidArgumentError("full state: the communicator has ", comm->size(), " ranks, the state ", state.world_size);
+  }
+  const int me = comm->rank();
+  ASSIGN_OR_RETURN(const std::vector<OwnGroup> own, AgreedOwnGroups(comm, state, o));
   if (o.root < -1 || o.root >= comm->size()) return InvalidArgumentError("full state: root ", o.root, " is not a rank (or -1)");
   std::set<std::string, std::less<>> wanted(o.tensors.begin(), o.tensors.end());
   for (const std::string& name : o.tensors) {  // the same verdict on every rank: the own groups are everyone's now
