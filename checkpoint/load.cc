@@ -211,6 +211,19 @@ struct PreparedLoad::Impl {
   LoadResult result;
 };
 
+Result<std::set<std::string>> WorldTensorNames(Communicator* comm, const StateView& target) {
+  std::string mine;
+  for (const StateGroup& g : target.groups) {
+    for (const TensorSpec& t : g.tensors) mine += t.name + '\n';
+  }
+  ASSIGN_OR_RETURN(const std::vector<std::string> all, AllGatherStrings(comm, mine));
+  std::set<std::string> world;
+  for (const std::string& names : all) {
+    for (size_t at = 0, end; (end = names.find('\n', at)) != std::string::npos; at = end + 1) world.insert(names.substr(at, end - at));
+  }
+  return world;
+}
+
 PreparedLoad::PreparedLoad(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 PreparedLoad::~PreparedLoad() = default;
 

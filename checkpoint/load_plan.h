@@ -5,13 +5,19 @@
 #pragma once
 
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "zrt/checkpoint/format.h"
 #include "zrt/checkpoint/load.h"
+#include "zrt/core/communicator.h"
 
 namespace zrt::ckpt::internal {
+
+// Collective: the tensor names of every rank's target (a rank's view holds only its own groups over
+// data-parallel groups of their own: what a file's tensors are judged against).
+Result<std::set<std::string>> WorldTensorNames(Communicator* comm, const StateView& target);
 
 class PreparedLoad {
  public:

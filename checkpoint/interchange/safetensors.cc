@@ -24,6 +24,7 @@
 #include "zrt/checkpoint/files.h"
 #include "zrt/checkpoint/fs_util.h"
 #include "zrt/checkpoint/interchange/import_full.h"
+#include "zrt/checkpoint/load_plan.h"
 #include "zrt/checkpoint/state_fill.h"
 #include "zrt/checkpoint/tensor_reader.h"
 #include "zrt/checkpoint/catalog.h"
@@ -670,15 +671,7 @@ Result<LoadResult> LoadLocal(const std::string& path, const StateView& target, c
 Result<LoadResult> LoadSafetensors(Communicator* comm, const std::string& path, const StateView& target, const SafetensorsLoadOptions& o) {
   std::optional<std::set<std::string>> world;
   if (target.has_own_groups()) {  // the same on every rank: a collective to know what the world's model has
-    std::string mine;
-    for (const StateGroup& g : target.groups) {
-      for (const TensorSpec& t : g.tensors) mine += t.name + '\n';
-    }
-    ASSIGN_OR_RETURN(const std::vector<std::string> all, AllGatherStrings(comm, mine), "initialising from ", path);
-    world.emplace();
-    for (const std::string& names : all) {
-      for (size_t at = 0, end; (end = names.find('\n', at)) != std::string::npos; at = end + 1) world->insert(names.substr(at, end - at));
-    }
+    ASSIGN_OR_RETURN(world, internal::WorldTensorNames(comm, target), "initialising from ", path);
   }
   Result<LoadResult> local = LoadLocal(path, target, o, world ? &*world : nullptr);
   Status agreed = AgreeOnStatus(comm, local.status());

@@ -189,15 +189,7 @@ Result<LoadResult> LoadCopy(const std::string& dir, const StateView& target, con
 // tensors (its manifest, as every rank's copy has it) that no rank's model has are refused, on every
 // rank (a rank without a readable copy leaves the verdict to the others: the manifests are the same).
 Status JudgedOverTheWorld(Communicator* comm, const std::string& own, const StateView& target) {
-  std::string mine;
-  for (const StateGroup& g : target.groups) {
-    for (const TensorSpec& t : g.tensors) mine += t.name + '\n';
-  }
-  ASSIGN_OR_RETURN(const std::vector<std::string> all, AllGatherStrings(comm, mine));
-  std::set<std::string> world;
-  for (const std::string& names : all) {
-    for (size_t at = 0, end; (end = names.find('\n', at)) != std::string::npos; at = end + 1) world.insert(names.substr(at, end - at));
-  }
+  ASSIGN_OR_RETURN(const std::set<std::string> world, WorldTensorNames(comm, target));
   Status local;
   if (auto m = ReadManifest(own); m.ok()) {
     for (const GroupEntry& ge : m->groups) {
