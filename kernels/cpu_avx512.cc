@@ -8,6 +8,8 @@
 // keep the integer form: the bits stay the scalar path's and PyTorch's).
 #include <immintrin.h>
 
+#include <type_traits>
+
 #include "zrt/kernels/cpu_loops.h"
 
 namespace zrt::kernels::avx512 {
@@ -76,19 +78,24 @@ inline __m128i Q8Encode(__m512 x, __m512 recip) {
   const __m512 r = _mm512_min_ps(_mm512_mul_ps(ax, recip), _mm512_set1_ps(1.0f));
   const __m512i u = _mm512_castps_si512(r);
   // Round to nearest even on 3 fraction bits with the exponent's rebias folded in (no wrap for r at
-  // or above the smallest normal code's value; smaller r take the branch below).
+  // or above the smallest normal code's value; smaller r take the branch below): the magnitude's code
+  // in bits 20-26, 0 above.
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 20), Set(1));
-  __m512i mag = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, Set(0x7ffffu - ((127u - kBias) << 23))), lsb), 20);
+  __m512i t = _mm512_add_epi32(_mm512_add_epi32(u, Set(0x7ffffu - ((127u - kBias) << 23))), lsb);
+  // A signed code's sign (x's bit 31) in bit 27, code bit 7: a magnitude code of exponent > 0 is not 0.
+  if constexpr (kSigned) t = _mm512_ternarylogic_epi32(t, _mm512_srli_epi32(_mm512_castps_si512(x), 4), Set(1u << 27), 0xd8);
+  __m512i code = _mm512_srli_epi32(t, 20);
   // Codes of exponent 0 are rare (a value below 2^-14 of its block's largest): computed only when a lane has one.
   const __mmask16 is_sub = _mm512_cmp_ps_mask(r, _mm512_set1_ps(kSigned ? 0x1p-14f : 0x1p-30f), _CMP_LT_OQ);
   if (is_sub != 0) [[unlikely]] {
-    mag = _mm512_mask_blend_epi32(is_sub, mag, _mm512_cvtps_epi32(_mm512_mul_ps(r, _mm512_set1_ps(kSigned ? 0x1p17f : 0x1p33f))));
+    __m512i mag = _mm512_cvtps_epi32(_mm512_mul_ps(r, _mm512_set1_ps(kSigned ? 0x1p17f : 0x1p33f)));
+    if constexpr (kSigned) {  // the sign bit where the magnitude's code is not 0
+      const __mmask16 neg_nonzero = _mm512_mask_test_epi32_mask(_mm512_movepi32_mask(_mm512_castps_si512(x)), mag, mag);
+      mag = _mm512_mask_or_epi32(mag, neg_nonzero, mag, Set(0x80));
+    }
+    code = _mm512_mask_blend_epi32(is_sub, code, mag);
   }
-  if constexpr (kSigned) {  // the sign bit where the magnitude's code is not 0
-    const __mmask16 neg_nonzero = _mm512_mask_test_epi32_mask(_mm512_movepi32_mask(_mm512_castps_si512(x)), mag, mag);
-    mag = _mm512_mask_or_epi32(mag, neg_nonzero, mag, Set(0x80));
-  }
-  return _mm512_cvtepi32_epi8(mag);
+  return _mm512_cvtepi32_epi8(code);
 }
 // Stochastic rounding to bf16 of 16 elements whose indices' low halves start at lo.
 inline __m256i Bf16Stochastic(__m512 x, uint32_t key, uint32_t lo) {

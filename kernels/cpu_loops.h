@@ -13,6 +13,7 @@
 
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 
 #include "zrt/kernels/adam_math.h"
@@ -198,7 +199,7 @@ struct Kernels {
 
   template <int G, int C, bool kSr, int M1, int M2, class Tag>
   static void CompactAt(const AdamStepScalars& s, const CompactRange& r, float ms, float vs, int64_t b0, float* mt, float* vt,
-                        V& vmax, int64_t i, Tag tag) {
+                        V& vmax, V& mmax, int64_t i, Tag tag) {
     V p = Isa::template Load<kSr ? kElemBf16 : kElemF32>(r.param, i, tag);
     V g = Isa::template Load<G>(r.grad, i, tag);
     // q4: decoded into mt / vt before the block (CompactLoop), updated in place there.
@@ -219,16 +220,18 @@ struct Kernels {
       Isa::template Store<kElemF32>(mt, i - b0, m, tag);
       Isa::template Store<kElemF32>(vt, i - b0, v, tag);
       if constexpr (Blockwise(M2)) vmax = Max(vmax, Isa::Abs(v));  // a tail's missing lanes are 0
+      if constexpr (M1 == kMomQ8) mmax = Max(mmax, Isa::Abs(m));  // StoreBlock's guess at the first moment's scale
     } else {
       StoreMoment<M1>(r.exp_avg, i, m, tag);
       StoreMoment<M2>(r.exp_avg_sq, i, v, tag);
     }
   }
 
-  // The second moment stored (q4: after the block); the first moment coupled to it and stored, or (q8,
-  // q4) kept for its scale.
-  template <int M1, int M2, class Tag>
-  static void CoupleAt(const CompactRange& r, float* mt, const float* vt, int64_t b0, int64_t j, float vr, V& am, Tag tag) {
+  // The second moment stored (q4: after the block); the first moment coupled to it and then stored,
+  // encoded (kEncodeFirst: q8, with the multiplier mr), or (q8, q4) kept for its scale.
+  template <int M1, int M2, bool kEncodeFirst, class Tag>
+  static void CoupleAt(const CompactRange& r, float* mt, const float* vt, int64_t b0, int64_t j, float vr, float mr, V& am,
+                       Tag tag) {
     V m = Isa::template Load<kElemF32>(mt, j, tag);
     const V v = Isa::template Load<kElemF32>(vt, j, tag);
     if constexpr (M2 == kMomQ8) {
@@ -239,35 +242,62 @@ struct Kernels {
     } else {
       StoreMoment<M2>(r.exp_avg_sq, b0 + j, v, tag);
     }
-    if constexpr (Blockwise(M1)) {
+    if constexpr (kEncodeFirst) {
+      am = Max(am, Isa::Abs(m));
+      Isa::template EncodeQ8<true>(r.exp_avg, b0 + j, m, V(mr), tag);
+    } else if constexpr (Blockwise(M1)) {
       Isa::template Store<kElemF32>(mt, j, m, tag);
       am = Max(am, Isa::Abs(m));  // a tail's missing lanes loaded as 0 and stay 0
     } else {
       StoreMoment<M1>(r.exp_avg, b0 + j, m, tag);
     }
   }
+  template <int M1, int M2>
+  static V CoupleBlock(const CompactRange& r, float* mt, const float* vt, int64_t b0, int64_t n, float vr) {
+    V am(0.0f);
+    int64_t j = 0;
+    for (; j + W <= n; j += W) CoupleAt<M1, M2, false>(r, mt, vt, b0, j, vr, 0.0f, am, typename Isa::Full{});
+    if (j < n) CoupleAt<M1, M2, false>(r, mt, vt, b0, j, vr, 0.0f, am, Isa::MakeTail(n - j));
+    return am;
+  }
   template <class Tag>
   static void EncodeFirstAt(const CompactRange& r, const float* mt, int64_t b0, int64_t j, float mr, Tag tag) {
     Isa::template EncodeQ8<true>(r.exp_avg, b0 + j, Isa::template Load<kElemF32>(mt, j, tag), V(mr), tag);
   }
-  // The q8 or q4 block [b0, b1) held in mt/vt (`vmax`: the second moment's largest magnitudes, lane by lane):
-  // the second moment's scale and codes, the coupling, then the first moment's scale (of what is
-  // stored: the largest magnitude after the coupling) and codes.
+  // The first moment's q8 scale and codes from mt (coupled), in a pass of their own.
+  static void EncodeFirst(const CompactRange& r, const float* mt, int64_t b0, int64_t n, float mr) {
+    int64_t j = 0;
+    for (; j + W <= n; j += W) EncodeFirstAt(r, mt, b0, j, mr, typename Isa::Full{});
+    if (j < n) EncodeFirstAt(r, mt, b0, j, mr, Isa::MakeTail(n - j));
+  }
+  // The q8 or q4 block [b0, b1) held in mt/vt (`vmax`, `mmax`: the moments' largest magnitudes, lane
+  // by lane): the second moment's scale and codes, the coupling, then the first moment's scale (of what
+  // is stored: the largest magnitude after the coupling) and codes.
+  //
+  // A q8 first moment is encoded in the coupling's pass, with the scale it had before the coupling
+  // (`mmax`'s). The coupling only zeroes, so that is almost always the scale after it; where it is not
+  // (in any bit), the block is coupled again and its first moment encoded in a pass of its own: the
+  // stored bits are those of the three passes either way.
   template <int M1, int M2>
-  static void StoreBlock(const CompactRange& r, float* mt, const float* vt, V vmax, int64_t b0, int64_t b1) {
+  static void StoreBlock(const CompactRange& r, float* mt, const float* vt, V vmax, V mmax, int64_t b0, int64_t b1) {
     const int64_t n = b1 - b0, q = b0 / r.block;
     float vr = 0;
     if constexpr (Blockwise(M2)) vr = Q8Recip(r.exp_avg_sq_scale[q] = Isa::LaneMax(vmax));
     if constexpr (M2 == kMomQ4) EncodeQ4<false>(vt, n, vr, static_cast<uint8_t*>(r.exp_avg_sq) + b0 / 2);
-    V am(0.0f);
-    int64_t j = 0;
-    for (; j + W <= n; j += W) CoupleAt<M1, M2>(r, mt, vt, b0, j, vr, am, typename Isa::Full{});
-    if (j < n) CoupleAt<M1, M2>(r, mt, vt, b0, j, vr, am, Isa::MakeTail(n - j));
     if constexpr (M1 == kMomQ8) {
-      const float mr = Q8Recip(r.exp_avg_scale[q] = Isa::LaneMax(am));
-      for (j = 0; j + W <= n; j += W) EncodeFirstAt(r, mt, b0, j, mr, typename Isa::Full{});
-      if (j < n) EncodeFirstAt(r, mt, b0, j, mr, Isa::MakeTail(n - j));
+      const float guess = Isa::LaneMax(mmax), mr = Q8Recip(guess);
+      V am(0.0f);
+      int64_t j = 0;
+      for (; j + W <= n; j += W) CoupleAt<M1, M2, true>(r, mt, vt, b0, j, vr, mr, am, typename Isa::Full{});
+      if (j < n) CoupleAt<M1, M2, true>(r, mt, vt, b0, j, vr, mr, am, Isa::MakeTail(n - j));
+      const float scale = r.exp_avg_scale[q] = Isa::LaneMax(am);
+      if (std::bit_cast<uint32_t>(scale) != std::bit_cast<uint32_t>(guess)) [[unlikely]] {
+        CoupleBlock<M1, M2>(r, mt, vt, b0, n, vr);
+        EncodeFirst(r, mt, b0, n, Q8Recip(scale));
+      }
+      return;
     }
+    const V am = CoupleBlock<M1, M2>(r, mt, vt, b0, n, vr);
     if constexpr (M1 == kMomQ4) {
       const float mr = Q8Recip(r.exp_avg_scale[q] = Isa::LaneMax(am));
       EncodeQ4<true>(mt, n, mr, static_cast<uint8_t*>(r.exp_avg) + b0 / 2);
@@ -281,15 +311,16 @@ struct Kernels {
     if constexpr (M == kMomQ4) {
       return;
     } else if constexpr (M == kMomQ8) {
-      Isa::template Prefetch<kElemF32>(base, i / 4);
+      Isa::template Prefetch<kElemF32>(base, i >> 2);  // i >= 0
     } else {
       Isa::template Prefetch<M == kMomBf16 ? kElemBf16 : kElemF32>(base, i);
     }
   }
 
   template <int G, int C, bool kSr, int M1, int M2>
-  static void CompactLoop(const AdamStepScalars& s, const CompactRange& r) {
+  static void CompactLoop(const AdamStepScalars& s, const CompactRange& range) {
     constexpr bool kQ = Blockwise(M1) || Blockwise(M2);
+    const CompactRange r = range;  // a copy the code stores cannot alias
     alignas(64) float mt[kQ ? kMaxQuantBlock : 1];
     alignas(64) float vt[kQ ? kMaxQuantBlock : 1];
     const int64_t blk = kQ ? r.block : r.end - r.begin;
@@ -298,17 +329,17 @@ struct Kernels {
       const float ms = Blockwise(M1) ? r.exp_avg_scale[b0 / blk] : 0.0f, vs = Blockwise(M2) ? r.exp_avg_sq_scale[b0 / blk] : 0.0f;
       if constexpr (M1 == kMomQ4) DecodeQ4<true>(static_cast<const uint8_t*>(r.exp_avg) + b0 / 2, b1 - b0, ms, mt);
       if constexpr (M2 == kMomQ4) DecodeQ4<false>(static_cast<const uint8_t*>(r.exp_avg_sq) + b0 / 2, b1 - b0, vs, vt);
-      V vmax(0.0f);
+      V vmax(0.0f), mmax(0.0f);
       int64_t i = b0;
       for (; i + W <= b1; i += W) {
         Isa::template Prefetch<kSr ? kElemBf16 : kElemF32>(r.param, i + kPrefetchElements);
         Isa::template Prefetch<G>(r.grad, i + kPrefetchElements);
         PrefetchMoment<M1>(r.exp_avg, i + kPrefetchElements);
         PrefetchMoment<M2>(r.exp_avg_sq, i + kPrefetchElements);
-        CompactAt<G, C, kSr, M1, M2>(s, r, ms, vs, b0, mt, vt, vmax, i, typename Isa::Full{});
+        CompactAt<G, C, kSr, M1, M2>(s, r, ms, vs, b0, mt, vt, vmax, mmax, i, typename Isa::Full{});
       }
-      if (i < b1) CompactAt<G, C, kSr, M1, M2>(s, r, ms, vs, b0, mt, vt, vmax, i, Isa::MakeTail(b1 - i));
-      if constexpr (kQ) StoreBlock<M1, M2>(r, mt, vt, vmax, b0, b1);
+      if (i < b1) CompactAt<G, C, kSr, M1, M2>(s, r, ms, vs, b0, mt, vt, vmax, mmax, i, Isa::MakeTail(b1 - i));
+      if constexpr (kQ) StoreBlock<M1, M2>(r, mt, vt, vmax, mmax, b0, b1);
     }
   }
 

@@ -151,6 +151,26 @@ struct Buffers {
   std::vector<float> ms, vs;
 };
 
+// q8 moments: in every third block, element 5 gets the block's largest first moment (code 120, the
+// others at most 119, the scale 0.1 so the gradients cannot overtake it), a zero second moment and a
+// zero gradient: the coupling zeroes it, so the block's stored scale is not the largest magnitude before
+// the coupling (the kernels' rare second pass, StoreBlock in cpu_loops.h).
+bool Planted(int64_t i, int64_t block) { return (i / block) % 3 == 1 && i % block == 5; }
+void PlantCoupledMaxima(Buffers& b, int64_t block, int64_t n, DType grad) {
+  for (int64_t q = 1; q * block + 5 < n; q += 3) {
+    b.ms[static_cast<size_t>(q)] = 0.1f;
+    for (int64_t i = q * block; i < std::min(n, q * block + block); ++i) {
+      uint8_t& c = b.m[static_cast<size_t>(i)];
+      if ((c & 0x7f) == 120) --c;
+    }
+    const int64_t e = q * block + 5;
+    b.m[static_cast<size_t>(e)] = static_cast<uint8_t>(120 | (q & 2 ? 0x80 : 0));
+    b.v[static_cast<size_t>(e)] = 0;
+    const size_t width = grad == DType::kBF16 ? 2 : 4;
+    std::memset(b.g.data() + static_cast<size_t>(e) * width, 0, width);
+  }
+}
+
 // Random state in the given formats: parameters ~ N(0, 1), gradients ~ N(0, 1) with a few blocks much
 // smaller, valid codes and positive scales for q8 and q4 moments.
 Buffers RandomState(const CompactFormat& f, int64_t n, DType grad, std::mt19937& rng) {
@@ -193,6 +213,7 @@ Buffers RandomState(const CompactFormat& f, int64_t n, DType grad, std::mt19937&
   fill_floats(b.g, grad == DType::kBF16, 1.0f, false);
   moment(b.m, b.ms, f.exp_avg, true, 0.1f);
   moment(b.v, b.vs, f.exp_avg_sq, false, 0.01f);
+  if (f.exp_avg == Precision::kQ8 && f.exp_avg_sq == Precision::kQ8) PlantCoupledMaxima(b, f.block, n, grad);
   if (f.master) b.copy.assign(static_cast<size_t>(n) * 2, 0xab);
   return b;
 }
@@ -346,6 +367,16 @@ TEST(AdamCompact, StoredBlocksDecodeAndEncodeBackToThemselves) {
         float amax = 0;
         for (int64_t i = q * 64; i < std::min(n, q * 64 + 64); ++i) amax = std::max(amax, std::fabs(x[static_cast<size_t>(i)]));
         ASSERT_EQ(amax, (*scales)[static_cast<size_t>(q)]) << "block " << q;
+      }
+      if (p == Precision::kQ8 && form.is_signed) {
+        int planted = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          if (!Planted(i, 64)) continue;
+          ++planted;
+          EXPECT_EQ((*codes)[static_cast<size_t>(i)], 0) << "element " << i << ": a block's largest first moment, coupled to 0";
+          EXPECT_LT((*scales)[static_cast<size_t>(i / 64)], 0.09f) << "element " << i;
+        }
+        EXPECT_GT(planted, 10);
       }
       std::vector<uint8_t> again(codes->size());
       std::vector<float> again_scales(scales->size());
