@@ -4,14 +4,18 @@
 // times AdamCpu over one shard and a bandwidth probe that moves exactly the same bytes (reads p, g, m,
 // v; writes p, m, v and the copy) with trivial arithmetic. The ratio adam/probe says how close the
 // kernel is to the memory limit. Then the compact-state step (core/quant_math.h) per moment format,
-// with and without a master, beside a probe of its own traffic and the f32-state step. The peer (torch.optim.AdamW, when Debian's python3-torch is
+// with and without a master, beside a probe of its own traffic and the f32-state step, in
+// interleaved rounds (--reps of them: each round times every case and probe once; medians of the rounds). The peer (torch.optim.AdamW, when Debian's python3-torch is
 // installed) is measured by bench/adam_peer.py and passed in with --peer-gelems.
 //
 //   adam_bench [--elements N] [--reps R] [--peer-gelems X] [--isa avx512|avx2|scalar]  (auto: avx512bf16 where the CPU has it)
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -125,8 +129,21 @@ void ByteProbe(ThreadPool& pool, int threads, const std::vector<Stream>& streams
       threads);
 }
 
+double Median(std::vector<double> x) {
+  std::sort(x.begin(), x.end());
+  return x[x.size() / 2];
+}
+double Seconds(const std::function<void()>& fn) {
+  const auto a = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+}
+
 // Compact state (issue 34): the fused step per moment format and master choice at 2 threads, bf16
-// gradients, beside the probe of its own traffic and the f32-state step.
+// gradients, beside the probe of its own traffic and the f32-state step. Interleaved rounds: each
+// round times every case and every probe once, so a host whose bandwidth or clock drifts moves them
+// together; each ratio is the median of the rounds' ratios (the step against its probe, and against
+// the f32 state's step, in the same round).
 void CompactCases(ThreadPool& pool, Buffers& b, DeviceBuffer& ms, DeviceBuffer& vs, int64_t n, int reps, CpuIsa isa, const AdamStepScalars& s) {
   struct Case {
     const char* name;
@@ -140,34 +157,53 @@ void CompactCases(ThreadPool& pool, Buffers& b, DeviceBuffer& ms, DeviceBuffer& 
                         {"q8 moments, no master", Precision::kQ8, Precision::kQ8, false},
                         {"q4 moments + master", Precision::kQ4, Precision::kQ4, true},
                         {"q4 moments, no master", Precision::kQ4, Precision::kQ4, false}};
-  std::printf("\ncompact state, 2 threads, bf16 gradients (bytes per parameter moved: read + written)\n");
-  std::printf("%-26s %8s %12s %10s %12s %8s %10s\n", "case", "B/param", "adam Gel/s", "adam GB/s", "probe GB/s", "ratio", "vs f32");
-  double f32_rate = 0;
+  struct Row {
+    const Case* c;
+    AdamCompactArgs t;
+    std::vector<Stream> probe;
+    double bytes;
+    std::vector<double> step, limit, vs_limit, vs_f32;  // per round
+  };
+  CpuKernelOptions o;
+  o.pool = &pool;
+  o.threads = 2;
+  o.isa = isa;
+  std::vector<Row> rows;
   for (const Case& c : cases) {
     const CompactFormat f{.exp_avg = c.m, .exp_avg_sq = c.v, .master = c.master};
     auto mb = [](Precision k) { return static_cast<double>(StateFormat::Of(k, "exp_avg", 256).Bytes(256)) / 256; };
     void* param = c.master ? b.p.data() : b.copy.data();
     const AdamCompactArgs t{param, b.g16.data(), b.m.data(), ms.as<float>(), b.v.data(), vs.as<float>(), c.master ? b.copy.data() : nullptr,
                             n, 0, f};
-    const std::vector<Stream> streams = {{param, c.master ? 4.0 : 2.0, true}, {b.g16.data(), 2, false}, {b.m.data(), mb(c.m), true},
-                                         {b.v.data(), mb(c.v), true}};
+    std::vector<Stream> probe = {{param, c.master ? 4.0 : 2.0, true}, {b.g16.data(), 2, false}, {b.m.data(), mb(c.m), true},
+                                 {b.v.data(), mb(c.v), true}};
     double bytes = 2;  // gradient
-    for (size_t k = 0; k < streams.size(); ++k) bytes += k == 1 ? 0 : 2 * streams[k].bytes_per_element;
+    for (size_t k = 0; k < probe.size(); ++k) bytes += k == 1 ? 0 : 2 * probe[k].bytes_per_element;
     if (c.master) bytes += 2;  // the bf16 copy written
-    std::vector<Stream> probe = streams;
     if (c.master) probe.push_back({b.copy.data(), 2, true});  // (a read + write: slightly more than the kernel's write)
-    CpuKernelOptions o;
-    o.pool = &pool;
-    o.threads = 2;
-    o.isa = isa;
-    const double ta = bench::MedianSeconds([&] { (void)AdamCompactCpu(s, 10, std::span(&t, 1), DType::kBF16, DType::kBF16, o); }, reps);
-    const double tp = std::min(bench::MedianSeconds([&] { ByteProbe<false>(pool, 2, probe, n, o.chunk); }, reps),
-                               bench::MedianSeconds([&] { ByteProbe<true>(pool, 2, probe, n, o.chunk); }, reps));
-    const double gel = n / ta / 1e9, gbs = bytes * n / ta / 1e9, pgbs = bytes * n / tp / 1e9;
-    if (f32_rate == 0) f32_rate = gel;
-    std::printf("%-26s %8.2f %12.3f %10.2f %12.2f %8.2f %10.2f\n", c.name, bytes, gel, gbs, pgbs, gbs / pgbs, gel / f32_rate);
-    bench::PrintResult("adam", std::string("compact ") + c.name + ", 2t", gbs, "GB/s", pgbs, "probe GB/s");
-    bench::PrintResult("adam", std::string("compact ") + c.name + ", 2t vs f32 state", gel, "Gelem/s", f32_rate, "f32-state Gelem/s");
+    rows.push_back({&c, t, probe, bytes, {}, {}, {}, {}});
+  }
+  auto step = [&](const Row& r) { (void)AdamCompactCpu(s, 10, std::span(&r.t, 1), DType::kBF16, DType::kBF16, o); };
+  for (const Row& r : rows) step(r);  // warm-up
+  for (int round = 0; round < reps; ++round) {
+    for (Row& r : rows) {
+      r.step.push_back(Seconds([&] { step(r); }));
+      r.limit.push_back(std::min(Seconds([&] { ByteProbe<false>(pool, 2, r.probe, n, o.chunk); }),
+                                 Seconds([&] { ByteProbe<true>(pool, 2, r.probe, n, o.chunk); })));
+      r.vs_limit.push_back(r.limit.back() / r.step.back());
+      r.vs_f32.push_back(rows[0].step.back() / r.step.back());
+    }
+  }
+  std::printf("\ncompact state, 2 threads, bf16 gradients (bytes per parameter moved: read + written), median of %d interleaved rounds\n", reps);
+  std::printf("%-26s %8s %12s %10s %12s %8s %10s\n", "case", "B/param", "adam Gel/s", "adam GB/s", "probe GB/s", "ratio", "vs f32");
+  for (const Row& r : rows) {
+    const double ta = Median(r.step), tp = Median(r.limit);
+    const double gel = n / ta / 1e9, gbs = r.bytes * n / ta / 1e9, pgbs = r.bytes * n / tp / 1e9;
+    const double ratio = Median(r.vs_limit), vs_f32 = Median(r.vs_f32);
+    std::printf("%-26s %8.2f %12.3f %10.2f %12.2f %8.2f %10.2f\n", r.c->name, r.bytes, gel, gbs, pgbs, ratio, vs_f32);
+    bench::PrintResult("adam", std::string("compact ") + r.c->name + ", 2t", gbs, "GB/s", gbs / ratio, "probe GB/s");
+    bench::PrintResult("adam", std::string("compact ") + r.c->name + ", 2t vs f32 state", gel, "Gelem/s", gel / vs_f32,
+                       "f32-state Gelem/s");
   }
 }
 
