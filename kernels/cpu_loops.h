@@ -252,12 +252,13 @@ struct Kernels {
       StoreMoment<M1>(r.exp_avg, b0 + j, m, tag);
     }
   }
-  template <int M1, int M2>
-  static V CoupleBlock(const CompactRange& r, float* mt, const float* vt, int64_t b0, int64_t n, float vr) {
+  // The coupling's pass over a block; returns the first moment's largest magnitudes, lane by lane.
+  template <int M1, int M2, bool kEncodeFirst = false>
+  static V CoupleBlock(const CompactRange& r, float* mt, const float* vt, int64_t b0, int64_t n, float vr, float mr = 0.0f) {
     V am(0.0f);
     int64_t j = 0;
-    for (; j + W <= n; j += W) CoupleAt<M1, M2, false>(r, mt, vt, b0, j, vr, 0.0f, am, typename Isa::Full{});
-    if (j < n) CoupleAt<M1, M2, false>(r, mt, vt, b0, j, vr, 0.0f, am, Isa::MakeTail(n - j));
+    for (; j + W <= n; j += W) CoupleAt<M1, M2, kEncodeFirst>(r, mt, vt, b0, j, vr, mr, am, typename Isa::Full{});
+    if (j < n) CoupleAt<M1, M2, kEncodeFirst>(r, mt, vt, b0, j, vr, mr, am, Isa::MakeTail(n - j));
     return am;
   }
   template <class Tag>
@@ -285,12 +286,8 @@ struct Kernels {
     if constexpr (Blockwise(M2)) vr = Q8Recip(r.exp_avg_sq_scale[q] = Isa::LaneMax(vmax));
     if constexpr (M2 == kMomQ4) EncodeQ4<false>(vt, n, vr, static_cast<uint8_t*>(r.exp_avg_sq) + b0 / 2);
     if constexpr (M1 == kMomQ8) {
-      const float guess = Isa::LaneMax(mmax), mr = Q8Recip(guess);
-      V am(0.0f);
-      int64_t j = 0;
-      for (; j + W <= n; j += W) CoupleAt<M1, M2, true>(r, mt, vt, b0, j, vr, mr, am, typename Isa::Full{});
-      if (j < n) CoupleAt<M1, M2, true>(r, mt, vt, b0, j, vr, mr, am, Isa::MakeTail(n - j));
-      const float scale = r.exp_avg_scale[q] = Isa::LaneMax(am);
+      const float guess = Isa::LaneMax(mmax);
+      const float scale = r.exp_avg_scale[q] = Isa::LaneMax(CoupleBlock<M1, M2, true>(r, mt, vt, b0, n, vr, Q8Recip(guess)));
       if (std::bit_cast<uint32_t>(scale) != std::bit_cast<uint32_t>(guess)) [[unlikely]] {
         CoupleBlock<M1, M2>(r, mt, vt, b0, n, vr);
         EncodeFirst(r, mt, b0, n, Q8Recip(scale));
