@@ -5,17 +5,15 @@
 // v; writes p, m, v and the copy) with trivial arithmetic. The ratio adam/probe says how close the
 // kernel is to the memory limit. Then the compact-state step (core/quant_math.h) per moment format,
 // with and without a master, beside a probe of its own traffic and the f32-state step, in
-// interleaved rounds (--reps of them: each round times every case and probe once; medians of the rounds). The peer (torch.optim.AdamW, when Debian's python3-torch is
+// interleaved rounds (--reps of them: each round times every case and probe once; medians of the
+// rounds), and each case's cost per element in cache (one thread, 32K elements). The peer (torch.optim.AdamW, when Debian's python3-torch is
 // installed) is measured by bench/adam_peer.py and passed in with --peer-gelems.
 //
 //   adam_bench [--elements N] [--reps R] [--peer-gelems X] [--isa avx512|avx2|scalar]  (auto: avx512bf16 where the CPU has it)
 #include <CLI/CLI.hpp>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -129,16 +127,6 @@ void ByteProbe(ThreadPool& pool, int threads, const std::vector<Stream>& streams
       threads);
 }
 
-double Median(std::vector<double> x) {
-  std::sort(x.begin(), x.end());
-  return x[x.size() / 2];
-}
-double Seconds(const std::function<void()>& fn) {
-  const auto a = std::chrono::steady_clock::now();
-  fn();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
-}
-
 // Compact state (issue 34): the fused step per moment format and master choice at 2 threads, bf16
 // gradients, beside the probe of its own traffic and the f32-state step. Interleaved rounds: each
 // round times every case and every probe once, so a host whose bandwidth or clock drifts moves them
@@ -188,9 +176,9 @@ void CompactCases(ThreadPool& pool, Buffers& b, DeviceBuffer& ms, DeviceBuffer& 
   for (const Row& r : rows) step(r);  // warm-up
   for (int round = 0; round < reps; ++round) {
     for (Row& r : rows) {
-      r.step.push_back(Seconds([&] { step(r); }));
-      r.limit.push_back(std::min(Seconds([&] { ByteProbe<false>(pool, 2, r.probe, n, o.chunk); }),
-                                 Seconds([&] { ByteProbe<true>(pool, 2, r.probe, n, o.chunk); })));
+      r.step.push_back(bench::Seconds([&] { step(r); }));
+      r.limit.push_back(std::min(bench::Seconds([&] { ByteProbe<false>(pool, 2, r.probe, n, o.chunk); }),
+                                 bench::Seconds([&] { ByteProbe<true>(pool, 2, r.probe, n, o.chunk); })));
       r.vs_limit.push_back(r.limit.back() / r.step.back());
       r.vs_f32.push_back(rows[0].step.back() / r.step.back());
     }
@@ -204,7 +192,7 @@ void CompactCases(ThreadPool& pool, Buffers& b, DeviceBuffer& ms, DeviceBuffer& 
     for (Row& r : rows) {
       AdamCompactArgs t = r.t;
       t.numel = std::min<int64_t>(n, 32768);
-      const double ns = Seconds([&] { (void)AdamCompactCpu(s, 10, std::span(&t, 1), DType::kBF16, DType::kBF16, one); }) * 1e9 / t.numel;
+      const double ns = bench::Seconds([&] { (void)AdamCompactCpu(s, 10, std::span(&t, 1), DType::kBF16, DType::kBF16, one); }) * 1e9 / t.numel;
       r.cached = call == 0 ? ns : std::min(r.cached, ns);
     }
   }
@@ -213,9 +201,9 @@ void CompactCases(ThreadPool& pool, Buffers& b, DeviceBuffer& ms, DeviceBuffer& 
   std::printf("%-26s %8s %12s %10s %12s %8s %10s %9s\n", "case", "B/param", "adam Gel/s", "adam GB/s", "probe GB/s", "ratio", "vs f32",
               "in cache");
   for (const Row& r : rows) {
-    const double ta = Median(r.step), tp = Median(r.limit);
+    const double ta = bench::Median(r.step), tp = bench::Median(r.limit);
     const double gel = n / ta / 1e9, gbs = r.bytes * n / ta / 1e9, pgbs = r.bytes * n / tp / 1e9;
-    const double ratio = Median(r.vs_limit), vs_f32 = Median(r.vs_f32);
+    const double ratio = bench::Median(r.vs_limit), vs_f32 = bench::Median(r.vs_f32);
     std::printf("%-26s %8.2f %12.3f %10.2f %12.2f %8.2f %10.2f %9.3f\n", r.c->name, r.bytes, gel, gbs, pgbs, ratio, vs_f32, r.cached);
     bench::PrintResult("adam", std::string("compact ") + r.c->name + ", 2t", gbs, "GB/s", gbs / ratio, "probe GB/s");
     bench::PrintResult("adam", std::string("compact ") + r.c->name + ", 2t vs f32 state", gel, "Gelem/s", gel / vs_f32,

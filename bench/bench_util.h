@@ -7,21 +7,30 @@
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace zrt::bench {
+
+// Seconds one call of fn takes.
+inline double Seconds(const std::function<void()>& fn) {
+  const auto a = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+}
+
+// The median of x (the upper one of an even count).
+inline double Median(std::vector<double> x) {
+  std::sort(x.begin(), x.end());
+  return x[x.size() / 2];
+}
 
 // Runs fn `warmup` times untimed, then `reps` times; returns the median seconds.
 inline double MedianSeconds(const std::function<void()>& fn, int reps, int warmup = 1) {
   for (int i = 0; i < warmup; ++i) fn();
   std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    const auto a = std::chrono::steady_clock::now();
-    fn();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  for (int i = 0; i < reps; ++i) t.push_back(Seconds(fn));
+  return Median(std::move(t));
 }
 
 // One line per figure, tab-separated, for ./scripts/bench:

@@ -8,8 +8,6 @@
 // keep the integer form: the bits stay the scalar path's and PyTorch's).
 #include <immintrin.h>
 
-#include <type_traits>
-
 #include "zrt/kernels/cpu_loops.h"
 
 namespace zrt::kernels::avx512 {
