@@ -42,12 +42,15 @@ inline __m256 FromBf16(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32
 
 // ---- compact state (quant_math.h): the scalar definitions' integer and float operations, 8 lanes ----
 inline __m256i Set(uint32_t x) { return _mm256_set1_epi32(static_cast<int>(x)); }
-inline __m256i Fmix32(__m256i h) {
+// Fmix32(key ^ index) >> 16 (quant_math.h), the stochastic rounding's bits: Fmix32's last xor-shift
+// leaves the high half as it is, so it is left out.
+inline __m256i RoundingBits(uint32_t key, __m256i index) {
+  __m256i h = _mm256_xor_si256(Set(key), index);
   h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
   h = _mm256_mullo_epi32(h, Set(0x85ebca6bu));
   h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 13));
   h = _mm256_mullo_epi32(h, Set(0xc2b2ae35u));
-  return _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+  return _mm256_srli_epi32(h, 16);
 }
 // As cpu_avx512.cc's: the magnitude bits shifted into a float's top bits, and e = 0 fixed up exactly.
 template <bool kSigned>
@@ -95,8 +98,7 @@ inline uint64_t LowBytes(__m256i v) {
 // Stochastic rounding to bf16 of 8 elements whose indices' low halves start at lo.
 inline __m128i Bf16Stochastic(__m256 x, uint32_t key, uint32_t lo) {
   const __m256i idx = _mm256_add_epi32(Set(lo), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  const __m256i h = Fmix32(_mm256_xor_si256(Set(key), idx));
-  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_castps_si256(x), _mm256_srli_epi32(h, 16)), 16);
+  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_castps_si256(x), RoundingBits(key, idx)), 16);
   return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08));
 }
 

@@ -69,12 +69,15 @@ inline __m256i HighHalves(__m512i x) { return _mm512_cvtepi32_epi16(_mm512_srli_
 
 // ---- compact state (quant_math.h): the scalar definitions' integer and float operations, 16 lanes ----
 inline __m512i Set(uint32_t x) { return _mm512_set1_epi32(static_cast<int>(x)); }
-inline __m512i Fmix32(__m512i h) {
+// Fmix32(key ^ index) >> 16 (quant_math.h), the stochastic rounding's bits: Fmix32's last xor-shift
+// leaves the high half as it is, so it is left out.
+inline __m512i RoundingBits(uint32_t key, __m512i index) {
+  __m512i h = _mm512_xor_si512(Set(key), index);
   h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
   h = _mm512_mullo_epi32(h, Set(0x85ebca6bu));
   h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
   h = _mm512_mullo_epi32(h, Set(0xc2b2ae35u));
-  return _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+  return _mm512_srli_epi32(h, 16);
 }
 // An unsigned code's bits shifted into a float's top bits are its value (exponent e + 127 - 31, 3
 // mantissa bits) for e > 0; for e = 0 that reads 2^-31 (1 + f/8), and the value f 2^-33 is twice that
@@ -114,8 +117,7 @@ inline __m128i Q8Encode(__m512 x, __m512 recip) {
 // Stochastic rounding to bf16 of 16 elements whose indices' low halves start at lo.
 inline __m256i Bf16Stochastic(__m512 x, uint32_t key, uint32_t lo) {
   const __m512i idx = _mm512_add_epi32(Set(lo), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-  const __m512i h = Fmix32(_mm512_xor_si512(Set(key), idx));
-  return HighHalves(_mm512_add_epi32(_mm512_castps_si512(x), _mm512_srli_epi32(h, 16)));
+  return HighHalves(_mm512_add_epi32(_mm512_castps_si512(x), RoundingBits(key, idx)));
 }
 
 struct Isa {
