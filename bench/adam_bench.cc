@@ -130,11 +130,6 @@ void ByteProbe(ThreadPool& pool, int threads, const std::vector<Stream>& streams
       threads);
 }
 
-// Compact state (issue 34): the fused step per moment format and master choice at 2 threads, bf16
-// gradients, beside the probe of its own traffic and the f32-state step. Interleaved rounds: each
-// round times every case and every probe once, so a host whose bandwidth or clock drifts moves them
-// together; each ratio is the median of the rounds' ratios (the step against its probe, and against
-// the f32 state's step, in the same round).
 DeviceBuffer Alloc(CpuDevice& dev, size_t bytes) {
   auto r = dev.Allocate(bytes, MemCategory::kOptimizerState, 4096);
   if (!r.ok()) {
@@ -144,10 +139,32 @@ DeviceBuffer Alloc(CpuDevice& dev, size_t bytes) {
   return std::move(*r);
 }
 
-// Each case's moments are its own format's, zeroed before the warm-up (a valid state in every format)
-// and shared by that format's cases with and without a master. A case never reads another format's
-// bytes as its own: a q8 code read from f32 bytes is often of exponent 0 and a bf16 often subnormal,
-// which costs an Intel core a microcode assist per operation and measures nothing a trainer sees.
+// One moment format's state, zeroed (a valid state in every format). Each compact case runs over its
+// own format's (its cases with and without a master share it): a case never reads another format's
+// bytes as its own, since a q8 code read from f32 bytes is often of exponent 0 and a bf16 often
+// subnormal, which costs an Intel core a microcode assist per operation and measures nothing a
+// trainer sees. The values' buffers have room for the scales too: the probe reads those bytes with them.
+struct FormatState {
+  DeviceBuffer m, v, ms, vs;  // values, scales
+};
+FormatState ZeroedState(CpuDevice& dev, Precision m, Precision v, int64_t n) {
+  FormatState st;
+  auto zeroed = [&](DeviceBuffer& d, int64_t bytes) {
+    d = Alloc(dev, static_cast<size_t>(bytes));
+    std::memset(d.data(), 0, d.size());
+  };
+  zeroed(st.m, StateFormat::Of(m, "exp_avg", 256).Bytes(n));
+  zeroed(st.v, StateFormat::Of(v, "exp_avg_sq", 256).Bytes(n));
+  zeroed(st.ms, (n / 256 + 1) * 4);
+  zeroed(st.vs, (n / 256 + 1) * 4);
+  return st;
+}
+
+// Compact state (issue 34): the fused step per moment format and master choice at 2 threads, bf16
+// gradients, beside the probe of its own traffic and the f32-state step. Interleaved rounds: each
+// round times every case and every probe once, so a host whose bandwidth or clock drifts moves them
+// together; each ratio is the median of the rounds' ratios (the step against its probe, and against
+// the f32 state's step, in the same round).
 void CompactCases(CpuDevice& dev, ThreadPool& pool, Buffers& b, int64_t n, int reps, CpuIsa isa, const AdamStepScalars& s) {
   struct Case {
     const char* name;
@@ -173,29 +190,14 @@ void CompactCases(CpuDevice& dev, ThreadPool& pool, Buffers& b, int64_t n, int r
   o.pool = &pool;
   o.threads = 2;
   o.isa = isa;
-  struct State {
-    DeviceBuffer m, v, ms, vs;  // values (room for the probe, which reads the scales' bytes with them), scales
-  };
-  std::map<std::pair<Precision, Precision>, State> states;
-  const size_t scales = static_cast<size_t>(n / 256 + 1) * 4;
-  for (const Case& c : cases) {
-    State& st = states[{c.m, c.v}];
-    if (st.m.data() != nullptr) continue;
-    for (auto [buf, k] : {std::pair{&st.m, c.m}, std::pair{&st.v, c.v}}) {
-      *buf = Alloc(dev, static_cast<size_t>(StateFormat::Of(k, "exp_avg", 256).Bytes(n)));
-      std::memset(buf->data(), 0, buf->size());
-    }
-    for (DeviceBuffer* buf : {&st.ms, &st.vs}) {
-      *buf = Alloc(dev, scales);
-      std::memset(buf->data(), 0, buf->size());
-    }
-  }
+  std::map<std::pair<Precision, Precision>, FormatState> states;
   std::vector<Row> rows;
   for (const Case& c : cases) {
+    if (!states.contains({c.m, c.v})) states.emplace(std::pair{c.m, c.v}, ZeroedState(dev, c.m, c.v, n));
     const CompactFormat f{.exp_avg = c.m, .exp_avg_sq = c.v, .master = c.master};
     auto mb = [](Precision k) { return static_cast<double>(StateFormat::Of(k, "exp_avg", 256).Bytes(256)) / 256; };
     void* param = c.master ? b.p.data() : b.copy.data();
-    State& st = states[{c.m, c.v}];
+    FormatState& st = states.at({c.m, c.v});
     const AdamCompactArgs t{param, b.g16.data(), st.m.data(), st.ms.as<float>(), st.v.data(), st.vs.as<float>(),
                             c.master ? b.copy.data() : nullptr, n, 0, f};
     std::vector<Stream> probe = {{param, c.master ? 4.0 : 2.0, true}, {b.g16.data(), 2, false}, {st.m.data(), mb(c.m), true},
