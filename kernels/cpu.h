@@ -12,7 +12,8 @@ class ThreadPool;
 namespace zrt::kernels {
 
 // Which instruction set the CPU kernels use. kAuto picks the best the CPU (and OS) supports.
-// kAvx512Bf16: AVX-512 with AVX512-BF16's conversion to bf16 (the same results, fewer operations).
+// kAvx512Bf16: AVX-512 with AVX512-BF16 and AVX512-VBMI: bf16 conversion and byte permutes (the same
+// results, fewer operations).
 enum class CpuIsa : uint8_t { kAuto, kScalar, kAvx2, kAvx512, kAvx512Bf16 };
 std::string_view CpuIsaName(CpuIsa isa);
 // The best ISA this machine supports (never kAuto).

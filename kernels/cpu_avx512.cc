@@ -67,6 +67,18 @@ inline __m512 FromBf16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32
 inline __m256i HighHalves(__m512i x) { return _mm512_cvtepi32_epi16(_mm512_srli_epi32(x, 16)); }
 #endif
 
+// The low byte of each 32-bit lane, in lane order. The BF16 unit is built with AVX512-VBMI too (every
+// CPU with AVX512-BF16 but Cooper Lake has it; DetectCpuIsa asks for both): one byte permute, where
+// the narrowing vpmovdb is two operations on Intel's cores.
+#if defined(__AVX512VBMI__)
+inline __m128i LowBytes(__m512i x) {
+  const __m512i low = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x3c383430, 0x2c282420, 0x1c181410, 0x0c080400);
+  return _mm512_castsi512_si128(_mm512_permutexvar_epi8(low, x));
+}
+#else
+inline __m128i LowBytes(__m512i x) { return _mm512_cvtepi32_epi8(x); }
+#endif
+
 // ---- compact state (quant_math.h): the scalar definitions' integer and float operations, 16 lanes ----
 inline __m512i Set(uint32_t x) { return _mm512_set1_epi32(static_cast<int>(x)); }
 // Fmix32(key ^ index) >> 16 (quant_math.h), the stochastic rounding's bits: Fmix32's last xor-shift
@@ -112,7 +124,7 @@ inline __m128i Q8Encode(__m512 x, __m512 recip) {
     }
     code = _mm512_mask_blend_epi32(is_sub, code, mag);
   }
-  return _mm512_cvtepi32_epi8(code);
+  return LowBytes(code);
 }
 // Stochastic rounding to bf16 of 16 elements whose indices' low halves start at lo.
 inline __m256i Bf16Stochastic(__m512 x, uint32_t key, uint32_t lo) {
@@ -189,11 +201,13 @@ struct Isa {
   // A signed code is an IEEE half's bits with the 4-bit exponent in the half's 5 (the same bias, 15)
   // and its 3 mantissa bits on top of the half's 10 (exponent 0: the half's subnormals, f 2^-17):
   // converted exactly by F16C. The unsigned code's exponent reaches 31, a half's infinities.
+  // Sign-extended to 16 bits and shifted left by 7, the code's bits 0-6 land on the half's 7-13 and
+  // its sign on bits 14 and 15: bit 14 (the half exponent's top bit, 0 here) is cleared.
   template <bool kSigned>
   static Vec DecodeQ8Bytes(__m128i bytes) {
     if constexpr (kSigned) {
-      const __m256i t = _mm256_slli_epi16(_mm256_cvtepu8_epi16(bytes), 7);  // code bits 0-7 at 7-14
-      return _mm512_cvtph_ps(_mm256_add_epi16(t, _mm256_and_si256(t, _mm256_set1_epi16(0x4000))));  // bit 14 -> 15
+      const __m256i t = _mm256_slli_epi16(_mm256_cvtepi8_epi16(bytes), 7);
+      return _mm512_cvtph_ps(_mm256_and_si256(t, _mm256_set1_epi16(static_cast<short>(0xbfff))));
     } else {
       return Q8DecodeUnsigned(_mm512_cvtepu8_epi32(bytes));
     }
@@ -239,7 +253,7 @@ struct Isa {
         const __m512i k = _mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(r, _mm512_set1_ps(16.0f)), _mm512_set1_ps(0.5f)));
         code = _mm512_sub_epi32(_mm512_max_epi32(k, Set(1)), Set(1));
       }
-      const __m128i c = _mm512_cvtepi32_epi8(code);  // 16 codes, a byte each
+      const __m128i c = LowBytes(code);  // 16 codes, a byte each
       const __m128i pairs = _mm_or_si128(_mm_and_si128(c, _mm_set1_epi16(0x00ff)), _mm_srli_epi16(c, 4));  // lo | hi << 4
       _mm_storel_epi64(reinterpret_cast<__m128i*>(b + i / 2), _mm_packus_epi16(pairs, pairs));
     }

@@ -71,7 +71,8 @@ bool CpuSupports(CpuIsa isa) {
     case CpuIsa::kAvx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("f16c");
-    case CpuIsa::kAvx512Bf16: return CpuSupports(CpuIsa::kAvx512) && __builtin_cpu_supports("avx512bf16");
+    case CpuIsa::kAvx512Bf16:
+      return CpuSupports(CpuIsa::kAvx512) && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vbmi");
   }
   return false;
 }
