@@ -10,7 +10,7 @@
 // Convention (PyTorch, ../shared/reference/*/case.json), with PyTorch's CPU operation order and
 // roundings (fma marks where its kernels fuse: Tensor.add_(x, alpha=a) is fma(x, a, self)). With this
 // order every parameter and moment in ../shared/reference is reproduced bit for bit.
-//   g  = grad * grad_scale                       (unscale and clip in one multiply; exact when 1)
+//   g  = grad * grad_scale                       (unscale and clip in one multiply; skipped when 1)
 //   Adam (L2):  g = fma(p, wd, g)                AdamW: p = p * (1 - lr * wd)
 //   m  = fma(g, 1 - b1, b1 * m)
 //   v  = fma((1 - b2) * g, g, b2 * v)           (Tensor.addcmul_ fuses too)
@@ -70,7 +70,7 @@ ZRT_HD float Fma(float a, float b, float c) {
 // The gradient's unscale, L2 or decoupled decay, and both moments: what every update shares.
 template <class V>
 ZRT_HD void AdamMoments(const AdamStepScalars& s, V& p, V g, V& m, V& v) {
-  g = g * V(s.grad_scale);
+  if (s.grad_scale != 1.0f) g = g * V(s.grad_scale);  // g * 1 is g (a signaling NaN is quieted by the next operation)
   if (s.use_l2) g = Fma(p, V(s.l2), g);
   if (s.use_decay) p = p * V(s.decay);
   m = Fma(g, V(s.one_minus_beta1), V(s.beta1) * m);

@@ -233,12 +233,12 @@ AdamCompactArgs ArgsOf(Buffers& b, const CompactFormat& f, int64_t n, int64_t in
   return a;
 }
 
-AdamStepScalars Scalars(bool l2, int64_t step) {
+AdamStepScalars Scalars(bool l2, int64_t step, double grad_scale = 1.0 / 1024) {
   AdamConfig c;
   c.lr = 1e-3;
   c.weight_decay = 0.1;
   c.mode = l2 ? AdamMode::kAdamL2 : AdamMode::kAdamW;
-  return MakeAdamStepScalars(c, step, 1.0 / 1024).value();
+  return MakeAdamStepScalars(c, step, grad_scale).value();
 }
 
 std::vector<CompactFormat> AllFormats() {
@@ -263,11 +263,13 @@ TEST(AdamCompact, EveryIsaThreadCountAndChunkGivesTheSameBytes) {
   ThreadPool pool(3, "test");
   for (const CompactFormat& f : AllFormats()) {
     for (DType grad : {DType::kF32, DType::kBF16}) {
+      // f32 gradients loss-scaled, bf16 ones not (a grad_scale of 1 skips the multiply).
+      const AdamStepScalars s = Scalars(false, 7, grad == DType::kF32 ? 1.0 / 1024 : 1.0);
       const int64_t n = 5000 + static_cast<int64_t>(rng() % 3000);
       const Buffers start = RandomState(f, n, grad, rng);
       Buffers ref = start;
       AdamCompactArgs a = ArgsOf(ref, f, n, 256 * 3);
-      ASSERT_TRUE(AdamCompactCpu(Scalars(false, 7), 7, {&a, 1}, grad, DType::kBF16, {.isa = CpuIsa::kScalar}).ok());
+      ASSERT_TRUE(AdamCompactCpu(s, 7, {&a, 1}, grad, DType::kBF16, {.isa = CpuIsa::kScalar}).ok());
       // The vector encoders take codes of exponent 0 (magnitudes 1..7) on a path of their own: the
       // state must reach it, in vectors that mix them with larger codes.
       for (const auto& [codes, is_signed] : {std::pair{&ref.m, true}, std::pair{&ref.v, false}}) {
@@ -285,7 +287,7 @@ TEST(AdamCompact, EveryIsaThreadCountAndChunkGivesTheSameBytes) {
         for (int64_t chunk : {int64_t{1} << 15, int64_t{100}}) {
           Buffers b = start;
           AdamCompactArgs t = ArgsOf(b, f, n, 256 * 3);
-          ASSERT_TRUE(AdamCompactCpu(Scalars(false, 7), 7, {&t, 1}, grad, DType::kBF16, {.pool = &pool, .isa = isa, .chunk = chunk}).ok());
+          ASSERT_TRUE(AdamCompactCpu(s, 7, {&t, 1}, grad, DType::kBF16, {.pool = &pool, .isa = isa, .chunk = chunk}).ok());
           const std::string what = Name(f) + " " + std::string(CpuIsaName(isa)) + " chunk " + std::to_string(chunk);
           EXPECT_EQ(b.p, ref.p) << what;
           EXPECT_EQ(b.m, ref.m) << what;
