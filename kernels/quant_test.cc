@@ -258,22 +258,32 @@ std::string Name(const CompactFormat& f) {
 }
 
 // Every ISA this CPU has, every thread count and chunk: the same bytes as the scalar path.
+// Block-wise formats at the smallest blocks (shorter than a vector), the default and the largest.
 TEST(AdamCompact, EveryIsaThreadCountAndChunkGivesTheSameBytes) {
   std::mt19937 rng(std::random_device{}());
   ThreadPool pool(3, "test");
+  std::vector<CompactFormat> formats;
   for (const CompactFormat& f : AllFormats()) {
+    formats.push_back(f);
+    if (!IsBlockwise(f.exp_avg) && !IsBlockwise(f.exp_avg_sq)) continue;
+    for (int64_t block : {int64_t{8}, int64_t{kMaxQuantBlock}}) {
+      formats.push_back(f);
+      formats.back().block = block;
+    }
+  }
+  for (const CompactFormat& f : formats) {
     for (DType grad : {DType::kF32, DType::kBF16}) {
       // f32 gradients loss-scaled, bf16 ones not (a grad_scale of 1 skips the multiply).
       const AdamStepScalars s = Scalars(false, 7, grad == DType::kF32 ? 1.0 / 1024 : 1.0);
       const int64_t n = 5000 + static_cast<int64_t>(rng() % 3000);
       const Buffers start = RandomState(f, n, grad, rng);
       Buffers ref = start;
-      AdamCompactArgs a = ArgsOf(ref, f, n, 256 * 3);
+      AdamCompactArgs a = ArgsOf(ref, f, n, f.block * 3);
       ASSERT_TRUE(AdamCompactCpu(s, 7, {&a, 1}, grad, DType::kBF16, {.isa = CpuIsa::kScalar}).ok());
       // The vector encoders take codes of exponent 0 (magnitudes 1..7) on a path of their own: the
-      // state must reach it, in vectors that mix them with larger codes.
+      // state must reach it, in vectors that mix them with larger codes (checked at the default block).
       for (const auto& [codes, is_signed] : {std::pair{&ref.m, true}, std::pair{&ref.v, false}}) {
-        if ((is_signed ? f.exp_avg : f.exp_avg_sq) != Precision::kQ8) continue;
+        if ((is_signed ? f.exp_avg : f.exp_avg_sq) != Precision::kQ8 || f.block != 256) continue;
         int mixed = 0;
         for (size_t i = 0; i + 16 <= codes->size(); i += 16) {
           int tiny = 0;
@@ -286,9 +296,9 @@ TEST(AdamCompact, EveryIsaThreadCountAndChunkGivesTheSameBytes) {
         if (!CpuSupports(isa)) continue;
         for (int64_t chunk : {int64_t{1} << 15, int64_t{100}}) {
           Buffers b = start;
-          AdamCompactArgs t = ArgsOf(b, f, n, 256 * 3);
+          AdamCompactArgs t = ArgsOf(b, f, n, f.block * 3);
           ASSERT_TRUE(AdamCompactCpu(s, 7, {&t, 1}, grad, DType::kBF16, {.pool = &pool, .isa = isa, .chunk = chunk}).ok());
-          const std::string what = Name(f) + " " + std::string(CpuIsaName(isa)) + " chunk " + std::to_string(chunk);
+          const std::string what = Name(f) + " block " + std::to_string(f.block) + " " + std::string(CpuIsaName(isa)) + " chunk " + std::to_string(chunk);
           EXPECT_EQ(b.p, ref.p) << what;
           EXPECT_EQ(b.m, ref.m) << what;
           EXPECT_EQ(b.v, ref.v) << what;
