@@ -277,14 +277,6 @@ struct Kernels {
     for (; j + W <= n; j += W) EncodeFirstAt(r, mt, b0, j, mr, typename Isa::Full{});
     if (j < n) EncodeFirstAt(r, mt, b0, j, mr, Isa::MakeTail(n - j));
   }
-  // The q8 or q4 block [b0, b1) held in mt/vt (`vmax`, `mmax`: the moments' largest magnitudes, lane
-  // by lane): the second moment's scale and codes, the coupling, then the first moment's scale (of what
-  // is stored: the largest magnitude after the coupling) and codes.
-  //
-  // A q8 first moment is encoded in the coupling's pass, with the scale it had before the coupling
-  // (`mmax`'s). The coupling only zeroes, so that is almost always the scale after it; where it is not
-  // (in any bit), the block is coupled again and its first moment encoded in a pass of its own: the
-  // stored bits are those of the three passes either way.
   // A q8 first moment's block after its coupling pass (`am`, the pass's largest magnitudes): its scale,
   // and the fallback when the guess was not the scale.
   template <int M1, int M2>
@@ -295,6 +287,14 @@ struct Kernels {
       EncodeFirst(r, mt, b0, n, Q8Recip(scale));
     }
   }
+  // The q8 or q4 block [b0, b1) held in mt/vt (`vmax`, `mmax`: the moments' largest magnitudes, lane
+  // by lane): the second moment's scale and codes, the coupling, then the first moment's scale (of what
+  // is stored: the largest magnitude after the coupling) and codes.
+  //
+  // A q8 first moment is encoded in the coupling's pass, with the scale it had before the coupling
+  // (`mmax`'s). The coupling only zeroes, so that is almost always the scale after it; where it is not
+  // (in any bit), the block is coupled again and its first moment encoded in a pass of its own: the
+  // stored bits are those of the three passes either way.
   template <int M1, int M2>
   static void StoreBlock(const CompactRange& r, float* mt, const float* vt, V vmax, V mmax, int64_t b0, int64_t b1) {
     const int64_t n = b1 - b0, q = b0 / r.block;
