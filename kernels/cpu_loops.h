@@ -326,6 +326,15 @@ struct Kernels {
     }
   }
 
+  // What the compact step reads kCompactPrefetchElements after element i.
+  template <int G, bool kSr, int M1, int M2>
+  static void PrefetchAhead(const CompactRange& r, int64_t i) {
+    Isa::template Prefetch<kSr ? kElemBf16 : kElemF32>(r.param, i + kCompactPrefetchElements);
+    Isa::template Prefetch<G>(r.grad, i + kCompactPrefetchElements);
+    PrefetchMoment<M1>(r.exp_avg, i + kCompactPrefetchElements);
+    PrefetchMoment<M2>(r.exp_avg_sq, i + kCompactPrefetchElements);
+  }
+
   // Both moments q8 (the common compact format): block k's update runs in one loop with block k-1's
   // coupling and encoding (StoreBlock's pass), so the integer work of one fills the divider's wait in
   // the other. The same operations per element as BlockLoop, the same stored bytes; two pairs of
@@ -346,10 +355,7 @@ struct Kernels {
       V vmax(0.0f), mmax(0.0f), am(0.0f);
       int64_t i = b0, j = 0;
       for (; i + W <= b1; i += W, j += W) {
-        Isa::template Prefetch<kSr ? kElemBf16 : kElemF32>(r.param, i + kCompactPrefetchElements);
-        Isa::template Prefetch<G>(r.grad, i + kCompactPrefetchElements);
-        PrefetchMoment<kMomQ8>(r.exp_avg, i + kCompactPrefetchElements);
-        PrefetchMoment<kMomQ8>(r.exp_avg_sq, i + kCompactPrefetchElements);
+        PrefetchAhead<G, kSr, kMomQ8, kMomQ8>(r, i);
         CompactAt<G, C, kSr, kMomQ8, kMomQ8>(s, r, ms, vs, b0, m, v, vmax, mmax, i, typename Isa::Full{});
         if (j + W <= pn) CoupleAt<kMomQ8, kMomQ8, true>(r, pm, pv, pb0, j, pvr, pmr, am, typename Isa::Full{});
       }
@@ -387,10 +393,7 @@ struct Kernels {
       V vmax(0.0f), mmax(0.0f);
       int64_t i = b0;
       for (; i + W <= b1; i += W) {
-        Isa::template Prefetch<kSr ? kElemBf16 : kElemF32>(r.param, i + kCompactPrefetchElements);
-        Isa::template Prefetch<G>(r.grad, i + kCompactPrefetchElements);
-        PrefetchMoment<M1>(r.exp_avg, i + kCompactPrefetchElements);
-        PrefetchMoment<M2>(r.exp_avg_sq, i + kCompactPrefetchElements);
+        PrefetchAhead<G, kSr, M1, M2>(r, i);
         CompactAt<G, C, kSr, M1, M2>(s, r, ms, vs, b0, mt, vt, vmax, mmax, i, typename Isa::Full{});
       }
       if (i < b1) CompactAt<G, C, kSr, M1, M2>(s, r, ms, vs, b0, mt, vt, vmax, mmax, i, Isa::MakeTail(b1 - i));

@@ -258,7 +258,7 @@ std::string Name(const CompactFormat& f) {
 }
 
 // Every ISA this CPU has, every thread count and chunk: the same bytes as the scalar path.
-// Block-wise formats at the smallest blocks (shorter than a vector), the default and the largest.
+// Block-wise formats at a block shorter than a vector (8), the default (256) and the largest.
 TEST(AdamCompact, EveryIsaThreadCountAndChunkGivesTheSameBytes) {
   std::mt19937 rng(std::random_device{}());
   ThreadPool pool(3, "test");
