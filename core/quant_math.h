@@ -156,7 +156,7 @@ ZRT_HD float Q4Magnitude(uint32_t m) {  // T[m], m in 0..7
 }
 
 // The signed code's thresholds, k in 0..6: the midpoint of T[k] and T[k + 1], the f32 nearest.
-ZRT_HD float Q4SignedMid(int k) {
+ZRT_HD constexpr float Q4SignedMid(int k) {
   switch (k) {
     case 0: return 1.0f / 24.0f;
     case 1: return 0.125f;

@@ -79,6 +79,40 @@ inline __m128i LowBytes(__m512i x) {
 inline __m128i LowBytes(__m512i x) { return _mm512_cvtepi32_epi8(x); }
 #endif
 
+// 16 q4 codes (one per 32-bit lane, each < 16) packed two a byte, element 2k in byte k's low nibble:
+// 8 bytes. A 64-bit lane's high code shifted down by 28 lands on its low byte's high nibble.
+inline __m128i PackNibbles(__m512i code) {
+  const __m512i pairs = _mm512_or_si512(code, _mm512_srli_epi64(code, 28));
+#if defined(__AVX512VBMI__)
+  const __m512i low = _mm512_set_epi64(0, 0, 0, 0, 0, 0, 0, 0x3830282018100800);
+  return _mm512_castsi512_si128(_mm512_permutexvar_epi8(low, pairs));
+#else
+  return _mm512_cvtepi64_epi8(pairs);
+#endif
+}
+
+// The signed q4 encoder's tables over k, the integer nearest r * 24 (0..24 used of 32): below[k] counts
+// the thresholds (Q4SignedMid, each the f32 nearest j / 24 for an integer j) at j < k, and at[k] is the
+// threshold at j = k, or infinity where there is none. r * 24 rounded is within an ulp of r * 24, and k
+// within 1/2 of that, so a threshold at j != k lies at least 1/2 - 2^-22 away from r * 24 on its side.
+struct Q4Thresholds {
+  alignas(64) int32_t below[32];
+  alignas(64) float at[32];
+};
+constexpr Q4Thresholds MakeQ4SignedThresholds() {
+  Q4Thresholds x{};
+  for (int k = 0; k < 32; ++k) {
+    x.at[k] = __builtin_inff();
+    for (int j = 0; j < 7; ++j) {
+      const auto at = static_cast<int>(Q4SignedMid(j) * 24.0f + 0.5f);
+      x.below[k] += at < k ? 1 : 0;
+      if (at == k) x.at[k] = Q4SignedMid(j);
+    }
+  }
+  return x;
+}
+inline constexpr Q4Thresholds kQ4SignedThresholds = MakeQ4SignedThresholds();
+
 // ---- compact state (quant_math.h): the scalar definitions' integer and float operations, 16 lanes ----
 inline __m512i Set(uint32_t x) { return _mm512_set1_epi32(static_cast<int>(x)); }
 // Fmix32(key ^ index) >> 16 (quant_math.h), the stochastic rounding's bits: Fmix32's last xor-shift
@@ -226,12 +260,14 @@ struct Isa {
   static void DecodeQ4(const void* bytes, int64_t n, float scale, float* out) {
     const auto* b = static_cast<const uint8_t*>(bytes);
     const __m512 table = _mm512_mul_ps(_mm512_loadu_ps(Q4Table(kSigned)), _mm512_set1_ps(scale));  // value * scale, per code
-    const __m128i low = _mm_set1_epi8(0x0f);
+    // Byte k in lanes 2k and 2k + 1, its high nibble shifted down in the odd lane: the permute reads
+    // only an index's low 4 bits, so the even lane's high nibble needs no mask.
+    const __m512i nibble = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
       const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + i / 2));
-      const __m128i c = _mm_unpacklo_epi8(_mm_and_si128(v, low), _mm_and_si128(_mm_srli_epi16(v, 4), low));  // in element order
-      _mm512_storeu_ps(out + i, _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(c), table));
+      const __m512i c = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(v, v)), nibble);
+      _mm512_storeu_ps(out + i, _mm512_permutexvar_ps(c, table));
     }
     for (; i < n; ++i) out[i] = Q4Value(Q4CodeAt(b, i), kSigned) * scale;
   }
@@ -239,23 +275,31 @@ struct Isa {
   static void EncodeQ4(const float* x, int64_t n, float recip, void* bytes) {
     auto* b = static_cast<uint8_t*>(bytes);
     const __m512 rv = _mm512_set1_ps(recip), one = _mm512_set1_ps(1.0f);
+    const Q4Thresholds& t = kQ4SignedThresholds;
+    const __m512i below_lo = _mm512_load_si512(t.below), below_hi = _mm512_load_si512(t.below + 16);
+    const __m512 at_lo = _mm512_load_ps(t.at), at_hi = _mm512_load_ps(t.at + 16);
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
       const __m512 xv = _mm512_loadu_ps(x + i);
-      const __m512 r = _mm512_min_ps(_mm512_mul_ps(_mm512_abs_ps(xv), rv), one);  // NaN: 1, as the scalar min
+      // A second moment is >= 0 or NaN: its magnitude is itself. NaN: r = 1, as the scalar min.
+      const __m512 r = _mm512_min_ps(_mm512_mul_ps(kSigned ? _mm512_abs_ps(xv) : xv, rv), one);
       __m512i code;
       if constexpr (kSigned) {
-        __m512i m = _mm512_setzero_si512();
-        for (int k = 0; k < 7; ++k) m = _mm512_mask_add_epi32(m, _mm512_cmp_ps_mask(r, _mm512_set1_ps(Q4SignedMid(k)), _CMP_GE_OQ), m, Set(1));
+        // The thresholds lie within an ulp of multiples of 1/24 (kQ4SignedThresholds): with k the integer
+        // nearest r * 24, every threshold but the one at k is below or above r for certain, and that one
+        // is compared exactly. The thresholds' count is then below[k] + (r >= at[k]).
+        const __m512i k = _mm512_cvt_roundps_epi32(_mm512_mul_ps(r, _mm512_set1_ps(24.0f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512i below = _mm512_permutex2var_epi32(below_lo, k, below_hi);
+        const __mmask16 at = _mm512_cmp_ps_mask(r, _mm512_permutex2var_ps(at_lo, k, at_hi), _CMP_GE_OQ);
+        const __m512i m = _mm512_mask_add_epi32(below, at, below, Set(1));
         const __mmask16 neg = _mm512_movepi32_mask(_mm512_castps_si512(xv)) & _mm512_test_epi32_mask(m, m);
         code = _mm512_mask_or_epi32(m, neg, m, Set(8));
       } else {
-        const __m512i k = _mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(r, _mm512_set1_ps(16.0f)), _mm512_set1_ps(0.5f)));
-        code = _mm512_sub_epi32(_mm512_max_epi32(k, Set(1)), Set(1));
+        // max(floor(r * 16 + 1/2), 1) - 1 is floor(r * 16 - 1/2) for r * 16 >= 1/2 and 0 below, where
+        // r * 16 - 1/2 lies in (-1, 0): truncated, it is that. r * 16 - 1/2 is exact (one fused operation).
+        code = _mm512_cvttps_epi32(_mm512_fmadd_ps(r, _mm512_set1_ps(16.0f), _mm512_set1_ps(-0.5f)));
       }
-      const __m128i c = LowBytes(code);  // 16 codes, a byte each
-      const __m128i pairs = _mm_or_si128(_mm_and_si128(c, _mm_set1_epi16(0x00ff)), _mm_srli_epi16(c, 4));  // lo | hi << 4
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(b + i / 2), _mm_packus_epi16(pairs, pairs));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(b + i / 2), PackNibbles(code));
     }
     Q4EncodeCodes(x + i, n - i, recip, kSigned, b + i / 2);  // i is even
   }

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <cstring>
 
 #include "zrt/kernels/adam_math.h"
 #include "zrt/kernels/cpu_table.h"
@@ -226,7 +227,7 @@ struct Kernels {
       Isa::template Store<kElemF32>(mt, i - b0, m, tag);
       Isa::template Store<kElemF32>(vt, i - b0, v, tag);
       if constexpr (Blockwise(M2)) vmax = Max(vmax, Isa::Abs(v));  // a tail's missing lanes are 0
-      if constexpr (M1 == kMomQ8) mmax = Max(mmax, Isa::Abs(m));  // StoreBlock's guess at the first moment's scale
+      if constexpr (Blockwise(M1)) mmax = Max(mmax, Isa::Abs(m));  // the first moment's scale before the coupling (StoreBlock)
     } else {
       StoreMoment<M1>(r.exp_avg, i, m, tag);
       StoreMoment<M2>(r.exp_avg_sq, i, v, tag);
@@ -304,6 +305,17 @@ struct Kernels {
     if constexpr (M1 == kMomQ8) {
       const float guess = Isa::LaneMax(mmax);
       FinishFirst<M1, M2>(r, mt, vt, b0, n, vr, guess, CoupleBlock<M1, M2, true>(r, mt, vt, b0, n, vr, Q8Recip(guess)));
+      return;
+    }
+    if constexpr (M1 == kMomQ4 && M2 == kMomQ4) {
+      // A q4 second moment has no zero code: the coupling zeroes the whole block's first moments where
+      // vr is 0 and nothing otherwise, so the first moment's scale is mmax's, with no coupling pass.
+      if (vr == 0.0f) {
+        r.exp_avg_scale[q] = 0.0f;
+        std::memset(static_cast<uint8_t*>(r.exp_avg) + b0 / 2, 0, static_cast<size_t>((n + 1) / 2));
+      } else {
+        EncodeQ4<true>(mt, n, Q8Recip(r.exp_avg_scale[q] = Isa::LaneMax(mmax)), static_cast<uint8_t*>(r.exp_avg) + b0 / 2);
+      }
       return;
     }
     const V am = CoupleBlock<M1, M2>(r, mt, vt, b0, n, vr);

@@ -241,6 +241,16 @@ AdamStepScalars Scalars(bool l2, int64_t step, double grad_scale = 1.0 / 1024) {
   return MakeAdamStepScalars(c, step, grad_scale).value();
 }
 
+// Every byte a step writes: parameters, both moments and their scales, the 16-bit copy.
+void ExpectSameState(const Buffers& b, const Buffers& ref, const std::string& what) {
+  EXPECT_EQ(b.p, ref.p) << what;
+  EXPECT_EQ(b.m, ref.m) << what;
+  EXPECT_EQ(b.v, ref.v) << what;
+  EXPECT_EQ(b.ms, ref.ms) << what;
+  EXPECT_EQ(b.vs, ref.vs) << what;
+  EXPECT_EQ(b.copy, ref.copy) << what;
+}
+
 std::vector<CompactFormat> AllFormats() {
   std::vector<CompactFormat> out;
   for (bool master : {true, false}) {
@@ -299,15 +309,159 @@ TEST(AdamCompact, EveryIsaThreadCountAndChunkGivesTheSameBytes) {
           AdamCompactArgs t = ArgsOf(b, f, n, f.block * 3);
           ASSERT_TRUE(AdamCompactCpu(s, 7, {&t, 1}, grad, DType::kBF16, {.pool = &pool, .isa = isa, .chunk = chunk}).ok());
           const std::string what = Name(f) + " block " + std::to_string(f.block) + " " + std::string(CpuIsaName(isa)) + " chunk " + std::to_string(chunk);
-          EXPECT_EQ(b.p, ref.p) << what;
-          EXPECT_EQ(b.m, ref.m) << what;
-          EXPECT_EQ(b.v, ref.v) << what;
-          EXPECT_EQ(b.ms, ref.ms) << what;
-          EXPECT_EQ(b.vs, ref.vs) << what;
-          EXPECT_EQ(b.copy, ref.copy) << what;
+          ExpectSameState(b, ref, what);
         }
       }
     }
+  }
+}
+
+// The encoders at their decision boundaries: with beta1 = beta2 = 0 a step stores m = g and v = g * g,
+// so gradients placed at every boundary between two codes (q8: the midpoint of neighbouring values; q4:
+// the rule's thresholds) and a few ulps either side put the vector encoders' rounding where it is
+// closest to wrong. Each block's element 0 sets its scale (1, or 0.75 for an inexact reciprocal).
+// Every ISA against the scalar path, and the scalar path's codes against Q8Encode / Q4Encode.
+TEST(AdamCompact, EveryIsaEncodesAtEveryBoundaryAsTheRule) {
+  auto boundaries = [](Precision p, bool is_signed) {
+    std::vector<float> out;
+    if (p == Precision::kQ8) {
+      const int top = is_signed ? 120 : 248;
+      for (int c = 0; c < top; ++c) {
+        out.push_back(static_cast<float>((static_cast<double>(Q8Value(static_cast<uint8_t>(c), is_signed)) +
+                                          Q8Value(static_cast<uint8_t>(c + 1), is_signed)) / 2));
+      }
+    } else if (is_signed) {
+      for (int k = 0; k < 7; ++k) out.push_back(Q4SignedMid(k));
+    } else {
+      for (int c = 0; c < 15; ++c) out.push_back((static_cast<float>(c) + 1.5f) / 16.0f);
+    }
+    out.push_back(1.0f);
+    return out;
+  };
+  auto step_ulps = [](float x, int d) {
+    for (; d > 0; --d) x = std::nextafter(x, 2.0f);
+    for (; d < 0; ++d) x = std::nextafter(x, 0.0f);
+    return x;
+  };
+  AdamConfig c;
+  c.lr = 1e-3;
+  c.beta1 = 0;
+  c.beta2 = 0;
+  c.weight_decay = 0;
+  const AdamStepScalars s = MakeAdamStepScalars(c, 3).value();
+  for (Precision mp : {Precision::kQ8, Precision::kQ4}) {
+    for (Precision vp : {Precision::kQ8, Precision::kQ4}) {
+      for (bool master : {true, false}) {
+        const CompactFormat f{.exp_avg = mp, .exp_avg_sq = vp, .master = master, .block = 256, .seed = 99};
+        // Gradients: the first moment's boundaries (both signs), and the square roots of the second's.
+        std::vector<float> gs;
+        for (float b : boundaries(mp, true)) {
+          for (int d = -3; d <= 3; ++d) {
+            if (step_ulps(b, d) <= 1.0f) gs.insert(gs.end(), {step_ulps(b, d), -step_ulps(b, d)});  // element 0 stays the largest
+          }
+        }
+        for (float b : boundaries(vp, false)) {
+          const float root = static_cast<float>(std::sqrt(static_cast<double>(b)));
+          for (int d = -6; d <= 6; ++d) {
+            if (step_ulps(root, d) <= 1.0f) gs.push_back(step_ulps(root, d));
+          }
+        }
+        const int64_t block = f.block, per_block = block - 1, blocks = 2 * ((static_cast<int64_t>(gs.size()) + per_block - 1) / per_block);
+        const int64_t n = blocks * block - 3;  // a short last block
+        std::vector<float> grad(static_cast<size_t>(n));
+        for (int64_t q = 0; q < blocks; ++q) {
+          const float scale = q % 2 == 0 ? 1.0f : 0.75f;  // the second pass of the list at the inexact reciprocal
+          for (int64_t j = 0; j < block && q * block + j < n; ++j) {
+            const int64_t at = (q / 2) * per_block + j - 1;
+            grad[static_cast<size_t>(q * block + j)] = j == 0 ? scale : gs[static_cast<size_t>(at) % gs.size()] * scale;
+          }
+        }
+        Buffers start;
+        start.g.resize(static_cast<size_t>(n) * 4);
+        std::memcpy(start.g.data(), grad.data(), start.g.size());
+        start.p.assign(static_cast<size_t>(n) * (master ? 4 : 2), 0);
+        auto code_bytes = [n](Precision p) { return static_cast<size_t>(p == Precision::kQ8 ? n : (n + 1) / 2); };
+        start.m.assign(code_bytes(mp), 0);
+        start.v.assign(code_bytes(vp), 0);
+        start.ms.assign(static_cast<size_t>(blocks), 0.0f);
+        start.vs.assign(static_cast<size_t>(blocks), 0.0f);
+        if (master) start.copy.assign(static_cast<size_t>(n) * 2, 0);
+        Buffers ref = start;
+        AdamCompactArgs a = ArgsOf(ref, f, n, 0);
+        ASSERT_TRUE(AdamCompactCpu(s, 3, {&a, 1}, DType::kF32, DType::kBF16, {.isa = CpuIsa::kScalar}).ok());
+        // The scalar path's codes are the rule's: m = g, v = g * g (the coupling aside: q8's v code 0).
+        for (int64_t q = 0; q < blocks; ++q) {
+          const int64_t b0 = q * block, len = std::min(block, n - b0);
+          std::vector<float> m(grad.begin() + b0, grad.begin() + b0 + len), v(static_cast<size_t>(len));
+          for (int64_t j = 0; j < len; ++j) v[static_cast<size_t>(j)] = m[static_cast<size_t>(j)] * m[static_cast<size_t>(j)];
+          ASSERT_EQ(ref.ms[static_cast<size_t>(q)], std::fabs(m[0])) << "block " << q;
+          ASSERT_EQ(ref.vs[static_cast<size_t>(q)], v[0]) << "block " << q;
+          for (int64_t j = 0; j < len; ++j) {
+            const int64_t i = b0 + j;
+            const float mj = m[static_cast<size_t>(j)], vj = v[static_cast<size_t>(j)];
+            const uint8_t vc = vp == Precision::kQ8 ? Q8Encode(vj, Q8Recip(v[0]), false) : Q4Encode(vj, Q8Recip(v[0]), false);
+            const bool coupled = vp == Precision::kQ8 && vc == 0;
+            const uint8_t mc = coupled ? 0 : mp == Precision::kQ8 ? Q8Encode(mj, Q8Recip(std::fabs(m[0])), true) : Q4Encode(mj, Q8Recip(std::fabs(m[0])), true);
+            const uint8_t got_v = vp == Precision::kQ8 ? ref.v[static_cast<size_t>(i)] : Q4CodeAt(ref.v.data(), i);
+            const uint8_t got_m = mp == Precision::kQ8 ? ref.m[static_cast<size_t>(i)] : Q4CodeAt(ref.m.data(), i);
+            ASSERT_EQ(int{got_v}, int{vc}) << Name(f) << " element " << i << " v " << vj;
+            ASSERT_EQ(int{got_m}, int{mc}) << Name(f) << " element " << i << " m " << mj;
+          }
+        }
+        for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
+          if (!CpuSupports(isa)) continue;
+          Buffers b = start;
+          AdamCompactArgs t = ArgsOf(b, f, n, 0);
+          ASSERT_TRUE(AdamCompactCpu(s, 3, {&t, 1}, DType::kF32, DType::kBF16, {.isa = isa}).ok());
+          const std::string what = Name(f) + " " + std::string(CpuIsaName(isa));
+          ExpectSameState(b, ref, what);
+        }
+      }
+    }
+  }
+}
+
+// A q4 second moment exactly at a tie between two codes rounds up, on every ISA. With beta2 = 1/2 and
+// the block's scale 1 (element 0: code 15, gradient 1), v = (c' + 1) / 32 + g * g / 2 is exact for g in
+// {0, 1/4, 1/2, 3/4, 1}, and c' is chosen to put v at (c + 1.5) / 16, the tie between c and c + 1.
+TEST(AdamCompact, AQ4SecondMomentAtATieRoundsUpOnEveryIsa) {
+  AdamConfig c;
+  c.lr = 1e-3;
+  c.beta2 = 0.5;
+  const AdamStepScalars s = MakeAdamStepScalars(c, 2).value();
+  const CompactFormat f{.exp_avg = Precision::kQ4, .exp_avg_sq = Precision::kQ4, .master = true, .block = 64};
+  std::vector<std::pair<int, float>> ties = {{15, 1.0f}};  // (c', g); element 0 sets the scale
+  std::vector<int> want = {15};
+  for (int code = 0; code < 15; ++code) {
+    for (int q = 0; q <= 4; ++q) {
+      const int old = 2 * code + 2 - q * q;
+      if (old >= 0 && old <= 15) {
+        ties.emplace_back(old, static_cast<float>(q) / 4);
+        want.push_back(code + 1);
+      }
+    }
+  }
+  ASSERT_LE(ties.size(), 64u);
+  const int64_t n = static_cast<int64_t>(ties.size());
+  Buffers start;
+  start.p.assign(static_cast<size_t>(n) * 4, 0);
+  start.g.resize(static_cast<size_t>(n) * 4);
+  start.m.assign(static_cast<size_t>((n + 1) / 2), 0);
+  start.v.assign(static_cast<size_t>((n + 1) / 2), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    std::memcpy(start.g.data() + i * 4, &ties[static_cast<size_t>(i)].second, 4);
+    start.v[static_cast<size_t>(i / 2)] |= static_cast<uint8_t>(ties[static_cast<size_t>(i)].first << (4 * (i & 1)));
+  }
+  start.ms = {0.0f};
+  start.vs = {1.0f};
+  start.copy.assign(static_cast<size_t>(n) * 2, 0);
+  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
+    if (!CpuSupports(isa)) continue;
+    Buffers b = start;
+    AdamCompactArgs t = ArgsOf(b, f, n, 0);
+    ASSERT_TRUE(AdamCompactCpu(s, 2, {&t, 1}, DType::kF32, DType::kBF16, {.isa = isa}).ok());
+    EXPECT_EQ(b.vs[0], 1.0f) << CpuIsaName(isa);
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(int{Q4CodeAt(b.v.data(), i)}, want[static_cast<size_t>(i)]) << CpuIsaName(isa) << " element " << i;
   }
 }
 
@@ -418,6 +572,25 @@ TEST(AdamCompact, AQ4SecondMomentIsNeverZeroButAZeroBlockZeroesItsFirstMoments) 
   EXPECT_GT(vs[1], 0.0f);
   EXPECT_EQ(v[4], 0x0f | 0 << 4) << "element 8 holds the block's largest (15); element 9's tiny value takes the smallest code, 0";
   for (int i = 9; i < 16; ++i) EXPECT_GT(std::fabs(m[static_cast<size_t>(i)]), 0.0f) << "a tiny second moment keeps its first";
+
+  // Both moments q4 (no coupling pass: the kernels zero such a block's first moments at once), on every
+  // ISA, in blocks of 32 (whole vectors): block 0 has first moments (code 5, scale 0.5) and zero
+  // gradients, so its second moments stay 0; block 1 has gradients.
+  const CompactFormat q{.exp_avg = Precision::kQ4, .exp_avg_sq = Precision::kQ4, .block = 32};
+  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
+    if (!CpuSupports(isa)) continue;
+    std::vector<float> qp(64, 1.0f), qg(64, 0.0f), qms = {0.5f, 0.5f}, qvs = {0.0f, 0.0f};
+    for (int i = 32; i < 64; ++i) qg[static_cast<size_t>(i)] = 0.01f * static_cast<float>(i - 31);
+    std::vector<uint8_t> qm(32, 0x55), qv(32, 0);
+    AdamCompactArgs t{qp.data(), qg.data(), qm.data(), qms.data(), qv.data(), qvs.data(), nullptr, 64, 0, q};
+    ASSERT_TRUE(AdamCompactCpu(MakeAdamStepScalars(c, 1).value(), 1, {&t, 1}, DType::kF32, DType::kBF16, {.isa = isa}).ok());
+    EXPECT_EQ(qvs[0], 0.0f) << CpuIsaName(isa);
+    EXPECT_EQ(qms[0], 0.0f) << CpuIsaName(isa) << ": block 0's first moments are coupled to its zero second moments";
+    for (int i = 0; i < 16; ++i) EXPECT_EQ(qm[static_cast<size_t>(i)], 0) << CpuIsaName(isa) << " byte " << i;
+    EXPECT_GT(qvs[1], 0.0f) << CpuIsaName(isa);
+    EXPECT_GT(qms[1], 0.0f) << CpuIsaName(isa);
+    EXPECT_EQ(qm[31] & 0xf0, 0x70) << CpuIsaName(isa) << ": element 63, the largest gradient, the largest first moment";
+  }
 }
 
 // A second moment too small for its block's codes takes its first moment with it.
