@@ -179,7 +179,8 @@ struct Isa {
     std::memcpy(static_cast<uint8_t*>(base) + i, &b, static_cast<size_t>(t.n));
   }
   // q4 (quant_math.h), a block at a time, 8 codes a vector: decoded by a 16-entry table (two 8-entry
-  // permutes, the code's bit 3 choosing), encoded with the scalar rule's arithmetic, then packed.
+  // permutes, the code's bit 3 choosing), encoded with the scalar rule's arithmetic (the unsigned code
+  // in one fused operation, exactly), then packed.
   template <bool kSigned>
   static void DecodeQ4(const void* bytes, int64_t n, float scale, float* out) {
     const auto* b = static_cast<const uint8_t*>(bytes);
@@ -208,7 +209,8 @@ struct Isa {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
       const __m256 xv = _mm256_loadu_ps(x + i);
-      const __m256 r = _mm256_min_ps(_mm256_mul_ps(_mm256_and_ps(xv, abs), rv), one);  // NaN: 1, as the scalar min
+      // A second moment is >= 0 or NaN: its magnitude is itself. NaN: r = 1, as the scalar min.
+      const __m256 r = _mm256_min_ps(_mm256_mul_ps(kSigned ? _mm256_and_ps(xv, abs) : xv, rv), one);
       __m256i code;
       if constexpr (kSigned) {
         __m256i m = _mm256_setzero_si256();
@@ -216,8 +218,8 @@ struct Isa {
         const __m256i neg = _mm256_andnot_si256(_mm256_cmpeq_epi32(m, _mm256_setzero_si256()), _mm256_srai_epi32(_mm256_castps_si256(xv), 31));
         code = _mm256_or_si256(m, _mm256_and_si256(neg, Set(8)));
       } else {
-        const __m256i k = _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(r, _mm256_set1_ps(16.0f)), _mm256_set1_ps(0.5f)));
-        code = _mm256_sub_epi32(_mm256_max_epi32(k, Set(1)), Set(1));
+        // max(floor(r * 16 + 1/2), 1) - 1, as AVX-512's: the fused r * 16 - 1/2 (exact) truncated.
+        code = _mm256_cvttps_epi32(_mm256_fmadd_ps(r, _mm256_set1_ps(16.0f), _mm256_set1_ps(-0.5f)));
       }
       // Each 64-bit pair (even, odd code) to even | odd << 4 in its low byte, then the four bytes gathered.
       const __m256i pairs = _mm256_shuffle_epi8(_mm256_or_si256(code, _mm256_srli_epi64(code, 28)), pick);
