@@ -52,16 +52,19 @@ inline __m256i RoundingBits(uint32_t key, __m256i index) {
   h = _mm256_mullo_epi32(h, Set(0xc2b2ae35u));
   return _mm256_srli_epi32(h, 16);
 }
-// As cpu_avx512.cc's: the magnitude bits shifted into a float's top bits, and e = 0 fixed up exactly.
-template <bool kSigned>
-inline __m256 Q8Decode(__m256i c) {
-  constexpr int kBias = kSigned ? 15 : 31;
-  const __m256i mag = kSigned ? _mm256_and_si256(c, Set(0x7f)) : c;
-  const __m256 v = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(mag, 20), Set((127u - kBias) << 23)));
-  const __m256 sub = _mm256_castsi256_ps(_mm256_cmpgt_epi32(Set(8), mag));
-  const __m256 x = _mm256_blendv_ps(v, _mm256_fmsub_ps(v, _mm256_set1_ps(2.0f), _mm256_set1_ps(kSigned ? 0x1p-14f : 0x1p-30f)), sub);
-  if constexpr (!kSigned) return x;
-  return _mm256_or_ps(x, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(c, Set(0x80)), 24)));
+// As cpu_avx512.cc's: an unsigned code's bits shifted into a float's top bits are its value for e > 0,
+// and for e = 0 that reads 2^-31 (1 + f/8), from which 2 x - 2^-30 is f 2^-33 exactly.
+inline __m256 Q8DecodeUnsigned(__m256i c) {
+  const __m256 v = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(c, 20), Set((127u - 31u) << 23)));
+  const __m256 sub = _mm256_castsi256_ps(_mm256_cmpgt_epi32(Set(8), c));
+  return _mm256_blendv_ps(v, _mm256_fmsub_ps(v, _mm256_set1_ps(2.0f), _mm256_set1_ps(0x1p-30f)), sub);
+}
+// As cpu_avx512.cc's: a signed code, sign-extended to 16 bits and shifted left by 7, is an IEEE half
+// once bit 14 is cleared (its 4-bit exponent in the half's 5, the same bias; exponent 0: the half's
+// subnormals), converted exactly by F16C.
+inline __m256 Q8DecodeSigned(__m128i bytes) {
+  const __m128i t = _mm_slli_epi16(_mm_cvtepi8_epi16(bytes), 7);
+  return _mm256_cvtph_ps(_mm_and_si128(t, _mm_set1_epi16(static_cast<short>(0xbfff))));
 }
 template <bool kSigned>
 inline __m256i Q8Encode(__m256 x, __m256 recip) {
@@ -71,29 +74,32 @@ inline __m256i Q8Encode(__m256 x, __m256 recip) {
   const __m256 r = _mm256_min_ps(_mm256_mul_ps(ax, recip), _mm256_set1_ps(1.0f));
   const __m256i u = _mm256_castps_si256(r);
   // Round to nearest even on 3 fraction bits with the exponent's rebias folded in (no wrap for r at
-  // or above the smallest normal code's value; smaller r take the branch below).
+  // or above the smallest normal code's value; smaller r take the branch below): the magnitude's code
+  // in bits 20-26, 0 above.
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 20), Set(1));
-  __m256i mag = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, Set(0x7ffffu - ((127u - kBias) << 23))), lsb), 20);
+  __m256i t = _mm256_add_epi32(_mm256_add_epi32(u, Set(0x7ffffu - ((127u - kBias) << 23))), lsb);
+  // A signed code's sign (x's bit 31) in bit 27, code bit 7: a magnitude code of exponent > 0 is not 0.
+  if constexpr (kSigned) t = _mm256_or_si256(t, _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(x), 4), Set(1u << 27)));
+  __m256i code = _mm256_srli_epi32(t, 20);
   // Codes of exponent 0 are rare (a value below 2^-14 of its block's largest): computed only when a lane has one.
   const __m256 is_sub = _mm256_cmp_ps(r, _mm256_set1_ps(kSigned ? 0x1p-14f : 0x1p-30f), _CMP_LT_OQ);
   if (_mm256_movemask_ps(is_sub) != 0) [[unlikely]] {
-    const __m256i sub = _mm256_cvtps_epi32(_mm256_mul_ps(r, _mm256_set1_ps(kSigned ? 0x1p17f : 0x1p33f)));
-    mag = _mm256_blendv_epi8(mag, sub, _mm256_castps_si256(is_sub));
+    __m256i mag = _mm256_cvtps_epi32(_mm256_mul_ps(r, _mm256_set1_ps(kSigned ? 0x1p17f : 0x1p33f)));
+    if constexpr (kSigned) {  // the sign bit where the magnitude's code is not 0
+      const __m256i neg = _mm256_srai_epi32(_mm256_castps_si256(x), 31);
+      const __m256i zero = _mm256_cmpeq_epi32(mag, _mm256_setzero_si256());
+      mag = _mm256_or_si256(mag, _mm256_andnot_si256(zero, _mm256_and_si256(neg, Set(0x80))));
+    }
+    code = _mm256_blendv_epi8(code, mag, _mm256_castps_si256(is_sub));
   }
-  if constexpr (kSigned) {
-    const __m256i neg = _mm256_srai_epi32(_mm256_castps_si256(x), 31);
-    const __m256i zero = _mm256_cmpeq_epi32(mag, _mm256_setzero_si256());
-    mag = _mm256_or_si256(mag, _mm256_andnot_si256(zero, _mm256_and_si256(neg, Set(0x80))));
-  }
-  return mag;
+  return code;
 }
-// The low byte of each 32-bit lane, in order.
-inline uint64_t LowBytes(__m256i v) {
+// The low byte of each 32-bit lane, in order, in the low 8 bytes: a byte shuffle within each 128-bit
+// half, then one lane permute joins the halves' four bytes.
+inline __m128i LowBytes(__m256i v) {
   const __m256i shuf = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
                                         0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
-  const __m256i b = _mm256_shuffle_epi8(v, shuf);
-  return static_cast<uint64_t>(static_cast<uint32_t>(_mm256_cvtsi256_si32(b))) |
-         static_cast<uint64_t>(static_cast<uint32_t>(_mm256_extract_epi32(b, 4))) << 32;
+  return _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(v, shuf), _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0)));
 }
 // Stochastic rounding to bf16 of 8 elements whose indices' low halves start at lo.
 inline __m128i Bf16Stochastic(__m256 x, uint32_t key, uint32_t lo) {
@@ -160,22 +166,26 @@ struct Isa {
   }
   template <bool kSigned>
   static Vec DecodeQ8(const void* base, int64_t i, Full) {
-    return Q8Decode<kSigned>(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(base) + i))));
+    return DecodeQ8Bytes<kSigned>(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(base) + i)));
   }
   template <bool kSigned>
   static Vec DecodeQ8(const void* base, int64_t i, Tail t) {
     uint64_t buf = 0;
     std::memcpy(&buf, static_cast<const uint8_t*>(base) + i, static_cast<size_t>(t.n));
-    return Q8Decode<kSigned>(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(buf))));
+    return DecodeQ8Bytes<kSigned>(_mm_cvtsi64_si128(static_cast<long long>(buf)));
+  }
+  template <bool kSigned>
+  static Vec DecodeQ8Bytes(__m128i bytes) {  // 8 codes in the low bytes
+    if constexpr (kSigned) return Q8DecodeSigned(bytes);
+    return Q8DecodeUnsigned(_mm256_cvtepu8_epi32(bytes));
   }
   template <bool kSigned>
   static void EncodeQ8(void* base, int64_t i, Vec x, Vec recip, Full) {
-    const uint64_t b = LowBytes(Q8Encode<kSigned>(x.v, recip.v));
-    std::memcpy(static_cast<uint8_t*>(base) + i, &b, 8);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(static_cast<uint8_t*>(base) + i), LowBytes(Q8Encode<kSigned>(x.v, recip.v)));
   }
   template <bool kSigned>
   static void EncodeQ8(void* base, int64_t i, Vec x, Vec recip, Tail t) {
-    const uint64_t b = LowBytes(Q8Encode<kSigned>(x.v, recip.v));
+    const auto b = static_cast<uint64_t>(_mm_cvtsi128_si64(LowBytes(Q8Encode<kSigned>(x.v, recip.v))));
     std::memcpy(static_cast<uint8_t*>(base) + i, &b, static_cast<size_t>(t.n));
   }
   // q4 (quant_math.h), a block at a time, 8 codes a vector: decoded by a 16-entry table (two 8-entry
