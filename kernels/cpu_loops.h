@@ -415,7 +415,9 @@ struct Kernels {
 
   template <int G, int C, bool kSr, int M1, int M2>
   static void CompactLoop(const AdamStepScalars& s, const CompactRange& r) {
-    if constexpr (M1 == kMomQ8 && M2 == kMomQ8) {
+    // Isa::kFuseQ8Blocks: whether Q8Loop is this unit's faster loop (its two blocks' constants and
+    // accumulators need more than 16 vector registers).
+    if constexpr (M1 == kMomQ8 && M2 == kMomQ8 && Isa::kFuseQ8Blocks) {
       Q8Loop<G, C, kSr>(s, r);
     } else {
       BlockLoop<G, C, kSr, M1, M2>(s, r);
