@@ -111,9 +111,6 @@ inline __m128i Bf16Stochastic(__m256 x, uint32_t key, uint32_t lo) {
 struct Isa {
   using V = Vec;
   static constexpr int kWidth = 8;
-  // q8 moments a block at a time (BlockLoop): in Q8Loop two blocks' state outgrows 16 registers and
-  // spills, 7-8% slower (docs/kernels.md).
-  static constexpr bool kFuseQ8Blocks = false;
   struct Full {};
   struct Tail {
     int n;

@@ -169,7 +169,6 @@ inline __m256i Bf16Stochastic(__m512 x, uint32_t key, uint32_t lo) {
 struct Isa {
   using V = Vec;
   static constexpr int kWidth = 16;
-  static constexpr bool kFuseQ8Blocks = true;  // Q8Loop: two blocks' state fits 32 registers
   struct Full {};
   struct Tail {
     __mmask16 m;

@@ -209,7 +209,7 @@ struct Kernels {
                         V& vmax, V& mmax, int64_t i, Tag tag) {
     V p = Isa::template Load<kSr ? kElemBf16 : kElemF32>(r.param, i, tag);
     V g = Isa::template Load<G>(r.grad, i, tag);
-    // q4: decoded into mt / vt before the block (BlockLoop), updated in place there.
+    // q4: decoded into mt / vt before the block (CompactLoop), updated in place there.
     V m = LoadMoment<M1, true>(M1 == kMomQ4 ? mt : r.exp_avg, ms, M1 == kMomQ4 ? i - b0 : i, tag);
     V v = LoadMoment<M2, false>(M2 == kMomQ4 ? vt : r.exp_avg_sq, vs, M2 == kMomQ4 ? i - b0 : i, tag);
     if constexpr (M1 == kMomF32 && M2 == kMomF32 && !kSr) {
@@ -347,51 +347,10 @@ struct Kernels {
     PrefetchMoment<M2>(r.exp_avg_sq, i + kCompactPrefetchElements);
   }
 
-  // Both moments q8 (the common compact format): block k's update runs in one loop with block k-1's
-  // coupling and encoding (StoreBlock's pass), so the integer work of one fills the divider's wait in
-  // the other. The same operations per element as BlockLoop, the same stored bytes; two pairs of
-  // stack buffers, for the block being updated and the block being encoded.
-  template <int G, int C, bool kSr>
-  static void Q8Loop(const AdamStepScalars& s, const CompactRange& range) {
-    const CompactRange r = range;  // a copy the code stores cannot alias
-    alignas(64) float mt[2][kMaxQuantBlock];
-    alignas(64) float vt[2][kMaxQuantBlock];
-    int cur = 0;
-    int64_t pb0 = 0, pn = 0;  // the block waiting for its coupling pass (pn = 0: none), in mt/vt[cur ^ 1]
-    float pvr = 0, pguess = 0;
-    for (int64_t b0 = r.begin; b0 < r.end; b0 += r.block) {
-      const int64_t b1 = std::min(b0 + r.block, r.end);
-      const float ms = r.exp_avg_scale[b0 / r.block], vs = r.exp_avg_sq_scale[b0 / r.block];
-      float *m = mt[cur], *v = vt[cur], *pm = mt[cur ^ 1], *pv = vt[cur ^ 1];
-      const float pmr = Q8Recip(pguess);
-      V vmax(0.0f), mmax(0.0f), am(0.0f);
-      int64_t i = b0, j = 0;
-      for (; i + W <= b1; i += W, j += W) {
-        PrefetchAhead<G, kSr, kMomQ8, kMomQ8>(r, i);
-        CompactAt<G, C, kSr, kMomQ8, kMomQ8>(s, r, ms, vs, b0, m, v, vmax, mmax, i, typename Isa::Full{});
-        if (j + W <= pn) CoupleAt<kMomQ8, kMomQ8, true>(r, pm, pv, pb0, j, pvr, pmr, am, typename Isa::Full{});
-      }
-      if (i < b1) CompactAt<G, C, kSr, kMomQ8, kMomQ8>(s, r, ms, vs, b0, m, v, vmax, mmax, i, Isa::MakeTail(b1 - i));
-      if (pn > 0) {
-        for (; j + W <= pn; j += W) CoupleAt<kMomQ8, kMomQ8, true>(r, pm, pv, pb0, j, pvr, pmr, am, typename Isa::Full{});
-        if (j < pn) CoupleAt<kMomQ8, kMomQ8, true>(r, pm, pv, pb0, j, pvr, pmr, am, Isa::MakeTail(pn - j));
-        FinishFirst<kMomQ8, kMomQ8>(r, pm, pv, pb0, pn, pvr, pguess, am);
-      }
-      pb0 = b0;
-      pn = b1 - b0;
-      pvr = Q8Recip(r.exp_avg_sq_scale[b0 / r.block] = Isa::LaneMax(vmax));
-      pguess = Isa::LaneMax(mmax);
-      cur ^= 1;
-    }
-    if (pn > 0) {
-      float *pm = mt[cur ^ 1], *pv = vt[cur ^ 1];
-      FinishFirst<kMomQ8, kMomQ8>(r, pm, pv, pb0, pn, pvr, pguess, CoupleBlock<kMomQ8, kMomQ8, true>(r, pm, pv, pb0, pn, pvr, Q8Recip(pguess)));
-    }
-  }
-
-  // Any other pair of formats: a block's update, then its StoreBlock.
+  // A block's update, then (q8 or q4 moments) its StoreBlock. Running block k's update in one loop with
+  // block k-1's StoreBlock pass measured slower in memory (docs/kernels.md).
   template <int G, int C, bool kSr, int M1, int M2>
-  static void BlockLoop(const AdamStepScalars& s, const CompactRange& range) {
+  static void CompactLoop(const AdamStepScalars& s, const CompactRange& range) {
     constexpr bool kQ = Blockwise(M1) || Blockwise(M2);
     const CompactRange r = range;  // a copy the code stores cannot alias
     alignas(64) float mt[kQ ? kMaxQuantBlock : 1];
@@ -410,17 +369,6 @@ struct Kernels {
       }
       if (i < b1) CompactAt<G, C, kSr, M1, M2>(s, r, ms, vs, b0, mt, vt, vmax, mmax, i, Isa::MakeTail(b1 - i));
       if constexpr (kQ) StoreBlock<M1, M2>(r, mt, vt, vmax, mmax, b0, b1);
-    }
-  }
-
-  template <int G, int C, bool kSr, int M1, int M2>
-  static void CompactLoop(const AdamStepScalars& s, const CompactRange& r) {
-    // Isa::kFuseQ8Blocks: whether Q8Loop is this unit's faster loop (its two blocks' constants and
-    // accumulators need more than 16 vector registers).
-    if constexpr (M1 == kMomQ8 && M2 == kMomQ8 && Isa::kFuseQ8Blocks) {
-      Q8Loop<G, C, kSr>(s, r);
-    } else {
-      BlockLoop<G, C, kSr, M1, M2>(s, r);
     }
   }
 

@@ -11,9 +11,6 @@ using internal::kElemF16;
 struct Isa {
   using V = float;
   static constexpr int kWidth = 1;
-  // Q8Loop for q8 moments (the fastest loop on AVX-512): the reference unit runs it, so the ISA test
-  // compares it with AVX2's block-at-a-time loop on every CPU.
-  static constexpr bool kFuseQ8Blocks = true;
   struct Full {};
   using Tail = Full;
   static Tail MakeTail(int64_t) { return {}; }
