@@ -93,8 +93,9 @@ inline __m128i PackNibbles(__m512i code) {
 
 // The signed q4 encoder's tables over k, the integer nearest r * 24 (0..24 used of 32): below[k] counts
 // the thresholds (Q4SignedMid, each the f32 nearest j / 24 for an integer j) at j < k, and at[k] is the
-// threshold at j = k, or infinity where there is none. r * 24 rounded is within an ulp of r * 24, and k
-// within 1/2 of that, so a threshold at j != k lies at least 1/2 - 2^-22 away from r * 24 on its side.
+// threshold at j = k, or infinity where there is none. r * 24 rounded is within 24 * 2^-24 of r * 24,
+// k within 1/2 of that, and 24 times a threshold within 20 * 2^-24 of its j: a threshold at j != k is
+// on its side of r with at least 1/2 - 2^-18 to spare.
 struct Q4Thresholds {
   alignas(64) int32_t below[32];
   alignas(64) float at[32];
