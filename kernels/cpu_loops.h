@@ -278,16 +278,6 @@ struct Kernels {
     for (; j + W <= n; j += W) EncodeFirstAt(r, mt, b0, j, mr, typename Isa::Full{});
     if (j < n) EncodeFirstAt(r, mt, b0, j, mr, Isa::MakeTail(n - j));
   }
-  // A q8 first moment's block after its coupling pass (`am`, the pass's largest magnitudes): its scale,
-  // and the fallback when the guess was not the scale.
-  template <int M1, int M2>
-  static void FinishFirst(const CompactRange& r, float* mt, const float* vt, int64_t b0, int64_t n, float vr, float guess, V am) {
-    const float scale = r.exp_avg_scale[b0 / r.block] = Isa::LaneMax(am);
-    if (std::bit_cast<uint32_t>(scale) != std::bit_cast<uint32_t>(guess)) [[unlikely]] {
-      CoupleBlock<M1, M2>(r, mt, vt, b0, n, vr);
-      EncodeFirst(r, mt, b0, n, Q8Recip(scale));
-    }
-  }
   // The q8 or q4 block [b0, b1) held in mt/vt (`vmax`, `mmax`: the moments' largest magnitudes, lane
   // by lane): the second moment's scale and codes, the coupling, then the first moment's scale (of what
   // is stored: the largest magnitude after the coupling) and codes.
@@ -304,7 +294,11 @@ struct Kernels {
     if constexpr (M2 == kMomQ4) EncodeQ4<false>(vt, n, vr, static_cast<uint8_t*>(r.exp_avg_sq) + b0 / 2);
     if constexpr (M1 == kMomQ8) {
       const float guess = Isa::LaneMax(mmax);
-      FinishFirst<M1, M2>(r, mt, vt, b0, n, vr, guess, CoupleBlock<M1, M2, true>(r, mt, vt, b0, n, vr, Q8Recip(guess)));
+      const float scale = r.exp_avg_scale[q] = Isa::LaneMax(CoupleBlock<M1, M2, true>(r, mt, vt, b0, n, vr, Q8Recip(guess)));
+      if (std::bit_cast<uint32_t>(scale) != std::bit_cast<uint32_t>(guess)) [[unlikely]] {
+        CoupleBlock<M1, M2>(r, mt, vt, b0, n, vr);
+        EncodeFirst(r, mt, b0, n, Q8Recip(scale));
+      }
       return;
     }
     if constexpr (M1 == kMomQ4 && M2 == kMomQ4) {
